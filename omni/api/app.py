@@ -1,0 +1,121 @@
+"""The aiohttp app factory: served models, auth, size limits, and engine lifetime."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
+from omni.async_omni import AsyncOmni
+from omni.metrics import Metrics
+
+
+@dataclass
+class ServedModel:
+    """One pipeline as the API sees it: an id clients put in ``model``, and its runtime."""
+
+    id: str
+    omni: AsyncOmni
+    created: int = field(default_factory=lambda: int(time.time()))
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self.omni.pipeline.modalities
+
+    def card(self) -> dict[str, Any]:
+        """The /v1/models entry; extra keys beyond OpenAI's are ignored by clients."""
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "omni",
+                "modalities": list(self.modalities), **self.metadata}
+
+
+class ModelRegistry:
+    """Served models by id; handlers look models up here and nowhere else."""
+
+    def __init__(self, models: list[ServedModel]) -> None:
+        self.by_id = {m.id: m for m in models}
+
+    def __iter__(self) -> Any:
+        return iter(self.by_id.values())
+
+    def get(self, model_id: Any) -> ServedModel:
+        if not isinstance(model_id, str) or not model_id:
+            raise APIError(400, "'model' is required: one of " + self.listing(), param="model")
+        model = self.by_id.get(model_id)
+        if model is None:
+            raise APIError(404, f"model '{model_id}' is not served here; served: "
+                           f"{self.listing()}", param="model", code="model_not_found")
+        return model
+
+    def producing(self, modality: str) -> list[ServedModel]:
+        return [m for m in self if modality in m.modalities]
+
+    def listing(self) -> str:
+        return ", ".join(f"{m.id} ({'+'.join(m.modalities)})" for m in self)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_key: str | None = None
+    max_request_bytes: int = 16 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+
+
+MODELS_KEY = web.AppKey("models", ModelRegistry)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+SETTINGS_KEY = web.AppKey("settings", ServerSettings)
+OPEN_PATHS = ("/health", "/metrics")
+
+
+def _auth_middleware(api_key: str) -> Any:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
+                               "<key>')", code="invalid_api_key")
+        return await handler(request)
+
+    return auth
+
+
+async def _engines_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Engines of every served pipeline start together and stop together."""
+    import asyncio
+
+    models = list(app[MODELS_KEY])
+    results = await asyncio.gather(*(m.omni.start() for m in models), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(m.omni.close(0) for m in models), return_exceptions=True)
+        raise failed[0]
+    yield
+    timeout = app[SETTINGS_KEY].drain_timeout_s
+    await asyncio.gather(*(m.omni.close(timeout) for m in models))
+
+
+def build_app(models: list[ServedModel], metrics: Metrics,
+              settings: ServerSettings | None = None) -> web.Application:
+    """The whole HTTP surface; engines start with the app and stop with it."""
+    from omni.api import routes
+
+    settings = settings or ServerSettings()
+    middlewares = [error_middleware]
+    if settings.api_key:
+        middlewares.append(_auth_middleware(settings.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_request_bytes)
+    app[MODELS_KEY] = ModelRegistry(models)
+    app[METRICS_KEY] = metrics
+    app[SETTINGS_KEY] = settings
+    app[MAX_BYTES_KEY] = settings.max_request_bytes
+    app.cleanup_ctx.append(_engines_ctx)
+    routes.add_routes(app)
+    return app

@@ -1,0 +1,13 @@
+"""Every endpoint family registers its routes here."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from omni.api import system, text, unserved
+
+
+def add_routes(app: web.Application) -> None:
+    system.add_routes(app)
+    text.add_routes(app)
+    unserved.add_routes(app)

@@ -1,0 +1,27 @@
+"""Engine kinds. Imports are lazy: an echo process must not pay for importing torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from omni.engines.base import Engine, EngineLoadError
+
+if TYPE_CHECKING:
+    from omni.engines.proc import EngineSpec
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    """Construct the engine a stage asks for, inside its engine process."""
+    if spec.engine == "echo":
+        from omni.engines.echo import EchoEngine
+
+        return EchoEngine(spec.stage, spec.options)
+    if spec.engine == "ar":
+        from omni.engines.ar import AREngine
+
+        if not spec.model_dir:
+            raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
+        return AREngine(spec.model_dir, dtype=spec.dtype, device=spec.device, options=spec.options)
+    raise EngineLoadError(
+        f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
+        "(available: ar, echo)")

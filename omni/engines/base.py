@@ -1,0 +1,83 @@
+"""The Engine contract: what every engine kind implements, with no sockets.
+
+`engines/proc.py` wraps any Engine in a process (DEALER/PUSH sockets, I/O threads);
+tests drive the same object in-process. An engine is single-threaded: the process
+loop calls add/abort/step from one thread only.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineError(Exception):
+    """A request-level failure the engine reports for one request (others keep running)."""
+
+
+class EngineLoadError(Exception):
+    """The engine cannot start (bad model directory, bad options); fails the launch."""
+
+
+@dataclass
+class EngineRequest:
+    """One request as an engine sees it.
+
+    inputs: for an entry stage, the client's inputs (e.g. {"prompt": "..."}); for a
+        downstream stage, {producer_stage_name: [chunk, ...]} of every upstream stage on
+        the request's route (full delivery: all chunks of a finished producer).
+    params: the stage's default params merged with the request's per-stage params.
+    """
+
+    request_id: str
+    inputs: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepOutput:
+    """One request's new output from one engine step.
+
+    data: a small msgpack-able dict (str/bytes/numbers/lists/dicts); heavy tensors go
+        through a connector and ride here as PayloadRefs (Runtime core II).
+    finished: the request is done at this stage (no more outputs will come).
+    error: set when the request failed at this stage; implies finished.
+    """
+
+    request_id: str
+    data: dict[str, Any] | None = None
+    finished: bool = False
+    error: str | None = None
+
+
+class Engine(abc.ABC):
+    """Continuous-batching compute for one stage replica."""
+
+    @abc.abstractmethod
+    def add(self, request: EngineRequest) -> None:
+        """Admit a request; it joins the batch at the next step."""
+
+    @abc.abstractmethod
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests now and free what they hold; unknown ids are ignored."""
+
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """True while any admitted request still needs a step."""
+
+    @abc.abstractmethod
+    def step(self) -> list[StepOutput]:
+        """Advance every runnable request once; return their new outputs."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities and memory, sent to the orchestrator in READY."""
+        return {}
+
+    def stats(self) -> dict[str, Any]:
+        """Queue length and state bytes, for /metrics and load balancing."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Release everything the engine holds. Called once, at exit."""
+        return None

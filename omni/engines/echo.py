@@ -1,0 +1,116 @@
+"""The echo engine: speaks the real protocol with no model, for protocol tests and benchmarks.
+
+Entry stages echo the client's ``prompt`` (or the last message's content); downstream
+stages echo what their producers sent. Every output carries a ``trace`` of the stages
+that touched it, so tests can check routing. Failure injection is by request params:
+``echo_fail: "step"`` fails that request at this stage, ``echo_fail: "crash"`` kills
+the replica process (exit code 17), both only at the stage named by ``echo_fail_stage``
+(default: every stage).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni.engines.base import Engine, EngineError, EngineLoadError, EngineRequest, StepOutput
+
+
+@dataclass
+class _EchoJob:
+    request: EngineRequest
+    pieces: list[str]
+    trace: list[str]
+    sent: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EchoEngine(Engine):
+    """Splits each request's text into ``chunks`` pieces and emits one per step."""
+
+    def __init__(self, stage: str, options: Mapping[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        if "fail_load" in options:
+            raise EngineLoadError(f"echo stage '{stage}': {options['fail_load']}")
+        self.stage = stage
+        self.chunks = int(options.get("chunks", 1))
+        self.delay_s = float(options.get("delay_ms", 0)) / 1000.0
+        self.jobs: dict[str, _EchoJob] = {}
+        self.steps = 0
+
+    def add(self, request: EngineRequest) -> None:
+        text, trace = _text_and_trace(request.inputs)
+        self.jobs[request.request_id] = _EchoJob(
+            request, _split(text, max(1, int(request.params.get("chunks", self.chunks)))),
+            trace + [self.stage])
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.jobs.pop(rid, None)
+
+    def has_work(self) -> bool:
+        return bool(self.jobs)
+
+    def step(self) -> list[StepOutput]:
+        self.steps += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)  # stands in for compute time, not synchronisation
+        outputs = [self._advance(job) for job in list(self.jobs.values())]
+        return outputs
+
+    def _advance(self, job: _EchoJob) -> StepOutput:
+        rid = job.request.request_id
+        try:
+            self._maybe_fail(job.request.params)
+        except EngineError as exc:
+            del self.jobs[rid]
+            return StepOutput(rid, None, True, str(exc))
+        piece = job.pieces[job.sent]
+        job.sent += 1
+        done = job.sent == len(job.pieces)
+        if done:
+            del self.jobs[rid]
+        return StepOutput(rid, {"text": piece, "trace": job.trace, "index": job.sent - 1}, done)
+
+    def _maybe_fail(self, params: Mapping[str, Any]) -> None:
+        mode = params.get("echo_fail")
+        if mode is None or params.get("echo_fail_stage", self.stage) != self.stage:
+            return
+        if mode == "crash":
+            os._exit(17)  # simulates a hard crash: no cleanup, no DEAD message
+        raise EngineError(f"injected failure at stage '{self.stage}'")
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "echo", "stage": self.stage, "pid": os.getpid()}
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": len(self.jobs)}
+
+
+def _text_and_trace(inputs: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """Client inputs carry prompt/messages; downstream inputs map producer -> chunks."""
+    if "prompt" in inputs:
+        return str(inputs["prompt"]), []
+    if "messages" in inputs:
+        return _last_message_text(inputs["messages"]), []
+    text, trace = "", []
+    for chunks in inputs.values():
+        text += "".join(c.get("text", "") for c in chunks)
+        if chunks:
+            trace += [s for s in chunks[-1].get("trace", []) if s not in trace]
+    return text, trace
+
+
+def _last_message_text(messages: list[Mapping[str, Any]]) -> str:
+    content = messages[-1].get("content", "") if messages else ""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return str(content)
+
+
+def _split(text: str, n: int) -> list[str]:
+    size = -(-len(text) // n) if text else 0
+    return [text[i * size:(i + 1) * size] for i in range(n)]

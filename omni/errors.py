@@ -1,0 +1,39 @@
+"""Typed errors a request can end with. The API layer maps each to its wire format."""
+
+from __future__ import annotations
+
+
+class OmniError(Exception):
+    """Base of every error a client of AsyncOmni may see."""
+
+
+class AdmissionError(OmniError):
+    """The pipeline already has its maximum number of requests in flight."""
+
+
+class ShuttingDownError(OmniError):
+    """The server is draining and admits no new requests."""
+
+
+class StageUnavailableError(OmniError):
+    """A stage the request needs has no live replica."""
+
+
+class RequestFailedError(OmniError):
+    """A stage failed this request (bad input for the model, or an engine error)."""
+
+    def __init__(self, message: str, stage: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class ReplicaDeadError(RequestFailedError):
+    """The replica serving this request died."""
+
+
+class DeadlineExceededError(OmniError):
+    """The request ran past its deadline and was aborted everywhere."""
+
+
+class RequestAbortedError(OmniError):
+    """The request was aborted (by the caller, or because the server stopped)."""

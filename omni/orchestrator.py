@@ -1,0 +1,296 @@
+"""The orchestrator: admission, routing along edges, completion, abort, output demux.
+
+It lives on the server's asyncio loop and never touches tensor bytes: engines send
+small per-step OUTPUTS messages; for each request the orchestrator forwards finished
+producers' chunks to their consumers (full delivery), streams final stages' chunks to
+the client's queue, and ends the request when every final stage on its route is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from omni.config import PipelineConfig, Route
+from omni.errors import (
+    AdmissionError,
+    DeadlineExceededError,
+    OmniError,
+    ReplicaDeadError,
+    RequestAbortedError,
+    RequestFailedError,
+    ShuttingDownError,
+    StageUnavailableError,
+)
+from omni.launcher import EngineGroup
+from omni.metrics import Metrics
+from omni.pool import NoReplicaError, Replica
+from omni.protocol import Msg, encode
+
+log = logging.getLogger("omni.orchestrator")
+
+
+@dataclass
+class OmniOutput:
+    """One chunk for the client. The last output of a request has finished=True, no data."""
+
+    request_id: str
+    stage: str
+    modality: str | None
+    data: dict[str, Any] | None
+    stage_finished: bool = False
+    finished: bool = False
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    route: Route
+    inputs: dict[str, Any]
+    params: Mapping[str, Mapping[str, Any]]
+    queue: asyncio.Queue
+    arrived: float = field(default_factory=time.monotonic)
+    bound: dict[str, Replica] = field(default_factory=dict)
+    chunks: dict[str, list] = field(default_factory=dict)
+    times: dict[str, dict[str, float]] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    first_output: float | None = None
+    deadline: asyncio.TimerHandle | None = None
+    finished: bool = False
+
+
+class Orchestrator:
+    """Drives one pipeline's requests across its engine processes."""
+
+    def __init__(self, pipeline: PipelineConfig, *, metrics: Metrics | None = None,
+                 dtype: str = "auto", log_level: int = logging.INFO,
+                 startup_timeout_s: float = 900.0) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics or Metrics()
+        self.engines = EngineGroup(pipeline, on_outputs=self._on_outputs,
+                                   on_death=self._on_death, dtype=dtype, log_level=log_level,
+                                   startup_timeout_s=startup_timeout_s)
+        self.requests: dict[str, RequestState] = {}
+        self.accepting = False
+        self._stopped = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.metrics.watch(self._gauges)
+
+    async def start(self) -> None:
+        await self.engines.start()
+        self.accepting = True
+
+    # -- admission ---------------------------------------------------------------------
+    def submit(self, inputs: dict[str, Any], modalities: Iterable[str] | None = None,
+               params: Mapping[str, Mapping[str, Any]] | None = None,
+               request_id: str | None = None, timeout_s: float | None = None) -> RequestState:
+        """Admit a request and dispatch its entry stages; raises OmniError subclasses."""
+        if not self.accepting:
+            raise ShuttingDownError("server is shutting down; not admitting new requests")
+        if len(self.requests) >= self.pipeline.max_inflight:
+            raise AdmissionError(f"pipeline '{self.pipeline.name}' has "
+                                 f"{self.pipeline.max_inflight} requests in flight; retry later")
+        route = self.pipeline.route(modalities)
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise RequestFailedError(f"request id '{request_id}' is already in flight")
+        state = RequestState(request_id, route, inputs, params or {}, asyncio.Queue())
+        self.requests[request_id] = state
+        self._idle.clear()
+        timeout_s = timeout_s or self.pipeline.request_timeout_s
+        state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
+                                                               request_id, timeout_s)
+        for stage in route.entries:
+            self._dispatch(state, stage, inputs)
+            if state.finished:
+                break
+        return state
+
+    def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
+        merged = dict(self.pipeline.stage(stage).params)
+        merged.update(state.params.get("*", {}))
+        merged.update(state.params.get(stage, {}))
+        return merged
+
+    def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
+        try:
+            replica = self.engines.pools[stage].pick()
+        except NoReplicaError as exc:
+            self._finish(state, StageUnavailableError(str(exc)))
+            return
+        state.bound[stage] = replica
+        replica.outstanding.add(state.request_id)
+        state.times[stage] = {"queued": time.monotonic()}
+        frames = encode(Msg.ADD, state.request_id, inputs, self._stage_params(state, stage))
+        try:
+            nbytes = self.engines.send(replica, frames)
+        except zmq.ZMQError as exc:  # the replica vanished between pick and send
+            self._finish(state, StageUnavailableError(
+                f"stage '{stage}' replica {replica.replica_id} unreachable: {exc}"))
+            return
+        self.metrics.bytes.labels(self.pipeline.name, stage, "out").inc(nbytes)
+
+    # -- engine outputs ----------------------------------------------------------------
+    def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
+                    nbytes: int) -> None:
+        self.metrics.bytes.labels(self.pipeline.name, replica.stage, "in").inc(nbytes)
+        for request_id, data, finished, error in rows:
+            state = self.requests.get(request_id)
+            if state is not None and state.bound.get(replica.stage) is replica:
+                self._on_stage_output(state, replica.stage, data, finished, error)
+
+    def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
+                         finished: bool, error: str | None) -> None:
+        now = time.monotonic()
+        state.times[stage].setdefault("first_output", now)
+        if error is not None:
+            self._finish(state, RequestFailedError(f"stage '{stage}' failed: {error}", stage))
+            return
+        if stage in state.route.finals:
+            state.first_output = state.first_output or now
+            modality = self.pipeline.stage(stage).final_output
+            state.queue.put_nowait(OmniOutput(state.request_id, stage, modality, data, finished))
+        if data is not None and state.route.consumers[stage]:
+            state.chunks.setdefault(stage, []).append(data)
+        if finished:
+            self._stage_done(state, stage, now)
+
+    def _stage_done(self, state: RequestState, stage: str, now: float) -> None:
+        times = state.times[stage]
+        times["finished"] = now
+        self.metrics.stage_latency.labels(self.pipeline.name, stage).observe(
+            now - times["queued"])
+        state.done.add(stage)
+        state.bound[stage].outstanding.discard(state.request_id)
+        route = state.route
+        for consumer in route.consumers[stage]:
+            producers = route.producers[consumer]
+            if all(p in state.done for p in producers):
+                self._dispatch(state, consumer, {p: state.chunks.get(p, []) for p in producers})
+                if state.finished:
+                    return
+                self._free_delivered(state, producers)
+        if route.finals <= state.done:
+            self._finish(state, None)
+
+    @staticmethod
+    def _free_delivered(state: RequestState, producers: tuple[str, ...]) -> None:
+        """Drop a producer's chunks once every consumer of it has been dispatched."""
+        for producer in producers:
+            if all(c in state.bound for c in state.route.consumers[producer]):
+                state.chunks.pop(producer, None)
+
+    # -- ending ------------------------------------------------------------------------
+    def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
+        """Abort a request at every stage it is running on; False if it is not in flight."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return False
+        self._finish(state, RequestAbortedError(reason))
+        return True
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        state = self.requests.get(request_id)
+        if state is not None:
+            self._finish(state, DeadlineExceededError(
+                f"request {request_id} exceeded its deadline of {timeout_s:g} s"))
+
+    def _on_death(self, replica: Replica, reason: str) -> None:
+        for request_id in list(replica.outstanding):
+            state = self.requests.get(request_id)
+            if state is not None:
+                self._finish(state, ReplicaDeadError(
+                    f"stage '{replica.stage}' replica {replica.replica_id} died while serving "
+                    f"this request: {reason.splitlines()[0]}", replica.stage))
+        replica.outstanding.clear()
+
+    def _finish(self, state: RequestState, error: OmniError | None) -> None:
+        if state.finished:
+            return
+        state.finished = True
+        if state.deadline is not None:
+            state.deadline.cancel()
+        self._release_stages(state)
+        del self.requests[state.request_id]
+        if not self.requests:
+            self._idle.set()
+        outcome = "ok" if error is None else type(error).__name__
+        self._observe(state, outcome)
+        if error is not None:
+            log.info("request %s ended: %s", state.request_id, error)
+            state.queue.put_nowait(error)
+        else:
+            state.queue.put_nowait(OmniOutput(state.request_id, "", None, None, True, True,
+                                              self._request_metrics(state)))
+
+    def _release_stages(self, state: RequestState) -> None:
+        for stage, replica in state.bound.items():
+            if stage not in state.done and state.request_id in replica.outstanding:
+                replica.outstanding.discard(state.request_id)
+                if replica.alive:
+                    self.engines.try_send(replica, encode(Msg.ABORT, [state.request_id]))
+        state.chunks.clear()
+
+    def _observe(self, state: RequestState, outcome: str) -> None:
+        name = self.pipeline.name
+        self.metrics.requests.labels(name, outcome).inc()
+        if outcome == "ok":
+            self.metrics.latency.labels(name).observe(time.monotonic() - state.arrived)
+            if state.first_output is not None:
+                self.metrics.first_output.labels(name).observe(state.first_output - state.arrived)
+
+    def _request_metrics(self, state: RequestState) -> dict[str, Any]:
+        base = state.arrived
+        stages = {s: {k: round(v - base, 6) for k, v in t.items()} for s, t in state.times.items()}
+        first = None if state.first_output is None else round(state.first_output - base, 6)
+        return {"e2e_s": round(time.monotonic() - base, 6), "first_output_s": first,
+                "stages": stages}
+
+    # -- lifecycle and health ----------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        stages = {name: {"live": len(pool.live()), "replicas": len(pool.replicas)}
+                  for name, pool in self.engines.pools.items()}
+        healthy = self.accepting and all(s["live"] > 0 for s in stages.values())
+        return {"healthy": healthy, "stages": stages, "in_flight": len(self.requests)}
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting and wait (bounded) for in-flight requests to finish."""
+        self.accepting = False
+        if self.requests:
+            log.info("pipeline '%s': draining %d requests (up to %g s)", self.pipeline.name,
+                     len(self.requests), timeout_s)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("pipeline '%s': %d requests still running after %g s; aborting",
+                            self.pipeline.name, len(self.requests), timeout_s)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Drain, abort what is left, then stop every engine process. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.drain(drain_timeout_s)
+        for request_id in list(self.requests):
+            self.abort(request_id, "server shut down before the request finished")
+        await self.engines.stop()
+
+    def _gauges(self) -> Iterable[tuple[str, str, dict[str, str], float]]:
+        name = self.pipeline.name
+        yield "omni_requests_in_flight", "Requests admitted, not finished", {"pipeline": name}, \
+            len(self.requests)
+        for stage, pool in self.engines.pools.items():
+            labels = {"pipeline": name, "stage": stage}
+            yield "omni_stage_queue_length", "Requests bound to a stage, not finished", \
+                labels, pool.queue_length()
+            yield "omni_stage_replicas_live", "Live replicas per stage", labels, \
+                len(pool.live())

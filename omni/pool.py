@@ -1,0 +1,56 @@
+"""StagePool: the replicas of one stage, sticky binding, and balancing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing.process
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Replica:
+    """One engine process serving a stage, as the orchestrator sees it."""
+
+    replica_id: str
+    stage: str
+    index: int
+    process: multiprocessing.process.BaseProcess
+    ready: asyncio.Future
+    alive: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    outstanding: set[str] = field(default_factory=set)  # request ids bound here, not finished
+    exit_reason: str | None = None
+
+    @property
+    def identity(self) -> bytes:
+        return self.replica_id.encode()
+
+
+class NoReplicaError(Exception):
+    """Every replica of a stage is down."""
+
+
+class StagePool:
+    """Picks a replica per request: least outstanding work, ties broken round-robin."""
+
+    def __init__(self, stage: str, replicas: list[Replica]) -> None:
+        self.stage = stage
+        self.replicas = replicas
+        self._turn = itertools.count()
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.alive]
+
+    def pick(self) -> Replica:
+        live = self.live()
+        if not live:
+            raise NoReplicaError(f"stage '{self.stage}' has no live replica")
+        start = next(self._turn) % len(live)
+        rotated = live[start:] + live[:start]
+        return min(rotated, key=lambda r: len(r.outstanding))
+
+    def queue_length(self) -> int:
+        return sum(len(r.outstanding) for r in self.replicas)

@@ -1,0 +1,166 @@
+"""`python -m omni.server`: serve one or more pipelines over HTTP.
+
+With no --model/--pipeline it serves the built-in default: small real-architecture
+models with random weights, built on first start into the cache directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from omni.api.app import ServedModel, ServerSettings, build_app
+from omni.async_omni import AsyncOmni
+from omni.config import ConfigError
+from omni.launcher import StartupError
+from omni.metrics import Metrics
+from omni.presets import load_pipeline
+
+log = logging.getLogger("omni.server")
+
+DEFAULT_TINY_MODELS = ("qwen3",)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m omni.server",
+        description="Serve omni-modality pipelines with OpenAI-compatible APIs. With no "
+                    "--model/--pipeline, serves the built-in default (tiny random-weight "
+                    "models built on first start).")
+    p.add_argument("--model", dest="targets", action="append", type=_model_target, default=[],
+                   metavar="DIR", help="a local model directory (HF layout); its built-in "
+                   "pipeline is picked from config.json / model_index.json. May repeat.")
+    p.add_argument("--pipeline", dest="targets", action="append", type=_pipeline_target,
+                   metavar="FILE", help="a pipeline YAML file (see docs/pipeline.md) or a "
+                   "built-in preset name such as 'echo'. May repeat.")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="the id clients use in 'model' for the N-th --model/--pipeline, in "
+                   "order (default: the directory name or the pipeline's name). May repeat.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "use 0.0.0.0 to accept other machines)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port to bind (default 8000; 0 picks a free port and logs it)")
+    p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $OMNI_API_KEY; "
+                   "unset means no auth)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights dtype for model stages (auto: checkpoint dtype on GPU, "
+                   "float32 on CPU)")
+    p.add_argument("--max-request-mb", type=float, default=16.0,
+                   help="largest accepted request body in MiB (default 16); larger gets 413")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
+                   "aborting them (default 30)")
+    p.add_argument("--cache-dir", default=None, help="where the default's tiny models are "
+                   "built (default: $OMNI_CACHE_DIR or ~/.cache/omni/models)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
+    return p.parse_args(argv)
+
+
+def _model_target(value: str) -> tuple[str, str]:
+    return ("model", value)
+
+
+def _pipeline_target(value: str) -> tuple[str, str]:
+    return ("pipeline", value)
+
+
+def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    log.info("no --model/--pipeline given: serving the built-in default "
+             "(tiny models with RANDOM WEIGHTS; output is meaningless text)")
+    cache = Path(cache_dir) if cache_dir else None
+    dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_TINY_MODELS]
+    return [("model", str(d)) for d in dirs]
+
+
+def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:
+    """Load every pipeline named on the command line (or the default)."""
+    targets = args.targets or _default_targets(args.cache_dir)
+    if len(args.served_model_name) > len(targets):
+        raise ConfigError("more --served-model-name values than --model/--pipeline values")
+    models, level = [], logging.getLevelName(args.log_level)
+    for i, (_, target) in enumerate(targets):
+        name = args.served_model_name[i] if i < len(args.served_model_name) else None
+        pipeline = load_pipeline(target, name)
+        omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,
+                         drain_timeout_s=args.drain_timeout, log_level=level)
+        models.append(ServedModel(pipeline.name, omni, metadata=_metadata(pipeline)))
+    ids = [m.id for m in models]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"two served models share an id ({ids}); set --served-model-name")
+    return models
+
+
+def _metadata(pipeline: object) -> dict[str, object]:
+    stages = pipeline.stages  # type: ignore[attr-defined]
+    random = any(_is_random_fixture(s.model_dir) for s in stages)
+    return {"random_weights": random,
+            "stages": [{"name": s.name, "engine": s.engine, "replicas": s.replicas}
+                       for s in stages]}
+
+
+def _is_random_fixture(model_dir: str | None) -> bool:
+    return bool(model_dir) and (Path(model_dir) / "omni_fixture.json").is_file()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    metrics = Metrics()
+    models = served_models(args, metrics)
+    settings = ServerSettings(api_key=args.api_key,
+                              max_request_bytes=int(args.max_request_mb * 1024 * 1024),
+                              drain_timeout_s=args.drain_timeout)
+    app = build_app(models, metrics, settings)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
+                           access_log=None)
+    await runner.setup()  # starts every engine; a stage that fails to load raises here
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        for model in models:
+            log.info("serving model '%s' (%s)%s", model.id, "+".join(model.modalities),
+                     " [random weights]" if model.metadata.get("random_weights") else "")
+        host, port = runner.addresses[0][:2]
+        log.info("listening on http://%s:%d (OpenAI base_url http://%s:%d/v1)", host, port,
+                 host, port)
+        await stop.wait()
+        log.info("stopping: draining in-flight requests (up to %g s)", args.drain_timeout)
+        await _drain(models, args.drain_timeout)
+    finally:
+        await runner.cleanup()
+        log.info("stopped")
+
+
+async def _drain(models: list[ServedModel], timeout_s: float) -> None:
+    await asyncio.gather(*(m.omni.orchestrator.drain(timeout_s) for m in models))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.run(serve(args))
+    except (ConfigError, StartupError) as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
