@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install omni and its test tools into ./.venv (created if missing).
+# On a machine without an NVIDIA GPU, the CPU build of torch goes in first, so pip never
+# pulls a multi-GB CUDA build by accident; a GPU box keeps the torch it already has.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q -U pip
+if ! command -v nvidia-smi >/dev/null 2>&1 && ! python -c 'import torch' 2>/dev/null; then
+  echo "install: no NVIDIA GPU found; installing the CPU build torch==2.13.0"
+  python -m pip install -q torch==2.13.0
+fi
+python -m pip install -q -c constraints.txt -e '.[test]'
+echo "install: done ($(python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -1,0 +1,182 @@
+"""`python -m omni.server` as a subprocess, driven the way a user drives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+SLOW = """
+name: slow
+stages:
+  - name: only
+    engine: echo
+    final_output: text
+    params: {chunks: 8}
+    options: {delay_ms: 150}
+"""
+
+
+class Server:
+    """A server subprocess whose log is collected on a thread."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omni.server", "--port", "0", *args],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, **(env or {})})
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self.listening = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            match = re.search(r"listening on http://[\d.]+:(\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                self.listening.set()
+
+    def wait_listening(self, timeout: float = 60.0) -> int:
+        assert self.listening.wait(timeout), "server did not start:\n" + self.log()
+        return self.port
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def _gone_within(pids: set[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _ipc_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("omni-ipc-*")}
+
+
+def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(SLOW)
+    before = _ipc_dirs()
+    server = Server("--pipeline", "echo", "--pipeline", str(slow), "--drain-timeout", "20")
+    try:
+        server.wait_listening()
+        assert _get(server.url("/health"))[0] == 200
+        ids = [m["id"] for m in _get(server.url("/v1/models"))[1]["data"]]
+        assert ids == ["echo", "slow"]
+        children = _children(server.proc.pid)
+        assert len(children) >= 2, "expected one engine process per stage"
+        result: dict = {}
+        body = {"model": "slow", "prompt": "drain me please"}
+        worker = threading.Thread(
+            target=lambda: result.update(zip(("status", "body"),
+                                             _post(server.url("/v1/completions"), body))))
+        worker.start()
+        time.sleep(0.4)  # let the request get into the engine before the signal
+        server.proc.send_signal(signal.SIGTERM)
+        worker.join(30)
+        assert result["status"] == 200, result
+        assert result["body"]["choices"][0]["text"] == "drain me please"
+        assert server.proc.wait(30) == 0, server.log()
+        # the multiprocessing resource tracker exits just after its parent; allow a moment
+        assert _gone_within(children, 5.0), [p for p in children if Path(f"/proc/{p}").exists()]
+        assert _ipc_dirs() <= before
+    finally:
+        server.stop()
+
+
+def test_stage_that_fails_to_load_fails_start_with_its_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stages:\n  - {name: broken, engine: echo, final_output: text, "
+                   "options: {fail_load: 'weights are corrupt'}}\n")
+    server = Server("--pipeline", str(bad))
+    try:
+        code = server.proc.wait(60)
+        time.sleep(0.2)  # the log reader thread may still hold the last lines
+        assert code == 2
+        assert "weights are corrupt" in server.log()
+        assert "broken" in server.log()
+    finally:
+        server.stop()
+
+
+def test_bad_pipeline_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("stages:\n  - {name: x, engine: echo, final_output: text, replica: 2}\n")
+    out = subprocess.run([sys.executable, "-m", "omni.server", "--pipeline", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "typo.yaml" in out.stderr and "replicas" in out.stderr
+
+
+def test_help_explains_every_flag() -> None:
+    out = subprocess.run([sys.executable, "-m", "omni.server", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for flag in ("--model", "--pipeline", "--served-model-name", "--host", "--port",
+                 "--api-key", "--dtype", "--max-request-mb", "--drain-timeout", "--cache-dir"):
+        assert flag in out.stdout
+
+
+@pytest.mark.parametrize("path", ["/v1/nope", "/v1/audio/speech"])
+def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
+    server = Server("--pipeline", "echo")
+    try:
+        server.wait_listening()
+        status, body = _post(server.url(path), {"model": "echo", "input": "x"})
+        assert status == 404
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+    finally:
+        server.stop()
