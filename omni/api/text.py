@@ -16,9 +16,10 @@ from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 
 SAMPLING_RANGES = {  # field -> (min, max) inclusive
-    "temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
-    "frequency_penalty": (-2.0, 2.0), "repetition_penalty": (0.0, 10.0), "min_p": (0.0, 1.0),
+    "temperature": (0.0, 2.0), "top_p": (1e-9, 1.0),
 }
+# OpenAI fields the AR engine does not implement yet: refused unless neutral, never ignored
+NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0}
 INT_FIELDS = ("max_tokens", "top_k", "seed")
 
 
@@ -55,7 +56,7 @@ def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not low <= value <= high:
-                raise APIError(400, f"'{name}' must be a number in [{low}, {high}], got "
+                raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got "
                                f"{value!r}", param=name)
             params[name] = float(value)
     for name in INT_FIELDS:
@@ -86,6 +87,10 @@ def _stop_param(stop: Any) -> dict[str, Any]:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, neutral in NOT_YET.items():
+        if body.get(name) not in (None, neutral):
+            raise APIError(400, f"'{name}' is not supported by this server yet (only "
+                           f"{neutral})", param=name)
     n = body.get("n", 1)
     if n != 1:
         raise APIError(400, f"'n' must be 1 on this server (got {n!r})", param="n")

@@ -180,3 +180,25 @@ def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
         assert set(body["error"]) == {"message", "type", "param", "code"}
     finally:
         server.stop()
+
+
+def test_default_server_builds_and_serves_random_weight_models(tmp_path: Path) -> None:
+    server = Server(env={"OMNI_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        server.wait_listening(timeout=240)
+        assert "RANDOM WEIGHTS" in server.log()
+        models = _get(server.url("/v1/models"))[1]["data"]
+        assert [m["id"] for m in models] == ["qwen3"]
+        assert models[0]["random_weights"] is True
+        status, body = _post(server.url("/v1/chat/completions"), {
+            "model": "qwen3", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 5
+        assert body["choices"][0]["finish_reason"] == "length"
+        status, body = _post(server.url("/v1/images/generations"), {"prompt": "x"})
+        assert status == 404 and "qwen3" in body["error"]["message"]
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+    finally:
+        server.stop()
