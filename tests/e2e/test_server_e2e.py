@@ -122,7 +122,7 @@ def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
         body = {"model": "slow", "prompt": "drain me please"}
         worker = threading.Thread(
             target=lambda: result.update(zip(("status", "body"),
-                                             _post(server.url("/v1/completions"), body))))
+                                             _post(server.url("/v1/completions"), body), strict=True)))
         worker.start()
         time.sleep(0.4)  # let the request get into the engine before the signal
         server.proc.send_signal(signal.SIGTERM)
