@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -21,6 +22,7 @@ SAMPLING_RANGES = {  # field -> (min, max) inclusive
 # OpenAI fields the AR engine does not implement yet: refused unless neutral, never ignored
 NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0}
 INT_FIELDS = ("max_tokens", "top_k", "seed")
+SSE_PING_EVERY_S = 15.0
 
 
 @dataclass
@@ -199,7 +201,7 @@ async def _stream(call: TextCall) -> web.StreamResponse:
                     if delta:
                         await send(call.envelope(chunk_object,
                                                  [call.delta_choice(delta, None, False)]))
-                item = await anext(outputs, None)
+                item = await _next_with_pings(outputs, response)
         await send(call.envelope(chunk_object,
                                  [call.delta_choice(None, result.finish_reason, False)]))
         if include_usage:
@@ -210,6 +212,20 @@ async def _stream(call: TextCall) -> web.StreamResponse:
     except Exception as exc:
         await response.write(sse_error_event(exc))
     return response
+
+
+async def _next_with_pings(outputs: Any, response: web.StreamResponse) -> Any:
+    """The next output; SSE comment pings keep idle connections (and proxies) alive."""
+    pending = asyncio.ensure_future(anext(outputs, None))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=SSE_PING_EVERY_S)
+            if done:
+                return pending.result()
+            await response.write(b": ping\n\n")
+    finally:
+        if not pending.done():
+            pending.cancel()
 
 
 async def _first_output(outputs: Any) -> Any:

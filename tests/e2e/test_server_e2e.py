@@ -102,20 +102,19 @@ def _gone_within(pids: set[int], timeout: float) -> bool:
     return True
 
 
-def _ipc_dirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("omni-ipc-*")}
-
-
 def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
     slow = tmp_path / "slow.yaml"
     slow.write_text(SLOW)
-    before = _ipc_dirs()
-    server = Server("--pipeline", "echo", "--pipeline", str(slow), "--drain-timeout", "20")
+    runtime = tmp_path / "runtime"  # the server's TMPDIR: its IPC socket dirs go here
+    runtime.mkdir()
+    server = Server("--pipeline", "echo", "--pipeline", str(slow), "--drain-timeout", "20",
+                    env={"TMPDIR": str(runtime)})
     try:
         server.wait_listening()
         assert _get(server.url("/health"))[0] == 200
         ids = [m["id"] for m in _get(server.url("/v1/models"))[1]["data"]]
         assert ids == ["echo", "slow"]
+        assert list(runtime.glob("omni-ipc-*")), "IPC dirs should live under TMPDIR"
         children = _children(server.proc.pid)
         assert len(children) >= 2, "expected one engine process per stage"
         result: dict = {}
@@ -132,7 +131,7 @@ def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
         assert server.proc.wait(30) == 0, server.log()
         # the multiprocessing resource tracker exits just after its parent; allow a moment
         assert _gone_within(children, 5.0), [p for p in children if Path(f"/proc/{p}").exists()]
-        assert _ipc_dirs() <= before
+        assert not list(runtime.iterdir()), "IPC socket dirs left behind"
     finally:
         server.stop()
 
