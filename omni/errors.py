@@ -11,6 +11,10 @@ class AdmissionError(OmniError):
     """The pipeline already has its maximum number of requests in flight."""
 
 
+class DuplicateRequestIdError(OmniError):
+    """A request with this id is already in flight."""
+
+
 class ShuttingDownError(OmniError):
     """The server is draining and admits no new requests."""
 

@@ -142,6 +142,8 @@ class EngineGroup:
                 handler(frames)
             except ProtocolError as exc:
                 log.error("dropping malformed engine message: %s", exc)
+            except Exception:  # one bad message must not stop the reader for good
+                log.exception("dropping malformed engine message: handling it raised")
 
     def send(self, replica: Replica, frames: list[bytes]) -> int:
         """Send one message to one replica; returns the bytes sent."""
@@ -153,9 +155,12 @@ class EngineGroup:
 
     def _on_router(self, frames: list) -> None:
         kind, body = decode(frames[1:])
-        replica = self.replicas.get(frames[0].decode())
-        if kind != Msg.READY or replica is None:
+        replica = self.replicas.get(frames[0].decode(errors="replace"))
+        if kind != Msg.READY or replica is None or not isinstance(body[1], dict):
             raise ProtocolError(f"unexpected {kind.name} on the request socket")
+        if self.stopping:  # it finished loading after we gave up on the pipeline
+            self.try_send(replica, encode(Msg.SHUTDOWN))
+            return
         replica.info = body[1]
         replica.alive = True
         if not replica.ready.done():
@@ -164,10 +169,11 @@ class EngineGroup:
 
     def _on_pull(self, frames: list) -> None:
         kind, body = decode(frames)
-        replica = self.replicas.get(body[0]) if body else None
+        replica = self.replicas.get(body[0]) if isinstance(body[0], str) else None
         if replica is None:
             raise ProtocolError(f"{kind.name} from unknown replica")
         if kind == Msg.OUTPUTS:
+            _check_rows(body[1], body[2])
             replica.stats = body[2]
             self.on_outputs(replica, body[1], body[2], len(frames[1]))
         elif kind == Msg.DEAD:
@@ -218,6 +224,9 @@ class EngineGroup:
         for replica in self.replicas.values():
             if replica.alive:
                 self.try_send(replica, encode(Msg.SHUTDOWN))
+            elif not (self._exits[replica.replica_id].done()
+                      or self._notices[replica.replica_id].done()):
+                replica.process.terminate()  # still loading: nothing to drain
             replica.alive = False
         await self._wait_exits(timeout_s, "terminate")
         await self._wait_exits(2.0, "kill")
@@ -252,6 +261,12 @@ class EngineGroup:
                 sock.close(linger=0)
         self._ctx.term()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+def _check_rows(rows: object, stats: object) -> None:
+    if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
+            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str) for r in rows):
+        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays")
 
 
 def _describe_exit(replica: Replica) -> str:

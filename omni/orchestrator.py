@@ -9,6 +9,7 @@ the client's queue, and ends the request when every final stage on its route is 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -22,6 +23,7 @@ from omni.config import PipelineConfig, Route
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
+    DuplicateRequestIdError,
     OmniError,
     ReplicaDeadError,
     RequestAbortedError,
@@ -53,6 +55,7 @@ class OmniOutput:
 @dataclass(eq=False)
 class RequestState:
     request_id: str
+    engine_id: str  # unique per submit: a reused client id never gets a stale run's output
     route: Route
     inputs: dict[str, Any]
     params: Mapping[str, Mapping[str, Any]]
@@ -78,7 +81,9 @@ class Orchestrator:
         self.engines = EngineGroup(pipeline, on_outputs=self._on_outputs,
                                    on_death=self._on_death, dtype=dtype, log_level=log_level,
                                    startup_timeout_s=startup_timeout_s)
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, RequestState] = {}  # by client request id
+        self._by_engine_id: dict[str, RequestState] = {}
+        self._submits = itertools.count()
         self.accepting = False
         self._stopped = False
         self._idle = asyncio.Event()
@@ -102,9 +107,11 @@ class Orchestrator:
         route = self.pipeline.route(modalities)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
-            raise RequestFailedError(f"request id '{request_id}' is already in flight")
-        state = RequestState(request_id, route, inputs, params or {}, asyncio.Queue())
+            raise DuplicateRequestIdError(f"request id '{request_id}' is already in flight")
+        engine_id = f"{request_id}#{next(self._submits)}"
+        state = RequestState(request_id, engine_id, route, inputs, params or {}, asyncio.Queue())
         self.requests[request_id] = state
+        self._by_engine_id[engine_id] = state
         self._idle.clear()
         timeout_s = timeout_s or self.pipeline.request_timeout_s
         state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
@@ -128,9 +135,9 @@ class Orchestrator:
             self._finish(state, StageUnavailableError(str(exc)))
             return
         state.bound[stage] = replica
-        replica.outstanding.add(state.request_id)
+        replica.outstanding.add(state.engine_id)
         state.times[stage] = {"queued": time.monotonic()}
-        frames = encode(Msg.ADD, state.request_id, inputs, self._stage_params(state, stage))
+        frames = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage))
         try:
             nbytes = self.engines.send(replica, frames)
         except zmq.ZMQError as exc:  # the replica vanished between pick and send
@@ -143,8 +150,8 @@ class Orchestrator:
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
                     nbytes: int) -> None:
         self.metrics.bytes.labels(self.pipeline.name, replica.stage, "in").inc(nbytes)
-        for request_id, data, finished, error in rows:
-            state = self.requests.get(request_id)
+        for engine_id, data, finished, error in rows:
+            state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
                 self._on_stage_output(state, replica.stage, data, finished, error)
 
@@ -170,7 +177,7 @@ class Orchestrator:
         self.metrics.stage_latency.labels(self.pipeline.name, stage).observe(
             now - times["queued"])
         state.done.add(stage)
-        state.bound[stage].outstanding.discard(state.request_id)
+        state.bound[stage].outstanding.discard(state.engine_id)
         route = state.route
         for consumer in route.consumers[stage]:
             producers = route.producers[consumer]
@@ -205,8 +212,8 @@ class Orchestrator:
                 f"request {request_id} exceeded its deadline of {timeout_s:g} s"))
 
     def _on_death(self, replica: Replica, reason: str) -> None:
-        for request_id in list(replica.outstanding):
-            state = self.requests.get(request_id)
+        for engine_id in list(replica.outstanding):
+            state = self._by_engine_id.get(engine_id)
             if state is not None:
                 self._finish(state, ReplicaDeadError(
                     f"stage '{replica.stage}' replica {replica.replica_id} died while serving "
@@ -221,6 +228,7 @@ class Orchestrator:
             state.deadline.cancel()
         self._release_stages(state)
         del self.requests[state.request_id]
+        del self._by_engine_id[state.engine_id]
         if not self.requests:
             self._idle.set()
         outcome = "ok" if error is None else type(error).__name__
@@ -234,10 +242,10 @@ class Orchestrator:
 
     def _release_stages(self, state: RequestState) -> None:
         for stage, replica in state.bound.items():
-            if stage not in state.done and state.request_id in replica.outstanding:
-                replica.outstanding.discard(state.request_id)
+            if stage not in state.done and state.engine_id in replica.outstanding:
+                replica.outstanding.discard(state.engine_id)
                 if replica.alive:
-                    self.engines.try_send(replica, encode(Msg.ABORT, [state.request_id]))
+                    self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
         state.chunks.clear()
 
     def _observe(self, state: RequestState, outcome: str) -> None:

@@ -27,6 +27,7 @@ class Msg(enum.IntEnum):
 
 
 TYPE_FRAMES = {m: bytes([m]) for m in Msg}
+ARITY = {Msg.ADD: 3, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.READY: 2, Msg.OUTPUTS: 3, Msg.DEAD: 2}
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -45,8 +46,8 @@ def decode(frames: list[bytes]) -> tuple[Msg, list[Any]]:
         body = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"undecodable message: {exc}") from exc
-    if not isinstance(body, list):
-        raise ProtocolError(f"{kind.name} body is not an array")
+    if not isinstance(body, list) or len(body) != ARITY[kind]:
+        raise ProtocolError(f"{kind.name} body must be an array of {ARITY[kind]} fields")
     return kind, body
 
 

@@ -12,6 +12,7 @@ from omni.config import UnknownModalityError
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
+    DuplicateRequestIdError,
     OmniError,
     ReplicaDeadError,
     RequestAbortedError,
@@ -51,6 +52,7 @@ _OMNI_ERRORS: list[tuple[type[Exception], int, str, str | None, dict[str, str]]]
     (DeadlineExceededError, 504, "server_error", "deadline_exceeded", {"x-should-retry": "false"}),
     (RequestAbortedError, 503, "server_error", "aborted", {}),
     (UnknownModalityError, 400, "invalid_request_error", None, {}),
+    (DuplicateRequestIdError, 400, "invalid_request_error", "duplicate_request_id", {}),
 ]
 
 

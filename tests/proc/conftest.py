@@ -1,0 +1,23 @@
+"""tests/proc: real engine processes. Shared helpers live in procutil.py."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+
+# Set before any engine process is spawned: spawned children inherit the environment,
+# and one thread per process keeps a 2-core machine from oversubscribing.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_children():
+    """Every test must leave no engine process behind (active_children() also reaps)."""
+    yield
+    leaked = [p for p in multiprocessing.active_children() if p.name.startswith("omni-")]
+    for process in leaked:  # clean up so one leak does not fail every later test
+        process.kill()
+        process.join(5)
+    assert not leaked, f"engine processes left running: {leaked}"
