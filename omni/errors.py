@@ -11,6 +11,10 @@ class AdmissionError(OmniError):
     """The pipeline already has its maximum number of requests in flight."""
 
 
+class InvalidInputError(OmniError):
+    """The request's inputs cannot be carried to the engines (e.g. not encodable)."""
+
+
 class DuplicateRequestIdError(OmniError):
     """A request with this id is already in flight."""
 

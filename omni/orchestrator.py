@@ -24,6 +24,7 @@ from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
     DuplicateRequestIdError,
+    InvalidInputError,
     OmniError,
     ReplicaDeadError,
     RequestAbortedError,
@@ -134,10 +135,15 @@ class Orchestrator:
         except NoReplicaError as exc:
             self._finish(state, StageUnavailableError(str(exc)))
             return
+        try:
+            frames = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage))
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
+                                                  f"encoded: {exc}"))
+            return
         state.bound[stage] = replica
         replica.outstanding.add(state.engine_id)
         state.times[stage] = {"queued": time.monotonic()}
-        frames = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage))
         try:
             nbytes = self.engines.send(replica, frames)
         except zmq.ZMQError as exc:  # the replica vanished between pick and send

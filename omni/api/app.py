@@ -78,7 +78,8 @@ def _auth_middleware(api_key: str) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
+            # surrogateescape: a header with undecodable bytes is a wrong key, not a crash
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
                 raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
                                "<key>')", code="invalid_api_key")

@@ -13,6 +13,7 @@ from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
     DuplicateRequestIdError,
+    InvalidInputError,
     OmniError,
     ReplicaDeadError,
     RequestAbortedError,
@@ -52,6 +53,7 @@ _OMNI_ERRORS: list[tuple[type[Exception], int, str, str | None, dict[str, str]]]
     (DeadlineExceededError, 504, "server_error", "deadline_exceeded", {"x-should-retry": "false"}),
     (RequestAbortedError, 503, "server_error", "aborted", {}),
     (UnknownModalityError, 400, "invalid_request_error", None, {}),
+    (InvalidInputError, 400, "invalid_request_error", "invalid_input", {}),
     (DuplicateRequestIdError, 400, "invalid_request_error", "duplicate_request_id", {}),
 ]
 
@@ -79,8 +81,9 @@ def _http_error(exc: web.HTTPException, request: web.Request) -> APIError:
     if status == 404:
         return APIError(404, f"no such endpoint: {request.method} {request.path}", code="not_found")
     if status == 405:
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
         return APIError(405, f"method {request.method} is not allowed on {request.path}",
-                        code="method_not_allowed")
+                        code="method_not_allowed", headers=allow)
     if status == 413:
         limit = request.app[MAX_BYTES_KEY]
         return APIError(413, f"request body too large (limit {limit} bytes)",

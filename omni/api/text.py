@@ -21,7 +21,9 @@ SAMPLING_RANGES = {  # field -> (min, max) inclusive
 }
 # OpenAI fields the AR engine does not implement yet: refused unless neutral, never ignored
 NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0}
-INT_FIELDS = ("max_tokens", "top_k", "seed")
+# request field -> engine param (max_completion_tokens is chat's newer name for max_tokens)
+INT_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+              "top_k": "top_k", "seed": "seed"}
 SSE_PING_EVERY_S = 15.0
 
 
@@ -51,8 +53,6 @@ class TextResult:
 def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
     """Validate the OpenAI sampling fields and return them under our names."""
     params: dict[str, Any] = {}
-    if body.get("max_completion_tokens") is not None:
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
     for name, (low, high) in SAMPLING_RANGES.items():
         value = body.get(name)
         if value is not None:
@@ -61,15 +61,14 @@ def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
                 raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got "
                                f"{value!r}", param=name)
             params[name] = float(value)
-    for name in INT_FIELDS:
+    for name, target in INT_FIELDS.items():
         value = body.get(name)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or \
-                    (name == "max_tokens" and value < 1):
-                raise APIError(400, f"'{name}' must be a non-negative integer"
-                               f"{' >= 1' if name == 'max_tokens' else ''}, got {value!r}",
+            low = 1 if target == "max_tokens" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise APIError(400, f"'{name}' must be an integer >= {low}, got {value!r}",
                                param=name)
-            params[name] = value
+            params[target] = value
     params.update(_stop_param(body.get("stop")))
     if body.get("ignore_eos") is not None:
         params["ignore_eos"] = bool(body["ignore_eos"])
@@ -93,8 +92,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if body.get(name) not in (None, neutral):
             raise APIError(400, f"'{name}' is not supported by this server yet (only "
                            f"{neutral})", param=name)
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n is not None and n != 1:
         raise APIError(400, f"'n' must be 1 on this server (got {n!r})", param="n")
     if body.get("logprobs"):
         raise APIError(400, "'logprobs' is not supported by this server yet", param="logprobs")
@@ -141,7 +140,9 @@ class TextCall:
         self.inputs = _chat_inputs(body) if chat else _completion_inputs(body)
         self.params = {"*": sampling_params(body)}
         prefix = "chatcmpl" if chat else "cmpl"
-        self.id = f"{prefix}-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
+        # our own id inside (a client's X-Request-Id need not be unique); theirs is echoed
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.client_request_id = request.headers.get("X-Request-Id") or self.id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
 
@@ -177,7 +178,7 @@ async def _complete(call: TextCall) -> web.Response:
                 result.add(out.data)
     body = call.envelope(call.object, [call.choice(result)])
     body["usage"] = result.usage()
-    return web.json_response(body, headers={"X-Request-Id": call.id})
+    return web.json_response(body, headers={"X-Request-Id": call.client_request_id})
 
 
 async def _stream(call: TextCall) -> web.StreamResponse:
@@ -187,9 +188,9 @@ async def _stream(call: TextCall) -> web.StreamResponse:
     first = await _first_output(outputs)  # errors before the 200 become proper statuses
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
-                                           "X-Request-Id": call.id})
+                                           "X-Request-Id": call.client_request_id})
     await response.prepare(call.request)
-    send = _sse_sender(response)
+    send = _sse_sender(response, include_usage)
     result = TextResult()
     try:
         async with contextlib.aclosing(outputs):
@@ -224,8 +225,9 @@ async def _next_with_pings(outputs: Any, response: web.StreamResponse) -> Any:
                 return pending.result()
             await response.write(b": ping\n\n")
     finally:
-        if not pending.done():
+        if not pending.done():  # settle it, so the generator can be closed after us
             pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 async def _first_output(outputs: Any) -> Any:
@@ -236,8 +238,11 @@ async def _first_output(outputs: Any) -> Any:
         raise
 
 
-def _sse_sender(response: web.StreamResponse) -> Callable[[dict[str, Any]], Any]:
+def _sse_sender(response: web.StreamResponse,
+                include_usage: bool) -> Callable[[dict[str, Any]], Any]:
     async def send(payload: dict[str, Any]) -> None:
+        if include_usage:  # OpenAI: every chunk carries usage, null until the last one
+            payload.setdefault("usage", None)
         await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
     return send
 

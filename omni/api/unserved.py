@@ -26,8 +26,8 @@ UNSERVED = {
 def _handler(modality: str) -> web.RequestHandler:
     async def not_served(request: web.Request) -> web.Response:
         models = request.app[MODELS_KEY]
-        raise APIError(404, f"{request.path} needs a model that outputs {modality}; none is "
-                       f"served here. Served models: {models.listing()}",
+        raise APIError(404, f"{request.path} (a {modality} endpoint) is not served by this "
+                       f"server. Served models: {models.listing()}",
                        code="model_not_found", param="model")
     return not_served
 

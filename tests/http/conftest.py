@@ -1,0 +1,54 @@
+"""Fixtures for the HTTP tests (servers on loopback); helpers live in httputil.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+from httputil import (  # noqa: E402
+    MAIN_MAX_REQUEST_BYTES,
+    MAIN_PIPELINES,
+    Server,
+    ServerSettings,
+    write_pipeline,
+)
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Factory: start_server({served_name: preset name or yaml text}, settings) -> Server.
+
+    Values that contain a newline are YAML text written to a temp file; others are
+    preset names or paths. Every server started here stops at the end of the module.
+    """
+    servers: list[Server] = []
+    directory = tmp_path_factory.mktemp("pipelines")
+
+    def start(pipelines: dict[str, str], settings: ServerSettings | None = None) -> Server:
+        targets: dict[str, str | Path] = {}
+        for name, value in pipelines.items():
+            targets[name] = write_pipeline(directory, name, value) if "\n" in value else value
+        server = Server(targets, settings)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def main_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    directory = tmp_path_factory.mktemp("main-pipelines")
+    targets: dict[str, str | Path] = {
+        name: write_pipeline(directory, name, value) if "\n" in value else value
+        for name, value in MAIN_PIPELINES.items()}
+    server = Server(targets, ServerSettings(max_request_bytes=MAIN_MAX_REQUEST_BYTES,
+                                            drain_timeout_s=2.0))
+    server.start()
+    yield server
+    server.stop()
