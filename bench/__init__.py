@@ -1,0 +1,1 @@
+"""Benchmarks for omni. Run ``python -m bench --help``."""

@@ -1,0 +1,33 @@
+"""``python -m bench <benchmark> [flags]``: the command-line entry of the benchmarks."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports a numeric library (and before engine processes are spawned:
+# they inherit the environment), pin BLAS/OpenMP pools to one thread.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench import core_overhead
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="omni benchmarks. Each subcommand runs on this machine and writes a "
+                    "Markdown report and a JSON file of raw numbers.")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    core = sub.add_parser(
+        "core", help="orchestrator overhead per hop (echo pipelines vs in-process and raw ZMQ)",
+        description=core_overhead.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    core_overhead.add_arguments(core)
+    args = parser.parse_args(argv)
+    return core_overhead.run(args, argv=sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
