@@ -1,10 +1,11 @@
 """Spawn every replica of a pipeline in parallel, watch them, tear them down.
 
-EngineGroup owns the orchestrator side of the control plane for one pipeline: the
-ROUTER (requests out, READY in) and PULL (results in) sockets, read from the asyncio
-loop through their file descriptors (no polling, no extra thread), and one sentinel
-watch per child process. Startup waits on READY messages and sentinels together, so a
-stage that fails to load fails the start at once with its own error.
+EngineGroup owns the orchestrator side of the control plane for one pipeline: a Unix
+socket server on the asyncio loop that each engine connects to (one connection per
+replica, both directions, see protocol.py), and one sentinel watch per child process.
+Startup waits on READY messages and sentinels together, so a stage that fails to load
+fails the start at once with its own error. Nothing polls: readiness comes from the
+loop's own socket and pipe readers.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import tempfile
@@ -19,29 +21,57 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from omni.config import PipelineConfig, StageConfig
 from omni.engines.proc import EngineSpec, run_engine_process
 from omni.pool import Replica, StagePool
-from omni.protocol import Endpoints, Msg, ProtocolError, decode, encode
+from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
 
 log = logging.getLogger("omni.launcher")
 
 PROGRESS_EVERY_S = 15.0
-DEATH_NOTICE_WAIT_S = 1.0  # a crashed child's DEAD notice may trail its exit by a moment
 
 
 class StartupError(RuntimeError):
     """A replica failed to load; the message carries its error and last log lines."""
 
 
+class ReplicaUnreachableError(ConnectionError):
+    """The replica's control connection is gone (it is dying or dead)."""
+
+
 OutputsHandler = Callable[[Replica, list, dict[str, Any], int], None]
 DeathHandler = Callable[[Replica, str], None]
 
 
+class _Connection(asyncio.Protocol):
+    """One engine's control connection; unnamed until its first message names it."""
+
+    def __init__(self, group: EngineGroup) -> None:
+        self.group = group
+        self.reader = FrameReader()
+        self.replica: Replica | None = None
+        self.transport: asyncio.Transport | None = None
+        self.closed = group.loop.create_future()  # resolved once everything sent was read
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.reader.feed(data)
+        except ProtocolError as exc:  # the stream is out of step: nothing after is usable
+            log.error("closing an engine connection: %s", exc)
+            self.transport.close()
+            return
+        for message in messages:
+            self.group.on_message(self, message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set_result(None)
+
+
 class EngineGroup:
-    """The engine processes of one pipeline and the sockets that reach them."""
+    """The engine processes of one pipeline and the connections that reach them."""
 
     def __init__(self, pipeline: PipelineConfig, *, on_outputs: OutputsHandler,
                  on_death: DeathHandler, dtype: str = "auto", log_level: int = logging.INFO,
@@ -56,18 +86,16 @@ class EngineGroup:
         self.replicas: dict[str, Replica] = {}
         self.stopping = False
         self._exits: dict[str, asyncio.Future] = {}
-        self._notices: dict[str, asyncio.Future] = {}
+        self._server: asyncio.AbstractServer | None = None
+        # a private 0700 directory: only this user can reach the control socket
         self._ipc_dir = tempfile.mkdtemp(prefix="omni-ipc-")
-        self.endpoints = Endpoints(f"ipc://{self._ipc_dir}/requests",
-                                   f"ipc://{self._ipc_dir}/results")
-        self._ctx = zmq.Context(io_threads=1)
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._pull = self._ctx.socket(zmq.PULL)
+        self.control_path = os.path.join(self._ipc_dir, "control.sock")
 
     # -- startup -----------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._bind()
+        self._server = await self.loop.create_unix_server(lambda: _Connection(self),
+                                                          self.control_path)
         spawn = multiprocessing.get_context("spawn")
         for stage in self.pipeline.stages:
             self.pools[stage.name] = StagePool(stage.name, [
@@ -78,22 +106,11 @@ class EngineGroup:
             await self.stop()
             raise
 
-    def _bind(self) -> None:
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer -> error, not a drop
-        self._router.setsockopt(zmq.SNDHWM, 0)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._router.bind(self.endpoints.requests)
-        self._pull.bind(self.endpoints.results)
-        self._watch(self._router, self._on_router)
-        self._watch(self._pull, self._on_pull)
-
     def _spawn(self, spawn: Any, stage: StageConfig, index: int) -> Replica:
         replica_id = f"{stage.name}/{index}"
         spec = EngineSpec(
             replica_id=replica_id, stage=stage.name, engine=stage.engine,
-            endpoints=self.endpoints, model=stage.model, model_dir=stage.model_dir,
+            control_path=self.control_path, model=stage.model, model_dir=stage.model_dir,
             device=stage.devices[index % len(stage.devices)], dtype=self.dtype,
             options=dict(stage.options), log_level=self.log_level)
         process = spawn.Process(target=run_engine_process, args=(spec,),
@@ -102,7 +119,6 @@ class EngineGroup:
         replica = Replica(replica_id, stage.name, index, process, self.loop.create_future())
         self.replicas[replica_id] = replica
         self._exits[replica_id] = self.loop.create_future()
-        self._notices[replica_id] = self.loop.create_future()
         self.loop.add_reader(process.sentinel, self._on_exit, replica)
         return replica
 
@@ -126,96 +142,91 @@ class EngineGroup:
     def _loading(self) -> str:
         return ", ".join(r.replica_id for r in self.replicas.values() if not r.ready.done())
 
-    # -- sockets -----------------------------------------------------------------------
-    def _watch(self, sock: zmq.Socket, handler: Callable[[list], None]) -> None:
-        # The zmq FD is edge-triggered: each wake-up must drain the socket completely.
-        self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain, sock, handler)
-        self.loop.call_soon(self._drain, sock, handler)
-
-    def _drain(self, sock: zmq.Socket, handler: Callable[[list], None]) -> None:
-        while not sock.closed:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handler(frames)
-            except ProtocolError as exc:
-                log.error("dropping malformed engine message: %s", exc)
-            except Exception:  # one bad message must not stop the reader for good
-                log.exception("dropping malformed engine message: handling it raised")
-
-    def send(self, replica: Replica, frames: list[bytes]) -> int:
+    # -- messages ----------------------------------------------------------------------
+    def send(self, replica: Replica, message: bytes) -> int:
         """Send one message to one replica; returns the bytes sent."""
-        self._router.send_multipart([replica.identity, *frames], zmq.NOBLOCK)
-        if self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            # sending can consume the FD's edge; read what is already there
-            self.loop.call_soon(self._drain, self._router, self._on_router)
-        return len(frames[1])
+        connection = replica.connection
+        if connection is None or connection.transport.is_closing():
+            raise ReplicaUnreachableError(f"replica {replica.replica_id} is not connected")
+        connection.transport.write(frame(message))
+        return len(message)
 
-    def _on_router(self, frames: list) -> None:
-        kind, body = decode(frames[1:])
-        replica = self.replicas.get(frames[0].decode(errors="replace"))
-        if kind != Msg.READY or replica is None or not isinstance(body[1], dict):
-            raise ProtocolError(f"unexpected {kind.name} on the request socket")
-        if self.stopping:  # it finished loading after we gave up on the pipeline
-            self.try_send(replica, encode(Msg.SHUTDOWN))
-            return
-        replica.info = body[1]
-        replica.alive = True
-        if not replica.ready.done():
-            replica.ready.set_result(body[1])
-        log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
+    def try_send(self, replica: Replica, message: bytes) -> bool:
+        """Send unless the peer is gone (it may have just died); True if sent."""
+        try:
+            self.send(replica, message)
+            return True
+        except ReplicaUnreachableError as exc:
+            log.debug("%s", exc)
+            return False
 
-    def _on_pull(self, frames: list) -> None:
-        kind, body = decode(frames)
+    def on_message(self, connection: _Connection, message: bytes) -> None:
+        try:
+            kind, body = decode(message)
+            if connection.replica is None:
+                self._identify(connection, kind, body)
+            elif kind == Msg.OUTPUTS:
+                _check_rows(body, connection.replica)
+                connection.replica.stats = body[2]
+                self.on_outputs(connection.replica, body[1], body[2], len(message))
+            elif kind == Msg.DEAD:
+                self._fail(connection.replica, body[1])
+            else:
+                raise ProtocolError(f"unexpected {kind.name} from a running engine")
+        except ProtocolError as exc:
+            log.error("dropping malformed engine message: %s", exc)
+        except Exception:  # one bad message must not stop the others from being read
+            log.exception("dropping malformed engine message: handling it raised")
+        if connection.replica is None:  # a peer that cannot say who it is gets no more
+            connection.transport.close()
+
+    def _identify(self, connection: _Connection, kind: Msg, body: list) -> None:
+        """The first message names the replica: READY, or DEAD if loading failed."""
         replica = self.replicas.get(body[0]) if isinstance(body[0], str) else None
-        if replica is None:
-            raise ProtocolError(f"{kind.name} from unknown replica")
-        if kind == Msg.OUTPUTS:
-            _check_rows(body[1], body[2])
-            replica.stats = body[2]
-            self.on_outputs(replica, body[1], body[2], len(frames[1]))
-        elif kind == Msg.DEAD:
-            self._record_notice(replica, body[1])
+        if kind not in (Msg.READY, Msg.DEAD) or replica is None or replica.connection:
+            raise ProtocolError(f"connection opened with {kind.name} for an unknown or "
+                                "already connected replica; closing it")
+        connection.replica, replica.connection = replica, connection
+        if kind == Msg.DEAD:
             self._fail(replica, body[1])
+        elif self.stopping:  # it finished loading after we gave up on the pipeline
+            self.try_send(replica, encode(Msg.SHUTDOWN))
         else:
-            raise ProtocolError(f"unexpected {kind.name} on the result socket")
+            self._mark_ready(replica, body[1])
+
+    def _mark_ready(self, replica: Replica, info: Any) -> None:
+        if not isinstance(info, dict):
+            raise ProtocolError("READY info must be a map")
+        replica.info, replica.alive = info, True
+        replica.ready.set_result(info)
+        log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
 
     # -- deaths ------------------------------------------------------------------------
     def _on_exit(self, replica: Replica) -> None:
         process = replica.process
         self.loop.remove_reader(process.sentinel)
         process.join()
-        self._drain(self._pull, self._on_pull)  # a DEAD notice may already be waiting
         self._exits[replica.replica_id].set_result(process.exitcode)
         if not self.stopping:
-            self._fail(replica, replica.exit_reason or _describe_exit(replica))
+            self.loop.create_task(self._after_exit(replica))
 
-    def _record_notice(self, replica: Replica, reason: str) -> None:
-        replica.exit_reason = reason
-        if not self._notices[replica.replica_id].done():
-            self._notices[replica.replica_id].set_result(reason)
+    async def _after_exit(self, replica: Replica) -> None:
+        """Read what the process wrote before it died (its DEAD reason), then fail it."""
+        if replica.connection is not None:
+            await replica.connection.closed  # EOF comes after the last byte it sent
+        self._fail(replica, _describe_exit(replica))
 
     def _fail(self, replica: Replica, reason: str) -> None:
-        if not replica.ready.done():
-            self.loop.create_task(self._fail_startup(replica))
-            return
-        if replica.alive:
-            replica.alive = False
-            log.error("replica %s is down: %s", replica.replica_id, reason)
-            self.on_death(replica, reason)
-
-    async def _fail_startup(self, replica: Replica) -> None:
-        notice = self._notices[replica.replica_id]
-        try:
-            reason = await asyncio.wait_for(asyncio.shield(notice), DEATH_NOTICE_WAIT_S)
-        except TimeoutError:
-            reason = _describe_exit(replica)
+        """A DEAD notice (with the engine's own reason) or an exit, whichever comes first."""
+        replica.exit_reason = replica.exit_reason or reason
         if not replica.ready.done():
             replica.ready.set_exception(StartupError(
                 f"pipeline '{self.pipeline.name}': stage '{replica.stage}' failed to start: "
-                f"{reason}"))
+                f"{replica.exit_reason}"))
+        elif replica.alive:
+            replica.alive = False
+            log.error("replica %s is down: %s", replica.replica_id, replica.exit_reason)
+            self.on_death(replica, replica.exit_reason)
 
     # -- teardown ----------------------------------------------------------------------
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -224,23 +235,13 @@ class EngineGroup:
         for replica in self.replicas.values():
             if replica.alive:
                 self.try_send(replica, encode(Msg.SHUTDOWN))
-            elif not (self._exits[replica.replica_id].done()
-                      or self._notices[replica.replica_id].done()):
+            elif not (self._exits[replica.replica_id].done() or replica.exit_reason):
                 replica.process.terminate()  # still loading: nothing to drain
             replica.alive = False
         await self._wait_exits(timeout_s, "terminate")
         await self._wait_exits(2.0, "kill")
         await self._wait_exits(2.0, None)
         self._close()
-
-    def try_send(self, replica: Replica, frames: list[bytes]) -> bool:
-        """Send unless the peer is gone (it may have just died); True if sent."""
-        try:
-            self.send(replica, frames)
-            return True
-        except zmq.ZMQError as exc:
-            log.debug("cannot reach %s: %s", replica.replica_id, exc)
-            return False
 
     async def _wait_exits(self, timeout_s: float, then: str | None) -> None:
         running = [f for f in self._exits.values() if not f.done()]
@@ -255,15 +256,17 @@ class EngineGroup:
         for replica in self.replicas.values():
             if not self._exits[replica.replica_id].done():
                 self.loop.remove_reader(replica.process.sentinel)
-        for sock in (self._router, self._pull):
-            if not sock.closed:
-                self.loop.remove_reader(sock.getsockopt(zmq.FD))
-                sock.close(linger=0)
-        self._ctx.term()
+            if replica.connection is not None:
+                replica.connection.transport.abort()
+        if self._server is not None:
+            self._server.close()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
-def _check_rows(rows: object, stats: object) -> None:
+def _check_rows(body: list, replica: Replica) -> None:
+    if body[0] != replica.replica_id:
+        raise ProtocolError(f"OUTPUTS from {replica.replica_id} names {body[0]!r}")
+    rows, stats = body[1], body[2]
     if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
             isinstance(r, list) and len(r) == 4 and isinstance(r[0], str) for r in rows):
         raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays")

@@ -23,6 +23,7 @@ class Replica:
     stats: dict[str, Any] = field(default_factory=dict)
     outstanding: set[str] = field(default_factory=set)  # request ids bound here, not finished
     exit_reason: str | None = None
+    connection: Any = None  # the launcher's control connection to this process
 
     @property
     def identity(self) -> bytes:

@@ -14,9 +14,15 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 @pytest.fixture(autouse=True)
 def no_leaked_children():
-    """Every test must leave no engine process behind (active_children() also reaps)."""
+    """Every test must leave no engine process behind (active_children() also reaps).
+
+    Only processes the test started count: servers of other test directories (session
+    fixtures) may legitimately be running alongside.
+    """
+    before = {p.pid for p in multiprocessing.active_children()}
     yield
-    leaked = [p for p in multiprocessing.active_children() if p.name.startswith("omni-")]
+    leaked = [p for p in multiprocessing.active_children()
+              if p.name.startswith("omni-") and p.pid not in before]
     for process in leaked:  # clean up so one leak does not fail every later test
         process.kill()
         process.join(5)

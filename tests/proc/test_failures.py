@@ -25,6 +25,7 @@ from procutil import (
     run,
     serving,
     single_pipeline,
+    wait_until,
 )
 
 from omni import AsyncOmni
@@ -201,7 +202,7 @@ def test_load_failure_fails_start_with_its_message_and_leaves_nothing():
         omni = AsyncOmni(_boom_pipeline(), log_level=ENGINE_LOG_LEVEL)
         group = omni.orchestrator.engines
         start = asyncio.create_task(omni.start())
-        await asyncio.sleep(0)  # start() spawned every replica and waits for READY
+        await wait_until(lambda: "slowpoke" in group.pools, 3.0, "start() to spawn replicas")
         loader = group.pools["loader"].replicas[0]
         # Hold the failing stage until its siblings are ready, so the failure is the
         # only thing this test measures (see the xfail test below for the other order).
@@ -237,7 +238,7 @@ def test_load_failure_is_fast_while_a_sibling_is_still_loading():
         omni = AsyncOmni(_boom_pipeline(ok_replicas=1), log_level=ENGINE_LOG_LEVEL)
         group = omni.orchestrator.engines
         start = asyncio.create_task(omni.start())
-        await asyncio.sleep(0)
+        await wait_until(lambda: "slowpoke" in group.pools, 3.0, "start() to spawn replicas")
         sibling = group.pools["slowpoke"].replicas[0]
         loader = group.pools["loader"].replicas[0]
         # the sibling "loads slowly": paused until the failing stage has died

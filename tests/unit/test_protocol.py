@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import pickle
+import struct
 
 import msgpack
 import pytest
 
 from omni.protocol import (
-    TYPE_FRAMES,
-    Endpoints,
+    MAX_MESSAGE_BYTES,
+    TYPE_BYTES,
+    FrameReader,
     Msg,
     ProtocolError,
     decode,
     dispatch,
     encode,
+    frame,
 )
 
 ROUND_TRIPS = [
@@ -33,12 +36,11 @@ ROUND_TRIPS = [
 
 @pytest.mark.parametrize(("kind", "fields"), ROUND_TRIPS, ids=lambda v: str(v)[:20])
 def test_round_trip(kind, fields):
-    frames = encode(kind, *fields)
-    assert len(frames) == 2
-    assert frames[0] == bytes([kind]) and len(frames[0]) == 1
-    assert all(isinstance(f, bytes) for f in frames)
-    assert decode(frames) == (kind, fields)
-    got_kind, _ = decode(frames)
+    frame = encode(kind, *fields)
+    assert isinstance(frame, bytes)
+    assert frame[0] == kind  # the type byte leads the single frame
+    assert decode(frame) == (kind, fields)
+    got_kind, _ = decode(frame)
     assert type(got_kind) is Msg
 
 
@@ -53,16 +55,16 @@ def test_integer_map_keys_decode():
     assert body[2] == {0: "zero", 1: "one"}
 
 
-def test_type_frames_cover_every_message_with_distinct_bytes():
-    assert set(TYPE_FRAMES) == set(Msg)
-    assert len(set(TYPE_FRAMES.values())) == len(Msg)
-    assert all(len(frame) == 1 and frame[0] == m for m, frame in TYPE_FRAMES.items())
+def test_type_bytes_cover_every_message_with_distinct_bytes():
+    assert set(TYPE_BYTES) == set(Msg)
+    assert len(set(TYPE_BYTES.values())) == len(Msg)
+    assert all(len(b) == 1 and b[0] == m for m, b in TYPE_BYTES.items())
 
 
 def test_small_messages_stay_small():
     # positional arrays keep control messages a few dozen bytes
-    assert len(encode(Msg.ABORT, ["0123456789abcdef0123456789abcdef"])[1]) < 40
-    assert encode(Msg.SHUTDOWN) == [bytes([Msg.SHUTDOWN]), b"\x90"]
+    assert len(encode(Msg.ABORT, ["0123456789abcdef0123456789abcdef"])) < 40
+    assert encode(Msg.SHUTDOWN) == bytes([Msg.SHUTDOWN]) + b"\x90"
 
 
 def test_encode_refuses_what_msgpack_cannot_carry():
@@ -71,40 +73,38 @@ def test_encode_refuses_what_msgpack_cannot_carry():
 
 
 MALFORMED = {
-    "no frames": [],
-    "one frame": [bytes([Msg.SHUTDOWN])],
-    "three frames": [bytes([Msg.SHUTDOWN]), b"\x90", b"\x90"],
-    "empty type frame": [b"", b"\x90"],
-    "two-byte type frame": [bytes([Msg.SHUTDOWN, 0]), b"\x90"],
-    "unknown type": [b"\x63", b"\x90"],
-    "type zero": [b"\x00", b"\x90"],
-    "empty body": [bytes([Msg.ADD]), b""],
-    "reserved msgpack byte": [bytes([Msg.ADD]), b"\xc1"],
-    "truncated array": [bytes([Msg.ADD]), b"\x93\x01"],
-    "trailing bytes": [bytes([Msg.ADD]), b"\x90\x90"],
-    "invalid utf-8 str": [bytes([Msg.ADD]), b"\x91\xa2\xff\xfe"],
-    "map body": [bytes([Msg.ADD]), msgpack.packb({"request_id": "r"})],
-    "int body": [bytes([Msg.ADD]), msgpack.packb(7)],
-    "str body": [bytes([Msg.ADD]), msgpack.packb("ADD")],
-    "nil body": [bytes([Msg.SHUTDOWN]), msgpack.packb(None)],
-    "deep nesting": [bytes([Msg.ADD]), b"\x91" * 100_000 + b"\x90"],
+    "empty": b"",
+    "type byte only": bytes([Msg.SHUTDOWN]),
+    "unknown type": b"\x63\x90",
+    "type zero": b"\x00\x90",
+    "reserved msgpack byte": bytes([Msg.ADD]) + b"\xc1",
+    "truncated array": bytes([Msg.ADD]) + b"\x93\x01",
+    "trailing bytes": bytes([Msg.ADD]) + b"\x90\x90",
+    "invalid utf-8 str": bytes([Msg.ADD]) + b"\x91\xa2\xff\xfe",
+    "map body": bytes([Msg.ADD]) + msgpack.packb({"request_id": "r"}),
+    "int body": bytes([Msg.ADD]) + msgpack.packb(7),
+    "str body": bytes([Msg.ADD]) + msgpack.packb("ADD"),
+    "nil body": bytes([Msg.SHUTDOWN]) + msgpack.packb(None),
+    "wrong arity": bytes([Msg.ADD]) + msgpack.packb(["r", {}]),
+    "deep nesting": bytes([Msg.ADD]) + b"\x91" * 100_000 + b"\x90",
 }
 
 
-@pytest.mark.parametrize("frames", MALFORMED.values(), ids=MALFORMED.keys())
-def test_malformed_frames_raise_protocol_error(frames):
+@pytest.mark.parametrize("frame", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_frames_raise_protocol_error(frame):
     with pytest.raises(ProtocolError):
-        decode(frames)
+        decode(frame)
 
 
-def test_protocol_error_says_how_many_frames():
-    with pytest.raises(ProtocolError, match="3 frames"):
-        decode([b"\x01", b"\x90", b"\x90"])
+def test_protocol_error_says_what_was_wrong():
+    with pytest.raises(ProtocolError, match="ADD body must be an array of 3 fields"):
+        decode(bytes([Msg.ADD]) + msgpack.packb([1]))
 
 
 def test_decode_accepts_frame_like_buffers():
-    frames = encode(Msg.ABORT, ["r"])
-    assert decode([bytearray(frames[0]), memoryview(frames[1])]) == (Msg.ABORT, [["r"]])
+    frame = encode(Msg.ABORT, ["r"])
+    assert decode(bytearray(frame)) == (Msg.ABORT, [["r"]])
+    assert decode(memoryview(frame)) == (Msg.ABORT, [["r"]])
 
 
 def test_dispatch_routes_by_type():
@@ -121,11 +121,31 @@ def test_dispatch_refuses_unhandled_types_and_malformed_frames():
     with pytest.raises(ProtocolError, match="SHUTDOWN"):
         dispatch(table, encode(Msg.SHUTDOWN))
     with pytest.raises(ProtocolError):
-        dispatch(table, [bytes([Msg.ADD]), b"\xc1"])
+        dispatch(table, bytes([Msg.ADD]) + b"\xc1")
 
 
-def test_endpoints_are_plain_picklable_values():
-    ends = Endpoints("ipc:///tmp/x/requests", "ipc:///tmp/x/results")
-    assert pickle.loads(pickle.dumps(ends)) == ends
-    with pytest.raises(AttributeError):
-        ends.requests = "tcp://nowhere"  # type: ignore[misc]
+def test_frame_reader_reassembles_a_stream_cut_anywhere():
+    messages = [encode(Msg.ADD, f"r{i}", {"prompt": "x" * i}, {}) for i in range(20)]
+    stream = b"".join(frame(m) for m in messages)
+    for cut in (1, 3, 4, 5, 7, 64, len(stream)):
+        reader, got = FrameReader(), []
+        for i in range(0, len(stream), cut):
+            got += reader.feed(stream[i:i + cut])
+        assert got == messages, cut
+
+
+def test_frame_reader_keeps_a_partial_message_for_the_next_feed():
+    reader = FrameReader()
+    data = frame(encode(Msg.SHUTDOWN))
+    assert reader.feed(data[:-1]) == []
+    assert reader.feed(data[-1:]) == [encode(Msg.SHUTDOWN)]
+
+
+def test_frame_reader_refuses_an_absurd_length():
+    with pytest.raises(ProtocolError, match="exceeds"):
+        FrameReader().feed(struct.pack("<I", MAX_MESSAGE_BYTES + 1) + b"x")
+
+
+def test_message_objects_are_not_pickled():
+    with pytest.raises(TypeError):
+        encode(Msg.ADD, "r", {"p": pickle}, {})
