@@ -164,14 +164,15 @@ def _zmq_echo_child(requests_ep: str, results_ep: str, identity: bytes) -> None:
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(requests_ep)
     name = identity.decode()
-    dealer.send_multipart([b"\x0a", msgpack.packb([name, {"engine": "raw"}])])
+    # one frame per message, type byte first: the same framing as omni/protocol.py
+    dealer.send(b"\x0a" + msgpack.packb([name, {"engine": "raw"}]))
     while True:
-        kind, body = dealer.recv_multipart()
-        if kind == b"\x03":
+        message = dealer.recv()
+        if message[:1] == b"\x03":
             break
-        rid, inputs, _params = msgpack.unpackb(body)
+        rid, inputs, _params = msgpack.unpackb(message[1:])
         row = [rid, {"text": inputs["prompt"], "trace": ["s0"], "index": 0}, True, None]
-        push.send_multipart([b"\x0b", msgpack.packb([name, [row], {"running": 0}])])
+        push.send(b"\x0b" + msgpack.packb([name, [row], {"running": 0}]))
     push.close(linger=1000)
     dealer.close()
     ctx.term()
@@ -218,17 +219,17 @@ def bench_raw_zmq(args: argparse.Namespace, *, engine: bool = False) -> dict[str
             rid = uuid.uuid4().hex
             t0 = clock()
             body = msgpack.packb([rid, {"prompt": PROMPT}, {}])
-            router.send_multipart([identity, add_type, body])
-            frames = pull.recv_multipart()
-            reply = msgpack.unpackb(frames[1])
+            router.send_multipart([identity, add_type + body])
+            frame = pull.recv()
+            reply = msgpack.unpackb(frame[1:])
             t1 = clock()
             if reply[1][0][0] != rid:
                 raise RuntimeError(f"{label}: reply for the wrong request")
             if i >= args.warmup:
                 samples.append(t1 - t0)
-            sizes = (len(body), len(frames[1]))
+            sizes = (len(body), len(frame) - 1)
             _progress(label, i + 1, total, args.progress_every, samples)
-        router.send_multipart([identity, b"\x03", msgpack.packb([])])
+        router.send_multipart([identity, b"\x03" + msgpack.packb([])])
         child.join(10)
     finally:
         if child.is_alive():
@@ -589,18 +590,18 @@ def reading(r: dict[str, Any]) -> list[str]:
         f"so nearly all of a hop is the runtime: the raw ZeroMQ round trip (the floor of the "
         f"current ZeroMQ ipc transport) is {raw:.0f} us, leaving about "
         f"{hop - raw:.0f} us per hop for the orchestrator (asyncio wake-up, decode, routing, "
-        f"metrics, encode) and the engine process's reader/writer thread hand-offs.",
+        f"metrics, encode) and the engine process's loop around the engine.",
         f"- Where it goes (p50, per hop, approximate since differences of medians): "
         f"transport {raw:.0f} us (B), of which libzmq's I/O threads cost about "
         f"{raw - pair:.0f} us over a plain socketpair (B0 {pair:.0f} us); the engine "
-        f"process's thread hand-offs (DEALER reader thread -> inbox queue -> main thread -> "
-        f"outbox queue -> PUSH writer thread) add {eng - raw:.0f} us (B2 {eng:.0f} us - B); "
+        f"process's Python loop (poll, decode, add/step, encode, send, all on one thread) "
+        f"adds {eng - raw:.0f} us (B2 {eng:.0f} us - B); "
         f"the orchestrator side (uvloop wake-up, decode, routing, metrics, encode, send) "
         f"adds the remaining {hop - (eng - engine):.0f} us (ours per hop - (B2 - engine work)).",
         "- Every cross-thread or cross-process wake-up on this VM costs tens of "
         "microseconds, so the number of wake-ups per hop sets the floor: B0 wakes one "
         "thread per direction, B adds a libzmq I/O thread on each side of each direction, "
-        "B2 adds two Python thread hand-offs inside the engine process. The issue's "
+        "B2 adds the engine process's Python loop. The issue's "
         f"~60 us for a raw ZeroMQ round trip is not reproduced here: B is {raw:.0f} us.",
     ]
     if "slope_us" in d:
@@ -624,7 +625,7 @@ def reading(r: dict[str, Any]) -> list[str]:
     out.append(f"- vLLM-Omni is reported at 3-9 ms per extra stage; this run's slope is "
                f"{d.get('slope_us', {}).get('p50', hop):.0f} us.")
     out.append(f"- Noise: a {r['hardware']['cores_usable']}-core machine, where the "
-               "orchestrator, each engine's main/reader/writer threads and libzmq's I/O "
+               "orchestrator, each engine's loop and libzmq's I/O "
                "threads contend for the same cores; p99 reflects scheduler wake-ups and "
                "GC pauses more than the code paths. Other jobs shared this machine during "
                "development (see the load average above) and p50s moved by up to ~30% "

@@ -1,6 +1,6 @@
 """The Engine contract: what every engine kind implements, with no sockets.
 
-`engines/proc.py` wraps any Engine in a process (DEALER/PUSH sockets, I/O threads);
+`engines/proc.py` wraps any Engine in a process (one control connection, one thread);
 tests drive the same object in-process. An engine is single-threaded: the process
 loop calls add/abort/step from one thread only.
 """

@@ -117,7 +117,11 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
 
+    # tqdm bars garble a server log, and tqdm's multiprocessing lock is a semaphore the
+    # engine process would leak at exit; the launcher logs loading progress instead
+    hf_logging.disable_progress_bar()
     path = Path(model_dir).expanduser().resolve()
     _check_dir(path)
     try:
