@@ -28,7 +28,7 @@ MEMORY_FIX = (
     "Use an integer number of bytes or a size like '512MiB', '2GiB', '1.5GB' "
     "(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 )
-DEVICE_FIX = "Use 'cpu', 'cuda' or 'cuda:N' (N an integer >= 0)"
+DEVICE_FIX = "Use 'auto', 'cpu', 'cuda' or 'cuda:N' (N an integer >= 0)"
 
 # Decimal units are powers of 1000, binary (IEC) units powers of 1024, as on disk labels.
 _MEMORY_UNITS = {
@@ -165,7 +165,12 @@ def check_choice(src: str, path: str, value: object, choices: Iterable[str], wha
 
 
 def check_device(src: str, path: str, value: object) -> str:
-    """'cpu', 'cuda' or 'cuda:N', normalised ('cuda:01' -> 'cuda:1')."""
+    """'auto', 'cpu', 'cuda' or 'cuda:N', normalised ('cuda:01' -> 'cuda:1').
+
+    'auto' is resolved in the engine process: a GPU when one is visible, else the CPU.
+    """
+    if value == "auto":
+        return value
     match = _DEVICE_RE.match(value) if isinstance(value, str) else None
     if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
         hint = f"Did you mean 'cuda:{value}'? " if _is_index(value) else ""

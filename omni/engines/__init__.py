@@ -10,6 +10,15 @@ if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
 
 
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; anything else unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def build_engine(spec: EngineSpec) -> Engine:
     """Construct the engine a stage asks for, inside its engine process."""
     if spec.engine == "echo":
@@ -21,7 +30,8 @@ def build_engine(spec: EngineSpec) -> Engine:
 
         if not spec.model_dir:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
-        return AREngine(spec.model_dir, dtype=spec.dtype, device=spec.device, options=spec.options)
+        return AREngine(spec.model_dir, dtype=spec.dtype, device=resolve_device(spec.device),
+                        options=spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
         "(available: ar, echo)")

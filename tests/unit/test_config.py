@@ -299,7 +299,7 @@ def test_bad_stage_name(tmp_path: Path, bad: str, fixed: str) -> None:
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:-1", "cpu:0", "0"])
 def test_bad_device(tmp_path: Path, device: str) -> None:
     error(tmp_path, stages_yaml(f"{{name: s, engine: echo, devices: ['{device}'], final_output: text}}"),
-          "stages[0].devices[0]: bad device", "Use 'cpu', 'cuda' or 'cuda:N'")
+          "stages[0].devices[0]: bad device", "Use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
 def test_integer_device_suggests_cuda(tmp_path: Path) -> None:
@@ -587,3 +587,9 @@ def test_echo_chain_preset() -> None:
     assert both.finals == frozenset({"c", "side"}) and both.entries == ("a",)
     assert both.consumers["a"] == ("b", "side")
     assert cfg.route(None).modalities == ("text",)
+
+
+def test_auto_device_is_accepted_and_kept_for_the_engine_to_resolve() -> None:
+    config = parse_pipeline({"stages": [{"name": "s", "engine": "echo", "final_output": "text",
+                                         "devices": ["auto", "cuda:01"]}]})
+    assert config.stage("s").devices == ("auto", "cuda:1")
