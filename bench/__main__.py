@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                     "Markdown report and a JSON file of raw numbers.")
     sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     core = sub.add_parser(
-        "core", help="orchestrator overhead per hop (echo pipelines vs in-process and raw ZMQ)",
+        "core", help="orchestrator overhead per hop (echo pipelines vs in-process, Unix socket, "
+                     "ZeroMQ and engine-process baselines)",
         description=core_overhead.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     core_overhead.add_arguments(core)

@@ -1,0 +1,94 @@
+"""Shared by the core benchmark's modules: settings, summaries, progress, the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+TARGET_US = 150.0
+PROMPT = "The quick brown fox jumps over the lazy dog. "  # 45 characters
+CONCURRENCY = 8
+CONCURRENCY_STAGES = 4
+QUANTILES = ("p50", "p90", "p99", "mean")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(samples_ns: list[int]) -> dict[str, Any]:
+    """Percentiles in us, plus the p50 of each half of the run (a drift/noise check)."""
+    us = sorted(s / 1000.0 for s in samples_ns)
+    half = len(samples_ns) // 2
+    halves = [sorted(s / 1000.0 for s in part) for part in (samples_ns[:half], samples_ns[half:])]
+    return {
+        "count": len(us),
+        "p50_us": round(percentile(us, 0.50), 2),
+        "p90_us": round(percentile(us, 0.90), 2),
+        "p99_us": round(percentile(us, 0.99), 2),
+        "mean_us": round(sum(us) / len(us), 2) if us else float("nan"),
+        "min_us": round(us[0], 2) if us else float("nan"),
+        "max_us": round(us[-1], 2) if us else float("nan"),
+        "halves_p50_us": [round(percentile(h, 0.50), 2) for h in halves],
+        "samples_us": [round(s / 1000.0, 1) for s in samples_ns],  # in arrival order
+    }
+
+
+def progress(label: str, done: int, total: int, every: int, samples: list[int]) -> None:
+    if done % every == 0 or done == total:
+        recent = sorted(samples[-every:])
+        median = f"recent p50 {recent[len(recent) // 2] / 1000:.0f} us" if recent else "warmup"
+        say(f"  [{label}] {done}/{total} ({median})")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _lscpu() -> dict[str, str]:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+
+
+def hardware() -> dict[str, Any]:
+    import msgpack
+    import uvloop
+    import zmq
+
+    cpu = _lscpu()
+    ram_gib = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu.get("Model name") or platform.processor() or "unknown",
+        "hypervisor": cpu.get("Hypervisor vendor")
+        or ("unknown" if "hypervisor" in cpu.get("Flags", "").split() else None),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "ram_gib": ram_gib,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "uvloop": uvloop.__version__,
+        "msgpack": ".".join(map(str, msgpack.version)),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
