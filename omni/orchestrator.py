@@ -31,7 +31,7 @@ from omni.errors import (
     StageUnavailableError,
 )
 from omni.launcher import EngineGroup, ReplicaUnreachableError
-from omni.metrics import Metrics
+from omni.metrics import Metrics, Sample
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
 
@@ -90,8 +90,8 @@ class Orchestrator:
         self.metrics.watch(self._gauges)
         # bound metric children per stage: .labels() on every hop costs a few microseconds
         name, stages = pipeline.name, [s.name for s in pipeline.stages]
-        self._bytes_out = {s: self.metrics.bytes.labels(name, s, "out") for s in stages}
-        self._bytes_in = {s: self.metrics.bytes.labels(name, s, "in") for s in stages}
+        self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
+        self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
 
     async def start(self) -> None:
@@ -127,7 +127,9 @@ class Orchestrator:
         return state
 
     def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
-        merged = dict(self.pipeline.stage(stage).params)
+        if not state.params:
+            return self._default_params[stage]  # only read (encoded), never changed
+        merged = dict(self._default_params[stage])
         merged.update(state.params.get("*", {}))
         merged.update(state.params.get(stage, {}))
         return merged
@@ -153,12 +155,12 @@ class Orchestrator:
             self._finish(state, StageUnavailableError(
                 f"stage '{stage}' replica {replica.replica_id} unreachable: {exc}"))
             return
-        self._bytes_out[stage].inc(nbytes)
+        self._bytes[stage, "out"] += nbytes
 
     # -- engine outputs ----------------------------------------------------------------
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
                     nbytes: int) -> None:
-        self._bytes_in[replica.stage].inc(nbytes)
+        self._bytes[replica.stage, "in"] += nbytes
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
@@ -300,13 +302,16 @@ class Orchestrator:
             self.abort(request_id, "server shut down before the request finished")
         await self.engines.stop()
 
-    def _gauges(self) -> Iterable[tuple[str, str, dict[str, str], float]]:
+    def _gauges(self) -> Iterable[Sample]:
         name = self.pipeline.name
-        yield "omni_requests_in_flight", "Requests admitted, not finished", {"pipeline": name}, \
-            len(self.requests)
+        yield "gauge", "omni_requests_in_flight", "Requests admitted, not finished", \
+            {"pipeline": name}, len(self.requests)
         for stage, pool in self.engines.pools.items():
             labels = {"pipeline": name, "stage": stage}
-            yield "omni_stage_queue_length", "Requests bound to a stage, not finished", \
+            yield "gauge", "omni_stage_queue_length", "Requests bound to a stage, not finished", \
                 labels, pool.queue_length()
-            yield "omni_stage_replicas_live", "Live replicas per stage", labels, \
+            yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
                 len(pool.live())
+        for (stage, direction), count in self._bytes.items():
+            yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
+                {"pipeline": name, "stage": stage, "direction": direction}, count

@@ -46,6 +46,8 @@ class StagePool:
         return [r for r in self.replicas if r.alive]
 
     def pick(self) -> Replica:
+        if len(self.replicas) == 1 and self.replicas[0].alive:
+            return self.replicas[0]  # the common case, without building lists
         live = self.live()
         if not live:
             raise NoReplicaError(f"stage '{self.stage}' has no live replica")

@@ -83,6 +83,10 @@ class FrameReader:
         self._buffer = bytearray()
 
     def feed(self, data: Buffer) -> list[bytes]:
+        if not self._buffer and len(data) >= HEADER.size:
+            length = HEADER.unpack_from(data)[0]
+            if len(data) == HEADER.size + length:  # the usual case: exactly one message
+                return [bytes(data[HEADER.size:])]
         buffer = self._buffer
         buffer += data
         messages, pos, size = [], 0, len(buffer)
