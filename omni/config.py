@@ -335,6 +335,8 @@ def _stage_name(src: str, path: str, raw: Mapping[str, Any]) -> str:
         fixed = re.sub(r"[^a-z0-9_-]+", "_", name.lower()).strip("_") or "stage"
         raise ConfigError(src, f"{path}.name", f"bad stage name {name!r}",
                           f"Use lowercase letters, digits, '_' and '-' only, e.g. '{fixed}'")
+    if name == "stream":  # engines read inputs["stream"] as the list of stream producers
+        raise ConfigError(src, f"{path}.name", "'stream' is a reserved name", "Pick another")
     return name
 
 

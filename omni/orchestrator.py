@@ -34,6 +34,7 @@ from omni.launcher import EngineGroup, ReplicaUnreachableError
 from omni.metrics import Metrics, Sample
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
+from omni.routing import RoutePlan, plan_route
 
 log = logging.getLogger("omni.orchestrator")
 
@@ -55,7 +56,7 @@ class OmniOutput:
 class RequestState:
     request_id: str
     engine_id: str  # unique per submit: a reused client id never gets a stale run's output
-    route: Route
+    plan: RoutePlan
     inputs: dict[str, Any]
     params: Mapping[str, Mapping[str, Any]]
     queue: asyncio.Queue
@@ -67,6 +68,12 @@ class RequestState:
     first_output: float | None = None
     deadline: asyncio.TimerHandle | None = None
     finished: bool = False
+    seq: dict[tuple[str, str], int] = field(default_factory=dict)  # per stream edge
+    held: dict[str, list[list]] = field(default_factory=dict)  # APPENDs before dispatch
+
+    @property
+    def route(self) -> Route:
+        return self.plan.route
 
 
 class Orchestrator:
@@ -92,6 +99,7 @@ class Orchestrator:
         name, stages = pipeline.name, [s.name for s in pipeline.stages]
         self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
+        self._plans: dict[tuple[str, ...], RoutePlan] = {}
         self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
 
     async def start(self) -> None:
@@ -108,23 +116,29 @@ class Orchestrator:
         if len(self.requests) >= self.pipeline.max_inflight:
             raise AdmissionError(f"pipeline '{self.pipeline.name}' has "
                                  f"{self.pipeline.max_inflight} requests in flight; retry later")
-        route = self.pipeline.route(modalities)
+        plan = self._plan(self.pipeline.route(modalities))
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise DuplicateRequestIdError(f"request id '{request_id}' is already in flight")
         engine_id = f"{request_id}#{next(self._submits)}"
-        state = RequestState(request_id, engine_id, route, inputs, params or {}, asyncio.Queue())
+        state = RequestState(request_id, engine_id, plan, inputs, params or {}, asyncio.Queue())
         self.requests[request_id] = state
         self._by_engine_id[engine_id] = state
         self._idle.clear()
         timeout_s = timeout_s or self.pipeline.request_timeout_s
         state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
                                                                request_id, timeout_s)
-        for stage in route.entries:
-            self._dispatch(state, stage, inputs)
+        for stage in plan.start:
+            self._dispatch(state, stage, plan.start_inputs(stage, inputs))
             if state.finished:
                 break
         return state
+
+    def _plan(self, route: Route) -> RoutePlan:
+        plan = self._plans.get(route.modalities)
+        if plan is None:
+            plan = self._plans[route.modalities] = plan_route(self.pipeline, route)
+        return plan
 
     def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
         if not state.params:
@@ -156,6 +170,9 @@ class Orchestrator:
                 f"stage '{stage}' replica {replica.replica_id} unreachable: {exc}"))
             return
         self._bytes[stage, "out"] += nbytes
+        for message in state.held.pop(stage, ()):
+            if not state.finished:
+                self._send_append(state, stage, message)
 
     # -- engine outputs ----------------------------------------------------------------
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
@@ -177,8 +194,12 @@ class Orchestrator:
             state.first_output = state.first_output or now
             modality = self.pipeline.stage(stage).final_output
             state.queue.put_nowait(OmniOutput(state.request_id, stage, modality, data, finished))
-        if data is not None and state.route.consumers[stage]:
+        if data is not None and state.plan.full_consumers[stage]:
             state.chunks.setdefault(stage, []).append(data)
+        if state.plan.stream_consumers[stage] and (data is not None or finished):
+            self._stream(state, stage, data, finished)
+            if state.finished:
+                return
         if finished:
             self._stage_done(state, stage, now)
 
@@ -188,23 +209,47 @@ class Orchestrator:
         self._stage_latency[stage].observe(now - times["queued"])
         state.done.add(stage)
         state.bound[stage].outstanding.discard(state.engine_id)
-        route = state.route
-        for consumer in route.consumers[stage]:
-            producers = route.producers[consumer]
-            if all(p in state.done for p in producers):
-                self._dispatch(state, consumer, {p: state.chunks.get(p, []) for p in producers})
+        plan = state.plan
+        for consumer in plan.full_consumers[stage]:
+            producers = plan.full_producers[consumer]
+            if consumer not in state.bound and all(p in state.done for p in producers):
+                self._dispatch(state, consumer, plan.ready_inputs(consumer, state.chunks))
                 if state.finished:
                     return
                 self._free_delivered(state, producers)
-        if route.finals <= state.done:
+        if plan.route.finals <= state.done:
             self._finish(state, None)
 
     @staticmethod
     def _free_delivered(state: RequestState, producers: tuple[str, ...]) -> None:
-        """Drop a producer's chunks once every consumer of it has been dispatched."""
+        """Drop a producer's chunks once every full consumer of it has been dispatched."""
         for producer in producers:
-            if all(c in state.bound for c in state.route.consumers[producer]):
+            if all(c in state.bound for c in state.plan.full_consumers[producer]):
                 state.chunks.pop(producer, None)
+
+    def _stream(self, state: RequestState, producer: str, data: dict | None,
+                last: bool) -> None:
+        """Number a producer's chunk for each stream consumer; hold it until dispatch."""
+        for consumer in state.plan.stream_consumers[producer]:
+            if consumer in state.done:
+                continue
+            seq = state.seq.get((producer, consumer), 0)
+            state.seq[producer, consumer] = seq + 1
+            message = [producer, seq, data, last]
+            if consumer in state.bound:
+                self._send_append(state, consumer, message)
+            else:
+                state.held.setdefault(consumer, []).append(message)
+
+    def _send_append(self, state: RequestState, consumer: str, message: list) -> None:
+        replica = state.bound[consumer]
+        try:
+            nbytes = self.engines.send(replica, encode(Msg.APPEND, state.engine_id, *message))
+        except ReplicaUnreachableError as exc:
+            self._finish(state, StageUnavailableError(
+                f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))
+            return
+        self._bytes[consumer, "out"] += nbytes
 
     # -- ending ------------------------------------------------------------------------
     def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
@@ -257,6 +302,7 @@ class Orchestrator:
                 if replica.alive:
                     self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
         state.chunks.clear()
+        state.held.clear()
 
     def _observe(self, state: RequestState, outcome: str) -> None:
         name = self.pipeline.name

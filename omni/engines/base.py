@@ -58,6 +58,18 @@ class Engine(abc.ABC):
     def add(self, request: EngineRequest) -> None:
         """Admit a request; it joins the batch at the next step."""
 
+    def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
+               last: bool) -> None:
+        """More input for a request fed by a ``stream`` edge from stage ``producer``.
+
+        ``seq`` counts 0, 1, 2, ... per (request, producer); ``last`` marks the end of
+        that producer's stream (``data`` may then be None). A request whose every stream
+        producer has sent ``last`` has all of its input. An unknown ``request_id`` (one
+        already aborted) is ignored; a gap or repeat in ``seq`` raises EngineError.
+        Engines that take no stream input keep this default, which refuses it.
+        """
+        raise EngineError(f"this engine takes no stream input (from '{producer}')")
+
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests now and free what they hold; unknown ids are ignored."""

@@ -25,7 +25,10 @@ class _EchoJob:
     pieces: list[str]
     trace: list[str]
     sent: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
+
+    def runnable(self) -> bool:
+        return self.sent < len(self.pieces) or not self.waiting
 
 
 class EchoEngine(Engine):
@@ -42,24 +45,43 @@ class EchoEngine(Engine):
         self.steps = 0
 
     def add(self, request: EngineRequest) -> None:
-        text, trace = _text_and_trace(request.inputs)
+        streams = request.inputs.get("stream", [])
+        inputs = {k: v for k, v in request.inputs.items() if k != "stream"}
+        text, trace = _text_and_trace(inputs)
+        pieces = _split(text, max(1, int(request.params.get("chunks", self.chunks))))
         self.jobs[request.request_id] = _EchoJob(
-            request, _split(text, max(1, int(request.params.get("chunks", self.chunks)))),
-            trace + [self.stage])
+            request, [] if streams and not text else pieces, trace + [self.stage],
+            waiting=dict.fromkeys(streams, 0))
+
+    def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
+               last: bool) -> None:
+        """Stream input: each chunk is echoed as one output, in order."""
+        job = self.jobs.get(request_id)
+        if job is None:
+            return
+        expected = job.waiting.get(producer)
+        if expected is None or seq != expected:
+            raise EngineError(f"stream from '{producer}': expected chunk {expected}, got {seq}")
+        job.waiting[producer] = seq + 1
+        if data is not None:
+            job.pieces.append(data.get("text", ""))
+            upstream = [s for s in data.get("trace", []) if s not in job.trace]
+            job.trace[-1:-1] = upstream  # this stage stays last
+        if last:
+            del job.waiting[producer]
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self.jobs.pop(rid, None)
 
     def has_work(self) -> bool:
-        return bool(self.jobs)
+        return any(job.runnable() for job in self.jobs.values())
 
     def step(self) -> list[StepOutput]:
         self.steps += 1
         if self.delay_s:
             time.sleep(self.delay_s)  # stands in for compute time, not synchronisation
-        outputs = [self._advance(job) for job in list(self.jobs.values())]
-        return outputs
+        return [self._advance(job) for job in list(self.jobs.values()) if job.runnable()]
 
     def _advance(self, job: _EchoJob) -> StepOutput:
         rid = job.request.request_id
@@ -68,12 +90,16 @@ class EchoEngine(Engine):
         except EngineError as exc:
             del self.jobs[rid]
             return StepOutput(rid, None, True, str(exc))
+        if job.sent == len(job.pieces):  # a stream that ended after its last chunk went out
+            del self.jobs[rid]
+            return StepOutput(rid, None, True)
         piece = job.pieces[job.sent]
         job.sent += 1
-        done = job.sent == len(job.pieces)
+        done = job.sent == len(job.pieces) and not job.waiting
         if done:
             del self.jobs[rid]
-        return StepOutput(rid, {"text": piece, "trace": job.trace, "index": job.sent - 1}, done)
+        return StepOutput(rid, {"text": piece, "trace": list(job.trace), "index": job.sent - 1},
+                          done)
 
     def _maybe_fail(self, params: Mapping[str, Any]) -> None:
         mode = params.get("echo_fail")

@@ -85,7 +85,8 @@ class EngineLoop:
         self.engine = engine
         self.channel = channel
         self.running = True
-        self.handlers = {Msg.ADD: self._add, Msg.ABORT: self._abort, Msg.SHUTDOWN: self._stop}
+        self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
+                         Msg.SHUTDOWN: self._stop}
 
     def run(self) -> None:
         while self.running:
@@ -110,9 +111,20 @@ class EngineLoop:
         try:
             self.engine.add(EngineRequest(request_id, inputs, params))
         except Exception as exc:  # a bad request fails alone, the engine keeps serving
-            log.warning("request %s rejected: %s", request_id, exc)
-            self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
-                                     [[request_id, None, True, str(exc)]], {}))
+            self._reject(request_id, exc)
+
+    def _append(self, body: list[Any]) -> None:
+        request_id, producer, seq, data, last = body
+        try:
+            self.engine.append(request_id, producer, seq, data, last)
+        except Exception as exc:
+            self.engine.abort([request_id])
+            self._reject(request_id, exc)
+
+    def _reject(self, request_id: str, exc: Exception) -> None:
+        log.warning("request %s failed: %s", request_id, exc)
+        self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
+                                 [[request_id, None, True, str(exc)]], {}))
 
     def _abort(self, body: list[Any]) -> None:
         self.engine.abort(body[0])

@@ -1,4 +1,4 @@
-"""Helpers for tests that run real engine processes (spawned, real ZeroMQ sockets).
+"""Helpers for tests that run real engine processes (spawned, real control sockets).
 
 Imported by the test modules as ``procutil`` (pytest puts tests/proc on sys.path); kept
 out of conftest.py because several test directories have a conftest.py of their own.

@@ -593,3 +593,8 @@ def test_auto_device_is_accepted_and_kept_for_the_engine_to_resolve() -> None:
     config = parse_pipeline({"stages": [{"name": "s", "engine": "echo", "final_output": "text",
                                          "devices": ["auto", "cuda:01"]}]})
     assert config.stage("s").devices == ("auto", "cuda:1")
+
+
+def test_stage_name_stream_is_reserved() -> None:
+    with pytest.raises(ConfigError, match="'stream' is a reserved name"):
+        parse_pipeline({"stages": [{"name": "stream", "engine": "echo", "final_output": "text"}]})
