@@ -25,6 +25,7 @@ from omni.config_checks import (
     MEMORY_FIX,
     ConfigError,
     ancestors,
+    as_bool,
     as_int,
     as_list,
     as_mapping,
@@ -58,7 +59,7 @@ CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
             "edges", "outputs")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
-              "params", "options", "final_output")
+              "params", "options", "final_output", "restart")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector")
 
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
@@ -103,6 +104,7 @@ class StageConfig(_Picklable):
     params: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     final_output: str | None = None
+    restart: bool = False  # start a new process when a replica dies
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(self.devices))
@@ -326,6 +328,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         params=as_mapping(src, f"{path}.params", raw.get("params")),
         options=as_mapping(src, f"{path}.options", raw.get("options")),
         final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),
+        restart=as_bool(src, f"{path}.restart", optional(raw, "restart", False)),
     )
 
 

@@ -122,6 +122,14 @@ def as_int(src: str, path: str, value: object, minimum: int) -> int:
     return value
 
 
+def as_bool(src: str, path: str, value: object) -> bool:
+    """true/false only: 'yes' or 1 in a YAML file is more likely a slip than a choice."""
+    if not isinstance(value, bool):
+        raise ConfigError(src, path, f"expected true or false, got {describe(value)}",
+                          "Write true or false")
+    return value
+
+
 def as_positive_float(src: str, path: str, value: object) -> float:
     """A finite number > 0, returned as float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -29,6 +29,7 @@ from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
 log = logging.getLogger("omni.launcher")
 
 PROGRESS_EVERY_S = 15.0
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
 
 
 class StartupError(RuntimeError):
@@ -108,6 +109,13 @@ class EngineGroup:
 
     def _spawn(self, spawn: Any, stage: StageConfig, index: int) -> Replica:
         replica_id = f"{stage.name}/{index}"
+        replica = Replica(replica_id, stage.name, index, None, self.loop.create_future())
+        self.replicas[replica_id] = replica
+        self._start_process(spawn, stage, replica)
+        return replica
+
+    def _start_process(self, spawn: Any, stage: StageConfig, replica: Replica) -> None:
+        replica_id, index = replica.replica_id, replica.index
         spec = EngineSpec(
             replica_id=replica_id, stage=stage.name, engine=stage.engine,
             control_path=self.control_path, model=stage.model, model_dir=stage.model_dir,
@@ -116,11 +124,9 @@ class EngineGroup:
         process = spawn.Process(target=run_engine_process, args=(spec,),
                                 name=f"omni-{self.pipeline.name}-{replica_id}")
         process.start()
-        replica = Replica(replica_id, stage.name, index, process, self.loop.create_future())
-        self.replicas[replica_id] = replica
+        replica.process = process
         self._exits[replica_id] = self.loop.create_future()
-        self.loop.add_reader(process.sentinel, self._on_exit, replica)
-        return replica
+        self.loop.add_reader(process.sentinel, self._on_exit, replica, process)
 
     async def _wait_ready(self) -> None:
         started = time.monotonic()
@@ -202,8 +208,7 @@ class EngineGroup:
         log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
 
     # -- deaths ------------------------------------------------------------------------
-    def _on_exit(self, replica: Replica) -> None:
-        process = replica.process
+    def _on_exit(self, replica: Replica, process: Any) -> None:
         self.loop.remove_reader(process.sentinel)
         process.join()
         self._exits[replica.replica_id].set_result(process.exitcode)
@@ -211,10 +216,31 @@ class EngineGroup:
             self.loop.create_task(self._after_exit(replica))
 
     async def _after_exit(self, replica: Replica) -> None:
-        """Read what the process wrote before it died (its DEAD reason), then fail it."""
+        """Read what the process wrote before it died (its DEAD reason), fail it, and
+        start a new process when the stage asks for restarts."""
+        was_ready = replica.ready.done() and not replica.ready.exception()
         if replica.connection is not None:
             await replica.connection.closed  # EOF comes after the last byte it sent
         self._fail(replica, _describe_exit(replica))
+        if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
+            delay = RESTART_BACKOFF_S[min(replica.restarts, len(RESTART_BACKOFF_S) - 1)]
+            self.loop.call_later(delay, self._restart, replica)
+
+    def _restart(self, replica: Replica) -> None:
+        if self.stopping:
+            return
+        replica.restarts += 1
+        log.warning("restarting replica %s (restart #%d)", replica.replica_id, replica.restarts)
+        replica.connection = None  # the old one is closed: EOF was read
+        replica.exit_reason = None
+        replica.ready = self.loop.create_future()
+        replica.ready.add_done_callback(self._restarted)
+        self._start_process(multiprocessing.get_context("spawn"),
+                            self.pipeline.stage(replica.stage), replica)
+
+    def _restarted(self, ready: asyncio.Future) -> None:
+        if not ready.cancelled() and ready.exception() is not None:
+            log.error("%s", ready.exception())  # it failed to load again: stays down
 
     def _fail(self, replica: Replica, reason: str) -> None:
         """A DEAD notice (with the engine's own reason) or an exit, whichever comes first."""

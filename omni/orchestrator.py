@@ -321,7 +321,8 @@ class Orchestrator:
 
     # -- lifecycle and health ----------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        stages = {name: {"live": len(pool.live()), "replicas": len(pool.replicas)}
+        stages = {name: {"live": len(pool.live()), "replicas": len(pool.replicas),
+                         "restarts": sum(r.restarts for r in pool.replicas)}
                   for name, pool in self.engines.pools.items()}
         healthy = self.accepting and all(s["live"] > 0 for s in stages.values())
         return {"healthy": healthy, "stages": stages, "in_flight": len(self.requests)}

@@ -16,7 +16,7 @@ class Replica:
     replica_id: str
     stage: str
     index: int
-    process: multiprocessing.process.BaseProcess
+    process: multiprocessing.process.BaseProcess | None
     ready: asyncio.Future
     alive: bool = False
     info: dict[str, Any] = field(default_factory=dict)
@@ -24,6 +24,7 @@ class Replica:
     outstanding: set[str] = field(default_factory=set)  # request ids bound here, not finished
     exit_reason: str | None = None
     connection: Any = None  # the launcher's control connection to this process
+    restarts: int = 0
 
     @property
     def identity(self) -> bytes:

@@ -26,7 +26,7 @@ def test_health_503_after_replica_sigkill(server):
     async def body():
         status, report = await _get_health(server)
         assert status == 200 and report["status"] == "ok"
-        assert report["models"]["victim"]["stages"]["echo"] == {"live": 1, "replicas": 1}
+        assert report["models"]["victim"]["stages"]["echo"] == {"live": 1, "replicas": 1, "restarts": 0}
 
         replica = server.models["victim"].omni.orchestrator.engines.replicas["echo/0"]
         os.kill(replica.process.pid, signal.SIGKILL)
@@ -41,9 +41,9 @@ def test_health_503_after_replica_sigkill(server):
         assert report["status"] == "unavailable"
         victim, bystander = report["models"]["victim"], report["models"]["bystander"]
         assert victim["healthy"] is False
-        assert victim["stages"]["echo"] == {"live": 0, "replicas": 1}
+        assert victim["stages"]["echo"] == {"live": 0, "replicas": 1, "restarts": 0}
         assert bystander["healthy"] is True
-        assert bystander["stages"]["echo"] == {"live": 1, "replicas": 1}
+        assert bystander["stages"]["echo"] == {"live": 1, "replicas": 1, "restarts": 0}
 
         async with server.session() as session:
             # the dead pipeline refuses with a retryable 503, the other keeps serving

@@ -44,7 +44,7 @@ def test_health_reports_live_stages_per_model(main_server):
     for model_id, stage in _stages(main_server):
         model = report["models"][model_id]
         assert model["healthy"] is True
-        assert model["stages"][stage] == {"live": 1, "replicas": 1}
+        assert model["stages"][stage] == {"live": 1, "replicas": 1, "restarts": 0}
     assert set(report["models"]["chain"]["stages"]) == {"a", "b", "c", "side"}
 
 

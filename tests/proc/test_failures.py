@@ -109,7 +109,7 @@ def test_crash_in_step_fails_in_flight_request_and_nothing_else():
 
             health = omni.health()
             assert health["healthy"] is False
-            assert health["stages"]["b"] == {"live": 0, "replicas": 1}
+            assert health["stages"]["b"] == {"live": 0, "replicas": 1, "restarts": 0}
             assert all(health["stages"][s]["live"] == 1 for s in ("a", "c", "side"))
             assert other.health()["healthy"] is True
             assert_idle(omni)
@@ -169,7 +169,7 @@ def test_pool_keeps_serving_after_losing_one_of_two_replicas():
 
             health = omni.health()
             assert health["healthy"] is True
-            assert health["stages"]["s"] == {"live": 1, "replicas": 2}
+            assert health["stages"]["s"] == {"live": 1, "replicas": 2, "restarts": 0}
             assert omni.orchestrator.engines.pools["s"].live() == [survivor]
             results = await asyncio.gather(*(_ok(omni, None, request_id=f"n{i}")
                                              for i in range(4)))

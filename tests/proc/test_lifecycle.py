@@ -116,7 +116,7 @@ def test_async_context_manager_stops_everything():
             outputs = await collect(omni.generate({"prompt": PROMPT}))
             assert _text(outputs) == PROMPT
             assert omni.health() == {"healthy": True, "in_flight": 0,
-                                     "stages": {"s": {"live": 1, "replicas": 1}}}
+                                     "stages": {"s": {"live": 1, "replicas": 1, "restarts": 0}}}
         assert_stopped(omni)
     run(body())
 

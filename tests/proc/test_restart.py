@@ -1,0 +1,52 @@
+"""A stage with `restart: true` gets a new process when a replica dies; its requests fail
+with a typed error, health dips and recovers, and later requests are served again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from procutil import Tap, assert_idle, chunk_outputs, collect, run, serving, wait_until
+
+from omni.config import parse_pipeline
+from omni.errors import ReplicaDeadError
+
+
+def restarting_pipeline():
+    return parse_pipeline({"name": "phoenix", "stages": [
+        {"name": "s", "engine": "echo", "final_output": "text", "restart": True,
+         "options": {"delay_ms": 50}}]})
+
+
+def test_killed_replica_is_restarted_and_serves_again():
+    async def body():
+        async with serving(restarting_pipeline()) as omni:
+            tap = Tap(omni)
+            replica = omni.orchestrator.engines.replicas["s/0"]
+            old_pid = replica.process.pid
+            task = asyncio.create_task(collect(omni.generate(
+                {"prompt": "doomed"}, request_id="d", params={"*": {"chunks": 20}})))
+            await tap.first(lambda r: r.request_id == "d")
+            os.kill(old_pid, signal.SIGKILL)
+            with pytest.raises(ReplicaDeadError):
+                await task
+            await wait_until(lambda: omni.health()["healthy"], 8.0, "the restarted replica")
+            assert replica.process.pid != old_pid and replica.restarts == 1
+            assert omni.health()["stages"]["s"]["restarts"] == 1
+            outputs = await collect(omni.generate({"prompt": "reborn"}))
+            assert "".join(o.data["text"] for o in chunk_outputs(outputs)) == "reborn"
+            assert_idle(omni)
+    run(body(), timeout_s=20)
+
+
+def test_crash_inside_a_request_restarts_too():
+    async def body():
+        async with serving(restarting_pipeline()) as omni:
+            with pytest.raises(ReplicaDeadError, match="code 17"):
+                await collect(omni.generate({"prompt": "x"}, params={"*": {"echo_fail": "crash"}}))
+            await wait_until(lambda: omni.health()["healthy"], 8.0, "the restarted replica")
+            outputs = await collect(omni.generate({"prompt": "fine"}))
+            assert outputs[-1].finished
+    run(body(), timeout_s=20)
