@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import core_overhead
+    from bench import core_overhead, startup
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -26,8 +26,16 @@ def main(argv: list[str] | None = None) -> int:
         description=core_overhead.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     core_overhead.add_arguments(core)
+    startup_parser = sub.add_parser(
+        "startup", help="time to READY and memory of a 3-stage tiny-model pipeline, "
+                        "parallel vs sequential stage start",
+        description=startup.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    startup.add_arguments(startup_parser)
     args = parser.parse_args(argv)
-    return core_overhead.run(args, argv=sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.bench == "startup":
+        return startup.run(args, argv)
+    return core_overhead.run(args, argv=argv)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ class EngineGroup:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_unix_server(lambda: _Connection(self),
                                                           self.control_path)
-        spawn = multiprocessing.get_context("spawn")
+        spawn = process_context(self.pipeline)
         for stage in self.pipeline.stages:
             self.pools[stage.name] = StagePool(stage.name, [
                 self._spawn(spawn, stage, i) for i in range(stage.replicas)])
@@ -235,7 +235,7 @@ class EngineGroup:
         replica.exit_reason = None
         replica.ready = self.loop.create_future()
         replica.ready.add_done_callback(self._restarted)
-        self._start_process(multiprocessing.get_context("spawn"),
+        self._start_process(process_context(self.pipeline),
                             self.pipeline.stage(replica.stage), replica)
 
     def _restarted(self, ready: asyncio.Future) -> None:
@@ -287,6 +287,26 @@ class EngineGroup:
         if self._server is not None:
             self._server.close()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+# What a model engine imports anyway; the fork server imports it once, before any fork.
+HEAVY_MODULES = ["torch", "transformers", "omni.engines.proc"]
+
+
+def process_context(pipeline: PipelineConfig) -> Any:
+    """How engine processes start: forked from a fork server, not spawned from scratch.
+
+    A spawned engine re-imports torch and transformers (~4 s of CPU each); with several
+    stages on 2 cores that made READY take 13 s for 3 tiny stages. The fork server (one
+    per server process, started with the first engine) imports them once and forks every
+    engine from there, so imports happen once and their pages are shared copy-on-write.
+    It never touches CUDA, so children initialise CUDA themselves, safely. The preload is
+    decided by the first pipeline that starts an engine.
+    """
+    context = multiprocessing.get_context("forkserver")
+    if any(stage.engine != "echo" for stage in pipeline.stages):
+        context.set_forkserver_preload(HEAVY_MODULES)
+    return context
 
 
 def _check_rows(body: list, replica: Replica) -> None:

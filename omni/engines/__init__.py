@@ -32,6 +32,14 @@ def build_engine(spec: EngineSpec) -> Engine:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
         return AREngine(spec.model_dir, dtype=spec.dtype, device=resolve_device(spec.device),
                         options=spec.options)
+    if spec.engine == "generation":
+        from omni.engines.generation import build_generation_engine
+
+        if not spec.model or not spec.model_dir:
+            raise EngineLoadError(f"stage '{spec.stage}': engine 'generation' needs a model "
+                                  "adapter name and a model_dir")
+        return build_generation_engine(spec.model, spec.model_dir, resolve_device(spec.device),
+                                       spec.dtype, spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
-        "(available: ar, echo)")
+        "(available: ar, echo, generation)")

@@ -108,6 +108,7 @@ class AREngine(Engine):
     """Autoregressive decode over a transformers causal LM from a local HF directory.
 
     inputs: {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [{role, content}]}
+        | {upstream_stage: [{"text": ...}, ...]} (the upstream text, joined, is the prompt)
     params: see validate_sampling_params. options: unused for now (reserved for the
     paged-KV engine: block size, max batch, ...).
     """
@@ -187,6 +188,11 @@ class AREngine(Engine):
             if not isinstance(inputs["prompt"], str):
                 raise ValueError("prompt must be a string")
             ids = tok(inputs["prompt"])["input_ids"]
+        elif inputs and all(isinstance(v, list) for v in inputs.values()):
+            # downstream of other stages (full delivery): their text is the prompt
+            text = "".join(c.get("text", "") for chunks in inputs.values() for c in chunks
+                           if isinstance(c, Mapping))
+            ids = tok(text)["input_ids"]
         else:
             raise ValueError("inputs need one of 'prompt', 'prompt_token_ids' or 'messages'")
         if not ids:

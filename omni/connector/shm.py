@@ -1,0 +1,594 @@
+"""Shared-memory backend: one pre-faulted arena per producer, block allocation, release flags.
+
+Layout of an arena (one POSIX shared-memory segment, ``/dev/shm/<name>-<8 hex>``)::
+
+    0    header: magic "OMNISHM1", version, block_size, nblocks, data_offset, capacity
+    64   release flags: one byte per block (only the byte of a run's FIRST block is used)
+    data_offset (page aligned): nblocks * block_size bytes of payload blocks
+
+Producer (the process that owns the arena): ``put`` takes ``ceil(nbytes / block_size)``
+contiguous blocks, copies the payload in and returns a ref ``[segment, offset, block, tag]``.
+Consumer (any process that received the ref): ``get`` maps the segment once (cached) and
+returns a zero-copy tensor view; ``release`` writes the run's ``tag`` into the run's flag
+byte, in the consumer's own mapping. No control message per release: the producer notices
+the flag the next time it allocates (``put``) or reports (``health``) and frees the run.
+
+Why a tag and not a plain "released" bit: a consumer may release a ref *after* the
+producer already freed that run through ``cleanup(owner)`` (abort races) and re-used the
+blocks for another payload. The producer keeps a per-start-block generation counter
+(1..255) and only honours a flag byte equal to the live run's tag, so a late release of
+an old run is ignored. (It could be mistaken only if the same start block was handed out
+exactly a multiple of 255 times between the allocation and the late release.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import torch
+
+from omni.connector.base import (
+    BYTES_DTYPE,
+    ArenaFullError,
+    Connector,
+    ConnectorError,
+    Payload,
+    PayloadRef,
+    as_bytes_view,
+    cpu_tensor,
+    dtype_from_name,
+    dtype_name,
+)
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "DEFAULT_CAPACITY", "DEFAULT_PUT_TIMEOUT_S", "ShmConnector",
+    "cleanup_stale",
+]
+
+KiB, MiB = 1024, 1024 * 1024
+DEFAULT_BLOCK_SIZE = 64 * KiB
+DEFAULT_CAPACITY = 256 * MiB
+DEFAULT_PUT_TIMEOUT_S = 5.0
+PAGE = 4096
+SHM_DIR = "/dev/shm"
+
+_MAGIC = b"OMNISHM1"
+_VERSION = 1
+_HEADER = struct.Struct("<8sIIQQQ")  # magic, version, block_size, nblocks, data_offset, cap
+_FLAGS = 64  # offset of the flag bytes
+_MAX_TAG = 255
+
+# Backpressure: first sleep, and the longest single sleep, while waiting for room.
+_WAIT_FIRST_S = 50e-6
+_WAIT_MAX_S = 2e-3
+
+# Segments this process created and has not unlinked yet (see _attach for why it matters).
+_OWNED: set[str] = set()
+# Mappings that could not be unmapped at close() because tensor views were still alive:
+# kept here so the views stay valid; the memory goes away with the process.
+_LINGERING: list[Any] = []
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+@dataclass(slots=True)
+class _Run:
+    start: int
+    nblocks: int
+    tag: int
+    owner: str
+    nbytes: int
+
+
+class _Arena:
+    """The producer's segment: created, pre-faulted and (at close) unlinked by its owner."""
+
+    def __init__(self, name: str, capacity_bytes: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.nblocks = max(1, math.ceil(capacity_bytes / block_size))
+        self.data_offset = _align(_FLAGS + self.nblocks, PAGE)
+        self.size = self.data_offset + self.nblocks * block_size
+        self.name = name
+        # Registered with multiprocessing's resource tracker (the default for create=True):
+        # if the whole process tree dies, the tracker unlinks the segment when the last
+        # process sharing it exits. close() unlinks (and unregisters) on the normal path.
+        self.shm = shared_memory.SharedMemory(name=name, create=True, size=self.size)
+        _OWNED.add(name)
+        try:
+            self.buf: memoryview = self.shm.buf
+            # Pre-fault: one write per page now, so no put() pays page faults (tmpfs pages
+            # are allocated on first write). A strided zero_() runs the loop in C.
+            torch.frombuffer(self.buf, dtype=torch.uint8)[::PAGE].zero_()
+            _HEADER.pack_into(self.buf, 0, _MAGIC, _VERSION, block_size, self.nblocks,
+                              self.data_offset, self.nblocks * block_size)
+        except BaseException:
+            self.close(unlink=True)
+            raise
+
+    def close(self, unlink: bool) -> None:
+        if unlink and self.name in _OWNED:
+            _OWNED.discard(self.name)
+            try:
+                self.shm.unlink()  # also unregisters from the resource tracker
+            except FileNotFoundError:  # removed by cleanup_stale() already
+                pass
+        _close_mapping(self.shm)
+
+
+class _Mapping:
+    """A consumer's mapping of another process's arena (read geometry from its header)."""
+
+    def __init__(self, name: str, prefault: bool) -> None:
+        self.name = name
+        self.shm = _attach(name)
+        self.buf: memoryview = self.shm.buf
+        try:
+            magic, version, self.block_size, self.nblocks, self.data_offset, capacity = (
+                _HEADER.unpack_from(self.buf, 0))
+            if magic != _MAGIC or version != _VERSION:
+                raise ConnectorError(f"shared memory segment {name!r} is not an omni arena "
+                                     f"(magic {magic!r}, version {version})")
+            self.size = self.data_offset + capacity
+            if self.size > len(self.buf):
+                raise ConnectorError(f"arena {name!r} is smaller than its header says")
+            if prefault:
+                # Map every page now (minor faults, no copy) so get() latency stays flat;
+                # the sum forces the reads.
+                torch.frombuffer(self.buf, dtype=torch.uint8)[::PAGE].sum()
+        except BaseException:
+            _close_mapping(self.shm)
+            raise
+
+
+class _PlainMapping:
+    """What SharedMemory(name, track=False) gives on 3.13+, for 3.11/3.12."""
+
+    def __init__(self, name: str) -> None:
+        import _posixshmem  # CPython's own shm_open/shm_unlink binding (stdlib-internal)
+        import mmap
+
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            size = os.fstat(fd).st_size
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
+
+
+def _attach(name: str) -> Any:
+    """Map an existing segment WITHOUT registering it with the resource tracker.
+
+    On Python < 3.13, ``SharedMemory(name)`` registers the segment with this process's
+    resource tracker, which unlinks it when the process tree exits: a consumer would destroy
+    the producer's arena. Unregistering right after attaching is not enough either: spawned
+    processes share their parent's tracker, whose bookkeeping is a *set* of names, so the
+    consumer's REGISTER is a no-op and its UNREGISTER would delete the producer's own
+    registration (and the producer's later unlink makes the tracker print a KeyError). So a
+    consumer never registers: ``track=False`` on 3.13+, and the same shm_open + mmap that
+    SharedMemory does internally on older versions.
+    """
+    try:
+        if sys.version_info >= (3, 13):
+            return shared_memory.SharedMemory(name=name, track=False)
+        return _PlainMapping(name)
+    except FileNotFoundError:
+        raise ConnectorError(f"producer arena {name!r} is gone (producer exited or was "
+                             f"cleaned up)") from None
+
+
+def _close_mapping(shm: Any) -> None:
+    try:
+        shm.close()
+    except BufferError:
+        # Tensor views from get()/reserve() still point into the mapping; unmapping now
+        # would turn them into dangling pointers. Keep the mapping for the process lifetime.
+        _LINGERING.append(shm)
+
+
+class ShmConnector(Connector):
+    """Producer arena (created on first put, or by :meth:`open_arena`) + consumer mappings.
+
+    ``name`` is the segment prefix (e.g. ``f"omni-{launch_id}-{replica}"``); the segment is
+    ``f"{name}-{8 hex}"`` so a restarted replica never collides with (or is confused with) a
+    predecessor's segment that is still mapped somewhere, and ``cleanup_stale(name)`` finds it.
+    """
+
+    backend = "shm"
+
+    def __init__(self, name: str, *, capacity_bytes: int = DEFAULT_CAPACITY,
+                 block_size: int = DEFAULT_BLOCK_SIZE,
+                 put_timeout_s: float = DEFAULT_PUT_TIMEOUT_S,
+                 prefault_attach: bool = True) -> None:
+        if not name or "/" in name or len(name) > 200:
+            raise ConnectorError(f"bad shared-memory name prefix {name!r}")
+        if block_size <= 0 or block_size % 64:
+            raise ConnectorError(f"block_size must be a positive multiple of 64, got "
+                                 f"{block_size}")
+        if capacity_bytes <= 0:
+            raise ConnectorError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        self.name = name
+        self.capacity_bytes = capacity_bytes
+        self.block_size = block_size
+        self.put_timeout_s = put_timeout_s
+        self.prefault_attach = prefault_attach
+        self._lock = threading.Lock()
+        self._arena: _Arena | None = None
+        self._used = bytearray()  # one byte per block: 1 = allocated (producer only)
+        self._gens = bytearray()  # per start block: tag of the last run started there
+        self._runs: dict[int, _Run] = {}  # start block -> live run
+        self._owners: dict[str, set[int]] = {}  # owner -> start blocks of its live runs
+        self._mappings: dict[str, _Mapping] = {}
+        self._counter = 0
+        self._closed = False
+        self._stats = dict.fromkeys(
+            ("puts", "gets", "releases", "reclaimed", "cleaned_up", "full_waits",
+             "full_errors"), 0)
+
+    # -- producer ------------------------------------------------------------------------
+
+    @property
+    def segment_name(self) -> str | None:
+        return self._arena.name if self._arena else None
+
+    def open_arena(self) -> str:
+        """Create (and pre-fault) this producer's arena now; returns the segment name."""
+        with self._lock:
+            return self._open_arena_locked().name
+
+    def _open_arena_locked(self) -> _Arena:
+        if self._closed:
+            raise ConnectorError("connector is closed")
+        if self._arena is None:
+            arena = _Arena(f"{self.name}-{secrets.token_hex(4)}", self.capacity_bytes,
+                           self.block_size)
+            self._used = bytearray(arena.nblocks)
+            self._gens = bytearray(arena.nblocks)
+            self._arena = arena
+        return self._arena
+
+    def put(self, value: Payload, *, owner: str, timeout_s: float | None = None) -> PayloadRef:
+        if isinstance(value, torch.Tensor):
+            src = cpu_tensor(value)
+            ref = self._allocate(dtype_name(src.dtype), tuple(src.shape),
+                                 src.numel() * src.element_size(), owner, timeout_s)
+            if ref.nbytes:
+                try:
+                    # One pass: copy_ gathers a non-contiguous source (transposed, stepped
+                    # slices, conj/neg views) straight into the contiguous destination.
+                    self._view(ref).copy_(src)
+                except BaseException:
+                    self._free_ref(ref)
+                    raise
+        elif isinstance(value, bytes | bytearray | memoryview):
+            src_bytes = as_bytes_view(value)
+            ref = self._allocate(BYTES_DTYPE, (src_bytes.nbytes,), src_bytes.nbytes, owner,
+                                 timeout_s)
+            if ref.nbytes:
+                offset = ref.location[1]
+                self._arena.buf[offset:offset + ref.nbytes] = src_bytes
+        else:
+            raise ConnectorError(f"cannot publish a {type(value).__name__}")
+        self._stats["puts"] += 1
+        return ref
+
+    def reserve(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype, *, owner: str,
+                timeout_s: float | None = None) -> tuple[PayloadRef, torch.Tensor]:
+        """Allocate a payload and return ``(ref, writable view)``: the producer writes the
+        tensor in place (no copy into the arena), then sends the ref. Freed like a put."""
+        shape = tuple(int(d) for d in shape)
+        name = dtype_name(dtype)
+        ref = self._allocate(name, shape, math.prod(shape) * dtype.itemsize, owner, timeout_s)
+        self._stats["puts"] += 1
+        if not ref.nbytes:
+            return ref, torch.empty(shape, dtype=dtype)
+        return ref, self._view(ref)
+
+    def _view(self, ref: PayloadRef) -> torch.Tensor:
+        dtype = dtype_from_name(ref.dtype)
+        return torch.frombuffer(self._arena.buf, dtype=dtype, count=math.prod(ref.shape),
+                                offset=ref.location[1]).view(ref.shape)
+
+    def _allocate(self, dtype: str, shape: tuple[int, ...], nbytes: int, owner: str,
+                  timeout_s: float | None) -> PayloadRef:
+        with self._lock:
+            arena = self._open_arena_locked()
+            self._counter += 1
+            key = f"{owner}/{self._counter}"
+            if nbytes == 0:  # nothing to hold: no blocks, nothing to release
+                return PayloadRef("shm", key, owner, dtype, shape, 0,
+                                  [arena.name, arena.data_offset, -1, 0])
+            need = -(-nbytes // arena.block_size)
+            if need > arena.nblocks:
+                raise ConnectorError(
+                    f"payload of {nbytes} bytes for {owner!r} is larger than the whole shm "
+                    f"arena {arena.name!r} ({arena.nblocks * arena.block_size} bytes); raise "
+                    f"the connector capacity")
+            run = self._find_locked(need, owner, nbytes)
+        if run is None:
+            run = self._wait_for_room(need, nbytes, owner, timeout_s)
+        return PayloadRef("shm", key, owner, dtype, shape, nbytes,
+                          [arena.name, arena.data_offset + run.start * arena.block_size,
+                           run.start, run.tag])
+
+    def _wait_for_room(self, need: int, nbytes: int, owner: str,
+                       timeout_s: float | None) -> _Run:
+        """Backpressure: wait (bounded) for consumers to release blocks.
+
+        Sleeping in short increments is the one polling loop of the runtime, on purpose:
+        room appears when a consumer in *another process* writes a flag byte into shared
+        memory, and no event, socket or futex comes with that write that this thread could
+        wait on (adding one would cost a message per release, which the flag design avoids).
+        The wait is bounded by ``timeout_s`` (default ``put_timeout_s``), after which the
+        producer gets ArenaFullError and fails only the request it was publishing for.
+        """
+        timeout = self.put_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + max(0.0, timeout)
+        delay = _WAIT_FIRST_S
+        self._stats["full_waits"] += 1
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _WAIT_MAX_S)
+            with self._lock:
+                run = self._find_locked(need, owner, nbytes)
+            if run is not None:
+                return run
+        with self._lock:
+            run = self._find_locked(need, owner, nbytes)
+            if run is not None:
+                return run
+            self._stats["full_errors"] += 1
+            arena = self._arena
+            used = sum(r.nblocks for r in self._runs.values())
+            free_run = _longest_zero_run(self._used)
+            raise ArenaFullError(
+                f"shm arena {arena.name!r} full for {timeout:g} s: payload of {nbytes} bytes "
+                f"({need} blocks of {arena.block_size}) for request {owner!r}; capacity "
+                f"{arena.nblocks * arena.block_size} bytes, in use {used * arena.block_size} "
+                f"bytes in {len(self._runs)} payloads of {len(self._owners)} requests, "
+                f"longest free run {free_run} blocks. Consumers are not releasing, or the "
+                f"capacity is too small for the traffic.")
+
+    def _find_locked(self, need: int, owner: str, nbytes: int) -> _Run | None:
+        """First fit: lowest start of ``need`` free contiguous blocks, after reclaiming.
+
+        First fit over a byte-per-block map, because ``bytearray.find`` scans it in C (a
+        16k-block map takes microseconds) and payloads are short-lived (put -> get ->
+        release within a step or two), so the arena is mostly empty and packing low keeps
+        the large free run at the top for the next big payload. None when there is no room.
+        """
+        self._reclaim_locked()
+        start = self._used.find(bytes(need))
+        if start < 0:
+            return None
+        self._used[start:start + need] = b"\x01" * need
+        tag = self._gens[start] % _MAX_TAG + 1
+        self._gens[start] = tag
+        # Clear the run's flag byte before the ref exists. A late release of an older run
+        # at this start may still land afterwards; it writes an older tag and is ignored.
+        self._arena.buf[_FLAGS + start] = 0
+        run = self._runs[start] = _Run(start, need, tag, owner, nbytes)
+        self._owners.setdefault(owner, set()).add(start)
+        return run
+
+    def _reclaim_locked(self) -> int:
+        """Free runs whose flag byte a consumer set to the run's tag.
+
+        Memory ordering: a consumer finishes every read of the payload, then stores ONE byte
+        (a single-byte store is atomic on every CPU, so it is never torn). The producer loads
+        that byte here and only afterwards writes new data into those blocks. On x86 (TSO)
+        neither side needs a fence: loads are not reordered with later stores, so the
+        consumer's reads complete before its flag store becomes visible, and the producer's
+        later stores cannot pass its flag load. On weakly ordered CPUs (aarch64) this relies
+        on the hundreds of interpreter instructions, with data dependencies, between the
+        consumer's last read and the flag store (no explicit barrier is available from
+        Python). A release acknowledged through the control plane, or a tiny C helper with
+        a release store, would make that formal when ARM hosts matter.
+        """
+        buf = self._arena.buf
+        done = [run for run in self._runs.values()
+                if buf[_FLAGS + run.start] == run.tag]
+        for run in done:
+            self._free_run_locked(run)
+        self._stats["reclaimed"] += len(done)
+        return len(done)
+
+    def _free_run_locked(self, run: _Run) -> None:
+        self._used[run.start:run.start + run.nblocks] = bytes(run.nblocks)
+        del self._runs[run.start]
+        starts = self._owners.get(run.owner)
+        if starts is not None:
+            starts.discard(run.start)
+            if not starts:
+                del self._owners[run.owner]
+
+    def _free_ref(self, ref: PayloadRef) -> None:
+        start = ref.location[2]
+        with self._lock:
+            run = self._runs.get(start)
+            if run is not None:
+                self._free_run_locked(run)
+
+    def cleanup(self, owner: str) -> int:
+        with self._lock:
+            starts = list(self._owners.get(owner, ()))
+            for start in starts:
+                self._free_run_locked(self._runs[start])
+            self._stats["cleaned_up"] += len(starts)
+            return len(starts)
+
+    # -- consumer ------------------------------------------------------------------------
+
+    def _mapping(self, segment: str) -> _Mapping:
+        mapping = self._mappings.get(segment)
+        if mapping is None:
+            with self._lock:
+                if self._closed:
+                    raise ConnectorError("connector is closed")
+                mapping = self._mappings.get(segment)
+                if mapping is None:
+                    mapping = self._mappings[segment] = _Mapping(segment, self.prefault_attach)
+        return mapping
+
+    def _locate(self, ref: PayloadRef) -> tuple[_Mapping, int, int]:
+        if ref.backend != "shm":
+            raise ConnectorError(f"shm connector cannot read a {ref.backend!r} ref")
+        segment, offset, block, tag = ref.location
+        mapping = self._mapping(segment)
+        if not (0 <= block < mapping.nblocks and 1 <= tag <= _MAX_TAG
+                and offset == mapping.data_offset + block * mapping.block_size
+                and offset + ref.nbytes <= mapping.size):
+            raise ConnectorError(f"payload ref {ref.key!r} points outside arena {segment!r} "
+                                 f"(block {block}, offset {offset}, {ref.nbytes} bytes)")
+        return mapping, offset, block
+
+    def get(self, ref: PayloadRef) -> torch.Tensor | bytes:
+        """A zero-copy tensor view into the producer's arena, valid until release(ref).
+
+        Treat it as read-only. Bytes payloads come back as ``bytes`` (one copy): they are
+        small blobs (encoded audio/images, JSON) that callers keep or hand on after release,
+        and a memoryview would pin the mapping and silently change when the blocks are reused.
+        """
+        self._stats["gets"] += 1
+        if ref.nbytes == 0:
+            if ref.backend != "shm":
+                raise ConnectorError(f"shm connector cannot read a {ref.backend!r} ref")
+            if ref.dtype == BYTES_DTYPE:
+                return b""
+            return torch.empty(ref.shape, dtype=dtype_from_name(ref.dtype))
+        mapping, offset, _ = self._locate(ref)
+        if ref.dtype == BYTES_DTYPE:
+            return bytes(mapping.buf[offset:offset + ref.nbytes])
+        return torch.frombuffer(mapping.buf, dtype=dtype_from_name(ref.dtype),
+                                count=math.prod(ref.shape), offset=offset).view(ref.shape)
+
+    def release(self, ref: PayloadRef) -> None:
+        """Write the run's tag into its flag byte (one byte store; see _reclaim_locked).
+
+        Releasing a ref that was never read is fine (the consumer dropped it); releasing
+        after the producer is gone is a no-op.
+        """
+        if ref.nbytes == 0:
+            return
+        try:
+            mapping, _, block = self._locate(ref)
+        except ConnectorError:
+            if ref.backend == "shm" and ref.location[0] not in self._mappings:
+                return  # the arena is gone: nothing left to release
+            raise
+        mapping.buf[_FLAGS + block] = ref.location[3]
+        self._stats["releases"] += 1
+
+    def detach(self, prefix: str) -> int:
+        """Drop cached mappings of segments whose name starts with ``prefix`` (a producer
+        that died or was replaced: its memory is freed only once nobody maps it)."""
+        with self._lock:
+            names = [n for n in self._mappings if n.startswith(prefix)]
+            for name in names:
+                _close_mapping(self._mappings.pop(name).shm)
+        return len(names)
+
+    # -- both ----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            arena = self._arena
+            if arena is not None:
+                self._reclaim_locked()  # first, so the counters below include it
+            out: dict[str, Any] = {"backend": "shm", "segment": self.segment_name,
+                                   "block_size": self.block_size,
+                                   "attached_segments": len(self._mappings), **self._stats}
+            if arena is None:
+                out.update(capacity_bytes=0, used_bytes=0, payload_bytes=0, blocks_total=0,
+                           blocks_in_use=0, payloads_in_use=0, owners=0)
+                return out
+            blocks = sum(r.nblocks for r in self._runs.values())
+            out.update(
+                capacity_bytes=arena.nblocks * arena.block_size,
+                used_bytes=blocks * arena.block_size,
+                payload_bytes=sum(r.nbytes for r in self._runs.values()),
+                blocks_total=arena.nblocks, blocks_in_use=blocks,
+                payloads_in_use=len(self._runs), owners=len(self._owners),
+                longest_free_blocks=_longest_zero_run(self._used))
+            return out
+
+    def close(self) -> None:
+        """Producer: unlink the arena (consumers' existing mappings stay valid until they
+        close them). Consumer: unmap every attached arena. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            mappings, self._mappings = list(self._mappings.values()), {}
+            arena, self._arena = self._arena, None
+            self._runs.clear()
+            self._owners.clear()
+        for mapping in mappings:
+            _close_mapping(mapping.shm)
+        if arena is not None:
+            arena.close(unlink=True)
+
+
+def _longest_zero_run(used: bytearray) -> int:
+    best = run = 0
+    for b in used:
+        run = 0 if b else run + 1
+        best = max(best, run)
+    return best
+
+
+def cleanup_stale(prefix: str, *, shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink every shared-memory segment whose name starts with ``prefix``.
+
+    For the launcher, after a producer was killed (SIGKILL leaves its arena behind): pass
+    the prefix of that replica (or of the whole launch). Names this process's resource
+    tracker holds are unregistered too (spawned engines share their parent's tracker, which
+    would otherwise try to unlink them again at exit and warn). Returns the names removed.
+    """
+    if not prefix or "/" in prefix or len(prefix) < 4:
+        raise ValueError(f"refusing to clean shared memory with prefix {prefix!r}")
+    try:
+        names = sorted(n for n in os.listdir(shm_dir) if n.startswith(prefix))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # not ours to remove (permissions): leave it, report what we did
+        removed.append(name)
+        _OWNED.discard(name)
+        _forget_in_tracker(name)
+    return removed
+
+
+def _forget_in_tracker(name: str) -> None:
+    """Unregister a segment from this process's resource tracker, if it runs one."""
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if getattr(tracker, "_fd", None) is None:
+        return  # no tracker in this process tree: nothing registered, don't start one
+    try:
+        resource_tracker.unregister("/" + name, "shared_memory")
+    except Exception:  # noqa: BLE001 - best effort; the segment is already gone
+        pass

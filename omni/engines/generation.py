@@ -1,0 +1,290 @@
+"""Generation engine: batched non-autoregressive tensor-in/tensor-out execution.
+
+The engine knows nothing about any model: a *runner* (built by a model adapter in
+omni/models/) turns one request's input value into a (rows, frames) tensor and runs a
+batch of equal-length inputs. Requests take their frames either complete in add() or as
+a stream of append() chunks; the engine cuts them into chunks of new frames with left
+context, batches the chunks that are ready across requests, and streams one output per
+chunk.
+
+Inputs (add): {runner.input_key: value} (complete), {"stream": [producer]} (frames come
+through append(request_id, producer, seq, {runner.input_key: value}, last)), or, from a
+full-delivery edge, {producer: [{runner.input_key: value}, ...]}.
+
+Chunking: a request is ready when it has >= first_chunk_frames (first chunk) or
+chunk_frames (later) new frames, or when its input is complete and frames remain. A
+chunk is its next n new frames plus up to left_context earlier frames; the runner drops
+the context's output. Complete inputs use complete_chunk_frames (one chunk when they
+fit). Streams with several ready chunks emit one chunk per step.
+
+Batching: one runner call per group of ready chunks with the same total (context + new)
+length, so no padding and outputs equal unbatched runs. Padding on the right and trimming
+would be exact for a causal decoder, but is not done: equal lengths are the common case
+(every stream's steady-state chunk is chunk_frames + left_context long).
+
+Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes,
+"sample_rate", "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...).
+finished=True on the last chunk once all input is in; when a stream ends after its last
+chunk was sent, a final empty chunk (frames 0) carries finished=True.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+
+
+class Runner(Protocol):
+    """What a model adapter provides to the generation engine."""
+
+    input_key: str  # the input field holding a request's frames, e.g. "codes"
+    chunk_frames: int  # new frames per streamed chunk
+    first_chunk_frames: int  # new frames in a stream's first chunk (fast first output)
+    complete_chunk_frames: int  # new frames per chunk for complete inputs
+    left_context: int  # earlier frames decoded with each chunk, output dropped
+
+    def parse(self, value: Any) -> torch.Tensor:
+        """One input value -> (rows, frames) tensor; ValueError when malformed."""
+
+    def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
+        """(B, rows, T) -> per row the output belonging to the frames after contexts[i]."""
+
+    def pack(self, output: torch.Tensor) -> dict[str, Any]:
+        """One chunk's output as msgpack-able fields."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities for READY (sample rate, ...)."""
+
+
+@dataclass
+class _Req:
+    id: str
+    pieces: list[torch.Tensor] = field(default_factory=list)  # (rows, t) each, in order
+    base: int = 0  # absolute index of the first frame still held in pieces
+    total: int = 0  # frames received
+    done: int = 0  # frames already output
+    index: int = 0  # chunks already output
+    open: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
+    complete: bool = False  # all input is in
+    stream: bool = False
+
+    def frames(self) -> torch.Tensor:
+        """Frames [base, total) as one tensor."""
+        if len(self.pieces) > 1:
+            self.pieces = [torch.cat(self.pieces, dim=-1)]
+        return self.pieces[0]
+
+    def trim(self, keep_from: int) -> None:
+        """Free frames before absolute index keep_from (no later chunk can use them)."""
+        drop = keep_from - self.base
+        if drop > 0 and self.pieces:
+            self.pieces = [self.frames()[:, drop:].clone()]
+            self.base = keep_from
+
+
+class GenerationEngine(Engine):
+    """Cross-request batched, chunked execution of a runner (see module docstring).
+
+    options: max_batch_size (64): the most chunks in one runner call.
+    """
+
+    def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.runner = runner
+        self.max_batch_size = int(opts.get("max_batch_size", 64))
+        if self.max_batch_size < 1:
+            raise EngineLoadError("max_batch_size must be >= 1")
+        self._reqs: dict[str, _Req] = {}
+        self._failed: list[StepOutput] = []
+        self.calls = 0
+        self.requests_run = 0
+        self.max_batch = 0
+
+    # -- contract ---------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> None:
+        rid = request.request_id
+        try:
+            if rid in self._reqs:
+                raise ValueError(f"request id {rid!r} is already running")
+            self._reqs[rid] = self._new_request(rid, request.inputs or {})
+        except (ValueError, TypeError) as e:
+            self._fail(rid, f"bad input: {e}")
+
+    def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
+               last: bool) -> None:
+        req = self._reqs.get(request_id)
+        if req is None:
+            return  # aborted or already failed: late chunks in flight are dropped
+        if producer not in req.open:
+            self._fail(request_id, f"unexpected stream input from '{producer}' (" + (
+                f"expected {sorted(req.open)})" if req.open else
+                "the request takes no stream input now)"))
+            return
+        want = req.open[producer]
+        if seq != want:
+            kind = "duplicate" if isinstance(seq, int) and seq < want else "out-of-order"
+            self._fail(request_id, f"{kind} chunk from '{producer}': seq {seq}, expected {want}")
+            return
+        try:
+            if data is not None:
+                if not isinstance(data, Mapping) or self.runner.input_key not in data:
+                    raise ValueError(f"stream chunk needs '{self.runner.input_key}'")
+                piece = self.runner.parse(data[self.runner.input_key])
+                if piece.shape[-1] < 1 and not last:
+                    raise ValueError("a stream chunk must carry at least one frame")
+                self._push(req, piece)
+            elif not last:
+                raise ValueError("a stream chunk without data must be the last one")
+        except (ValueError, TypeError) as e:
+            self._fail(request_id, f"bad stream chunk {seq} from '{producer}': {e}")
+            return
+        req.open[producer] = want + 1
+        if last:
+            del req.open[producer]
+            req.complete = not req.open
+
+    def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        for rid in ids:
+            self._reqs.pop(rid, None)
+        self._failed = [o for o in self._failed if o.request_id not in ids]
+
+    def has_work(self) -> bool:
+        return bool(self._failed) or any(self._plan(r) is not None for r in self._reqs.values())
+
+    def step(self) -> list[StepOutput]:
+        outputs, self._failed = self._failed, []
+        groups: dict[int, list[tuple[_Req, int, int]]] = {}
+        for req in list(self._reqs.values()):
+            plan = self._plan(req)
+            if plan is None:
+                continue
+            ctx, n = plan
+            if n == 0:  # input ended right after the last chunk: close the request
+                outputs.append(self._output(req, None, 0))
+                continue
+            groups.setdefault(ctx + n, []).append((req, ctx, n))
+        for length in sorted(groups):
+            group = groups[length]
+            for i in range(0, len(group), self.max_batch_size):
+                outputs += self._run(group[i:i + self.max_batch_size])
+        return outputs
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "generation", **self.runner.info(),
+                "max_batch_size": self.max_batch_size}
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": len(self._reqs), "calls": self.calls,
+                "requests_run": self.requests_run, "max_batch": self.max_batch,
+                "buffered_frames": sum(r.total - r.base for r in self._reqs.values())}
+
+    def shutdown(self) -> None:
+        self._reqs.clear()
+        self._failed.clear()
+
+    # -- internals --------------------------------------------------------------------
+    def _new_request(self, rid: str, inputs: Mapping[str, Any]) -> _Req:
+        key = self.runner.input_key
+        req = _Req(rid)
+        if key in inputs:
+            self._push(req, self.runner.parse(inputs[key]))
+            req.complete = True
+        elif "stream" in inputs:
+            producers = inputs["stream"]
+            if (not isinstance(producers, list) or len(producers) != 1
+                    or not isinstance(producers[0], str)):
+                raise ValueError(f"'stream' must name exactly one producer stage, got {producers!r}")
+            req.stream = True
+            req.open = {producers[0]: 0}
+        elif inputs and all(isinstance(v, list) for v in inputs.values()):
+            if len(inputs) != 1:
+                raise ValueError(f"expected input from one producer, got {sorted(inputs)}")
+            (producer, chunks), = inputs.items()
+            for i, chunk in enumerate(chunks):
+                if not isinstance(chunk, Mapping) or key not in chunk:
+                    raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")
+                self._push(req, self.runner.parse(chunk[key]))
+            req.complete = True
+        else:
+            raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")
+        return req
+
+    def _push(self, req: _Req, piece: torch.Tensor) -> None:
+        if req.pieces and piece.shape[:-1] != req.pieces[0].shape[:-1]:
+            raise ValueError(f"chunk shape {tuple(piece.shape)} does not match "
+                             f"{tuple(req.pieces[0].shape)}")
+        if piece.shape[-1]:
+            req.pieces.append(piece)
+            req.total += piece.shape[-1]
+
+    def _plan(self, req: _Req) -> tuple[int, int] | None:
+        """(context frames, new frames) of the request's next chunk; None when not ready."""
+        new = req.total - req.done
+        if req.stream:
+            size = self.runner.first_chunk_frames if req.index == 0 else self.runner.chunk_frames
+        else:
+            size = self.runner.complete_chunk_frames
+        if new >= size:
+            n = size
+        elif req.complete:
+            n = new  # the rest; 0 = only the closing output is left
+        else:
+            return None
+        return min(self.runner.left_context, req.done), n
+
+    def _run(self, group: list[tuple[_Req, int, int]]) -> list[StepOutput]:
+        batch = torch.stack([self._window(req, ctx, n) for req, ctx, n in group])
+        self.calls += 1
+        self.requests_run += len(group)
+        self.max_batch = max(self.max_batch, len(group))
+        try:
+            results = self.runner.run(batch, [ctx for _, ctx, _ in group])
+        except Exception as e:  # the whole call failed: fail its requests, keep the rest
+            out = []
+            for req, _, _ in group:
+                self._reqs.pop(req.id, None)
+                out.append(StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}"))
+            return out
+        return [self._output(req, wav, n) for (req, _, n), wav in zip(group, results, strict=True)]
+
+    def _window(self, req: _Req, ctx: int, n: int) -> torch.Tensor:
+        frames = req.frames()
+        start = req.done - ctx - req.base
+        return frames[:, start:start + ctx + n]
+
+    def _output(self, req: _Req, result: torch.Tensor | None, n: int) -> StepOutput:
+        if result is None:
+            result = torch.zeros(0)
+        data = {**self.runner.pack(result), "frames": n, "index": req.index}
+        req.done += n
+        req.index += 1
+        finished = req.complete and req.done == req.total
+        if finished:
+            self._reqs.pop(req.id, None)
+        else:  # keep only what the next chunk can use as context
+            req.trim(max(0, req.done - self.runner.left_context))
+        return StepOutput(req.id, data=data, finished=finished)
+
+    def _fail(self, rid: str, msg: str) -> None:
+        self._reqs.pop(rid, None)
+        self._failed = [o for o in self._failed if o.request_id != rid]
+        self._failed.append(StepOutput(rid, finished=True, error=msg))
+
+
+def build_generation_engine(model: str, model_dir: str, device: str, dtype: str,
+                            options: Mapping[str, Any]) -> GenerationEngine:
+    """The generation engine for `model` (the stage's model name in the pipeline file)."""
+    if not model_dir:
+        raise EngineLoadError(f"generation model '{model}' needs a model_dir")
+    if model == "qwen3_omni_code2wav":
+        from omni.models.qwen3_omni import build_code2wav_runner
+
+        runner = build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
+        return GenerationEngine(runner, options)
+    raise EngineLoadError(f"unknown generation model {model!r} (available: qwen3_omni_code2wav)")

@@ -1,0 +1,319 @@
+"""Qwen3-Omni-MoE adapter: the model quirks of the code2wav stage live here.
+
+Quirks (see reference/models.md 2a):
+- A release is ONE combined checkpoint (``thinker.*``, ``talker.*``, ``code2wav.*`` keys).
+  ``Qwen3OmniMoeCode2Wav.from_pretrained(combined_dir)`` does not strip the ``code2wav.``
+  prefix: every key is UNEXPECTED, every weight MISSING, and the model silently keeps
+  random weights (only a log table says so). `load_code2wav` reads the code2wav tensors
+  itself and loads them with ``strict=True``.
+- The output sample rate is not in the config: it is 24 kHz (12.5 codec frames/s, 80 ms
+  per frame; OpenVINO's Qwen3-Omni notes, models.md 2a). 1920 samples/frame * 12.5 = 24000.
+- The decoder is not strictly causal: every ``CausalTransConvNet`` of kernel 2r / stride r
+  looks one input step ahead and trims its last step, so decoding T frames gives
+  ``T * samples_per_frame - tail_samples`` samples (1920 * T - 555 for the release's
+  rates). transformers' ``chunked_decode`` decodes chunks independently and concatenates
+  them, so each chunk boundary loses those tail samples; `decode_chunk` mirrors it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.fixtures.tiny_models import FIXTURE_MARKER
+
+# Not in the config: Qwen3-Omni's codec runs at 12.5 frames/s and the vocoder emits 24 kHz
+# (models.md 2a, from OpenVINO's Qwen3-Omni docs); 1920 samples/frame * 12.5 = 24000.
+SAMPLE_RATE = 24000
+CODE2WAV_PREFIX = "code2wav."
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def _conv_stack(module) -> list[tuple[str, Any]]:
+    """The layers after the transformer, in forward order, as ("causal", conv),
+    ("trans", conv) or ("res", unit) entries; pointwise layers are skipped."""
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
+
+    out: list[tuple[str, Any]] = []
+
+    def walk(mod) -> None:
+        if isinstance(mod, m.Qwen3OmniMoeCausalConvNet):
+            out.append(("causal", mod))
+        elif isinstance(mod, m.Qwen3OmniMoeCausalTransConvNet):
+            out.append(("trans", mod))
+        elif isinstance(mod, m.Qwen3OmniMoeCode2WavDecoderResidualUnit):
+            out.append(("res", mod))
+        else:
+            for child in mod.children():
+                walk(child)
+
+    for blocks in module.upsample:
+        for block in blocks:
+            walk(block)
+    for block in module.decoder:
+        walk(block)
+    return out
+
+
+def _min_input_index(stack: list[tuple[str, Any]], j: int) -> int:
+    """Smallest input (frame-rate) index that output sample j of the conv stack reads."""
+    for kind, mod in reversed(stack):
+        if kind == "causal":  # stride 1, left pad kernel-1: out[j] reads in[j-k+1 .. j]
+            assert mod.stride == 1
+            j -= mod.kernel_size - 1
+        elif kind == "res":  # x + conv2(conv1(x)), conv2 is 1x1
+            j -= mod.conv1.kernel_size - 1
+        else:  # ConvTranspose(K, s) with the first K-s outputs trimmed
+            k, s = mod.conv.kernel_size[0], mod.conv.stride[0]
+            j = (j + mod.left_pad - k) // s + 1
+    return j
+
+
+def _max_input_index(stack: list[tuple[str, Any]], j: int) -> int:
+    """Largest input index that output sample j reads (the decoder's look-ahead)."""
+    for kind, mod in reversed(stack):
+        if kind == "trans":  # full[n] reads in[i] with i*s <= n
+            j = (j + mod.left_pad) // mod.conv.stride[0]
+    return j
+
+
+@dataclass
+class Code2Wav:
+    """A loaded Qwen3-Omni code2wav: codec codes (B, NQ, T) -> 24 kHz waveform."""
+
+    module: Any  # Qwen3OmniMoeCode2Wav, eval, no grad
+    config: Any
+    device: torch.device
+    dtype: torch.dtype
+    model_dir: str = ""
+    random_weights: bool = False
+    num_quantizers: int = field(init=False)
+    codebook_size: int = field(init=False)
+    samples_per_frame: int = field(init=False)
+    sample_rate: int = field(init=False, default=SAMPLE_RATE)
+    receptive_field_frames: int = field(init=False)
+    tail_samples: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.num_quantizers = int(c.num_quantizers)
+        self.codebook_size = int(c.codebook_size)
+        self.samples_per_frame = int(math.prod(list(c.upsample_rates) + list(c.upsampling_ratios)))
+        self.sample_rate = SAMPLE_RATE
+        # Left context (frames) that fully determines a frame's samples:
+        # - the pre-transformer: every layer is sliding-window attention (layer_types), a
+        #   query sees itself + sliding_window-1 earlier frames, so L layers reach back
+        #   L * (sliding_window - 1) frames (RoPE is relative: absolute offsets do not matter);
+        # - the conv stack (kernel sizes / dilations / strides read from the built module,
+        #   they are hard-coded in transformers, not in the config): walk it backwards from
+        #   the first sample of a frame to the earliest frame it reads.
+        # With the release config (8 layers, window 72) this is 8*71 + 10 = 578 frames:
+        # exact streaming would need 46 s of context, so streaming uses a shorter one
+        # (chunked_decode's default is 25) and is approximate. The bound is strict; on the
+        # tiny fixture (1 layer: 71 + 10 = 81) 75 frames already match to float noise.
+        stack = _conv_stack(self.module)
+        t = 10_000
+        spf = self.samples_per_frame
+        conv_frames = t - _min_input_index(stack, t * spf)
+        attn = sum(int(c.sliding_window) - 1 for kind in c.layer_types
+                   if kind == "sliding_attention")
+        if any(kind != "sliding_attention" for kind in c.layer_types):
+            attn = 1 << 30  # full attention: unbounded (not the case in any known release)
+        self.receptive_field_frames = attn + conv_frames
+        # samples a T-frame decode is short of T*spf (the look-ahead trimmed at the end)
+        last = t * spf - 1
+        while _max_input_index(stack, last) >= t:
+            last -= 1
+        self.tail_samples = t * spf - 1 - last
+
+    def output_samples(self, frames: int) -> int:
+        """Samples `decode` returns for `frames` frames."""
+        return max(0, frames * self.samples_per_frame - self.tail_samples)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes (B, NQ, T) int64 -> (B, T*samples_per_frame - tail_samples) float32 in [-1, 1]."""
+        if codes.dim() != 3 or codes.shape[1] != self.num_quantizers:
+            raise ValueError(f"codes must be (B, {self.num_quantizers}, T), got {tuple(codes.shape)}")
+        with torch.inference_mode():
+            wav = self.module(codes.to(self.device, torch.long))
+        return wav[:, 0].float()
+
+    def decode_chunk(self, codes: torch.Tensor, left_context: int) -> torch.Tensor:
+        """Decode (B, NQ, left_context + n) and drop the samples of the first
+        `left_context` frames, as one step of transformers' ``chunked_decode``."""
+        if not 0 <= left_context <= codes.shape[-1]:
+            raise ValueError(f"left_context {left_context} outside [0, {codes.shape[-1]}]")
+        return self.decode(codes)[:, left_context * self.samples_per_frame:]
+
+
+def _is_random(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / FIXTURE_MARKER).read_text()).get("random_weights"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _code2wav_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The ``code2wav.*`` tensors of a combined checkpoint, prefix stripped."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise EngineLoadError(f"{path}: unreadable {index.name}: {e}") from e
+        files: dict[str, list[str]] = {}
+        for key, fname in weight_map.items():
+            if key.startswith(CODE2WAV_PREFIX):
+                files.setdefault(fname, []).append(key)
+    elif (path / "model.safetensors").is_file():
+        files = {"model.safetensors": []}  # filter below
+    else:
+        raise EngineLoadError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    out: dict[str, torch.Tensor] = {}
+    for fname, keys in files.items():
+        f = path / fname
+        if not f.is_file():
+            raise EngineLoadError(f"{path}: weight shard {fname} is missing")
+        with safe_open(str(f), framework="pt") as st:
+            for key in keys or [k for k in st.keys() if k.startswith(CODE2WAV_PREFIX)]:
+                out[key[len(CODE2WAV_PREFIX):]] = st.get_tensor(key)
+    if not out:
+        raise EngineLoadError(f"{path}: the checkpoint has no '{CODE2WAV_PREFIX}*' tensors")
+    return out
+
+
+def load_code2wav(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Code2Wav:
+    """Load ONLY the code2wav of a combined Qwen3-Omni checkpoint directory.
+
+    Reads config.json (``code2wav_config``) and the ``code2wav.*`` tensors of the
+    (sharded) safetensors, strips the prefix and loads them with ``strict=True``: a
+    missing or unexpected key is an EngineLoadError, never silently random weights.
+    dtype "auto" = float32 on CPU, the checkpoint's dtype elsewhere.
+    """
+    from transformers import AutoConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    path = Path(model_dir).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise EngineLoadError(f"model directory {path} has no config.json")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:
+        raise EngineLoadError(f"model directory {path}: cannot read config.json: {e}") from e
+    c2w_config = getattr(config, "code2wav_config", None)
+    if c2w_config is None:
+        raise EngineLoadError(f"model directory {path}: config.json has no code2wav_config "
+                              f"(model_type {getattr(config, 'model_type', None)!r})")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise EngineLoadError(f"bad device {device!r}: {e}") from e
+    tensors = _code2wav_tensors(path)
+    if dtype == "auto":
+        torch_dtype = (torch.float32 if dev.type == "cpu"
+                       else next(iter(tensors.values())).dtype)
+    elif dtype in _DTYPES:
+        torch_dtype = _DTYPES[dtype]
+    else:
+        raise EngineLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16")
+    with torch.random.fork_rng(devices=[]):  # construction draws init values: keep the
+        module = Qwen3OmniMoeCode2Wav(c2w_config)  # caller's RNG stream untouched
+    try:
+        module.load_state_dict(tensors, strict=True)  # every weight overwritten, or an error
+    except RuntimeError as e:
+        raise EngineLoadError(f"model directory {path}: code2wav weights do not match the "
+                              f"config: {e}") from e
+    module.to(dev)
+    for param in module.parameters():  # buffers (RoPE inv_freq) stay float32, as transformers
+        param.data = param.data.to(torch_dtype)
+    module.eval()
+    module.requires_grad_(False)
+    return Code2Wav(module=module, config=c2w_config, device=dev, dtype=torch_dtype,
+                    model_dir=str(path), random_weights=_is_random(path))
+
+
+class Code2WavRunner:
+    """The generation-engine runner of Qwen3-Omni's code2wav stage.
+
+    Input: {"codes": (NQ, t) nested list of ints}; a chunk of n new frames is decoded with
+    up to `left_context` earlier frames; its output is the samples after the context, as
+    in ``chunked_decode``. Options: chunk_frames (25), left_context (25),
+    first_chunk_frames (= chunk_frames), complete_chunk_frames (300, chunked_decode's
+    default chunk for requests whose codes arrive complete).
+    """
+
+    input_key = "codes"
+
+    def __init__(self, code2wav: Code2Wav, options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.c2w = code2wav
+        self.chunk_frames = _pos_int(opts, "chunk_frames", 25)
+        self.first_chunk_frames = _pos_int(opts, "first_chunk_frames", self.chunk_frames)
+        self.complete_chunk_frames = _pos_int(opts, "complete_chunk_frames", 300)
+        self.left_context = _pos_int(opts, "left_context", 25, allow_zero=True)
+        self.sample_rate = code2wav.sample_rate
+
+    def parse(self, value: Any) -> torch.Tensor:
+        """Nested list (NQ, t) of ints -> int64 tensor; ValueError naming the problem."""
+        nq, cb = self.c2w.num_quantizers, self.c2w.codebook_size
+        if not isinstance(value, Sequence) or isinstance(value, str | bytes) or len(value) != nq:
+            raise ValueError(f"codes must be a list of {nq} lists (one per quantizer), got "
+                             f"{type(value).__name__} of length "
+                             f"{len(value) if hasattr(value, '__len__') else '?'}")
+        rows = []
+        for q, row in enumerate(value):
+            if not isinstance(row, Sequence) or isinstance(row, str | bytes):
+                raise ValueError(f"codes[{q}] must be a list of ints")
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in row):
+                raise ValueError(f"codes[{q}] holds non-integers")
+            rows.append(row)
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError(f"codes rows differ in length: {[len(r) for r in rows]}")
+        t = torch.tensor(rows, dtype=torch.long).reshape(nq, len(rows[0]))
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= cb):
+            raise ValueError(f"codes out of range [0, {cb}): min {int(t.min())}, max {int(t.max())}")
+        return t
+
+    def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
+        """batch (B, NQ, T) -> per row the float32 samples after its left context."""
+        wav = self.c2w.decode(batch).cpu()
+        spf = self.c2w.samples_per_frame
+        return [wav[i, c * spf:] for i, c in enumerate(contexts)]
+
+    def pack(self, wav: torch.Tensor) -> dict[str, Any]:
+        """One chunk's output fields: little-endian float32 PCM bytes + format."""
+        pcm = wav.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
+        return {"audio": pcm.tobytes(), "sample_rate": self.sample_rate, "samples": int(wav.numel())}
+
+    def info(self) -> dict[str, Any]:
+        c = self.c2w
+        return {"model": "qwen3_omni_code2wav", "model_dir": c.model_dir,
+                "random_weights": c.random_weights, "dtype": str(c.dtype).removeprefix("torch."),
+                "device": str(c.device), "sample_rate": c.sample_rate,
+                "samples_per_frame": c.samples_per_frame, "tail_samples": c.tail_samples,
+                "num_quantizers": c.num_quantizers, "codebook_size": c.codebook_size,
+                "receptive_field_frames": c.receptive_field_frames,
+                "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames,
+                "left_context": self.left_context, "audio_format": "f32le"}
+
+
+def _pos_int(opts: Mapping[str, Any], name: str, default: int, allow_zero: bool = False) -> int:
+    v = opts.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
+        raise EngineLoadError(f"option {name} must be an integer >= {0 if allow_zero else 1}, got {v!r}")
+    return v
+
+
+def build_code2wav_runner(model_dir: str, device: str = "cpu", dtype: str = "auto",
+                          options: Mapping[str, Any] | None = None) -> Code2WavRunner:
+    return Code2WavRunner(load_code2wav(model_dir, dtype=dtype, device=device), options)

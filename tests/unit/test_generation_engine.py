@@ -1,0 +1,236 @@
+"""GenerationEngine over the Qwen3-Omni code2wav runner: batching, streaming, failures."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from omni.engines.base import EngineRequest
+from omni.engines.generation import GenerationEngine, build_generation_engine
+from omni.fixtures import ensure_tiny_model
+from omni.models.qwen3_omni import Code2WavRunner, load_code2wav
+
+torch.set_num_threads(1)
+NQ, CB = 4, 64
+REL_TOL = 1e-5  # relative to the signal's max |x| (random weights: max |x| ~ 5e-7)
+
+
+@pytest.fixture(scope="module")
+def c2w(tmp_path_factory):
+    d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
+    return load_code2wav(str(d))
+
+
+def _codes(t: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, CB, (NQ, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _audio(data) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data["audio"], dtype="<f4").copy())
+
+
+def _drain(engine, outs=None, limit=1000):
+    outs = {} if outs is None else outs
+    for _ in range(limit):
+        if not engine.has_work():
+            break
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).append(o)
+    return outs
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, scale: float) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float((a - b).abs().max()) / scale if a.numel() else 0.0
+
+
+def test_complete_inputs_batched_in_one_call(c2w):
+    engine = GenerationEngine(Code2WavRunner(c2w))
+    codes = {f"r{i}": _codes(20, seed=i) for i in range(3)}
+    for rid, c in codes.items():
+        engine.add(EngineRequest(rid, {"codes": c.tolist()}))
+    outs = engine.step()
+    assert not engine.has_work()
+    st = engine.stats()
+    assert (st["calls"], st["requests_run"], st["max_batch"]) == (1, 3, 3)
+    assert st["running"] == 0
+    assert {o.request_id for o in outs} == set(codes)
+    for o in outs:
+        assert o.finished and o.error is None
+        ref = c2w.decode(codes[o.request_id][None])[0]
+        got = _audio(o.data)
+        assert o.data["sample_rate"] == 24000 and o.data["frames"] == 20 and o.data["index"] == 0
+        assert o.data["samples"] == got.numel() == 20 * 1920 - 555
+        assert _close(got, ref, float(ref.abs().max())) < REL_TOL
+    info = engine.info()
+    assert info["sample_rate"] == 24000 and info["engine"] == "generation"
+
+
+def _stream(engine, rid, codes, rng, outs, producer="talker"):
+    """Feed codes in random-size appends, stepping in between."""
+    t, seq = codes.shape[-1], 0
+    pos = 0
+    while pos < t:
+        n = rng.randint(1, 7)
+        piece = codes[:, pos:pos + n]
+        pos += piece.shape[-1]
+        engine.append(rid, producer, seq, {"codes": piece.tolist()}, pos >= t)
+        seq += 1
+        if rng.random() < 0.5:
+            for o in engine.step():
+                outs.setdefault(o.request_id, []).append(o)
+
+
+def _reference(c2w, codes, first, chunk, ctx):
+    """Chunk/left-context arithmetic of the engine, decoded one chunk at a time."""
+    t, start, k, wavs = codes.shape[-1], 0, 0, []
+    while start < t:
+        end = min(start + (first if k == 0 else chunk), t)
+        c = min(ctx, start)
+        wavs.append(c2w.decode_chunk(codes[None, :, start - c:end], c)[0])
+        start, k = end, k + 1
+    return wavs
+
+
+@pytest.mark.parametrize("first", [8, 3])
+def test_streaming_matches_chunked_decode(c2w, first):
+    chunk, ctx, t = 8, 6, 45
+    engine = GenerationEngine(Code2WavRunner(
+        c2w, {"chunk_frames": chunk, "left_context": ctx, "first_chunk_frames": first}))
+    rng = random.Random(first)
+    codes = {"a": _codes(t, 10), "b": _codes(t - 7, 11)}
+    outs: dict = {}
+    for rid in codes:
+        engine.add(EngineRequest(rid, {"stream": ["talker"]}))
+    for rid, c in codes.items():  # interleaved feeding, random chunk sizes
+        _stream(engine, rid, c, rng, outs)
+    _drain(engine, outs)
+    assert engine.stats()["running"] == 0
+    for rid, c in codes.items():
+        got = outs[rid]
+        assert [o.data["index"] for o in got] == list(range(len(got)))
+        assert [o.finished for o in got] == [False] * (len(got) - 1) + [True]
+        assert all(o.error is None for o in got)
+        assert sum(o.data["frames"] for o in got) == c.shape[-1]
+        pieces = [_audio(o.data) for o in got if o.data["frames"]]
+        ref = _reference(c2w, c, first, chunk, ctx)
+        scale = max(float(w.abs().max()) for w in ref)
+        assert len(pieces) == len(ref)
+        for p, r in zip(pieces, ref, strict=True):
+            assert _close(p, r, scale) < REL_TOL
+        streamed = torch.cat(pieces)
+        if first == chunk:  # the same arithmetic as transformers' chunked_decode
+            hf = c2w.module.chunked_decode(c[None], chunk_size=chunk, left_context_size=ctx)
+            assert _close(streamed, hf[0, 0].float(), scale) < REL_TOL
+    assert engine.stats()["max_batch"] >= 1
+
+
+def test_streamed_vs_one_shot_with_receptive_field_context(c2w):
+    """With left_context = receptive field, every streamed chunk equals the one-shot samples
+    at the same position; only each chunk's last tail_samples are missing (look-ahead)."""
+    rf, chunk, t, spf = c2w.receptive_field_frames, 20, 100, c2w.samples_per_frame
+    codes = _codes(t, 3)
+    full = c2w.decode(codes[None])[0]
+    scale = float(full.abs().max())
+    diffs = {}
+    for ctx in (rf, 25):
+        engine = GenerationEngine(Code2WavRunner(c2w, {"chunk_frames": chunk, "left_context": ctx}))
+        engine.add(EngineRequest("s", {"stream": ["talker"]}))
+        outs: dict = {}
+        _stream(engine, "s", codes, random.Random(5), outs)
+        _drain(engine, outs)
+        start, worst = 0, 0.0
+        got = [o for o in outs["s"] if o.data["frames"]]
+        for o in got:
+            a = _audio(o.data)
+            worst = max(worst, _close(a, full[start * spf:start * spf + a.numel()], scale))
+            start += o.data["frames"]
+        total = sum(_audio(o.data).numel() for o in got)
+        assert total == t * spf - len(got) * c2w.tail_samples
+        diffs[ctx] = worst
+    print(f"streamed vs one-shot, relative max abs diff by left_context: {diffs} "
+          f"(scale {scale:.3g}; absolute: {[d * scale for d in diffs.values()]})")
+    assert diffs[rf] < REL_TOL
+    assert diffs[25] < 0.05  # approximate but close: the transformer's far context fades
+
+
+def test_out_of_order_seq_fails_only_that_request(c2w):
+    engine = GenerationEngine(Code2WavRunner(c2w, {"chunk_frames": 4, "left_context": 2}))
+    for rid in ("good", "bad", "dup"):
+        engine.add(EngineRequest(rid, {"stream": ["talker"]}))
+    piece = {"codes": _codes(4, 0).tolist()}
+    engine.append("good", "talker", 0, piece, False)
+    engine.append("bad", "talker", 1, piece, False)  # seq 0 skipped
+    engine.append("dup", "talker", 0, piece, False)
+    engine.append("dup", "talker", 0, piece, False)  # duplicate
+    engine.append("good", "talker", 1, piece, True)
+    engine.append("bad", "talker", 2, piece, True)  # late chunks of a failed request: ignored
+    outs = _drain(engine)
+    assert outs["bad"][0].error and "out-of-order" in outs["bad"][0].error
+    assert "seq 1, expected 0" in outs["bad"][0].error and len(outs["bad"]) == 1
+    assert outs["dup"][0].error and "duplicate" in outs["dup"][0].error
+    good = outs["good"]
+    assert all(o.error is None for o in good) and good[-1].finished
+    assert sum(o.data["frames"] for o in good) == 8
+    # a producer the request does not stream from
+    engine.add(EngineRequest("x", {"stream": ["talker"]}))
+    engine.append("x", "thinker", 0, piece, False)
+    assert "unexpected stream input" in _drain(engine)["x"][0].error
+
+
+def test_abort_mid_stream_frees_state(c2w):
+    engine = GenerationEngine(Code2WavRunner(c2w, {"chunk_frames": 4, "left_context": 2}))
+    engine.add(EngineRequest("a", {"stream": ["talker"]}))
+    engine.add(EngineRequest("b", {"stream": ["talker"]}))
+    engine.append("a", "talker", 0, {"codes": _codes(6, 0).tolist()}, False)
+    engine.append("b", "talker", 0, {"codes": _codes(6, 1).tolist()}, False)
+    outs = engine.step()
+    assert {o.request_id for o in outs} == {"a", "b"} and not any(o.finished for o in outs)
+    assert engine.stats()["buffered_frames"] > 0
+    engine.abort(["a"])
+    assert engine.stats()["running"] == 1
+    engine.append("a", "talker", 1, {"codes": _codes(4, 2).tolist()}, True)  # late: dropped
+    engine.append("b", "talker", 1, None, True)
+    outs = _drain(engine)
+    assert set(outs) == {"b"} and outs["b"][-1].finished
+    assert engine.stats() | {"calls": 0, "requests_run": 0, "max_batch": 0} == {
+        "running": 0, "calls": 0, "requests_run": 0, "max_batch": 0, "buffered_frames": 0}
+    assert not engine.has_work()
+
+
+def test_bad_codes_fail_only_that_request(c2w):
+    engine = GenerationEngine(Code2WavRunner(c2w))
+    engine.add(EngineRequest("ok", {"codes": _codes(5, 0).tolist()}))
+    engine.add(EngineRequest("range", {"codes": [[0, 1, 64]] * NQ}))
+    engine.add(EngineRequest("nq", {"codes": [[0, 1]] * (NQ - 1)}))
+    engine.add(EngineRequest("float", {"codes": [[0, 1.5]] * NQ}))
+    engine.add(EngineRequest("empty", {}))
+    engine.add(EngineRequest("s", {"stream": ["talker"]}))
+    engine.append("s", "talker", 0, {"codes": [[0, -3]] * NQ}, False)
+    outs = _drain(engine)
+    for rid in ("range", "nq", "float", "empty", "s"):
+        assert len(outs[rid]) == 1 and outs[rid][0].finished and outs[rid][0].error, rid
+    assert "out of range" in outs["range"][0].error
+    assert outs["ok"][0].error is None and outs["ok"][0].finished
+    assert engine.stats()["requests_run"] == 1
+
+
+def test_full_delivery_inputs_and_build(c2w, tmp_path_factory):
+    d = tmp_path_factory.getbasetemp() / "models" / "qwen3_omni"
+    t0 = time.perf_counter()
+    engine = build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "auto",
+                                     {"chunk_frames": 4, "max_batch_size": 2})
+    load_s = time.perf_counter() - t0
+    c = _codes(9, 4)
+    chunks = [{"codes": c[:, :5].tolist()}, {"codes": c[:, 5:].tolist()}]
+    engine.add(EngineRequest("f", {"talker": chunks}))
+    outs = _drain(engine)["f"]
+    assert len(outs) == 1 and outs[0].finished and outs[0].data["frames"] == 9
+    ref = c2w.decode(c[None])[0]
+    assert _close(_audio(outs[0].data), ref, float(ref.abs().max())) < REL_TOL
+    assert engine.info()["chunk_frames"] == 4 and engine.info()["max_batch_size"] == 2
+    print(f"build_generation_engine load: {load_s:.2f}s")
