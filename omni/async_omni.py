@@ -12,6 +12,7 @@ from typing import Any
 from omni.config import PipelineConfig
 from omni.metrics import Metrics
 from omni.orchestrator import OmniOutput, Orchestrator
+from omni.payloads import ClientPayloads
 from omni.presets import load_pipeline
 
 Params = Mapping[str, Mapping[str, Any]]
@@ -33,6 +34,7 @@ class AsyncOmni:
         self.drain_timeout_s = drain_timeout_s
         self.orchestrator = Orchestrator(pipeline, metrics=metrics, dtype=dtype,
                                          log_level=log_level, startup_timeout_s=startup_timeout_s)
+        self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client")
 
     @property
     def name(self) -> str:
@@ -45,6 +47,7 @@ class AsyncOmni:
     async def close(self, drain_timeout_s: float | None = None) -> None:
         timeout = self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         await self.orchestrator.stop(timeout)
+        self.payloads.close()
 
     async def __aenter__(self) -> AsyncOmni:
         return await self.start()
@@ -66,12 +69,20 @@ class AsyncOmni:
                 item = await state.queue.get()
                 if isinstance(item, Exception):
                     raise item
+                item.data = self.payloads.take(item.data)
                 yield item
                 if item.finished:
                     return
         finally:
             if not state.finished:
                 self.orchestrator.abort(state.request_id, "the caller stopped reading")
+            self._discard_unread(state.queue)
+
+    def _discard_unread(self, queue: asyncio.Queue) -> None:
+        while not queue.empty():
+            item = queue.get_nowait()
+            if not isinstance(item, Exception):
+                self.payloads.discard(item.data)
 
     async def abort(self, request_id: str) -> bool:
         return self.orchestrator.abort(request_id)

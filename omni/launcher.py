@@ -11,6 +11,7 @@ loop's own socket and pipe readers.
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import multiprocessing
 import os
@@ -91,6 +92,8 @@ class EngineGroup:
         # a private 0700 directory: only this user can reach the control socket
         self._ipc_dir = tempfile.mkdtemp(prefix="omni-ipc-")
         self.control_path = os.path.join(self._ipc_dir, "control.sock")
+        # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
+        self.arena_prefix = f"omni-{os.getpid()}-{os.path.basename(self._ipc_dir)[-6:]}"
 
     # -- startup -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,7 +123,8 @@ class EngineGroup:
             replica_id=replica_id, stage=stage.name, engine=stage.engine,
             control_path=self.control_path, model=stage.model, model_dir=stage.model_dir,
             device=stage.devices[index % len(stage.devices)], dtype=self.dtype,
-            options=dict(stage.options), log_level=self.log_level)
+            options=dict(stage.options), log_level=self.log_level,
+            arena_name=self.arena_name(replica))
         process = spawn.Process(target=run_engine_process, args=(spec,),
                                 name=f"omni-{self.pipeline.name}-{replica_id}")
         process.start()
@@ -208,9 +212,13 @@ class EngineGroup:
         log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
 
     # -- deaths ------------------------------------------------------------------------
+    def arena_name(self, replica: Replica) -> str:
+        return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
+
     def _on_exit(self, replica: Replica, process: Any) -> None:
         self.loop.remove_reader(process.sentinel)
         process.join()
+        unlink_arenas(self.arena_name(replica) + "-")  # a killed producer cannot do it
         self._exits[replica.replica_id].set_result(process.exitcode)
         if not self.stopping:
             self.loop.create_task(self._after_exit(replica))
@@ -287,6 +295,7 @@ class EngineGroup:
         if self._server is not None:
             self._server.close()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        unlink_arenas(self.arena_prefix + "-")
 
 
 # What a model engine imports anyway; the fork server imports it once, before any fork.
@@ -307,6 +316,22 @@ def process_context(pipeline: PipelineConfig) -> Any:
     if any(stage.engine != "echo" for stage in pipeline.stages):
         context.set_forkserver_preload(HEAVY_MODULES)
     return context
+
+
+def unlink_arenas(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove shared-memory arenas by name prefix (their producer is gone).
+
+    Plain unlinks, not omni.connector.cleanup_stale: the orchestrator process must not
+    import torch for this. Processes that still map an arena keep their mapping.
+    """
+    removed = []
+    for path in glob.glob(os.path.join(shm_dir, glob.escape(prefix) + "*")):
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _check_rows(body: list, replica: Replica) -> None:

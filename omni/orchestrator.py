@@ -281,7 +281,7 @@ class Orchestrator:
         state.finished = True
         if state.deadline is not None:
             state.deadline.cancel()
-        self._release_stages(state)
+        self._release_stages(state, failed=error is not None)
         del self.requests[state.request_id]
         del self._by_engine_id[state.engine_id]
         if not self.requests:
@@ -295,12 +295,14 @@ class Orchestrator:
             state.queue.put_nowait(OmniOutput(state.request_id, "", None, None, True, True,
                                               self._request_metrics(state)))
 
-    def _release_stages(self, state: RequestState) -> None:
+    def _release_stages(self, state: RequestState, failed: bool) -> None:
+        """Abort the request where it still runs; after a failure also where it finished,
+        so producers free payloads whose refs the orchestrator is dropping."""
         for stage, replica in state.bound.items():
-            if stage not in state.done and state.engine_id in replica.outstanding:
-                replica.outstanding.discard(state.engine_id)
-                if replica.alive:
-                    self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
+            running = stage not in state.done and state.engine_id in replica.outstanding
+            replica.outstanding.discard(state.engine_id)
+            if (running or failed) and replica.alive:
+                self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
         state.chunks.clear()
         state.held.clear()
 

@@ -68,6 +68,7 @@ def decode(frame: Buffer) -> tuple[Msg, list[Any]]:
     return kind, body
 
 
+REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
 HEADER = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a corrupt length must not make a reader allocate GBs
 

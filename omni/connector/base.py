@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
+from omni.protocol import REF_MARKER  # first element of a wire ref
+
 __all__ = [
     "BYTES_DTYPE", "REF_MARKER", "ArenaFullError", "Connector", "ConnectorError", "PayloadRef",
     "Payload", "dtype_from_name", "dtype_name",
 ]
 
-REF_MARKER = "\x00ref"  # first element of a wire ref: tells a ref from any other list
 BYTES_DTYPE = "bytes"  # PayloadRef.dtype of a bytes payload (shape == (nbytes,))
 BACKENDS = ("inline", "shm")  # "cuda_ipc" and "tcp" arrive later
 

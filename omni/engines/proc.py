@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.engines.base import Engine, EngineRequest
+from omni.payloads import PayloadPlane
 from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
 
 log = logging.getLogger("omni.engine")
@@ -45,6 +46,8 @@ class EngineSpec:
     dtype: str = "auto"
     options: dict[str, Any] = field(default_factory=dict)
     log_level: int = logging.INFO
+    arena_name: str | None = None  # shared-memory name prefix of this replica's payloads
+    payload_options: dict[str, Any] = field(default_factory=dict)  # make_connector kwargs
 
 
 class OrchestratorGone(Exception):
@@ -80,10 +83,12 @@ class Channel:
 class EngineLoop:
     """Feeds an engine from the connection and publishes its step outputs."""
 
-    def __init__(self, replica_id: str, engine: Engine, channel: Channel) -> None:
+    def __init__(self, replica_id: str, engine: Engine, channel: Channel,
+                 payloads: PayloadPlane) -> None:
         self.replica_id = replica_id
         self.engine = engine
         self.channel = channel
+        self.payloads = payloads
         self.running = True
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
                          Msg.SHUTDOWN: self._stop}
@@ -109,6 +114,7 @@ class EngineLoop:
     def _add(self, body: list[Any]) -> None:
         request_id, inputs, params = body
         try:
+            inputs = self.payloads.resolve(request_id, inputs)
             self.engine.add(EngineRequest(request_id, inputs, params))
         except Exception as exc:  # a bad request fails alone, the engine keeps serving
             self._reject(request_id, exc)
@@ -116,6 +122,7 @@ class EngineLoop:
     def _append(self, body: list[Any]) -> None:
         request_id, producer, seq, data, last = body
         try:
+            data = self.payloads.resolve(request_id, data)
             self.engine.append(request_id, producer, seq, data, last)
         except Exception as exc:
             self.engine.abort([request_id])
@@ -123,19 +130,38 @@ class EngineLoop:
 
     def _reject(self, request_id: str, exc: Exception) -> None:
         log.warning("request %s failed: %s", request_id, exc)
+        self.payloads.drop(request_id)
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
                                  [[request_id, None, True, str(exc)]], {}))
 
     def _abort(self, body: list[Any]) -> None:
         self.engine.abort(body[0])
+        for request_id in body[0]:
+            self.payloads.drop(request_id)
 
     def _stop(self, body: list[Any]) -> None:
         self.running = False
 
     def _publish(self, outputs: list) -> None:
-        if outputs:
-            rows = [[o.request_id, o.data, o.finished, o.error] for o in outputs]
-            self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, self.engine.stats()))
+        if not outputs:
+            return
+        rows = []
+        for out in outputs:
+            rows.append(self._row(out))
+            if out.finished:
+                self.payloads.done(out.request_id)
+        stats = self.engine.stats()
+        stats.update(self.payloads.stats())
+        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
+
+    def _row(self, out: Any) -> list:
+        try:
+            data = self.payloads.publish(out.request_id, out.data)
+        except Exception as exc:  # e.g. the arena stayed full: this request fails alone
+            self.engine.abort([out.request_id])
+            self.payloads.drop(out.request_id)
+            return [out.request_id, None, True, f"cannot publish output: {exc}"]
+        return [out.request_id, data, out.finished, out.error]
 
 
 class _TailHandler(logging.Handler):
@@ -196,11 +222,14 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
 
     log.info("loading %s engine for stage '%s'", spec.engine, spec.stage)
     engine = build_engine(spec)
+    payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
+                            spec.payload_options)
     channel.send(encode(Msg.READY, spec.replica_id, engine.info()))
     try:
-        EngineLoop(spec.replica_id, engine, channel).run()
+        EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:
         engine.shutdown()
+        payloads.close()
 
 
 def _send_quietly(sock: socket.socket, message: bytes) -> None:

@@ -264,8 +264,13 @@ class Code2WavRunner:
         self.sample_rate = code2wav.sample_rate
 
     def parse(self, value: Any) -> torch.Tensor:
-        """Nested list (NQ, t) of ints -> int64 tensor; ValueError naming the problem."""
+        """Nested list or integer tensor (NQ, t) -> int64 tensor; ValueError naming the problem."""
         nq, cb = self.c2w.num_quantizers, self.c2w.codebook_size
+        if isinstance(value, torch.Tensor):  # codes that came through the connector
+            if value.dim() != 2 or value.shape[0] != nq or value.is_floating_point():
+                raise ValueError(f"codes tensor must be integer ({nq}, frames), got "
+                                 f"{value.dtype} {tuple(value.shape)}")
+            value = value.tolist()
         if not isinstance(value, Sequence) or isinstance(value, str | bytes) or len(value) != nq:
             raise ValueError(f"codes must be a list of {nq} lists (one per quantizer), got "
                              f"{type(value).__name__} of length "
@@ -291,9 +296,10 @@ class Code2WavRunner:
         return [wav[i, c * spf:] for i, c in enumerate(contexts)]
 
     def pack(self, wav: torch.Tensor) -> dict[str, Any]:
-        """One chunk's output fields: little-endian float32 PCM bytes + format."""
-        pcm = wav.detach().to(torch.float32).contiguous().numpy().astype("<f4", copy=False)
-        return {"audio": pcm.tobytes(), "sample_rate": self.sample_rate, "samples": int(wav.numel())}
+        """One chunk's output fields: the float32 samples (a tensor: the engine process
+        publishes it through the connector) + format."""
+        pcm = wav.detach().to(torch.float32).contiguous()
+        return {"audio": pcm, "sample_rate": self.sample_rate, "samples": int(wav.numel())}
 
     def info(self) -> dict[str, Any]:
         c = self.c2w

@@ -1,0 +1,126 @@
+"""The data plane as processes see it, without importing torch until a payload shows up.
+
+`PayloadPlane` is an engine process's side: refs in become tensors, tensors out refs.
+`ClientPayloads` is the front side's: final outputs' refs become owned tensors.
+
+Engines see tensors and never a connector: `resolve` turns every PayloadRef in incoming
+inputs into a tensor (a zero-copy view for shared memory), `publish` turns every tensor
+an engine puts in its outputs into a ref. Lifetimes, all per request:
+- views a request received stay valid until the request finishes here (`done`), then
+  their blocks are released to their producers;
+- on abort or failure (`drop`), this process also frees every payload it produced for the
+  request, since the orchestrator dropped the refs that were still on their way.
+torch and the connector are imported on first use: an echo process never pays for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from omni.protocol import REF_MARKER
+
+
+class PayloadPlane:
+    def __init__(self, arena_name: str, options: dict[str, Any] | None = None) -> None:
+        self.arena_name = arena_name
+        self.options = dict(options or {})
+        self._connector: Any = None
+        self._held: dict[str, list[Any]] = {}  # request id -> refs it received
+
+    @property
+    def connector(self) -> Any:
+        if self._connector is None:
+            from omni.connector import make_connector
+
+            self._connector = make_connector("auto", name=self.arena_name, **self.options)
+        return self._connector
+
+    def resolve(self, request_id: str, value: Any) -> Any:
+        """A copy of ``value`` with every wire ref replaced by its payload."""
+        if isinstance(value, list):
+            if value and value[0] == REF_MARKER:
+                return self._get(request_id, value)
+            return [self.resolve(request_id, v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.resolve(request_id, v) for k, v in value.items()}
+        return value
+
+    def _get(self, request_id: str, wire: list) -> Any:
+        from omni.connector import PayloadRef
+
+        ref = PayloadRef.from_wire(wire)
+        payload = self.connector.get(ref)
+        self._held.setdefault(request_id, []).append(ref)
+        return payload
+
+    def publish(self, request_id: str, data: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``data`` with each tensor value put into the connector (owned by the request)."""
+        torch = sys.modules.get("torch")
+        if data is None or torch is None:
+            return data
+        if not any(isinstance(v, torch.Tensor) for v in data.values()):
+            return data
+        return {k: self.connector.put(v, owner=request_id).to_wire()
+                if isinstance(v, torch.Tensor) else v for k, v in data.items()}
+
+    def done(self, request_id: str) -> None:
+        """The request finished here: give back what it received."""
+        for ref in self._held.pop(request_id, ()):
+            self.connector.release(ref)
+
+    def drop(self, request_id: str) -> None:
+        """The request is gone (abort, failure): release and free everything of it."""
+        self.done(request_id)
+        if self._connector is not None:
+            self._connector.cleanup(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        if self._connector is None:
+            return {}
+        health = self._connector.health()
+        return {"payload_" + k: v for k, v in health.items() if isinstance(v, int | float)}
+
+    def close(self) -> None:
+        if self._connector is not None:
+            self._connector.close()
+
+
+class ClientPayloads:
+    """The API side of final outputs: copy each payload out, release it at once.
+
+    The front end needs the bytes anyway (to encode audio, images), so it owns a copy and
+    the producer's block goes back immediately; nothing here outlives the output.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.plane = PayloadPlane(name)
+
+    def take(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
+        if data is None or not _has_ref(data):
+            return data
+        taken = {}
+        for key, value in data.items():
+            if isinstance(value, list) and value and value[0] == REF_MARKER:
+                payload = self.plane._get("client", value)
+                taken[key] = payload.clone() if hasattr(payload, "clone") else bytes(payload)
+            else:
+                taken[key] = value
+        self.plane.done("client")
+        return taken
+
+    def discard(self, data: dict[str, Any] | None) -> None:
+        """An output nobody will read: give its payloads back unread."""
+        if data is not None and _has_ref(data):
+            from omni.connector import PayloadRef
+
+            for value in data.values():
+                if isinstance(value, list) and value and value[0] == REF_MARKER:
+                    self.plane.connector.release(PayloadRef.from_wire(value))
+
+    def close(self) -> None:
+        self.plane.close()
+
+
+def _has_ref(data: dict[str, Any]) -> bool:
+    return any(isinstance(v, list) and v and v[0] == REF_MARKER for v in data.values())
