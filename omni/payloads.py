@@ -78,8 +78,9 @@ class PayloadPlane:
     def stats(self) -> dict[str, Any]:
         if self._connector is None:
             return {}
-        health = self._connector.health()
-        return {"payload_" + k: v for k, v in health.items() if isinstance(v, int | float)}
+        shm = self._connector.health().get("shm", {})  # the arena is what can fill up
+        return {"shm_" + k: v for k, v in shm.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)}
 
     def close(self) -> None:
         if self._connector is not None:

@@ -2,7 +2,10 @@
 
 Entry stages echo the client's ``prompt`` (or the last message's content); downstream
 stages echo what their producers sent. Every output carries a ``trace`` of the stages
-that touched it, so tests can check routing. Failure injection is by request params:
+that touched it, so tests can check routing. An entry request with ``codes`` (a nested
+list, rows x frames) streams them instead, split along the frames into int64 tensors,
+which the engine process publishes through the connector: a codec source for testing
+the data plane and generation stages. Failure injection is by request params:
 ``echo_fail: "step"`` fails that request at this stage, ``echo_fail: "crash"`` kills
 the replica process (exit code 17), both only at the stage named by ``echo_fail_stage``
 (default: every stage).
@@ -26,6 +29,7 @@ class _EchoJob:
     trace: list[str]
     sent: int = 0
     waiting: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
+    frames: list[Any] = field(default_factory=list)  # tensors, when echoing codes
 
     def runnable(self) -> bool:
         return self.sent < len(self.pieces) or not self.waiting
@@ -48,10 +52,12 @@ class EchoEngine(Engine):
         streams = request.inputs.get("stream", [])
         inputs = {k: v for k, v in request.inputs.items() if k != "stream"}
         text, trace = _text_and_trace(inputs)
-        pieces = _split(text, max(1, int(request.params.get("chunks", self.chunks))))
+        n = max(1, int(request.params.get("chunks", self.chunks)))
+        frames = _split_codes(inputs["codes"], n) if "codes" in inputs else []
+        pieces = [""] * len(frames) if frames else _split(text, n)
         self.jobs[request.request_id] = _EchoJob(
             request, [] if streams and not text else pieces, trace + [self.stage],
-            waiting=dict.fromkeys(streams, 0))
+            waiting=dict.fromkeys(streams, 0), frames=frames)
 
     def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -98,8 +104,10 @@ class EchoEngine(Engine):
         done = job.sent == len(job.pieces) and not job.waiting
         if done:
             del self.jobs[rid]
-        return StepOutput(rid, {"text": piece, "trace": list(job.trace), "index": job.sent - 1},
-                          done)
+        data = {"text": piece, "trace": list(job.trace), "index": job.sent - 1}
+        if job.frames:
+            data["codes"] = job.frames[job.sent - 1]
+        return StepOutput(rid, data, done)
 
     def _maybe_fail(self, params: Mapping[str, Any]) -> None:
         mode = params.get("echo_fail")
@@ -122,6 +130,8 @@ def _text_and_trace(inputs: Mapping[str, Any]) -> tuple[str, list[str]]:
         return str(inputs["prompt"]), []
     if "messages" in inputs:
         return _last_message_text(inputs["messages"]), []
+    if "codes" in inputs:
+        return "", []
     text, trace = "", []
     for chunks in inputs.values():
         text += "".join(c.get("text", "") for c in chunks)
@@ -135,6 +145,15 @@ def _last_message_text(messages: list[Mapping[str, Any]]) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
     return str(content)
+
+
+def _split_codes(codes: Any, n: int) -> list[Any]:
+    import torch  # only codec-echo requests pay for it
+
+    tensor = torch.tensor(codes, dtype=torch.int64)
+    if tensor.dim() != 2:
+        raise EngineError(f"codes must be rows x frames, got shape {tuple(tensor.shape)}")
+    return [c.contiguous() for c in torch.tensor_split(tensor, min(n, tensor.shape[1]), dim=1)]
 
 
 def _split(text: str, n: int) -> list[str]:
