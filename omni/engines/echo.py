@@ -5,7 +5,9 @@ stages echo what their producers sent. Every output carries a ``trace`` of the s
 that touched it, so tests can check routing. An entry request with ``codes`` (a nested
 list, rows x frames) streams them instead, split along the frames into int64 tensors,
 which the engine process publishes through the connector: a codec source for testing
-the data plane and generation stages. Failure injection is by request params:
+the data plane and generation stages. Param ``payload_bytes: N`` attaches a ``blob`` of N
+bytes, all equal to the chunk index, to every output; a downstream echo stage checks
+every blob it receives and fails the request if one was corrupted. Failure injection is by request params:
 ``echo_fail: "step"`` fails that request at this stage, ``echo_fail: "crash"`` kills
 the replica process (exit code 17), both only at the stage named by ``echo_fail_stage``
 (default: every stage).
@@ -70,6 +72,7 @@ class EchoEngine(Engine):
             raise EngineError(f"stream from '{producer}': expected chunk {expected}, got {seq}")
         job.waiting[producer] = seq + 1
         if data is not None:
+            _check_blobs([data])
             job.pieces.append(data.get("text", ""))
             upstream = [s for s in data.get("trace", []) if s not in job.trace]
             job.trace[-1:-1] = upstream  # this stage stays last
@@ -107,6 +110,9 @@ class EchoEngine(Engine):
         data = {"text": piece, "trace": list(job.trace), "index": job.sent - 1}
         if job.frames:
             data["codes"] = job.frames[job.sent - 1]
+        size = int(job.request.params.get("payload_bytes", 0))
+        if size:
+            data["blob"] = _blob(size, job.sent - 1)
         return StepOutput(rid, data, done)
 
     def _maybe_fail(self, params: Mapping[str, Any]) -> None:
@@ -134,6 +140,7 @@ def _text_and_trace(inputs: Mapping[str, Any]) -> tuple[str, list[str]]:
         return "", []
     text, trace = "", []
     for chunks in inputs.values():
+        _check_blobs(chunks)
         text += "".join(c.get("text", "") for c in chunks)
         if chunks:
             trace += [s for s in chunks[-1].get("trace", []) if s not in trace]
@@ -145,6 +152,19 @@ def _last_message_text(messages: list[Mapping[str, Any]]) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
     return str(content)
+
+
+def _blob(size: int, index: int) -> Any:
+    import torch
+
+    return torch.full((size,), index % 256, dtype=torch.uint8)
+
+
+def _check_blobs(chunks: list[Any]) -> None:
+    for chunk in chunks:
+        blob = chunk.get("blob") if isinstance(chunk, Mapping) else None
+        if blob is not None and bool((blob != chunk["index"] % 256).any()):
+            raise EngineError(f"payload of chunk {chunk['index']} was corrupted in transit")
 
 
 def _split_codes(codes: Any, n: int) -> list[Any]:
