@@ -123,8 +123,9 @@ class EngineGroup:
             replica_id=replica_id, stage=stage.name, engine=stage.engine,
             control_path=self.control_path, model=stage.model, model_dir=stage.model_dir,
             device=stage.devices[index % len(stage.devices)], dtype=self.dtype,
-            options=dict(stage.options), log_level=self.log_level,
-            arena_name=self.arena_name(replica))
+            options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"},
+            log_level=self.log_level, arena_name=self.arena_name(replica),
+            payload_options=self._payload_options(stage))
         process = spawn.Process(target=run_engine_process, args=(spec,),
                                 name=f"omni-{self.pipeline.name}-{replica_id}")
         process.start()
@@ -212,6 +213,17 @@ class EngineGroup:
         log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
 
     # -- deaths ------------------------------------------------------------------------
+    def _payload_options(self, stage: StageConfig) -> dict[str, Any]:
+        """Where the stage's output payloads go, from its outgoing edges' `connector`."""
+        kinds = {e.connector for e in self.pipeline.edges if e.src == stage.name}
+        if stage.final_output:
+            kinds.add("auto")  # the front end reads refs of any backend
+        put = kinds.pop() if len(kinds) == 1 and kinds <= {"inline", "shm"} else "auto"
+        options: dict[str, Any] = {"put": put}
+        if "payload_arena_mb" in stage.options:
+            options["capacity_bytes"] = int(float(stage.options["payload_arena_mb"]) * 2**20)
+        return options
+
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
 

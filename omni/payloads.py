@@ -22,9 +22,13 @@ from omni.protocol import REF_MARKER
 
 
 class PayloadPlane:
+    """options: ``put`` = "auto" (inline below the threshold, else the arena), "inline" or
+    "shm" (from the stage's outgoing edges), plus make_connector's keyword arguments."""
+
     def __init__(self, arena_name: str, options: dict[str, Any] | None = None) -> None:
         self.arena_name = arena_name
         self.options = dict(options or {})
+        self.put_kind = self.options.pop("put", "auto")
         self._connector: Any = None
         self._held: dict[str, list[Any]] = {}  # request id -> refs it received
 
@@ -61,8 +65,15 @@ class PayloadPlane:
             return data
         if not any(isinstance(v, torch.Tensor) for v in data.values()):
             return data
-        return {k: self.connector.put(v, owner=request_id).to_wire()
+        return {k: self._put(v, request_id).to_wire()
                 if isinstance(v, torch.Tensor) else v for k, v in data.items()}
+
+    def _put(self, value: Any, owner: str) -> Any:
+        # always an auto connector (a consumer reads refs of any backend); the edge's
+        # choice only decides where this process's own payloads go
+        if self.put_kind == "auto":
+            return self.connector.put(value, owner=owner)
+        return getattr(self.connector, self.put_kind).put(value, owner=owner)
 
     def done(self, request_id: str) -> None:
         """The request finished here: give back what it received."""

@@ -56,7 +56,7 @@ __all__ = [
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_BLOCK_SIZE = 64 * KiB
-DEFAULT_CAPACITY = 256 * MiB
+DEFAULT_CAPACITY = 64 * MiB  # per producer process; pipelines raise it per stage
 DEFAULT_PUT_TIMEOUT_S = 5.0
 PAGE = 4096
 SHM_DIR = "/dev/shm"
@@ -100,6 +100,7 @@ class _Arena:
         self.data_offset = _align(_FLAGS + self.nblocks, PAGE)
         self.size = self.data_offset + self.nblocks * block_size
         self.name = name
+        _check_room(self.size)
         # Registered with multiprocessing's resource tracker (the default for create=True):
         # if the whole process tree dies, the tracker unlinks the segment when the last
         # process sharing it exits. close() unlinks (and unregisters) on the normal path.
@@ -124,6 +125,21 @@ class _Arena:
             except FileNotFoundError:  # removed by cleanup_stale() already
                 pass
         _close_mapping(self.shm)
+
+
+def _check_room(size: int, shm_dir: str = "/dev/shm") -> None:
+    """Refuse an arena tmpfs cannot hold: pre-faulting past the end of a full tmpfs is a
+    SIGBUS (a dead process), not an exception (containers often give /dev/shm 64 MiB)."""
+    try:
+        stat = os.statvfs(shm_dir)
+    except OSError:
+        return  # no such directory to check (not Linux): let shm_open decide
+    free = stat.f_bavail * stat.f_frsize
+    if free < size:
+        raise ConnectorError(
+            f"shared-memory arena of {size / MiB:.0f} MiB does not fit: {shm_dir} has "
+            f"{free / MiB:.0f} MiB free. Lower the stage's options.payload_arena_mb or give "
+            f"{shm_dir} more room (docker: --shm-size)")
 
 
 class _Mapping:
