@@ -79,10 +79,15 @@ class AsyncOmni:
             self._discard_unread(state.queue)
 
     def _discard_unread(self, queue: asyncio.Queue) -> None:
+        """Give back payloads of outputs nobody read, if the request succeeded; after a
+        failure its producers free them (see omni/payloads.py on late releases)."""
+        unread = []
         while not queue.empty():
-            item = queue.get_nowait()
-            if not isinstance(item, Exception):
-                self.payloads.discard(item.data)
+            unread.append(queue.get_nowait())
+        if any(isinstance(item, Exception) for item in unread):
+            return
+        for item in unread:
+            self.payloads.discard(item.data)
 
     async def abort(self, request_id: str) -> bool:
         return self.orchestrator.abort(request_id)

@@ -150,29 +150,36 @@ class Orchestrator:
 
     def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
         try:
-            replica = self.engines.pools[stage].pick()
-        except NoReplicaError as exc:
-            self._finish(state, StageUnavailableError(str(exc)))
-            return
-        try:
             message = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage))
         except (TypeError, ValueError, OverflowError) as exc:
             self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
                                                   f"encoded: {exc}"))
             return
+        replica = self._send_to_some_replica(state, stage, message)
+        if replica is None:
+            return
         state.bound[stage] = replica
         replica.outstanding.add(state.engine_id)
         state.times[stage] = {"queued": time.monotonic()}
-        try:
-            nbytes = self.engines.send(replica, message)
-        except ReplicaUnreachableError as exc:  # it died between pick and send
-            self._finish(state, StageUnavailableError(
-                f"stage '{stage}' replica {replica.replica_id} unreachable: {exc}"))
-            return
-        self._bytes[stage, "out"] += nbytes
         for message in state.held.pop(stage, ()):
             if not state.finished:
                 self._send_append(state, stage, message)
+
+    def _send_to_some_replica(self, state: RequestState, stage: str,
+                              message: bytes) -> Replica | None:
+        """Pick a replica and send; one that is dying (not yet known dead) is skipped."""
+        unreachable: tuple[Replica, ...] = ()
+        while True:
+            try:
+                replica = self.engines.pools[stage].pick(exclude=unreachable)
+            except NoReplicaError as exc:
+                self._finish(state, StageUnavailableError(str(exc)))
+                return None
+            try:
+                self._bytes[stage, "out"] += self.engines.send(replica, message)
+                return replica
+            except ReplicaUnreachableError:
+                unreachable += (replica,)
 
     # -- engine outputs ----------------------------------------------------------------
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],

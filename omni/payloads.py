@@ -8,8 +8,11 @@ inputs into a tensor (a zero-copy view for shared memory), `publish` turns every
 an engine puts in its outputs into a ref. Lifetimes, all per request:
 - views a request received stay valid until the request finishes here (`done`), then
   their blocks are released to their producers;
-- on abort or failure (`drop`), this process also frees every payload it produced for the
-  request, since the orchestrator dropped the refs that were still on their way.
+- on abort or failure (`drop`), this process frees every payload it produced for the
+  request (the orchestrator dropped the refs still on their way) and forgets, without
+  releasing, what it received: the orchestrator aborts the request at its producers too,
+  and they free those blocks. A release sent now could land after the producer freed and
+  re-used the block, overwrite the new owner's release flag and leak that block.
 torch and the connector are imported on first use: an echo process never pays for them.
 """
 
@@ -81,8 +84,8 @@ class PayloadPlane:
             self.connector.release(ref)
 
     def drop(self, request_id: str) -> None:
-        """The request is gone (abort, failure): release and free everything of it."""
-        self.done(request_id)
+        """The request is gone (abort, failure): free what it made, forget what it got."""
+        self._held.pop(request_id, None)
         if self._connector is not None:
             self._connector.cleanup(request_id)
 

@@ -46,10 +46,10 @@ class StagePool:
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
 
-    def pick(self) -> Replica:
-        if len(self.replicas) == 1 and self.replicas[0].alive:
+    def pick(self, exclude: tuple[Replica, ...] = ()) -> Replica:
+        if len(self.replicas) == 1 and self.replicas[0].alive and not exclude:
             return self.replicas[0]  # the common case, without building lists
-        live = self.live()
+        live = [r for r in self.live() if r not in exclude]
         if not live:
             raise NoReplicaError(f"stage '{self.stage}' has no live replica")
         start = next(self._turn) % len(live)
