@@ -4,8 +4,10 @@
 
 - ``inline``: bytes inside the ref (small payloads);
 - ``shm``: one pre-faulted shared-memory arena per producer (see shm.py);
-- ``auto``: inline below ``inline_threshold`` bytes, shm from there on. Its get/release
-  read refs of either backend, so a consumer can hold one ``auto`` connector for all edges.
+- ``cuda_ipc``: CUDA tensors through one exported device pool per producer (cuda_ipc.py);
+- ``auto``: CUDA tensors via cuda_ipc; otherwise inline below ``inline_threshold`` bytes,
+  shm from there on. Its get/release read refs of every backend, so a consumer can hold
+  one ``auto`` connector for all edges.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from omni.connector.base import (
     Payload,
     PayloadRef,
 )
+from omni.connector.cuda_ipc import CudaIpcConnector
 from omni.connector.inline import InlineConnector
 from omni.connector.shm import (
     DEFAULT_BLOCK_SIZE,
@@ -32,12 +35,12 @@ from omni.connector.shm import (
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD", "ArenaFullError", "AutoConnector", "Connector",
-    "ConnectorError", "InlineConnector", "PayloadRef", "ShmConnector", "cleanup_stale",
-    "make_connector",
+    "ConnectorError", "CudaIpcConnector", "InlineConnector", "PayloadRef", "ShmConnector",
+    "cleanup_stale", "make_connector",
 ]
 
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
-KINDS = ("auto", "inline", "shm")  # config.CONNECTORS also names cuda_ipc and tcp (later)
+KINDS = ("auto", "inline", "shm", "cuda_ipc")  # config.CONNECTORS also names tcp (later)
 
 
 def _nbytes(value: Payload) -> int:
@@ -59,16 +62,22 @@ class AutoConnector(Connector):
         self.inline = InlineConnector(name)
         self.shm = ShmConnector(name, capacity_bytes=capacity_bytes, block_size=block_size,
                                 put_timeout_s=put_timeout_s)
+        self.cuda_ipc = CudaIpcConnector(name, put_timeout_s=put_timeout_s)  # pool on 1st put
 
     def _for(self, ref: PayloadRef) -> Connector:
         if ref.backend == "inline":
             return self.inline
         if ref.backend == "shm":
             return self.shm
+        if ref.backend == "cuda_ipc":
+            return self.cuda_ipc
         raise ConnectorError(f"no connector for backend {ref.backend!r}")
 
     def put(self, value: Payload, *, owner: str, timeout_s: float | None = None) -> PayloadRef:
-        target = self.inline if _nbytes(value) < self.inline_threshold else self.shm
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            target = self.cuda_ipc
+        else:
+            target = self.inline if _nbytes(value) < self.inline_threshold else self.shm
         return target.put(value, owner=owner, timeout_s=timeout_s)
 
     def get(self, ref: PayloadRef) -> torch.Tensor | bytes:
@@ -78,17 +87,19 @@ class AutoConnector(Connector):
         self._for(ref).release(ref)
 
     def cleanup(self, owner: str) -> int:
-        return self.shm.cleanup(owner)
+        return self.shm.cleanup(owner) + self.cuda_ipc.cleanup(owner)
 
     def detach(self, prefix: str) -> int:
         return self.shm.detach(prefix)
 
     def health(self) -> dict[str, Any]:
         return {"backend": "auto", "inline_threshold": self.inline_threshold,
-                "inline": self.inline.health(), "shm": self.shm.health()}
+                "inline": self.inline.health(), "shm": self.shm.health(),
+                "cuda_ipc": self.cuda_ipc.health()}
 
     def close(self) -> None:
         self.shm.close()
+        self.cuda_ipc.close()
         self.inline.close()
 
 
@@ -108,6 +119,9 @@ def make_connector(kind: str, *, name: str, capacity_bytes: int = DEFAULT_CAPACI
         return AutoConnector(name, capacity_bytes=capacity_bytes,
                              inline_threshold=inline_threshold, block_size=block_size,
                              put_timeout_s=put_timeout_s)
-    if kind in ("cuda_ipc", "tcp"):
+    if kind == "cuda_ipc":
+        return CudaIpcConnector(name, capacity_bytes=capacity_bytes, block_size=block_size,
+                                put_timeout_s=put_timeout_s)
+    if kind == "tcp":
         raise ConnectorError(f"connector backend {kind!r} is not implemented yet")
     raise ConnectorError(f"unknown connector kind {kind!r} (known: {', '.join(KINDS)})")

@@ -27,7 +27,9 @@ __all__ = [
 ]
 
 BYTES_DTYPE = "bytes"  # PayloadRef.dtype of a bytes payload (shape == (nbytes,))
-BACKENDS = ("inline", "shm")  # "cuda_ipc" and "tcp" arrive later
+BACKENDS = ("inline", "shm", "cuda_ipc")  # "tcp" arrives later
+# Types of a cuda_ipc ref's location fields, in order (i = int, b = bytes; see cuda_ipc.py).
+CUDA_IPC_LOCATION = "ibiibibbiii"
 
 Payload = torch.Tensor | bytes | bytearray | memoryview
 
@@ -83,6 +85,8 @@ class PayloadRef:
       - ``shm``: ``[segment_name, offset, block_index, tag]``: the producer's arena, the
         byte offset of the payload in it, the first block of its run and the run's
         generation tag (1..255) that ``release`` writes back (see shm.py).
+      - ``cuda_ipc``: the producer's CUDA pool (IPC handle and the fields torch needs to
+        open it, flag segment name) + ``offset, block_index, tag`` (see cuda_ipc.py).
     """
 
     backend: str
@@ -138,6 +142,12 @@ class PayloadRef:
                     and isinstance(location[0], str)
                     and all(type(v) is int for v in location[1:])):
                 raise ValueError(f"payload ref: bad shm location {_short(location)}")
+            location = list(location)
+        elif backend == "cuda_ipc":
+            if not (isinstance(location, list | tuple) and len(location) == len(CUDA_IPC_LOCATION)
+                    and all(type(v) is (int if t == "i" else bytes)
+                            for v, t in zip(location, CUDA_IPC_LOCATION, strict=True))):
+                raise ValueError(f"payload ref: bad cuda_ipc location {_short(location)}")
             location = list(location)
         return cls(backend, key, owner, dtype, shape, nbytes, location)
 
