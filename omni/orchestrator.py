@@ -368,6 +368,17 @@ class Orchestrator:
                 labels, pool.queue_length()
             yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
                 len(pool.live())
+        for replica in self.engines.replicas.values():
+            labels = {"pipeline": name, "stage": replica.stage, "replica": replica.replica_id}
+            for key, kind in (("rss_bytes", "host"), ("cuda_bytes", "cuda")):
+                if key in replica.info:
+                    yield "gauge", "omni_replica_memory_bytes", \
+                        "Memory of a replica once loaded (host RSS, GPU reserved)", \
+                        {**labels, "kind": kind}, replica.info[key]
+            if "shm_used_bytes" in replica.stats:
+                yield "gauge", "omni_replica_arena_used_bytes", \
+                    "Bytes of the replica's payload arena in use (last report)", labels, \
+                    replica.stats["shm_used_bytes"]
         for (stage, direction), count in self._bytes.items():
             yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
                 {"pipeline": name, "stage": stage, "direction": direction}, count

@@ -224,12 +224,26 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
                             spec.payload_options)
-    channel.send(encode(Msg.READY, spec.replica_id, engine.info()))
+    channel.send(encode(Msg.READY, spec.replica_id, {**engine.info(), **_memory()}))
     try:
         EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:
         engine.shutdown()
         payloads.close()
+
+
+def _memory() -> dict[str, int]:
+    """What the loaded engine occupies, for READY: host RSS and, if used, GPU memory."""
+    memory = {}
+    try:
+        with open("/proc/self/statm") as statm:
+            memory["rss_bytes"] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        memory["cuda_bytes"] = int(torch.cuda.memory_reserved())
+    return memory
 
 
 def _send_quietly(sock: socket.socket, message: bytes) -> None:

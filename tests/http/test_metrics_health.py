@@ -88,3 +88,7 @@ def test_metrics_prometheus_text(main_server):
                            stage=stage, direction=direction)
             assert value is not None and value > 0, (pipeline, stage, direction)
     assert _value(samples, "omni_requests_in_flight", pipeline="echo") == 0
+    # every replica reported its loaded host memory in READY
+    rss = {(s.labels["pipeline"], s.labels["stage"]) for s in samples["omni_replica_memory_bytes"]
+           if s.labels["kind"] == "host" and s.value > 10 * 2**20}
+    assert rss == _stages(main_server)
