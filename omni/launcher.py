@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import json
 import logging
 import multiprocessing
 import os
@@ -326,8 +327,24 @@ def process_context(pipeline: PipelineConfig) -> Any:
     """
     context = multiprocessing.get_context("forkserver")
     if any(stage.engine != "echo" for stage in pipeline.stages):
-        context.set_forkserver_preload(HEAVY_MODULES)
+        context.set_forkserver_preload(HEAVY_MODULES + _model_modules(pipeline))
     return context
+
+
+def _model_modules(pipeline: PipelineConfig) -> list[str]:
+    """transformers' modeling module of each stage's model directory, by its model_type
+    (a missing one is skipped by the fork server: preloading is only an optimisation)."""
+    modules = []
+    for stage in pipeline.stages:
+        config = os.path.join(stage.model_dir or "", "config.json")
+        try:
+            with open(config) as f:
+                model_type = json.load(f).get("model_type")
+        except (OSError, ValueError):
+            continue
+        if isinstance(model_type, str) and model_type.isidentifier():
+            modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
+    return sorted(set(modules))
 
 
 def unlink_arenas(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
