@@ -22,7 +22,6 @@ from typing import Any
 import yaml
 
 from omni.config_checks import (
-    MEMORY_FIX,
     ConfigError,
     ancestors,
     as_bool,
@@ -34,8 +33,9 @@ from omni.config_checks import (
     check_acyclic,
     check_all_needed,
     check_choice,
-    check_device,
+    check_devices,
     check_keys,
+    check_memory,
     did_you_mean,
     opt_str,
     optional,
@@ -322,9 +322,9 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
         model=opt_str(src, f"{path}.model", raw.get("model")),
         model_dir=_model_dir(src, f"{path}.model_dir", raw.get("model_dir"), base_dir),
-        devices=_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
+        devices=check_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
         replicas=as_int(src, f"{path}.replicas", optional(raw, "replicas", 1), 1),
-        memory=None if memory is None else _memory(src, f"{path}.memory", memory),
+        memory=None if memory is None else check_memory(src, f"{path}.memory", memory),
         params=as_mapping(src, f"{path}.params", raw.get("params")),
         options=as_mapping(src, f"{path}.options", raw.get("options")),
         final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),
@@ -349,20 +349,6 @@ def _model_dir(src: str, path: str, value: object, base_dir: str | None) -> str 
         return None
     expanded = os.path.expanduser(as_str(src, path, value))
     return os.path.abspath(os.path.join(base_dir or os.getcwd(), expanded))
-
-
-def _devices(src: str, path: str, value: object) -> tuple[str, ...]:
-    items = as_list(src, path, value)
-    if not items:
-        raise ConfigError(src, path, "the device list is empty", "Use e.g. [cpu] or [cuda:0]")
-    return tuple(check_device(src, f"{path}[{i}]", d) for i, d in enumerate(items))
-
-
-def _memory(src: str, path: str, value: object) -> int:
-    try:
-        return parse_memory(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise ConfigError(src, path, f"bad memory value {value!r}", MEMORY_FIX) from None
 
 
 def _parse_edges(src: str, raw: object, stages: tuple[StageConfig, ...]) -> tuple[EdgeConfig, ...]:

@@ -367,3 +367,19 @@ def parse_defaults(src: str, raw: object, outputs: Outputs) -> tuple[str, ...]:
             raise ConfigError(src, f"default_modalities[{j}]", f"modality {m!r} is not in outputs",
                               did_you_mean(m, outputs))
     return tuple(dict.fromkeys(items))
+
+
+def check_devices(src: str, path: str, value: object) -> tuple[str, ...]:
+    """A non-empty list of devices (a lone string is one item)."""
+    items = as_list(src, path, value)
+    if not items:
+        raise ConfigError(src, path, "the device list is empty", "Use e.g. [cpu] or [cuda:0]")
+    return tuple(check_device(src, f"{path}[{i}]", d) for i, d in enumerate(items))
+
+
+def check_memory(src: str, path: str, value: object) -> int:
+    """A memory budget in bytes, or a ConfigError naming the accepted forms."""
+    try:
+        return parse_memory(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise ConfigError(src, path, f"bad memory value {value!r}", MEMORY_FIX) from None

@@ -25,9 +25,6 @@ from omni.presets import load_pipeline
 
 log = logging.getLogger("omni.server")
 
-DEFAULT_TINY_MODELS = ("qwen3",)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m omni.server",
@@ -74,12 +71,12 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 
 
 def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
-    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.fixtures.tiny_models import DEFAULT_SERVED, ensure_tiny_model
 
     log.info("no --model/--pipeline given: serving the built-in default "
              "(tiny models with RANDOM WEIGHTS; output is meaningless text)")
     cache = Path(cache_dir) if cache_dir else None
-    dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_TINY_MODELS]
+    dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_SERVED]
     return [("model", str(d)) for d in dirs]
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import secrets
 import threading
-import time
 from typing import Any
 
 import torch
@@ -55,11 +54,9 @@ from omni.connector.base import (
     dtype_from_name,
     dtype_name,
 )
+from omni.connector.blocks import MAX_TAG, BlockTable, Run, wait_for_room
 from omni.connector.cuda_pool import (
     _FLAGS,
-    _MAX_TAG,
-    _WAIT_FIRST_S,
-    _WAIT_MAX_S,
     BLOCK,
     DEVICE,
     FLAGS_NAME,
@@ -70,7 +67,6 @@ from omni.connector.cuda_pool import (
     _cuda_device,
     _Pool,
     _Remote,
-    _Run,
 )
 
 __all__ = ["DEFAULT_CUDA_BLOCK_SIZE", "DEFAULT_CUDA_CAPACITY", "CudaIpcConnector"]
@@ -115,16 +111,12 @@ class CudaIpcConnector(Connector):
         self.device = None if device is None else _cuda_device(device)
         self._lock = threading.Lock()
         self._pool: _Pool | None = None
-        self._used = bytearray()
-        self._gens = bytearray()
-        self._runs: dict[int, _Run] = {}
-        self._owners: dict[str, set[int]] = {}
+        self._blocks: BlockTable | None = None  # the pool's runs (producer only)
         self._remotes: dict[tuple[bytes, int, bytes], _Remote] = {}
         self._counter = 0
         self._closed = False
         self._stats = dict.fromkeys(
-            ("puts", "gets", "releases", "reclaimed", "cleaned_up", "full_waits",
-             "full_errors"), 0)
+            ("puts", "gets", "releases", "full_waits", "full_errors"), 0)
 
     # -- producer ------------------------------------------------------------------------
 
@@ -135,8 +127,9 @@ class CudaIpcConnector(Connector):
             dev = self.device or device or _cuda_device(None)
             self._pool = _Pool(f"{self.name}-cuda-{secrets.token_hex(4)}", dev,
                                self.capacity_bytes, self.block_size, self.sync)
-            self._used = bytearray(self._pool.nblocks)
-            self._gens = bytearray(self._pool.nblocks)
+            # consumers' release flags live in the pool's host flag segment; writing one
+            # after synchronizing the stream that read the payload orders the GPU side too
+            self._blocks = BlockTable(self._pool.nblocks, self._pool.flags.buf, _FLAGS)
         elif device is not None and device != self._pool.device:
             raise ConnectorError(f"this producer's CUDA pool is on {self._pool.device}, got a "
                                  f"tensor on {device}; use one connector per device")
@@ -225,86 +218,42 @@ class CudaIpcConnector(Connector):
                 raise ConnectorError(
                     f"payload of {nbytes} bytes for {owner!r} is larger than the whole CUDA "
                     f"pool ({pool.capacity} bytes); raise the connector capacity")
-            run = self._find_locked(need, owner, nbytes)
+            run = self._blocks.find(need, owner, nbytes)
         if run is None:
             run = self._wait_for_room(need, nbytes, owner, timeout_s)
         return PayloadRef("cuda_ipc", key, owner, dtype, shape, nbytes,
                           [*pool.wire, run.start * pool.block_size, run.start, run.tag])
 
     def _wait_for_room(self, need: int, nbytes: int, owner: str,
-                       timeout_s: float | None) -> _Run:
-        """Bounded backpressure, as in shm.py: room appears when a consumer in another
-        process writes a flag byte, which comes with nothing to wait on."""
+                       timeout_s: float | None) -> Run:
+        """Bounded backpressure (see blocks.wait_for_room), then ArenaFullError."""
         timeout = self.put_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + max(0.0, timeout)
-        delay = _WAIT_FIRST_S
         self._stats["full_waits"] += 1
-        while (now := time.monotonic()) < deadline:
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, _WAIT_MAX_S)
+
+        def find() -> Run | None:
             with self._lock:
-                if (run := self._find_locked(need, owner, nbytes)) is not None:
-                    return run
-        with self._lock:
-            if (run := self._find_locked(need, owner, nbytes)) is not None:
-                return run
+                return self._blocks.find(need, owner, nbytes)
+
+        def full() -> Exception:
             self._stats["full_errors"] += 1
-            pool = self._pool
-            used = sum(r.nblocks for r in self._runs.values()) * pool.block_size
-            raise ArenaFullError(
+            pool, blocks = self._pool, self._blocks
+            return ArenaFullError(
                 f"CUDA pool {pool.name!r} full for {timeout:g} s: payload of {nbytes} bytes "
                 f"({need} blocks of {pool.block_size}) for request {owner!r}; capacity "
-                f"{pool.capacity} bytes, in use {used} bytes in {len(self._runs)} payloads of "
-                f"{len(self._owners)} requests. Consumers are not releasing, or the capacity "
-                f"is too small for the traffic.")
+                f"{pool.capacity} bytes, in use {blocks.blocks_in_use() * pool.block_size} "
+                f"bytes in {len(blocks.runs)} payloads of {len(blocks.owners)} requests. "
+                f"Consumers are not releasing, or the capacity is too small for the traffic.")
 
-    def _find_locked(self, need: int, owner: str, nbytes: int) -> _Run | None:
-        """First fit after reclaiming (see ShmConnector._find_locked)."""
-        self._reclaim_locked()
-        start = self._used.find(bytes(need))
-        if start < 0:
-            return None
-        self._used[start:start + need] = b"\x01" * need
-        tag = self._gens[start] % _MAX_TAG + 1
-        self._gens[start] = tag
-        self._pool.flags.buf[_FLAGS + start] = 0
-        run = self._runs[start] = _Run(start, need, tag, owner, nbytes)
-        self._owners.setdefault(owner, set()).add(start)
-        return run
-
-    def _reclaim_locked(self) -> int:
-        """Free runs whose flag byte a consumer set to the run's tag. The consumer wrote it
-        after synchronizing the stream that read the payload (release), so the producer's
-        next writes into those blocks cannot race its kernels; CPU ordering as in shm.py."""
-        buf = self._pool.flags.buf
-        done = [run for run in self._runs.values() if buf[_FLAGS + run.start] == run.tag]
-        for run in done:
-            self._free_run_locked(run)
-        self._stats["reclaimed"] += len(done)
-        return len(done)
-
-    def _free_run_locked(self, run: _Run) -> None:
-        self._used[run.start:run.start + run.nblocks] = bytes(run.nblocks)
-        del self._runs[run.start]
-        starts = self._owners.get(run.owner)
-        if starts is not None:
-            starts.discard(run.start)
-            if not starts:
-                del self._owners[run.owner]
+        return wait_for_room(find, timeout, full)
 
     def _free_ref(self, ref: PayloadRef) -> None:
         with self._lock:
-            run = self._runs.get(ref.location[BLOCK])
-            if run is not None:
-                self._free_run_locked(run)
+            if self._blocks is not None:
+                self._blocks.free_start(ref.location[BLOCK])
 
     def cleanup(self, owner: str) -> int:
         with self._lock:
-            starts = list(self._owners.get(owner, ()))
-            for start in starts:
-                self._free_run_locked(self._runs[start])
-            self._stats["cleaned_up"] += len(starts)
-            return len(starts)
+            return self._blocks.cleanup(owner) if self._blocks is not None else 0
 
     # -- consumer ------------------------------------------------------------------------
 
@@ -326,7 +275,7 @@ class CudaIpcConnector(Connector):
         loc = ref.location
         remote = self._remote(loc)
         offset, block, tag = loc[OFFSET], loc[BLOCK], loc[TAG]
-        if not (0 <= block < remote.nblocks and 1 <= tag <= _MAX_TAG
+        if not (0 <= block < remote.nblocks and 1 <= tag <= MAX_TAG
                 and offset == block * remote.block_size
                 and offset + ref.nbytes <= remote.capacity):
             raise ConnectorError(f"payload ref {ref.key!r} points outside its CUDA pool "
@@ -369,23 +318,20 @@ class CudaIpcConnector(Connector):
 
     def health(self) -> dict[str, Any]:
         with self._lock:
-            pool = self._pool
-            if pool is not None:
-                self._reclaim_locked()
+            pool, blocks = self._pool, self._blocks
             out: dict[str, Any] = {"backend": "cuda_ipc", "sync": self.sync,
                                    "segment": pool.name if pool else None,
                                    "device": str(pool.device) if pool else None,
                                    "block_size": self.block_size,
                                    "attached_pools": len(self._remotes), **self._stats}
-            if pool is None:
+            if pool is None or blocks is None:
                 out.update(capacity_bytes=0, used_bytes=0, payload_bytes=0, blocks_total=0,
-                           blocks_in_use=0, payloads_in_use=0, owners=0)
+                           blocks_in_use=0, payloads_in_use=0, owners=0, reclaimed=0,
+                           cleaned_up=0)
                 return out
-            blocks = sum(r.nblocks for r in self._runs.values())
-            out.update(capacity_bytes=pool.capacity, used_bytes=blocks * pool.block_size,
-                       payload_bytes=sum(r.nbytes for r in self._runs.values()),
-                       blocks_total=pool.nblocks, blocks_in_use=blocks,
-                       payloads_in_use=len(self._runs), owners=len(self._owners))
+            blocks.reclaim()
+            out.update(blocks.usage(pool.block_size), reclaimed=blocks.reclaimed,
+                       cleaned_up=blocks.cleaned_up)
             return out
 
     def close(self) -> None:
@@ -397,8 +343,7 @@ class CudaIpcConnector(Connector):
             self._closed = True
             remotes, self._remotes = list(self._remotes.values()), {}
             pool, self._pool = self._pool, None
-            self._runs.clear()
-            self._owners.clear()
+            self._blocks = None
         for remote in remotes:
             remote.close()
         if pool is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -21,8 +20,6 @@ _MAGIC = b"OMNICUD1"
 _VERSION = 1
 _HEADER = struct.Struct("<8sIIQQ")  # magic, version, block_size, nblocks, capacity
 _FLAGS = 64
-_MAX_TAG = 255
-_WAIT_FIRST_S, _WAIT_MAX_S = 50e-6, 2e-3
 
 # Ref location, field by field (types checked by PayloadRef.from_wire: CUDA_IPC_LOCATION):
 # the pool (what _new_shared_cuda needs, + our ready event and flag segment), then the run.
@@ -33,15 +30,6 @@ assert len(CUDA_IPC_LOCATION) == 11
 # Pools created by THIS process, by (handle, storage offset): a consumer connector in the
 # producer's own process uses the tensor directly (CUDA cannot open a handle it exported).
 _LOCAL_POOLS: dict[tuple[bytes, int], tuple[torch.Tensor, Any]] = {}
-
-
-@dataclass(slots=True)
-class _Run:
-    start: int
-    nblocks: int
-    tag: int
-    owner: str
-    nbytes: int
 
 
 class _Pool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import secrets
 import threading
-import time
 from typing import Any
 
 import torch
@@ -43,19 +42,15 @@ from omni.connector.base import (
     dtype_from_name,
     dtype_name,
 )
+from omni.connector.blocks import MAX_TAG, BlockTable, Run, wait_for_room
 from omni.connector.shm_segment import (
     _FLAGS,
-    _MAX_TAG,
-    _WAIT_FIRST_S,
-    _WAIT_MAX_S,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY,
     DEFAULT_PUT_TIMEOUT_S,
     _Arena,
     _close_mapping,
-    _longest_zero_run,
     _Mapping,
-    _Run,
     cleanup_stale,
 )
 
@@ -92,16 +87,12 @@ class ShmConnector(Connector):
         self.prefault_attach = prefault_attach
         self._lock = threading.Lock()
         self._arena: _Arena | None = None
-        self._used = bytearray()  # one byte per block: 1 = allocated (producer only)
-        self._gens = bytearray()  # per start block: tag of the last run started there
-        self._runs: dict[int, _Run] = {}  # start block -> live run
-        self._owners: dict[str, set[int]] = {}  # owner -> start blocks of its live runs
+        self._blocks: BlockTable | None = None  # the arena's runs (producer only)
         self._mappings: dict[str, _Mapping] = {}
         self._counter = 0
         self._closed = False
         self._stats = dict.fromkeys(
-            ("puts", "gets", "releases", "reclaimed", "cleaned_up", "full_waits",
-             "full_errors"), 0)
+            ("puts", "gets", "releases", "full_waits", "full_errors"), 0)
 
     # -- producer ------------------------------------------------------------------------
 
@@ -120,8 +111,7 @@ class ShmConnector(Connector):
         if self._arena is None:
             arena = _Arena(f"{self.name}-{secrets.token_hex(4)}", self.capacity_bytes,
                            self.block_size)
-            self._used = bytearray(arena.nblocks)
-            self._gens = bytearray(arena.nblocks)
+            self._blocks = BlockTable(arena.nblocks, arena.buf, _FLAGS)
             self._arena = arena
         return self._arena
 
@@ -182,7 +172,7 @@ class ShmConnector(Connector):
                     f"payload of {nbytes} bytes for {owner!r} is larger than the whole shm "
                     f"arena {arena.name!r} ({arena.nblocks * arena.block_size} bytes); raise "
                     f"the connector capacity")
-            run = self._find_locked(need, owner, nbytes)
+            run = self._blocks.find(need, owner, nbytes)
         if run is None:
             run = self._wait_for_room(need, nbytes, owner, timeout_s)
         return PayloadRef("shm", key, owner, dtype, shape, nbytes,
@@ -190,113 +180,37 @@ class ShmConnector(Connector):
                            run.start, run.tag])
 
     def _wait_for_room(self, need: int, nbytes: int, owner: str,
-                       timeout_s: float | None) -> _Run:
-        """Backpressure: wait (bounded) for consumers to release blocks.
-
-        Sleeping in short increments is the one polling loop of the runtime, on purpose:
-        room appears when a consumer in *another process* writes a flag byte into shared
-        memory, and no event, socket or futex comes with that write that this thread could
-        wait on (adding one would cost a message per release, which the flag design avoids).
-        The wait is bounded by ``timeout_s`` (default ``put_timeout_s``), after which the
-        producer gets ArenaFullError and fails only the request it was publishing for.
-        """
+                       timeout_s: float | None) -> Run:
+        """Bounded backpressure (see blocks.wait_for_room), then ArenaFullError: only the
+        request being published for fails."""
         timeout = self.put_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + max(0.0, timeout)
-        delay = _WAIT_FIRST_S
         self._stats["full_waits"] += 1
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, _WAIT_MAX_S)
+
+        def find() -> Run | None:
             with self._lock:
-                run = self._find_locked(need, owner, nbytes)
-            if run is not None:
-                return run
-        with self._lock:
-            run = self._find_locked(need, owner, nbytes)
-            if run is not None:
-                return run
+                return self._blocks.find(need, owner, nbytes)
+
+        def full() -> Exception:
             self._stats["full_errors"] += 1
-            arena = self._arena
-            used = sum(r.nblocks for r in self._runs.values())
-            free_run = _longest_zero_run(self._used)
-            raise ArenaFullError(
+            arena, blocks = self._arena, self._blocks
+            return ArenaFullError(
                 f"shm arena {arena.name!r} full for {timeout:g} s: payload of {nbytes} bytes "
                 f"({need} blocks of {arena.block_size}) for request {owner!r}; capacity "
-                f"{arena.nblocks * arena.block_size} bytes, in use {used * arena.block_size} "
-                f"bytes in {len(self._runs)} payloads of {len(self._owners)} requests, "
-                f"longest free run {free_run} blocks. Consumers are not releasing, or the "
-                f"capacity is too small for the traffic.")
+                f"{arena.nblocks * arena.block_size} bytes, in use "
+                f"{blocks.blocks_in_use() * arena.block_size} bytes in {len(blocks.runs)} "
+                f"payloads of {len(blocks.owners)} requests. Consumers are not releasing, "
+                f"or the capacity is too small for the traffic.")
 
-    def _find_locked(self, need: int, owner: str, nbytes: int) -> _Run | None:
-        """First fit: lowest start of ``need`` free contiguous blocks, after reclaiming.
-
-        First fit over a byte-per-block map, because ``bytearray.find`` scans it in C (a
-        16k-block map takes microseconds) and payloads are short-lived (put -> get ->
-        release within a step or two), so the arena is mostly empty and packing low keeps
-        the large free run at the top for the next big payload. None when there is no room.
-        """
-        self._reclaim_locked()
-        start = self._used.find(bytes(need))
-        if start < 0:
-            return None
-        self._used[start:start + need] = b"\x01" * need
-        tag = self._gens[start] % _MAX_TAG + 1
-        self._gens[start] = tag
-        # Clear the run's flag byte before the ref exists. A late release of an older run
-        # at this start may still land afterwards; it writes an older tag and is ignored.
-        self._arena.buf[_FLAGS + start] = 0
-        run = self._runs[start] = _Run(start, need, tag, owner, nbytes)
-        self._owners.setdefault(owner, set()).add(start)
-        return run
-
-    def _reclaim_locked(self) -> int:
-        """Free runs whose flag byte a consumer set to the run's tag.
-
-        Memory ordering: a consumer finishes every read of the payload, then stores ONE byte
-        (a single-byte store is atomic on every CPU, so it is never torn). The producer loads
-        that byte here and only afterwards writes new data into those blocks. On x86 (TSO)
-        neither side needs a fence: loads are not reordered with later stores, so the
-        consumer's reads complete before its flag store becomes visible, and the producer's
-        later stores cannot pass its flag load. On weakly ordered CPUs (aarch64) this relies
-        on the hundreds of interpreter instructions, with data dependencies, between the
-        consumer's last read and the flag store (no explicit barrier is available from
-        Python). A release acknowledged through the control plane, or a tiny C helper with
-        a release store, would make that formal when ARM hosts matter.
-        """
-        buf = self._arena.buf
-        done = [run for run in self._runs.values()
-                if buf[_FLAGS + run.start] == run.tag]
-        for run in done:
-            self._free_run_locked(run)
-        self._stats["reclaimed"] += len(done)
-        return len(done)
-
-    def _free_run_locked(self, run: _Run) -> None:
-        self._used[run.start:run.start + run.nblocks] = bytes(run.nblocks)
-        del self._runs[run.start]
-        starts = self._owners.get(run.owner)
-        if starts is not None:
-            starts.discard(run.start)
-            if not starts:
-                del self._owners[run.owner]
+        return wait_for_room(find, timeout, full)
 
     def _free_ref(self, ref: PayloadRef) -> None:
-        start = ref.location[2]
         with self._lock:
-            run = self._runs.get(start)
-            if run is not None:
-                self._free_run_locked(run)
+            if self._blocks is not None:
+                self._blocks.free_start(ref.location[2])
 
     def cleanup(self, owner: str) -> int:
         with self._lock:
-            starts = list(self._owners.get(owner, ()))
-            for start in starts:
-                self._free_run_locked(self._runs[start])
-            self._stats["cleaned_up"] += len(starts)
-            return len(starts)
+            return self._blocks.cleanup(owner) if self._blocks is not None else 0
 
     # -- consumer ------------------------------------------------------------------------
 
@@ -316,7 +230,7 @@ class ShmConnector(Connector):
             raise ConnectorError(f"shm connector cannot read a {ref.backend!r} ref")
         segment, offset, block, tag = ref.location
         mapping = self._mapping(segment)
-        if not (0 <= block < mapping.nblocks and 1 <= tag <= _MAX_TAG
+        if not (0 <= block < mapping.nblocks and 1 <= tag <= MAX_TAG
                 and offset == mapping.data_offset + block * mapping.block_size
                 and offset + ref.nbytes <= mapping.size):
             raise ConnectorError(f"payload ref {ref.key!r} points outside arena {segment!r} "
@@ -344,7 +258,7 @@ class ShmConnector(Connector):
                                 count=math.prod(ref.shape), offset=offset).view(ref.shape)
 
     def release(self, ref: PayloadRef) -> None:
-        """Write the run's tag into its flag byte (one byte store; see _reclaim_locked).
+        """Write the run's tag into its flag byte (one byte store; see BlockTable.reclaim).
 
         Releasing a ref that was never read is fine (the consumer dropped it); releasing
         after the producer is gone is a no-op.
@@ -373,24 +287,18 @@ class ShmConnector(Connector):
 
     def health(self) -> dict[str, Any]:
         with self._lock:
-            arena = self._arena
-            if arena is not None:
-                self._reclaim_locked()  # first, so the counters below include it
+            blocks = self._blocks
             out: dict[str, Any] = {"backend": "shm", "segment": self.segment_name,
                                    "block_size": self.block_size,
                                    "attached_segments": len(self._mappings), **self._stats}
-            if arena is None:
+            if blocks is None:
                 out.update(capacity_bytes=0, used_bytes=0, payload_bytes=0, blocks_total=0,
-                           blocks_in_use=0, payloads_in_use=0, owners=0)
+                           blocks_in_use=0, payloads_in_use=0, owners=0, reclaimed=0,
+                           cleaned_up=0)
                 return out
-            blocks = sum(r.nblocks for r in self._runs.values())
-            out.update(
-                capacity_bytes=arena.nblocks * arena.block_size,
-                used_bytes=blocks * arena.block_size,
-                payload_bytes=sum(r.nbytes for r in self._runs.values()),
-                blocks_total=arena.nblocks, blocks_in_use=blocks,
-                payloads_in_use=len(self._runs), owners=len(self._owners),
-                longest_free_blocks=_longest_zero_run(self._used))
+            blocks.reclaim()  # first, so the counters below include it
+            out.update(blocks.usage(self.block_size), reclaimed=blocks.reclaimed,
+                       cleaned_up=blocks.cleaned_up)
             return out
 
     def close(self) -> None:
@@ -402,8 +310,7 @@ class ShmConnector(Connector):
             self._closed = True
             mappings, self._mappings = list(self._mappings.values()), {}
             arena, self._arena = self._arena, None
-            self._runs.clear()
-            self._owners.clear()
+            self._blocks = None
         for mapping in mappings:
             _close_mapping(mapping.shm)
         if arena is not None:

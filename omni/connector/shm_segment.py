@@ -7,7 +7,6 @@ import math
 import os
 import struct
 import sys
-from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
@@ -26,11 +25,7 @@ _MAGIC = b"OMNISHM1"
 _VERSION = 1
 _HEADER = struct.Struct("<8sIIQQQ")  # magic, version, block_size, nblocks, data_offset, cap
 _FLAGS = 64  # offset of the flag bytes
-_MAX_TAG = 255
 
-# Backpressure: first sleep, and the longest single sleep, while waiting for room.
-_WAIT_FIRST_S = 50e-6
-_WAIT_MAX_S = 2e-3
 
 # Segments this process created and has not unlinked yet (see _attach for why it matters).
 _OWNED: set[str] = set()
@@ -41,15 +36,6 @@ _LINGERING: list[Any] = []
 
 def _align(value: int, to: int) -> int:
     return (value + to - 1) // to * to
-
-
-@dataclass(slots=True)
-class _Run:
-    start: int
-    nblocks: int
-    tag: int
-    owner: str
-    nbytes: int
 
 
 class _Arena:
@@ -176,14 +162,6 @@ def _close_mapping(shm: Any) -> None:
         # Tensor views from get()/reserve() still point into the mapping; unmapping now
         # would turn them into dangling pointers. Keep the mapping for the process lifetime.
         _LINGERING.append(shm)
-
-
-def _longest_zero_run(used: bytearray) -> int:
-    best = run = 0
-    for b in used:
-        run = 0 if b else run + 1
-        best = max(best, run)
-    return best
 
 
 def cleanup_stale(prefix: str, *, shm_dir: str = SHM_DIR) -> list[str]:
