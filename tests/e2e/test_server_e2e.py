@@ -58,9 +58,14 @@ class Server:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def stop(self) -> None:
+        """SIGTERM (the server cleans up after itself), SIGKILL only if that hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _get(url: str) -> tuple[int, dict]:
