@@ -44,7 +44,7 @@ import msgpack  # noqa: E402
 import torch  # noqa: E402
 
 from omni.connector import PayloadRef, ShmConnector, cleanup_stale  # noqa: E402
-from omni.connector.shm import DEFAULT_BLOCK_SIZE, _attach  # noqa: E402
+from omni.connector.shm_segment import DEFAULT_BLOCK_SIZE, _attach  # noqa: E402
 
 DESCRIPTION = __doc__
 DEFAULT_SIZES = "4K,64K,1M,16M,64M,256M"
