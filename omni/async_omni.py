@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from omni.config import PipelineConfig
+from omni.errors import RequestFailedError
 from omni.metrics import Metrics
 from omni.orchestrator import OmniOutput, Orchestrator
 from omni.payloads import ClientPayloads
@@ -69,7 +70,11 @@ class AsyncOmni:
                 item = await state.queue.get()
                 if isinstance(item, Exception):
                     raise item
-                item.data = self.payloads.take(item.data)
+                try:
+                    item.data = self.payloads.take(item.data)
+                except Exception as exc:  # e.g. its producer died and its arena is gone
+                    raise RequestFailedError(f"output of stage '{item.stage}' could not be "
+                                             f"read: {exc}", item.stage) from exc
                 yield item
                 if item.finished:
                     return
