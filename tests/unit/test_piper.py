@@ -96,3 +96,24 @@ def test_bad_input(tts):
         with pytest.raises(ValueError, match="speed"):
             check_speed(speed)
     assert check_speed(0.25) == 0.25 and check_speed(4) == 4.0
+
+
+def test_runner_in_the_generation_engine_groups_by_speed(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("a", {"text": "One. Two."}, {"speed": 1.0}))
+    engine.add(EngineRequest("b", {"text": "Three."}, {"speed": 1.0}))
+    engine.add(EngineRequest("c", {"text": "Four."}, {"speed": 2.0}))
+    engine.add(EngineRequest("bad", {"text": "Five."}, {"speed": 0.1}))
+    outputs = {}
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    assert [o.data["index"] for o in outputs["a"]] == [0, 1] and outputs["a"][-1].finished
+    assert outputs["b"][-1].finished and outputs["c"][-1].finished
+    assert "speed" in outputs["bad"][-1].error
+    # first step: a and b (speed 1.0) in one call, c (speed 2.0) in another; then a's 2nd
+    assert engine.stats()["max_batch"] == 2 and engine.stats()["calls"] == 3
