@@ -47,13 +47,14 @@ class PayloadPlane:
         """A copy of ``value`` with every wire ref replaced by its payload."""
         if isinstance(value, list):
             if value and value[0] == REF_MARKER:
-                return self._get(request_id, value)
+                return self.get(request_id, value)
             return [self.resolve(request_id, v) for v in value]
         if isinstance(value, dict):
             return {k: self.resolve(request_id, v) for k, v in value.items()}
         return value
 
-    def _get(self, request_id: str, wire: list) -> Any:
+    def get(self, request_id: str, wire: list) -> Any:
+        """The payload of one wire ref, held for ``request_id`` until done/drop."""
         from omni.connector import PayloadRef
 
         ref = PayloadRef.from_wire(wire)
@@ -117,7 +118,7 @@ class ClientPayloads:
         taken = {}
         for key, value in data.items():
             if isinstance(value, list) and value and value[0] == REF_MARKER:
-                payload = self.plane._get("client", value)
+                payload = self.plane.get("client", value)
                 taken[key] = payload.clone() if hasattr(payload, "clone") else bytes(payload)
             else:
                 taken[key] = value

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omni.connector.base import ArenaFullError
+
 MAX_TAG = 255
 
 # Backpressure: first sleep, and the longest single sleep, while waiting for room.
@@ -118,6 +120,30 @@ class BlockTable:
                 "blocks_total": self.nblocks, "blocks_in_use": blocks,
                 "payloads_in_use": len(self.runs), "owners": len(self.owners),
                 "longest_free_blocks": longest_zero_run(self.used)}
+
+
+def allocate_waiting(lock: Any, blocks: BlockTable, need: int, owner: str, nbytes: int,
+                     timeout_s: float, stats: dict[str, int], what: str,
+                     block_size: int) -> Run:
+    """A run of ``need`` blocks, waiting (bounded) for consumers to release some; then
+    ArenaFullError, which fails only the request being published for. ``what`` names the
+    buffer in the message (e.g. "shm arena 'omni-...'")."""
+    stats["full_waits"] += 1
+
+    def find() -> Run | None:
+        with lock:
+            return blocks.find(need, owner, nbytes)
+
+    def full() -> Exception:
+        stats["full_errors"] += 1
+        return ArenaFullError(
+            f"{what} full for {timeout_s:g} s: payload of {nbytes} bytes ({need} blocks of "
+            f"{block_size}) for request {owner!r}; capacity {blocks.nblocks * block_size} "
+            f"bytes, in use {blocks.blocks_in_use() * block_size} bytes in "
+            f"{len(blocks.runs)} payloads of {len(blocks.owners)} requests. Consumers are "
+            f"not releasing, or the capacity is too small for the traffic.")
+
+    return wait_for_room(find, timeout_s, full)
 
 
 def wait_for_room(find: Callable[[], Run | None], timeout_s: float,

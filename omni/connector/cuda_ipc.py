@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 from omni.connector.base import (
-    ArenaFullError,
     Connector,
     ConnectorError,
     Payload,
@@ -54,7 +53,7 @@ from omni.connector.base import (
     dtype_from_name,
     dtype_name,
 )
-from omni.connector.blocks import MAX_TAG, BlockTable, Run, wait_for_room
+from omni.connector.blocks import MAX_TAG, BlockTable, Run, allocate_waiting
 from omni.connector.cuda_pool import (
     _FLAGS,
     BLOCK,
@@ -226,25 +225,10 @@ class CudaIpcConnector(Connector):
 
     def _wait_for_room(self, need: int, nbytes: int, owner: str,
                        timeout_s: float | None) -> Run:
-        """Bounded backpressure (see blocks.wait_for_room), then ArenaFullError."""
         timeout = self.put_timeout_s if timeout_s is None else timeout_s
-        self._stats["full_waits"] += 1
-
-        def find() -> Run | None:
-            with self._lock:
-                return self._blocks.find(need, owner, nbytes)
-
-        def full() -> Exception:
-            self._stats["full_errors"] += 1
-            pool, blocks = self._pool, self._blocks
-            return ArenaFullError(
-                f"CUDA pool {pool.name!r} full for {timeout:g} s: payload of {nbytes} bytes "
-                f"({need} blocks of {pool.block_size}) for request {owner!r}; capacity "
-                f"{pool.capacity} bytes, in use {blocks.blocks_in_use() * pool.block_size} "
-                f"bytes in {len(blocks.runs)} payloads of {len(blocks.owners)} requests. "
-                f"Consumers are not releasing, or the capacity is too small for the traffic.")
-
-        return wait_for_room(find, timeout, full)
+        return allocate_waiting(self._lock, self._blocks, need, owner, nbytes, timeout,
+                                self._stats, f"CUDA pool {self._pool.name!r}",
+                                self._pool.block_size)
 
     def _free_ref(self, ref: PayloadRef) -> None:
         with self._lock:

@@ -32,7 +32,6 @@ import torch
 
 from omni.connector.base import (
     BYTES_DTYPE,
-    ArenaFullError,
     Connector,
     ConnectorError,
     Payload,
@@ -42,7 +41,7 @@ from omni.connector.base import (
     dtype_from_name,
     dtype_name,
 )
-from omni.connector.blocks import MAX_TAG, BlockTable, Run, wait_for_room
+from omni.connector.blocks import MAX_TAG, BlockTable, Run, allocate_waiting
 from omni.connector.shm_segment import (
     _FLAGS,
     DEFAULT_BLOCK_SIZE,
@@ -181,27 +180,10 @@ class ShmConnector(Connector):
 
     def _wait_for_room(self, need: int, nbytes: int, owner: str,
                        timeout_s: float | None) -> Run:
-        """Bounded backpressure (see blocks.wait_for_room), then ArenaFullError: only the
-        request being published for fails."""
         timeout = self.put_timeout_s if timeout_s is None else timeout_s
-        self._stats["full_waits"] += 1
-
-        def find() -> Run | None:
-            with self._lock:
-                return self._blocks.find(need, owner, nbytes)
-
-        def full() -> Exception:
-            self._stats["full_errors"] += 1
-            arena, blocks = self._arena, self._blocks
-            return ArenaFullError(
-                f"shm arena {arena.name!r} full for {timeout:g} s: payload of {nbytes} bytes "
-                f"({need} blocks of {arena.block_size}) for request {owner!r}; capacity "
-                f"{arena.nblocks * arena.block_size} bytes, in use "
-                f"{blocks.blocks_in_use() * arena.block_size} bytes in {len(blocks.runs)} "
-                f"payloads of {len(blocks.owners)} requests. Consumers are not releasing, "
-                f"or the capacity is too small for the traffic.")
-
-        return wait_for_room(find, timeout, full)
+        return allocate_waiting(self._lock, self._blocks, need, owner, nbytes, timeout,
+                                self._stats, f"shm arena {self._arena.name!r}",
+                                self.block_size)
 
     def _free_ref(self, ref: PayloadRef) -> None:
         with self._lock:
