@@ -100,6 +100,14 @@ class AsyncOmni:
     def health(self) -> dict[str, Any]:
         return self.orchestrator.health()
 
+    def output_info(self, modality: str) -> dict[str, Any]:
+        """What the engine producing ``modality`` reported when it loaded (e.g. a TTS
+        stage's voices and sample rate); {} while none of its replicas is live."""
+        for stage in self.pipeline.outputs.get(modality, ()):
+            for replica in self.orchestrator.engines.pools[stage].live():
+                return dict(replica.info)
+        return {}
+
 
 class Omni:
     """Blocking wrapper for scripts: runs an AsyncOmni on a private event-loop thread."""

