@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import core_overhead, startup
+    from bench import core_overhead, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -31,10 +31,17 @@ def main(argv: list[str] | None = None) -> int:
                         "parallel vs sequential stage start",
         description=startup.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     startup.add_arguments(startup_parser)
+    tts_parser = sub.add_parser(
+        "tts", help="speech: audio-seconds/s and time to first audio, omni (fused, split) vs "
+                    "piper called directly", description=tts.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    tts.add_arguments(tts_parser)
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.bench == "startup":
         return startup.run(args, argv)
+    if args.bench == "tts":
+        return tts.run(args, argv)
     return core_overhead.run(args, argv=argv)
 
 

@@ -24,8 +24,15 @@ would be exact for a causal decoder, but is not done: equal lengths are the comm
 
 Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
 splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
-unit is one output with no context, and requests whose ``group_key(params)`` match share
-one ``run_items(units, params)`` call per step. Per-request params reach the runner here.
+unit is one output with no context. Per-request params reach the runner here. Each step
+makes one ``run_items(units, params)`` call, for the request whose client runs out of
+media first (earliest deadline first: a request with no output yet is due at its arrival;
+after that, at its first output's time + the seconds of media it has been sent, from the
+outputs' ``samples`` / ``sample_rate``), together with other ready requests of the same
+``group_key(params)`` in deadline order, up to max_batch_size, or alone when the runner
+says ``batches_units = False`` (its calls cost the same per unit batched or not). One
+call per step keeps steps short, so new requests join and outputs leave between units:
+no client waits behind a long request, and a new request's first unit goes first.
 
 Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes,
 "sample_rate", "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...).
@@ -35,6 +42,7 @@ chunk was sent, a final empty chunk (frames 0) carries finished=True.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +87,13 @@ class _Req:
     stream: bool = False
     params: dict[str, Any] = field(default_factory=dict)
     units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
+    arrival: float = field(default_factory=time.monotonic)
+    play_start: float | None = None  # items mode: when its first output left
+    played_s: float = 0.0  # items mode: seconds of media sent so far
+
+    def deadline(self) -> float:
+        """Items mode: when the client runs out of media (see module docstring)."""
+        return self.arrival if self.play_start is None else self.play_start + self.played_s
 
     def frames(self) -> torch.Tensor:
         """Frames [base, total) as one tensor."""
@@ -106,6 +121,7 @@ class GenerationEngine(Engine):
         # items mode: inputs are not frames but units the runner splits them into (e.g.
         # sentences for TTS); each unit is one output, and requests batch by group_key
         self.items = bool(getattr(runner, "items", False))
+        self.batches_units = bool(getattr(runner, "batches_units", True))
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         if self.max_batch_size < 1:
             raise EngineLoadError("max_batch_size must be >= 1")
@@ -167,6 +183,8 @@ class GenerationEngine(Engine):
         return bool(self._failed) or any(self._plan(r) is not None for r in self._reqs.values())
 
     def step(self) -> list[StepOutput]:
+        if self.items:
+            return self._step_items()
         outputs, self._failed = self._failed, []
         groups: dict[int, list[tuple[_Req, int, int]]] = {}
         for req in list(self._reqs.values()):
@@ -177,12 +195,30 @@ class GenerationEngine(Engine):
             if n == 0:  # input ended right after the last chunk: close the request
                 outputs.append(self._output(req, None, 0))
                 continue
-            key = ("items", self.runner.group_key(req.params)) if self.items else ctx + n
-            groups.setdefault(key, []).append((req, ctx, n))
-        for key in sorted(groups, key=str):
+            groups.setdefault(ctx + n, []).append((req, ctx, n))
+        for key in sorted(groups):
             group = groups[key]
             for i in range(0, len(group), self.max_batch_size):
                 outputs += self._run(group[i:i + self.max_batch_size])
+        return outputs
+
+    def _step_items(self) -> list[StepOutput]:
+        outputs, self._failed = self._failed, []
+        ready = []
+        for req in list(self._reqs.values()):
+            plan = self._plan(req)
+            if plan is None:
+                continue
+            if plan[1] == 0:  # stream input ended right after its last unit: close it
+                outputs.append(self._output(req, None, 0))
+            else:
+                ready.append(req)
+        if ready:
+            ready.sort(key=_Req.deadline)
+            key = self.runner.group_key(ready[0].params)
+            limit = self.max_batch_size if self.batches_units else 1
+            group = [r for r in ready if self.runner.group_key(r.params) == key][:limit]
+            outputs += self._run([(req, 0, 1) for req in group])
         return outputs
 
     def info(self) -> dict[str, Any]:
@@ -293,6 +329,9 @@ class GenerationEngine(Engine):
         if result is None:
             result = torch.zeros(0)
         data = {**self.runner.pack(result), "frames": n, "index": req.index}
+        if self.items and n:
+            req.play_start = time.monotonic() if req.play_start is None else req.play_start
+            req.played_s += _media_seconds(data)
         req.done += n
         req.index += 1
         finished = req.complete and req.done == req.total
@@ -306,6 +345,13 @@ class GenerationEngine(Engine):
         self._reqs.pop(rid, None)
         self._failed = [o for o in self._failed if o.request_id != rid]
         self._failed.append(StepOutput(rid, finished=True, error=msg))
+
+
+def _media_seconds(data: Mapping[str, Any]) -> float:
+    samples, rate = data.get("samples"), data.get("sample_rate")
+    if isinstance(samples, int) and isinstance(rate, int) and rate > 0:
+        return samples / rate
+    return 0.0
 
 
 def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,

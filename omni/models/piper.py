@@ -82,7 +82,7 @@ class PiperTTS:
     """
 
     def __init__(self, files: VoiceFiles, device: str = "cpu",
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, synthesis: bool = True) -> None:
         opts = dict(options or {})
         threads = opts.get("intra_op_threads", 1)
         max_ph = opts.get("max_phonemes", DEFAULT_MAX_PHONEMES)
@@ -113,8 +113,9 @@ class PiperTTS:
         else:
             providers = ["CPUExecutionProvider"]
         try:
+            # synthesis=False: a text-only stage (phonemes), no model in memory
             session = onnxruntime.InferenceSession(str(files.model), sess_options=so,
-                                                   providers=providers)
+                                                   providers=providers) if synthesis else None
             self.voice = PiperVoice(config=PiperConfig.from_dict(self.raw_config),
                                     session=session)
         except Exception as e:
@@ -221,9 +222,9 @@ def _strip(phonemes: list[str]) -> list[str]:
 
 
 def load_piper(model_dir: str | os.PathLike[str] | None = None, device: str = "cpu",
-               options: Mapping[str, Any] | None = None) -> PiperTTS:
+               options: Mapping[str, Any] | None = None, synthesis: bool = True) -> PiperTTS:
     """The voice in model_dir, or the packaged default voice when model_dir is empty."""
-    return PiperTTS(find_voice(model_dir), device=device, options=options)
+    return PiperTTS(find_voice(model_dir), device=device, options=options, synthesis=synthesis)
 
 
 class PiperRunner:
@@ -231,6 +232,8 @@ class PiperRunner:
 
     items = True
     input_key = "text"
+    # onnxruntime runs one sentence per call: the engine schedules one unit per step
+    batches_units = False
 
     def __init__(self, tts: PiperTTS) -> None:
         self.tts = tts
@@ -267,6 +270,42 @@ class PiperRunner:
         return self.tts.info()
 
 
-def build_piper_runner(model_dir: str | None, device: str,
-                       options: Mapping[str, Any] | None) -> PiperRunner:
-    return PiperRunner(load_piper(model_dir or None, device=device, options=options))
+class PiperPhonemizerRunner(PiperRunner):
+    """The text half of the split pipeline (piper_split.yaml): text in, one output per
+    sentence with its phonemes, for a synthesizer stage over a stream edge."""
+
+    def group_key(self, params: Mapping[str, Any]) -> int:
+        return 0  # phonemes do not depend on speed or speaker: one call for everyone
+
+    def run_items(self, units: list[list[str]], params: list[Mapping[str, Any]]) -> list[Any]:
+        return units  # split() already produced each sentence's phonemes
+
+    def pack(self, result: Any) -> dict[str, Any]:
+        return {"phonemes": list(result) if isinstance(result, list) else []}
+
+    def info(self) -> dict[str, Any]:
+        return {**self.tts.info(), "model": "piper_phonemizer"}
+
+
+class PiperSynthesizerRunner(PiperRunner):
+    """The audio half of the split pipeline: one sentence's phonemes in, its audio out."""
+
+    input_key = "phonemes"
+
+    def split(self, value: Any, params: Mapping[str, Any]) -> list[list[str]]:
+        check_speed(params.get("speed", 1.0))
+        self.tts.speaker_id(params)
+        if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
+            raise ValueError("phonemes must be a non-empty list of strings")
+        return [value]
+
+
+def build_piper_runner(model_dir: str | None, device: str, options: Mapping[str, Any] | None,
+                       part: str = "fused") -> PiperRunner:
+    """part: "fused" (text -> audio), "phonemizer" (text -> phonemes, no model loaded) or
+    "synthesizer" (phonemes -> audio)."""
+    runners = {"fused": PiperRunner, "phonemizer": PiperPhonemizerRunner,
+               "synthesizer": PiperSynthesizerRunner}
+    tts = load_piper(model_dir or None, device=device, options=options,
+                     synthesis=part != "phonemizer")
+    return runners[part](tts)

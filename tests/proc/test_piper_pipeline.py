@@ -17,17 +17,19 @@ TEXT = "The first sentence is short. Here comes the second one. And this is the 
 
 async def _chunks(omni, text: str, speed: float = 1.0) -> list[tuple[float, dict]]:
     got = []
-    async for out in omni.generate({"text": text}, params={"tts": {"speed": speed}}):
+    async for out in omni.generate({"text": text}, params={"*": {"speed": speed}}):
         if out.data and out.data.get("samples"):
             got.append((time.monotonic(), out.data))
     return got
 
 
-def test_sentences_stream_as_audio_chunks_in_order():
+@pytest.mark.parametrize("preset", ["piper", "piper_split"])
+def test_sentences_stream_as_audio_chunks_in_order(preset):
     async def body():
-        async with serving(load_pipeline("piper")) as omni:
+        async with serving(load_pipeline(preset)) as omni:
             chunks = await _chunks(omni, TEXT)
             assert [d["index"] for _, d in chunks] == [0, 1, 2]
+            assert omni.output_info("audio")["voices"][0]["id"] == "en_US-joe-medium"
             for _, data in chunks:
                 audio = data["audio"]
                 assert audio.dtype == torch.float32 and data["sample_rate"] == 22050
@@ -42,9 +44,10 @@ def test_sentences_stream_as_audio_chunks_in_order():
     run(body(), timeout_s=60)
 
 
-def test_bad_speed_fails_only_that_request():
+@pytest.mark.parametrize("preset", ["piper", "piper_split"])
+def test_bad_speed_fails_only_that_request(preset):
     async def body():
-        async with serving(load_pipeline("piper")) as omni:
+        async with serving(load_pipeline(preset)) as omni:
             with pytest.raises(RequestFailedError, match="speed"):
                 await _chunks(omni, "Hello.", speed=9.0)
             assert len(await _chunks(omni, "Hello there.")) == 1

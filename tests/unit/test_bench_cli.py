@@ -10,6 +10,7 @@ import pytest
 
 @pytest.mark.parametrize("args", [["-m", "bench", "--help"], ["-m", "bench", "core", "--help"],
                                   ["-m", "bench", "startup", "--help"],
+                                  ["-m", "bench", "tts", "--help"],
                                   ["-m", "bench.shm_throughput", "--help"],
                                   ["-m", "bench.cuda_ipc", "--help"]])
 def test_bench_help(args: list[str]) -> None:

@@ -103,7 +103,16 @@ def test_bad_input(tts):
     assert check_speed(0.25) == 0.25 and check_speed(4) == 4.0
 
 
-def test_runner_in_the_generation_engine_groups_by_speed(tts):
+def _drain(engine, outputs):
+    order = []
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+            order.append((out.request_id, out.data["index"] if out.data else None))
+    return order
+
+
+def test_runner_in_the_generation_engine_one_sentence_per_step(tts):
     from omni.engines.base import EngineRequest
     from omni.engines.generation import GenerationEngine
     from omni.models.piper import PiperRunner
@@ -114,17 +123,33 @@ def test_runner_in_the_generation_engine_groups_by_speed(tts):
     engine.add(EngineRequest("c", {"text": "Four."}, {"speed": 2.0}))
     engine.add(EngineRequest("bad", {"text": "Five."}, {"speed": 0.1}))
     outputs = {}
-    while engine.has_work():
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).append(out)
+    order = _drain(engine, outputs)
     assert [o.data["index"] for o in outputs["a"]] == [0, 1] and outputs["a"][-1].finished
     assert outputs["b"][-1].finished and outputs["c"][-1].finished
     assert "speed" in outputs["bad"][-1].error
+    # every request's first sentence before anyone's second (earliest deadline first)
+    assert order == [("bad", None), ("a", 0), ("b", 0), ("c", 0), ("a", 1)]
+    assert engine.stats()["max_batch"] == 1 and engine.stats()["calls"] == 4
     first = outputs["a"][0].data
     assert first["sample_rate"] == 22050 and first["samples"] == first["audio"].numel()
     assert first["input_tokens"] > 0 and first["output_tokens"] == -(-first["samples"] // 256)
-    # first step: a and b (speed 1.0) in one call, c (speed 2.0) in another; then a's 2nd
-    assert engine.stats()["max_batch"] == 2 and engine.stats()["calls"] == 3
+
+
+def test_a_new_request_does_not_wait_behind_a_long_one(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("long", {"text": LONG}, {}))
+    (first,) = engine.step()
+    assert first.request_id == "long" and not first.finished
+    engine.add(EngineRequest("short", {"text": SHORT}, {}))
+    (second,) = engine.step()  # long has seconds of audio queued at its client: short goes
+    assert second.request_id == "short" and second.finished
+    outputs = {}
+    _drain(engine, outputs)
+    assert [o.data["index"] for o in outputs["long"]] == [1, 2, 3, 4]
 
 
 def test_voice_param_is_checked(tts):

