@@ -35,6 +35,10 @@ Every side uses onnxruntime with one intra-op thread, one inter-op thread and no
 and the same input (five sentences). At concurrency c, c requests start together (a
 burst) and TTFP counts from the burst's start, so queueing behind other requests is
 included on both sides; throughput is audio seconds produced / wall time of the bursts.
+Bursts alternate between the sides (one burst of each, then again), so drifts in this
+machine's speed hit every side alike; idle servers of the other sides stay up meanwhile.
+Stall: seconds a listener who starts playing at the first byte would sit in silence
+before the rest of the audio arrives.
 """
 
 FIVE = ("One small step starts the walk. The road turns left at the old mill. A dog barks "
@@ -71,34 +75,30 @@ def _direct_voice() -> Any:
     return PiperVoice(config=config, session=session)
 
 
+def stall_s(pieces: list[tuple[float, float]]) -> float:
+    """Seconds a listener who starts playing at the first piece would sit in silence
+    mid-stream, from (arrival time, seconds of audio in the piece) in arrival order."""
+    if not pieces:
+        return 0.0
+    stalled, buffered_until = 0.0, pieces[0][0] + pieces[0][1]
+    for arrival, seconds in pieces[1:]:
+        if arrival > buffered_until:
+            stalled += arrival - buffered_until
+            buffered_until = arrival
+        buffered_until += seconds
+    return stalled
+
+
 def _direct_request(voice: Any, burst_start: float) -> dict[str, float]:
     from omni.media.audio import _wav_header
 
-    ttfp, pcm = None, []
+    pieces, pcm = [], [_wav_header(RATE, None)]  # the header a streaming client gets first
     for chunk in voice.synthesize(FIVE):
         pcm.append(chunk.audio_int16_bytes)
-        if ttfp is None:
-            header = _wav_header(RATE, None)  # what a streaming client would get first
-            ttfp = time.perf_counter() - burst_start
-    body = header + b"".join(pcm)
-    return {"ttfp": ttfp, "done": time.perf_counter() - burst_start,
-            "audio_s": (len(body) - 44) / 2 / RATE}
-
-
-def run_direct(levels: list[tuple[int, int]]) -> dict[str, Any]:
-    voice = _direct_voice()
-    for _ in range(2):
-        _direct_request(voice, time.perf_counter())  # warm-up
-    out = {}
-    for c, bursts in levels:
-        runs, wall = [], 0.0
-        for _ in range(bursts):
-            start = time.perf_counter()
-            runs += [_direct_request(voice, start) for _ in range(c)]
-            wall += time.perf_counter() - start
-        out[str(c)] = _summary(runs, wall)
-        say(f"[tts] direct c={c}: {out[str(c)]}")
-    return out
+        pieces.append((time.perf_counter(), len(pcm[-1]) / 2 / RATE))
+    body = b"".join(pcm)
+    return {"ttfp": pieces[0][0] - burst_start, "done": time.perf_counter() - burst_start,
+            "audio_s": (len(body) - 44) / 2 / RATE, "stall": stall_s(pieces)}
 
 
 # -- our server ---------------------------------------------------------------------
@@ -140,46 +140,71 @@ def _start_server(pipeline: str) -> tuple[subprocess.Popen, str]:
 async def _http_request(session: Any, url: str, burst_start: float) -> dict[str, float]:
     body = {"model": "tts", "voice": "en_US-joe-medium", "input": FIVE,
             "response_format": "wav", "stream_format": "audio"}
-    ttfp, data = None, []
+    pieces, data = [], []
     async with session.post(f"{url}/v1/audio/speech", json=body) as resp:
         resp.raise_for_status()
         async for piece in resp.content.iter_any():
-            if ttfp is None:
-                ttfp = time.perf_counter() - burst_start
+            pieces.append((time.perf_counter(), len(piece) / 2 / RATE))
             data.append(piece)
     audio = b"".join(data)
-    return {"ttfp": ttfp, "done": time.perf_counter() - burst_start,
-            "audio_s": (len(audio) - 44) / 2 / RATE}
+    return {"ttfp": pieces[0][0] - burst_start, "done": time.perf_counter() - burst_start,
+            "audio_s": (len(audio) - 44) / 2 / RATE, "stall": stall_s(pieces)}
 
 
-async def _server_levels(url: str, levels: list[tuple[int, int]], label: str) -> dict[str, Any]:
+async def _burst(side: str, c: int, voice: Any, session: Any,
+                 urls: dict[str, str]) -> tuple[list[dict[str, float]], float]:
+    start = time.perf_counter()
+    if side == "direct":  # blocking on purpose: nothing else runs meanwhile
+        runs = [_direct_request(voice, start) for _ in range(c)]
+    else:
+        runs = await asyncio.gather(*(_http_request(session, urls[side], start)
+                                      for _ in range(c)))
+    return list(runs), time.perf_counter() - start
+
+
+async def _measure(sides: list[str], urls: dict[str, str],
+                   levels: list[tuple[int, int]]) -> dict[str, Any]:
+    """Bursts interleaved across sides (direct, fused, split, ..., then again), so slow
+    drifts of this machine's speed hit every side alike."""
     import aiohttp
 
-    out = {}
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for _ in range(2):
-            await _http_request(session, url, time.perf_counter())  # warm-up
+    voice = _direct_voice() if "direct" in sides else None
+    out: dict[str, Any] = {side: {} for side in sides}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        for side in sides:
+            for _ in range(2):
+                await _burst(side, 1, voice, session, urls)  # warm-up
         for c, bursts in levels:
-            runs, wall = [], 0.0
-            for _ in range(bursts):
-                start = time.perf_counter()
-                runs += await asyncio.gather(*(_http_request(session, url, start)
-                                               for _ in range(c)))
-                wall += time.perf_counter() - start
-            out[str(c)] = _summary(runs, wall)
-            say(f"[tts] {label} c={c}: {out[str(c)]}")
+            runs: dict[str, list] = {side: [] for side in sides}
+            wall = dict.fromkeys(sides, 0.0)
+            for i in range(bursts):
+                for side in sides:
+                    got, took = await _burst(side, c, voice, session, urls)
+                    runs[side] += got
+                    wall[side] += took
+                say(f"[tts] c={c}: burst {i + 1}/{bursts} done")
+            for side in sides:
+                out[side][str(c)] = _summary(runs[side], wall[side])
+                say(f"[tts] {side} c={c}: {out[side][str(c)]}")
     return out
 
 
-def run_server(config: str, levels: list[tuple[int, int]]) -> dict[str, Any]:
+def measure(sides: list[str], levels: list[tuple[int, int]]) -> dict[str, Any]:
+    """Start a server per server side (all idle but the one measured), then measure."""
+    procs = []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = _start_server(_pipeline(config, Path(tmp)))
         try:
-            return asyncio.run(_server_levels(url, levels, config))
+            urls = {}
+            for side in (s for s in sides if s != "direct"):
+                say(f"[tts] starting the server for {side} ...")
+                proc, urls[side] = _start_server(_pipeline(side, Path(tmp)))
+                procs.append(proc)
+            return asyncio.run(_measure(sides, urls, levels))
         finally:
-            proc.terminate()
-            proc.wait(60)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(60)
 
 
 # -- summary and report -------------------------------------------------------------
@@ -187,11 +212,14 @@ def _summary(runs: list[dict[str, float]], wall: float) -> dict[str, Any]:
     ttfp = sorted(r["ttfp"] * 1000 for r in runs)
     done = sorted(r["done"] * 1000 for r in runs)
     audio = sum(r["audio_s"] for r in runs)
+    stalls = sorted(r["stall"] * 1000 for r in runs)
     return {"requests": len(runs), "audio_s": round(audio, 2), "wall_s": round(wall, 3),
             "audio_s_per_s": round(audio / wall, 2),
             "ttfp_p50_ms": round(percentile(ttfp, 0.5), 1),
             "ttfp_p99_ms": round(percentile(ttfp, 0.99), 1),
-            "done_p50_ms": round(percentile(done, 0.5), 1)}
+            "done_p50_ms": round(percentile(done, 0.5), 1),
+            "stalled_requests": sum(1 for x in stalls if x > 0),
+            "stall_p99_ms": round(percentile(stalls, 0.99), 1)}
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -206,10 +234,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit(f"unknown configs {sorted(unknown)}; known: {', '.join(CONFIGS)}")
     result: dict[str, Any] = {"command": "python -m bench " + " ".join(argv),
                               "hardware": hardware(), "text": FIVE, "results": {}}
-    for config in configs:
-        say(f"[tts] {config} ...")
-        result["results"][config] = (run_direct(levels) if config == "direct"
-                                     else run_server(config, levels))
+    result["results"] = measure(configs, levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tts.json").write_text(json.dumps(result, indent=2) + "\n")

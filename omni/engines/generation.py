@@ -32,7 +32,10 @@ outputs' ``samples`` / ``sample_rate``), together with other ready requests of t
 ``group_key(params)`` in deadline order, up to max_batch_size, or alone when the runner
 says ``batches_units = False`` (its calls cost the same per unit batched or not). One
 call per step keeps steps short, so new requests join and outputs leave between units:
-no client waits behind a long request, and a new request's first unit goes first.
+no client waits behind a long request, and a new request's first unit goes first --
+unless a started request is about to run dry (within two calls' time): then new ones
+wait, so an overloaded engine makes clients queue for their first audio rather than
+making every stream stutter.
 
 Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes,
 "sample_rate", "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...).
@@ -122,6 +125,7 @@ class GenerationEngine(Engine):
         # sentences for TTS); each unit is one output, and requests batch by group_key
         self.items = bool(getattr(runner, "items", False))
         self.batches_units = bool(getattr(runner, "batches_units", True))
+        self._call_s: float | None = None  # items mode: running mean of one runner call
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         if self.max_batch_size < 1:
             raise EngineLoadError("max_batch_size must be >= 1")
@@ -214,12 +218,26 @@ class GenerationEngine(Engine):
             else:
                 ready.append(req)
         if ready:
-            ready.sort(key=_Req.deadline)
+            ready.sort(key=self._priority)
             key = self.runner.group_key(ready[0].params)
             limit = self.max_batch_size if self.batches_units else 1
             group = [r for r in ready if self.runner.group_key(r.params) == key][:limit]
+            started = time.perf_counter()
             outputs += self._run([(req, 0, 1) for req in group])
+            took = time.perf_counter() - started
+            self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
         return outputs
+
+    def _priority(self, req: _Req) -> tuple[int, float]:
+        """Earliest deadline first, except that a request not yet started waits while a
+        started one is within two calls of running dry: over capacity, clients queue for
+        their first audio instead of all of them stuttering."""
+        if req.play_start is None and self._call_s is not None:
+            guard = time.monotonic() + 2 * self._call_s
+            if any(r.play_start is not None and r.deadline() < guard
+                   for r in self._reqs.values()):
+                return 1, req.deadline()
+        return 0, req.deadline()
 
     def info(self) -> dict[str, Any]:
         return {"engine": "generation", **self.runner.info(),

@@ -205,3 +205,72 @@ def test_disconnect_mid_stream_frees_the_request(tts_server):
         state = await tts_server.wait_idle("piper", timeout_s=10.0)
         assert not state["requests"] and not any(state["outstanding"].values()), state
     run(body())
+
+
+def _kill_engine(server, model: str) -> None:
+    import os
+    import signal
+
+    (replica,) = server.models[model].omni.orchestrator.engines.replicas.values()
+    os.kill(replica.process.pid, signal.SIGKILL)
+
+
+async def _wait_live(server, model: str, timeout_s: float = 30.0) -> None:
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not server.inspect(lambda: server.models[model].omni.output_info("audio")):
+        assert asyncio.get_running_loop().time() < deadline, "replica did not come back"
+        await asyncio.sleep(0.1)
+
+
+def test_engine_death_mid_stream(tts_server):
+    """After the 200: SSE gets an error event, a raw audio stream is cut (never a
+    short file that looks complete); the stage restarts and serves again."""
+    import aiohttp
+
+    long_text = " ".join([FIVE] * 2)
+
+    async def body():
+        async with tts_server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "piper", "voice": VOICE, "input": long_text,
+                    "response_format": "pcm", "stream_format": "sse"}) as resp:
+                first = await resp.content.readline()
+                assert first.startswith(b"data: ")
+                _kill_engine(tts_server, "piper")
+                events = [json.loads(line[6:]) async for line in resp.content
+                          if line.startswith(b"data: ")]
+            assert events[-1]["type"] == "error", events[-1]
+            assert events[-1]["error"]["type"] == "server_error"
+            await _wait_live(tts_server, "piper")
+            async with session.post("/v1/audio/speech", json={
+                    "model": "piper", "voice": VOICE, "input": long_text,
+                    "response_format": "pcm", "stream_format": "audio"}) as resp:
+                await resp.content.readany()
+                _kill_engine(tts_server, "piper")
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
+            await _wait_live(tts_server, "piper")
+            assert (await tts_server.wait_idle("piper", timeout_s=5.0))["requests"] == []
+        async with tts_server.client() as client:
+            audio = await client.audio.speech.create(model="piper", voice=VOICE, input="Back.",
+                                                     response_format="pcm")
+            assert len(audio.content) > 2000
+    run(body())
+
+
+def test_split_pipeline_over_http(start_server):
+    server = start_server({"split": "piper_split"})
+
+    async def body():
+        status, events, _ = await _sse(server, {
+            "model": "split", "voice": "alloy", "input": TWO, "response_format": "wav",
+            "stream_format": "sse"})
+        assert status == 200 and events[-1]["type"] == "speech.audio.done"
+        wav = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert decoded_seconds(wav, "wav") > 1.0
+        async with server.session() as session:
+            async with session.get("/v1/audio/voices", params={"model": "split"}) as resp:
+                assert (await resp.json())["voices"][0]["id"] == VOICE
+    run(body())

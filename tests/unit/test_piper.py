@@ -152,6 +152,21 @@ def test_a_new_request_does_not_wait_behind_a_long_one(tts):
     assert [o.data["index"] for o in outputs["long"]] == [1, 2, 3, 4]
 
 
+def test_over_capacity_a_started_stream_keeps_playing(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("long", {"text": LONG}, {}))
+    engine.step()
+    # as if the engine had fallen behind: long's listener is about to run out of audio
+    engine._reqs["long"].play_start -= engine._reqs["long"].played_s
+    engine.add(EngineRequest("new", {"text": SHORT}, {}))
+    (out,) = engine.step()
+    assert out.request_id == "long"  # the new request waits instead of long stuttering
+
+
 def test_voice_param_is_checked(tts):
     from omni.engines.base import EngineRequest
     from omni.engines.generation import GenerationEngine
