@@ -1,268 +1,254 @@
-"""Autoregressive engine: one transformers DynamicCache per request, one token per step.
+"""Autoregressive engine: continuous batching over a paged KV cache.
 
-Simple and correct on purpose: each step() runs every request in turn (the first step
-of a request is its prefill). Paged KV and batched decode replace the internals later;
-the request lifecycle, sampling and streaming contract stay.
+Each step() is ONE forward call of the transformers model over a packed batch: the
+next prompt chunk of every prefilling sequence and the last sampled token of every
+decoding sequence (omni/engines/scheduler.py decides who and how much). Attention reads
+and writes the paged cache through the attention function of
+omni/engines/paged_attention.py, so any decoder architecture transformers defines and
+that calls its attention interface runs unchanged (Qwen3 dense and MoE are tested).
+Sequences whose last fed token ends their known tokens are sampled together
+(omni/engines/sampling.py); a request joins at the next step and leaves when it ends.
+
+Stage options: block_size (16), kv_cache_mb (CPU: 256) or kv_cache_fraction (CUDA: 0.85 of
+the memory free after loading), kv_cache_blocks (exact count, overrides both),
+max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true).
 """
 
 from __future__ import annotations
 
-import math
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from omni.engines.base import Engine, EngineRequest, StepOutput
-from omni.models.hf_causal import apply_chat_template, load_causal_lm
-
-DEFAULT_MAX_TOKENS = 16
-
-
-def _num(params: Mapping, name: str, default: float) -> float:
-    v = params.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number, got {v!r}")
-    return float(v)
-
-
-def _int(params: Mapping, name: str, default: int | None) -> int | None:
-    v = params.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    return v
-
-
-def validate_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Normalise sampling params; raise ValueError naming the bad field. Unknown keys are ignored."""
-    max_tokens = _int(params, "max_tokens", DEFAULT_MAX_TOKENS)
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    temperature = _num(params, "temperature", 1.0)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {params['temperature']}")
-    top_p = _num(params, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {params['top_p']}")
-    top_k = _int(params, "top_k", 0)
-    if top_k < -1:
-        raise ValueError(f"top_k must be >= 1, or 0 / -1 to disable, got {top_k}")
-    seed = _int(params, "seed", None)
-    stop = params.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
-        raise ValueError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
-    stop_ids = params.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stop_ids):
-        raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {stop_ids!r}")
-    ignore_eos = params.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise ValueError(f"ignore_eos must be a boolean, got {ignore_eos!r}")
-    return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-            "top_k": max(top_k, 0), "seed": seed, "stop": list(stop),
-            "stop_token_ids": list(stop_ids), "ignore_eos": ignore_eos}
-
-
-def sample_token(logits: torch.Tensor, p: Mapping[str, Any],
-                 generator: torch.Generator | None) -> int:
-    """One token from 1-D logits: greedy at temperature 0, else temperature/top-k/top-p."""
-    if p["temperature"] == 0:
-        return int(torch.argmax(logits))
-    logits = logits.float() / p["temperature"]
-    if 0 < p["top_k"] < logits.numel():
-        kth = torch.topk(logits, p["top_k"]).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p["top_p"] < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = torch.cumsum(probs, dim=-1) - probs > p["top_p"]  # keep the token crossing top_p
-        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+from omni.engines.ar_inputs import prompt_ids
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.kv_cache import PagedKVCache
+from omni.engines.paged_attention import ATTN_NAME, build_layout, register
+from omni.engines.sampling import (
+    IncrementalDetokenizer,
+    SamplingParams,
+    SequenceSampler,
+    sample,
+)
+from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
+from omni.models.hf_causal import load_causal_lm
 
 
 @dataclass
-class _Request:
-    id: str
-    prompt_ids: list[int]
-    params: dict[str, Any]
-    generator: torch.Generator | None
-    cache: Any = None
-    output_ids: list[int] = field(default_factory=list)
-    # incremental detokenisation: decode output_ids[prefix:], emit past the text of
-    # output_ids[prefix:read]; prefix/read only move to points where the text is complete
-    prefix: int = 0
-    read: int = 0
-    text: str = ""  # decoded (and stop-truncated) text so far
-    sent: int = 0  # chars of `text` already emitted
+class _State:
+    """Per-request data the scheduler carries but does not look at."""
+
+    params: SamplingParams
+    sampler: SequenceSampler
+    detok: IncrementalDetokenizer
+    started: bool = False
 
 
 class AREngine(Engine):
-    """Autoregressive decode over a transformers causal LM from a local HF directory.
-
-    inputs: {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [{role, content}]}
-        | {upstream_stage: [{"text": ...}, ...]} (the upstream text, joined, is the prompt)
-    params: see validate_sampling_params. options: unused for now (reserved for the
-    paged-KV engine: block size, max batch, ...).
-    """
+    """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
                  options: Mapping[str, Any] | None = None):
         self.options = dict(options or {})
         self.lm = load_causal_lm(model_dir, dtype=dtype, device=device)
-        self._running: dict[str, _Request] = {}
+        register()
+        self.lm.model.set_attn_implementation(ATTN_NAME)
+        self.cache = self._make_cache()
+        cuda = self.lm.device.type == "cuda"
+        self.scheduler = Scheduler(
+            self.cache, max_num_seqs=self._opt("max_num_seqs", 64),
+            max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
+            prefix_salt=0 if self.options.get("prefix_caching", True) else None)
+        self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
+        self.steps = 0
+        self.step_time_s = 0.0
 
-    # -- contract ---------------------------------------------------------------------
+    # -- set-up ---------------------------------------------------------------------------
+    def _opt(self, name: str, default: int) -> int:
+        value = self.options.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EngineLoadError(f"option {name} must be a positive integer, got {value!r}")
+        return value
+
+    def _make_cache(self) -> PagedKVCache:
+        cfg = self.lm.config
+        layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        block_size = self._opt("block_size", 16)
+        per_block = PagedKVCache.bytes_per_block(layers, kv_heads, head_dim, block_size,
+                                                 self.lm.dtype)
+        if "kv_cache_blocks" in self.options:
+            blocks = self._opt("kv_cache_blocks", 1)
+        elif self.lm.device.type == "cuda" and "kv_cache_mb" not in self.options:
+            fraction = float(self.options.get("kv_cache_fraction", 0.85))
+            free, _ = torch.cuda.mem_get_info(self.lm.device)
+            blocks = int(free * fraction) // per_block
+        else:
+            blocks = self._opt("kv_cache_mb", 256) * 2**20 // per_block
+        if blocks < 2:
+            raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
+                                  "tokens; give the stage more memory")
+        return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, self.lm.dtype,
+                            self.lm.device)
+
+    # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
         rid = request.request_id
         try:
-            if rid in self._running:
+            if rid in self._seqs:
                 raise ValueError(f"request id {rid!r} is already running")
-            params = validate_sampling_params(request.params or {})
-            prompt_ids = self._prompt_ids(request.inputs or {})
+            params = SamplingParams.from_dict(request.params or {})
+            ids = prompt_ids(self.lm, request.inputs or {})
+            capacity = self.cache.pool.num_blocks * self.cache.block_size
+            if len(ids) >= capacity:
+                raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
+                                 f"{capacity}")
         except Exception as e:  # bad input fails this request only, at the next step
             self._failed.append(StepOutput(rid, finished=True, error=f"{type(e).__name__}: {e}"))
             return
-        gen = None
-        if params["seed"] is not None:
-            gen = torch.Generator(device=self.lm.device).manual_seed(params["seed"])
-        self._running[rid] = _Request(rid, prompt_ids, params, gen)
+        state = _State(params, SequenceSampler(params, ids, self.lm.device),
+                       IncrementalDetokenizer(self.lm.tokenizer, params.stop))
+        seq = Sequence(rid, ids, state)
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
         for rid in ids:
-            self._running.pop(rid, None)  # drops the request's KV cache
+            seq = self._seqs.pop(rid, None)
+            if seq is not None:
+                self.scheduler.remove(seq)  # frees its KV blocks
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
-        return bool(self._running or self._failed)
+        return bool(self._failed) or self.scheduler.has_work()
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         outputs, self._failed = self._failed, []
-        for req in list(self._running.values()):
+        batch = self.scheduler.schedule()
+        for seq in batch.overflowed:
+            outputs.append(self._finish(seq, "length", None))
+        if not batch.seqs:
+            return outputs
+        started = time.perf_counter()
+        try:
+            sampled_seqs, logits = self._forward(batch)
+            self.scheduler.finish_step(batch)
+            results = sample(logits.float(), [s.state.sampler for s in sampled_seqs],
+                             self._stop_ids()) if sampled_seqs else []
+        except Exception as e:  # the whole step failed: fail its requests, keep the rest
+            for seq in batch.seqs:
+                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
+            return outputs
+        for seq, result in zip(sampled_seqs, results, strict=True):
             try:
-                out = self._advance(req)
-            except Exception as e:  # one request's failure never stops the others
-                out = StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}")
-            if out.finished:
-                self._running.pop(req.id, None)
-            outputs.append(out)
+                outputs.append(self._emit(seq, result))
+            except Exception as e:  # e.g. its detokenizer failed: only it fails
+                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
+        self.steps += 1
+        self.step_time_s += time.perf_counter() - started
         return outputs
 
     def info(self) -> dict[str, Any]:
         return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
                 "dtype": str(self.lm.dtype).removeprefix("torch."), "device": str(self.lm.device),
-                "vocab_size": self.lm.vocab_size}
+                "vocab_size": self.lm.vocab_size, "kv_blocks": self.cache.pool.num_blocks,
+                "block_size": self.cache.block_size,
+                "max_num_seqs": self.scheduler.max_num_seqs,
+                "max_batched_tokens": self.scheduler.max_batched_tokens}
 
     def stats(self) -> dict[str, Any]:
-        return {"running": len(self._running)}
+        pool = self.cache.pool
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
+                "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
+                "steps": self.steps}
 
     def shutdown(self) -> None:
-        self._running.clear()
+        for seq in list(self._seqs.values()):
+            self.scheduler.remove(seq)
+        self._seqs.clear()
         self._failed.clear()
 
-    # -- internals --------------------------------------------------------------------
-    def _prompt_ids(self, inputs: Mapping[str, Any]) -> list[int]:
-        tok = self.lm.tokenizer
-        if "prompt_token_ids" in inputs:
-            ids = inputs["prompt_token_ids"]
-            if not isinstance(ids, list | tuple) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise ValueError("prompt_token_ids must be a list of integers")
-            bad = [i for i in ids if not 0 <= i < self.lm.vocab_size]
-            if bad:
-                raise ValueError(f"prompt_token_ids out of range [0, {self.lm.vocab_size}): {bad[:5]}")
-            ids = list(ids)
-        elif "messages" in inputs:
-            ids = apply_chat_template(tok, inputs["messages"])
-        elif "prompt" in inputs:
-            if not isinstance(inputs["prompt"], str):
-                raise ValueError("prompt must be a string")
-            ids = tok(inputs["prompt"])["input_ids"]
-        elif inputs and all(isinstance(v, list) for v in inputs.values()):
-            # downstream of other stages (full delivery): their text is the prompt
-            text = "".join(c.get("text", "") for chunks in inputs.values() for c in chunks
-                           if isinstance(c, Mapping))
-            ids = tok(text)["input_ids"]
-        else:
-            raise ValueError("inputs need one of 'prompt', 'prompt_token_ids' or 'messages'")
-        if not ids:
-            raise ValueError("the prompt is empty")
-        limit = self.lm.max_positions
-        if limit is not None and len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens; the model's limit is {limit}")
-        return [int(i) for i in ids]
+    # -- one step -----------------------------------------------------------------------------
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+        """Run the packed batch; logits of the sequences that reach their last token."""
+        ids, positions, last, sampled = [], [], [], []
+        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
+            ids += seq.tokens[start:start + n]
+            positions += range(start, start + n)
+            if start + n == len(seq.prompt) + len(seq.output):
+                last.append(len(ids) - 1)
+                sampled.append(seq)
+        dev = self.lm.device
+        layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
+                              batch.counts, dev)
+        out = self.lm.model(input_ids=torch.tensor([ids], device=dev),
+                            position_ids=torch.tensor([positions], device=dev),
+                            use_cache=False, omni_batch=layout,
+                            logits_to_keep=torch.tensor(last, dtype=torch.long, device=dev))
+        return sampled, out.logits[0]
 
-    def _advance(self, req: _Request) -> StepOutput:
-        first = req.cache is None
-        if first:
-            req.cache = self.lm.new_cache()
-            ids = req.prompt_ids
-        else:
-            ids = req.output_ids[-1:]
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
-        kwargs = {self.lm.cache_kwarg: req.cache}  # the cache is updated in place
-        out = self.lm.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **kwargs)
-        token = sample_token(out.logits[0, -1], req.params, req.generator)
-        req.output_ids.append(token)
+    def _stop_ids(self) -> set[int]:
+        return set(self.lm.eos_token_ids)
 
-        p = req.params
-        finish = None
-        if (token in p["stop_token_ids"]
-                or (not p["ignore_eos"] and token in self.lm.eos_token_ids)):
+    def _emit(self, seq: Sequence, result: Any) -> StepOutput:
+        state: _State = seq.state
+        p = state.params
+        token = result.token
+        seq.output.append(token)
+        state.sampler.append(token)
+        finish = self._finish_reason(seq, token)
+        text, stopped = state.detok.push([token], final=finish is not None)
+        if stopped:
             finish = "stop"
-        elif len(req.output_ids) >= p["max_tokens"]:
-            finish = "length"
-        elif (self.lm.max_positions is not None
-              and len(req.prompt_ids) + len(req.output_ids) >= self.lm.max_positions):
-            finish = "length"
-        if self._detokenize(req, final=finish is not None):
-            finish = "stop"  # a stop string appeared
+            text += state.detok.push([], final=True)[0]
+        data: dict[str, Any] = {"token_ids": [token], "text": text, "finish_reason": finish}
+        if p.logprobs is not None:
+            data["logprobs"] = [self._logprobs_entry(result.logprobs)]
+        if not state.started:
+            state.started = True
+            data["prompt_tokens"] = len(seq.prompt)
+            data["cached_tokens"] = seq.blocks.cached_tokens
+        if finish is None:
+            return StepOutput(seq.id, data=data)
+        data["completion_tokens"] = len(seq.output)
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        return StepOutput(seq.id, data=data, finished=True)
 
-        if finish is None and p["stop"]:
-            hold = max(len(s) for s in p["stop"]) - 1  # a stop string may be starting
-            end = max(req.sent, len(req.text) - hold)
-        else:
-            end = len(req.text)
-        data: dict[str, Any] = {"token_ids": [token], "text": req.text[req.sent:end],
-                                "finish_reason": finish}
-        req.sent = end
-        if first:
-            data["prompt_tokens"] = len(req.prompt_ids)
-        if finish is not None:
-            data["completion_tokens"] = len(req.output_ids)
-        return StepOutput(req.id, data=data, finished=finish is not None)
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p: SamplingParams = seq.state.params
+        n = len(seq.output)
+        if n >= p.min_tokens and (token in p.stop_token_ids or (
+                not p.ignore_eos and token in self.lm.eos_token_ids)):
+            return "stop"
+        if n >= p.max_tokens:
+            return "length"
+        limit = self.lm.max_positions
+        if limit is not None and len(seq.prompt) + n >= limit:
+            return "length"
+        return None
 
-    def _detokenize(self, req: _Request, final: bool) -> bool:
-        """Extend req.text with the newly complete text; True when a stop string hit."""
-        def decode(ids: list[int]) -> str:
-            return self.lm.tokenizer.decode(ids, skip_special_tokens=True,
-                                            clean_up_tokenization_spaces=False)
+    def _logprobs_entry(self, lp: Any) -> dict[str, Any]:
+        decode = self.lm.tokenizer.convert_ids_to_tokens
+        return {"token_id": lp.token, "token": decode(lp.token), "logprob": lp.logprob,
+                "top": [{"token_id": t, "token": decode(t), "logprob": v} for t, v in lp.top]}
 
-        ids = req.output_ids
-        prefix_text = decode(ids[req.prefix:req.read])
-        new_text = decode(ids[req.prefix:])
-        # a trailing U+FFFD means a multi-byte character is still incomplete: wait
-        if not final and (len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd")):
-            return False
-        before = len(req.text)
-        req.text += new_text[len(prefix_text):]
-        req.prefix, req.read = req.read, len(ids)
-        stops = req.params["stop"]
-        if not stops:
-            return False
-        start = max(0, before - max(len(s) for s in stops) + 1)
-        hits = [i for i in (req.text.find(s, start) for s in stops) if i >= 0]
-        if hits:
-            req.text = req.text[:min(hits)]
-            return True
-        return False
+    def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput:
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        rest = seq.state.detok.push([], final=True)[0] if text is None else text
+        return StepOutput(seq.id, finished=True, data={
+            "token_ids": [], "text": rest, "finish_reason": reason,
+            "completion_tokens": len(seq.output), "prompt_tokens": len(seq.prompt)})
+
+    def _fail(self, seq: Sequence, error: str) -> StepOutput:
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        return StepOutput(seq.id, finished=True, error=error)

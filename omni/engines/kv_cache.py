@@ -1,0 +1,172 @@
+"""Paged KV cache: fixed-size blocks shared by all sequences, with prefix caching.
+
+Memory: one K and one V tensor per layer, each ``(num_blocks * block_size, kv_heads,
+head_dim)``; token ``t`` of a sequence lives in slot ``table[t // block_size] *
+block_size + t % block_size``. The number of blocks comes from a byte budget, so the
+cache never grows after start-up and running out is a scheduling event (wait, preempt
+or refuse), never an allocation failure in the middle of a step.
+
+Prefix caching: a *full* block is identified by the hash of its tokens chained with the
+hash of the block before it, so equal hashes mean equal prefixes. A block whose last
+user left keeps its content and hash ("cached") until the space is needed; a new
+sequence whose prompt starts with cached blocks takes them instead of recomputing.
+Blocks are reference counted: a prefix shared by many running sequences is stored once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class OutOfBlocksError(RuntimeError):
+    """No free or cached block is left (the scheduler waits, preempts or refuses)."""
+
+
+class BlockPool:
+    """Block ids, reference counts, and the prefix-cache index."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, int] = {}  # block -> prefix hash (full, cached blocks)
+        self._block_of: dict[int, int] = {}  # prefix hash -> block
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unused hashed blocks, LRU
+        self.hits = 0  # prefix-cache blocks reused
+
+    @property
+    def available(self) -> int:
+        """Blocks a new allocation can get (free + cached but unused)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.available
+
+    def allocate(self) -> int:
+        if self._free:
+            block = self._free.pop()
+        elif self._cached:
+            block, _ = self._cached.popitem(last=False)  # evict the least recently used
+            del self._block_of[self._hash_of.pop(block)]
+        else:
+            raise OutOfBlocksError("the KV cache is full")
+        self._refs[block] = 1
+        return block
+
+    def release(self, block: int) -> None:
+        refs = self._refs[block] - 1
+        if refs < 0:
+            raise RuntimeError(f"block {block} released more often than taken")
+        self._refs[block] = refs
+        if refs == 0:
+            if block in self._hash_of:
+                self._cached[block] = None  # content stays valid for a later prefix hit
+            else:
+                self._free.append(block)
+
+    def lookup(self, prefix_hash: int) -> int | None:
+        """The cached block holding this prefix (now referenced once more), or None."""
+        block = self._block_of.get(prefix_hash)
+        if block is None:
+            return None
+        if self._refs[block] == 0:
+            del self._cached[block]
+        self._refs[block] += 1
+        self.hits += 1
+        return block
+
+    def publish(self, block: int, prefix_hash: int) -> None:
+        """A block just became full: make its prefix findable (first writer wins)."""
+        if prefix_hash not in self._block_of and block not in self._hash_of:
+            self._block_of[prefix_hash] = block
+            self._hash_of[block] = prefix_hash
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, salt: int = 0) -> list[int]:
+    """Chained hashes of every full block of tokens (salt separates e.g. models)."""
+    hashes, prev = [], salt
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        prev = hash((prev, tuple(tokens[start:start + block_size])))
+        hashes.append(prev)
+    return hashes
+
+
+@dataclass
+class SequenceBlocks:
+    """One sequence's place in the cache."""
+
+    table: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # of its full blocks, as published
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+
+    def slots(self, start: int, end: int, block_size: int) -> list[int]:
+        return [self.table[t // block_size] * block_size + t % block_size
+                for t in range(start, end)]
+
+
+class PagedKVCache:
+    """The cache tensors plus the block bookkeeping of every sequence."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        shape = (num_blocks * block_size, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int,
+                        dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * kv_heads * head_dim * itemsize
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def attach_prefix(self, seq: SequenceBlocks, prompt: Sequence[int], salt: int = 0) -> int:
+        """Take the cached blocks of the prompt's longest cached prefix; returns the
+        number of tokens whose KV is already there. The last prompt token is always
+        recomputed (its logits are needed)."""
+        usable = (len(prompt) - 1) // self.block_size
+        for h in block_hashes(prompt, self.block_size, salt)[:usable]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            seq.table.append(block)
+            seq.hashes.append(h)
+        seq.cached_tokens = len(seq.table) * self.block_size
+        return seq.cached_tokens
+
+    def grow(self, seq: SequenceBlocks, total_tokens: int) -> None:
+        """Make room for total_tokens; OutOfBlocksError (nothing taken) if it cannot."""
+        need = self.blocks_for(total_tokens) - len(seq.table)
+        if need > self.pool.available:
+            raise OutOfBlocksError(f"need {need} more blocks, {self.pool.available} available")
+        for _ in range(max(need, 0)):
+            seq.table.append(self.pool.allocate())
+
+    def publish_full(self, seq: SequenceBlocks, tokens: Sequence[int], salt: int = 0) -> None:
+        """Publish the blocks that became full (their tokens' KV is written)."""
+        full = len(tokens) // self.block_size
+        if full <= len(seq.hashes):
+            return
+        prev = seq.hashes[-1] if seq.hashes else salt
+        for i in range(len(seq.hashes), full):
+            block_tokens = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+            prev = hash((prev, block_tokens))
+            self.pool.publish(seq.table[i], prev)
+            seq.hashes.append(prev)
+
+    def free(self, seq: SequenceBlocks) -> None:
+        for block in seq.table:
+            self.pool.release(block)
+        seq.table.clear()
+        seq.hashes.clear()

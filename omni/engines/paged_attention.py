@@ -1,0 +1,136 @@
+"""Attention over the paged KV cache, plugged into transformers model definitions.
+
+The engine runs a step as ONE forward call over a packed batch: the new tokens of every
+scheduled sequence (a whole prompt chunk for a prefill, one token for a decode) are laid
+end to end as a batch of one, ``(1, N)``, with each token's own position id. The model
+computes Q/K/V and rotary embeddings as it always does and then calls the attention
+function registered here (``ATTN_NAME``, through transformers' AttentionInterface), which
+
+1. writes the new tokens' K and V into their cache slots, and
+2. attends each sequence's queries over that sequence's cached context only (causal,
+   and windowed for sliding-window layers).
+
+transformers builds no mask for an attention name it has no mask function for, so the
+packed batch costs nothing extra there. The batch layout travels to this function as
+the ``omni_batch`` keyword argument of the model call (transformers passes unknown
+keyword arguments down to the attention function).
+
+Kernels: a decode-only step (every sequence adds one token) gathers the contexts into one
+padded tensor and makes one ``scaled_dot_product_attention`` call; a step with prefills
+makes one call per sequence. Both are plain torch, so they run on CPU and CUDA alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omni.engines.kv_cache import PagedKVCache
+
+ATTN_NAME = "omni_paged"
+
+
+@dataclass
+class BatchLayout:
+    """Where the packed tokens of one step go, and what each sequence attends to."""
+
+    cache: PagedKVCache
+    write_slots: torch.Tensor  # (N,) cache slot of every packed token
+    query_lens: list[int]  # new tokens per sequence, in packing order
+    context_lens: list[int]  # cached + new tokens per sequence
+    context_slots: list[torch.Tensor]  # per sequence: (context_len,) slots, in order
+    decode_only: bool  # every query_len is 1
+    padded_slots: torch.Tensor | None = None  # decode: (B, Lmax) slots, 0 where padding
+    padded_valid: torch.Tensor | None = None  # decode: (B, Lmax) bool
+
+
+def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
+                 query_lens: list[int], device: torch.device) -> BatchLayout:
+    """Layout for sequences whose new tokens sit at positions [start, start + n)."""
+    bs = cache.block_size
+    context_slots, write = [], []
+    for table, start, n in zip(tables, starts, query_lens, strict=True):
+        positions = torch.arange(start + n)
+        blocks = torch.tensor(table, dtype=torch.long)[positions // bs]
+        slots = blocks * bs + positions % bs
+        context_slots.append(slots.to(device))
+        write.append(slots[start:])
+    decode = all(n == 1 for n in query_lens)
+    layout = BatchLayout(cache, torch.cat(write).to(device), list(query_lens),
+                         [s + n for s, n in zip(starts, query_lens, strict=True)],
+                         context_slots, decode)
+    if decode:
+        longest = max(layout.context_lens)
+        padded = torch.zeros(len(tables), longest, dtype=torch.long)
+        valid = torch.zeros(len(tables), longest, dtype=torch.bool)
+        for i, slots in enumerate(context_slots):
+            padded[i, :slots.numel()] = slots.cpu()
+            valid[i, :slots.numel()] = True
+        layout.padded_slots, layout.padded_valid = padded.to(device), valid.to(device)
+    return layout
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
+                    dropout: float = 0.0, sliding_window: int | None = None,
+                    omni_batch: BatchLayout | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function: query (1, H, N, D), key/value (1, KVH, N, D);
+    returns (1, N, H, D) as transformers' own implementations do."""
+    if omni_batch is None:
+        raise RuntimeError(f"attention '{ATTN_NAME}' needs the engine's batch layout")
+    layer = module.layer_idx
+    k_cache, v_cache = omni_batch.cache.k[layer], omni_batch.cache.v[layer]
+    k_cache.index_copy_(0, omni_batch.write_slots, key[0].transpose(0, 1).to(k_cache.dtype))
+    v_cache.index_copy_(0, omni_batch.write_slots, value[0].transpose(0, 1).to(v_cache.dtype))
+    if omni_batch.decode_only:
+        out = _decode(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
+    else:
+        out = _per_sequence(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
+    return out.unsqueeze(0), None
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            layout: BatchLayout, scale: float | None, window: int | None) -> torch.Tensor:
+    """q (H, B, D): one query per sequence, all contexts padded to the longest."""
+    slots, valid = layout.padded_slots, layout.padded_valid
+    k = k_cache[slots].permute(0, 2, 1, 3)  # (B, KVH, L, D)
+    v = v_cache[slots].permute(0, 2, 1, 3)
+    mask = valid
+    if window:
+        lens = torch.tensor(layout.context_lens, device=valid.device).unsqueeze(1)
+        mask = mask & (torch.arange(valid.shape[1], device=valid.device) >= lens - window)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(2), k, v,
+                                         attn_mask=mask[:, None, None, :], scale=scale,
+                                         enable_gqa=k.shape[1] != q.shape[0])
+    return out.squeeze(2)  # (B, H, D) = (N, H, D)
+
+
+def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  layout: BatchLayout, scale: float | None, window: int | None) -> torch.Tensor:
+    """q (H, N, D): each sequence's query block against its own context."""
+    outs, offset = [], 0
+    for n, length, slots in zip(layout.query_lens, layout.context_lens, layout.context_slots,
+                                strict=True):
+        qi = q[:, offset:offset + n].unsqueeze(0)  # (1, H, n, D)
+        k = k_cache[slots].transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
+        v = v_cache[slots].transpose(0, 1).unsqueeze(0)
+        pos_q = torch.arange(length - n, length, device=q.device).unsqueeze(1)
+        pos_k = torch.arange(length, device=q.device).unsqueeze(0)
+        mask = pos_k <= pos_q
+        if window:
+            mask = mask & (pos_k > pos_q - window)
+        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale,
+                                             enable_gqa=k.shape[1] != qi.shape[1])
+        outs.append(out[0].transpose(0, 1))  # (n, H, D)
+        offset += n
+    return torch.cat(outs)
+
+
+def register() -> None:
+    """Make ``attn_implementation=ATTN_NAME`` known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, paged_attention)
