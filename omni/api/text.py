@@ -1,11 +1,18 @@
-"""/v1/completions and /v1/chat/completions (text out), non-stream and SSE."""
+"""/v1/completions and /v1/chat/completions (text out), non-stream and SSE.
+
+``n`` choices run as n requests of the pipeline at once (they share the prompt's KV
+blocks through the AR engine's prefix cache); with a ``seed``, choice i uses seed + i, so
+the choices differ and each is reproducible. Logprobs come from the engine's outputs
+(the model's own distribution) and are shaped per endpoint: chat's ``content`` list or
+the completions API's parallel arrays.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,27 +20,19 @@ from aiohttp import web
 
 from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
-from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
-
-SAMPLING_RANGES = {  # field -> (min, max) inclusive
-    "temperature": (0.0, 2.0), "top_p": (1e-9, 1.0),
-}
-# OpenAI fields the AR engine does not implement yet: refused unless neutral, never ignored
-NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0}
-# request field -> engine param (max_completion_tokens is chat's newer name for max_tokens)
-INT_FIELDS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
-              "top_k": "top_k", "seed": "seed"}
+from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
+from omni.api.text_params import choice_count, logprobs_count, sampling_params
 
 
 @dataclass
 class TextResult:
-    """What a finished text request produced, accumulated from its outputs."""
+    """What one choice produced, accumulated from its outputs."""
 
     text: str = ""
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, data: dict[str, Any]) -> str:
         delta = data.get("text", "") or ""
@@ -41,60 +40,15 @@ class TextResult:
         self.prompt_tokens = data.get("prompt_tokens", self.prompt_tokens)
         self.completion_tokens += len(data.get("token_ids", ()))
         self.finish_reason = data.get("finish_reason") or self.finish_reason
+        self.logprobs += data.get("logprobs") or []
         return delta
 
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
 
-
-def sampling_params(body: dict[str, Any]) -> dict[str, Any]:
-    """Validate the OpenAI sampling fields and return them under our names."""
-    params: dict[str, Any] = {}
-    for name, (low, high) in SAMPLING_RANGES.items():
-        value = body.get(name)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not low <= value <= high:
-                raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got "
-                               f"{value!r}", param=name)
-            params[name] = float(value)
-    for name, target in INT_FIELDS.items():
-        value = body.get(name)
-        if value is not None:
-            low = 1 if target == "max_tokens" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise APIError(400, f"'{name}' must be an integer >= {low}, got {value!r}",
-                               param=name)
-            params[target] = value
-    params.update(_stop_param(body.get("stop")))
-    if body.get("ignore_eos") is not None:
-        params["ignore_eos"] = bool(body["ignore_eos"])
-    _refuse_unsupported(body)
-    return params
-
-
-def _stop_param(stop: Any) -> dict[str, Any]:
-    if stop is None:
-        return {}
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
-            or len(stops) > 16:
-        raise APIError(400, "'stop' must be a non-empty string or a list of up to 16 of them",
-                       param="stop")
-    return {"stop": stops}
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    for name, neutral in NOT_YET.items():
-        if body.get(name) not in (None, neutral):
-            raise APIError(400, f"'{name}' is not supported by this server yet (only "
-                           f"{neutral})", param=name)
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise APIError(400, f"'n' must be 1 on this server (got {n!r})", param="n")
-    if body.get("logprobs"):
-        raise APIError(400, "'logprobs' is not supported by this server yet", param="logprobs")
+def usage(results: list[TextResult]) -> dict[str, int]:
+    prompt = max((r.prompt_tokens for r in results), default=0)  # one prompt for all choices
+    completion = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def _text_model(request: web.Request, body: dict[str, Any]) -> ServedModel:
@@ -129,14 +83,36 @@ def _chat_inputs(body: dict[str, Any]) -> dict[str, Any]:
     return {"messages": messages}
 
 
+def _chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    def one(e: dict[str, Any]) -> dict[str, Any]:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
+    return {"content": [{**one(e), "top_logprobs": [one(t) for t in e["top"]]}
+                        for e in entries], "refusal": None}
+
+
+def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"]} for e in entries],
+            "text_offset": offsets}
+
+
 class TextCall:
-    """One text request: runs it, and shapes it as a completion or a chat completion."""
+    """One text request: runs its choices, and shapes them for its endpoint."""
 
     def __init__(self, request: web.Request, body: dict[str, Any], chat: bool) -> None:
         self.request, self.body, self.chat = request, body, chat
         self.model = _text_model(request, body)
         self.inputs = _chat_inputs(body) if chat else _completion_inputs(body)
-        self.params = {"*": sampling_params(body)}
+        self.sampling = sampling_params(body)
+        self.n = choice_count(body)
+        self.logprobs = logprobs_count(body, chat)
+        if self.logprobs is not None:
+            self.sampling["logprobs"] = self.logprobs
         prefix = "chatcmpl" if chat else "cmpl"
         # our own id inside (a client's X-Request-Id need not be unique); theirs is echoed
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -144,12 +120,22 @@ class TextCall:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
 
-    def stream(self) -> Any:
-        return self.model.omni.generate(self.inputs, modalities=["text"], params=self.params,
-                                        request_id=self.id)
+    def stream(self, index: int) -> Any:
+        params = dict(self.sampling)
+        if self.n > 1 and "seed" in params:
+            params["seed"] += index
+        request_id = self.id if self.n == 1 else f"{self.id}-{index}"
+        return self.model.omni.generate(self.inputs, modalities=["text"], params={"*": params},
+                                        request_id=request_id)
 
-    def choice(self, result: TextResult) -> dict[str, Any]:
-        base = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
+    def _logprobs(self, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        return _chat_logprobs(entries) if self.chat else _completion_logprobs(entries, offset)
+
+    def choice(self, index: int, result: TextResult) -> dict[str, Any]:
+        base = {"index": index, "finish_reason": result.finish_reason,
+                "logprobs": self._logprobs(result.logprobs, 0)}
         if self.chat:
             return {**base, "message": {"role": "assistant", "content": result.text,
                                         "refusal": None}}
@@ -159,64 +145,119 @@ class TextCall:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model.id,
                 "choices": choices}
 
-    def delta_choice(self, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+    def delta_choice(self, index: int, text: str | None, finish: str | None, first: bool,
+                     logprobs: list[dict[str, Any]] | None = None,
+                     offset: int = 0) -> dict[str, Any]:
+        lp = self._logprobs(logprobs, offset) if logprobs else None
         if not self.chat:
-            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": lp}
         delta = {"role": "assistant", "content": ""} if first else {}
         if text:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
 
 
-async def _complete(call: TextCall) -> web.Response:
+async def _collect(call: TextCall, index: int) -> TextResult:
     result = TextResult()
-    async with contextlib.aclosing(call.stream()) as outputs:
+    async with contextlib.aclosing(call.stream(index)) as outputs:
         async for out in outputs:
             if out.data is not None and out.modality == "text":
                 result.add(out.data)
-    body = call.envelope(call.object, [call.choice(result)])
-    body["usage"] = result.usage()
+    return result
+
+
+async def _complete(call: TextCall) -> web.Response:
+    try:
+        async with asyncio.TaskGroup() as group:  # one failing choice cancels the others
+            tasks = [group.create_task(_collect(call, i)) for i in range(call.n)]
+    except ExceptionGroup as failed:  # answer with the first failure's own status
+        raise failed.exceptions[0] from None
+    results = [t.result() for t in tasks]
+    body = call.envelope(call.object, [call.choice(i, r) for i, r in enumerate(results)])
+    body["usage"] = usage(results)
     return web.json_response(body, headers={"X-Request-Id": call.client_request_id})
+
+
+class _Merged:
+    """The outputs of all choices as one queue of (index, output | exception | None)."""
+
+    def __init__(self, call: TextCall) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks = [asyncio.ensure_future(self._pump(call, i)) for i in range(call.n)]
+
+    async def _pump(self, call: TextCall, index: int) -> None:
+        try:
+            async with contextlib.aclosing(call.stream(index)) as outputs:
+                async for out in outputs:
+                    await self.queue.put((index, out))
+            await self.queue.put((index, None))
+        except Exception as exc:
+            await self.queue.put((index, exc))
+
+    async def next(self, response: web.StreamResponse | None) -> tuple[int, Any]:
+        while True:
+            try:
+                return await asyncio.wait_for(self.queue.get(), SSE_PING_EVERY_S)
+            except TimeoutError:
+                if response is not None:
+                    await response.write(b": ping\n\n")  # keeps proxies from timing out
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()  # leaving a stream early aborts that choice in every stage
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 async def _stream(call: TextCall) -> web.StreamResponse:
     chunk_object = "chat.completion.chunk" if call.chat else "text_completion"
     include_usage = bool((call.body.get("stream_options") or {}).get("include_usage"))
-    outputs = call.stream()
-    first = await first_output(outputs)  # errors before the 200 become proper statuses
-    response = await start_sse(call.request, call.client_request_id)
-    send = _sse_sender(response, include_usage)
-    result = TextResult()
+    merged = _Merged(call)
     try:
-        async with contextlib.aclosing(outputs):
-            await send(call.envelope(chunk_object, [call.delta_choice(None, None, True)]))
-            item = first
-            while item is not None and not item.finished:
-                if item.data is not None and item.modality == "text":
-                    delta = result.add(item.data)
-                    if delta:
-                        await send(call.envelope(chunk_object,
-                                                 [call.delta_choice(delta, None, False)]))
-                item = await next_with_pings(outputs, response)
-        await send(call.envelope(chunk_object,
-                                 [call.delta_choice(None, result.finish_reason, False)]))
-        if include_usage:
-            await send({**call.envelope(chunk_object, []), "usage": result.usage()})
-        await response.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, ConnectionError):
-        raise  # the client left; aclosing already aborted the request
-    except Exception as exc:
-        await response.write(sse_error_event(exc))
+        index, item = await merged.next(None)  # an early error becomes a proper status
+        if isinstance(item, Exception):
+            raise item
+        response = await start_sse(call.request, call.client_request_id)
+        await _stream_body(call, merged, response, (index, item), chunk_object, include_usage)
+    finally:
+        await merged.close()
     return response
 
 
-def _sse_sender(response: web.StreamResponse,
-                include_usage: bool) -> Callable[[dict[str, Any]], Any]:
+async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResponse,
+                       first: tuple[int, Any], chunk_object: str, include_usage: bool) -> None:
     async def send(payload: dict[str, Any]) -> None:
         if include_usage:  # OpenAI: every chunk carries usage, null until the last one
             payload.setdefault("usage", None)
         await response.write(sse_data(payload))
-    return send
+
+    results = [TextResult() for _ in range(call.n)]
+    open_choices, pending = set(range(call.n)), first
+    try:
+        for i in range(call.n):
+            await send(call.envelope(chunk_object, [call.delta_choice(i, None, None, True)]))
+        while open_choices:
+            index, item = pending if pending is not None else await merged.next(response)
+            pending = None
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                open_choices.discard(index)
+                await send(call.envelope(chunk_object, [call.delta_choice(
+                    index, None, results[index].finish_reason, False)]))
+            elif item.data is not None and item.modality == "text":
+                offset = len(results[index].text)
+                delta = results[index].add(item.data)
+                entries = item.data.get("logprobs")
+                if delta or entries:
+                    await send(call.envelope(chunk_object, [call.delta_choice(
+                        index, delta, None, False, entries, offset)]))
+        if include_usage:
+            await send({**call.envelope(chunk_object, []), "usage": usage(results)})
+        await response.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, ConnectionError):
+        raise  # the client left; closing the merge aborts every choice
+    except Exception as exc:
+        await response.write(sse_error_event(exc))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -236,7 +236,9 @@ class AREngine(Engine):
         return None
 
     def _logprobs_entry(self, lp: Any) -> dict[str, Any]:
-        decode = self.lm.tokenizer.convert_ids_to_tokens
+        def decode(token: int) -> str:  # the token's own text, as OpenAI reports it
+            return self.lm.tokenizer.decode([token], skip_special_tokens=False)
+
         return {"token_id": lp.token, "token": decode(lp.token), "logprob": lp.logprob,
                 "top": [{"token_id": t, "token": decode(t), "logprob": v} for t, v in lp.top]}
 
