@@ -9,6 +9,17 @@ that calls its attention interface runs unchanged (Qwen3 dense and MoE are teste
 Sequences whose last fed token ends their known tokens are sampled together
 (omni/engines/sampling.py); a request joins at the next step and leaves when it ends.
 
+Stream input: a request added with inputs {"stream": [producer]} waits in the scheduler
+and takes its prompt from APPEND chunks ({"token_ids": [...]} or {"text": "..."}); token
+ids are prefilled as they arrive (all but the last, whose logits count only once the
+input is complete), text is tokenized when its stream ends. No placeholder tokens.
+
+Hidden-state export: with stage option export_hidden_layers (indices into transformers'
+hidden_states: 0 = embeddings, i = after decoder layer i, negative from the end), every
+output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens fed
+since the previous output (the whole prompt with the first token, then one per step),
+which a stream edge hands to the next stage (e.g. a talker).
+
 Stage options: block_size (16), kv_cache_mb (CPU: 256) or kv_cache_fraction (CUDA: 0.85 of
 the memory free after loading), kv_cache_blocks (exact count, overrides both),
 max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true).
@@ -45,6 +56,10 @@ class _State:
     sampler: SequenceSampler
     detok: IncrementalDetokenizer
     started: bool = False
+    stream_from: str | None = None  # the producer stage feeding this request's prompt
+    stream_seq: int = 0  # next chunk number expected from it
+    stream_text: str = ""  # text chunks, tokenized together when the stream ends
+    hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
 
 
 class AREngine(Engine):
@@ -62,6 +77,7 @@ class AREngine(Engine):
             self.cache, max_num_seqs=self._opt("max_num_seqs", 64),
             max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
             prefix_salt=0 if self.options.get("prefix_caching", True) else None)
+        self.export_layers = self._layers(self.options.get("export_hidden_layers"))
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self.steps = 0
@@ -73,6 +89,17 @@ class AREngine(Engine):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EngineLoadError(f"option {name} must be a positive integer, got {value!r}")
         return value
+
+    def _layers(self, value: Any) -> list[int] | None:
+        if value is None:
+            return None
+        total = self.lm.config.num_hidden_layers + 1
+        if not isinstance(value, list) or not value or not all(
+                isinstance(i, int) and not isinstance(i, bool) and -total <= i < total
+                for i in value):
+            raise EngineLoadError(f"option export_hidden_layers must be a list of layer "
+                                  f"indices in [{-total}, {total}), got {value!r}")
+        return [i % total for i in value]
 
     def _make_cache(self) -> PagedKVCache:
         cfg = self.lm.config
@@ -102,7 +129,9 @@ class AREngine(Engine):
             if rid in self._seqs:
                 raise ValueError(f"request id {rid!r} is already running")
             params = SamplingParams.from_dict(request.params or {})
-            ids = prompt_ids(self.lm, request.inputs or {})
+            inputs = request.inputs or {}
+            producer = _stream_producer(inputs)
+            ids = [] if producer else prompt_ids(self.lm, inputs)
             capacity = self.cache.pool.num_blocks * self.cache.block_size
             if len(ids) >= capacity:
                 raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
@@ -111,10 +140,50 @@ class AREngine(Engine):
             self._failed.append(StepOutput(rid, finished=True, error=f"{type(e).__name__}: {e}"))
             return
         state = _State(params, SequenceSampler(params, ids, self.lm.device),
-                       IncrementalDetokenizer(self.lm.tokenizer, params.stop))
-        seq = Sequence(rid, ids, state)
+                       IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+                       stream_from=producer)
+        seq = Sequence(rid, ids, state, input_open=producer is not None)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
+
+    def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
+               last: bool) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return  # aborted or failed: late chunks in flight are dropped
+        state: _State = seq.state
+        try:
+            if producer != state.stream_from or not seq.input_open:
+                raise ValueError(f"unexpected stream input from '{producer}'")
+            if seq_no != state.stream_seq:
+                raise ValueError(f"chunk {seq_no} from '{producer}', expected {state.stream_seq}")
+            state.stream_seq += 1
+            self._take_chunk(seq, data or {})
+            if last:
+                self._close_input(seq)
+        except ValueError as e:
+            self._failed.append(self._fail(seq, f"bad stream input: {e}"))
+
+    def _take_chunk(self, seq: Sequence, data: Mapping[str, Any]) -> None:
+        ids, text = data.get("token_ids"), data.get("text")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(
+                    isinstance(i, int) and 0 <= i < self.lm.vocab_size for i in ids):
+                raise ValueError("token_ids must be a list of valid token ids")
+            seq.prompt += ids
+        elif isinstance(text, str):
+            seq.state.stream_text += text
+        elif data:
+            raise ValueError("a stream chunk needs 'token_ids' or 'text'")
+
+    def _close_input(self, seq: Sequence) -> None:
+        state: _State = seq.state
+        if state.stream_text:
+            seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
+        if not seq.prompt:
+            raise ValueError("the stream ended without any prompt")
+        seq.input_open = False
+        state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device)
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
@@ -191,8 +260,20 @@ class AREngine(Engine):
         out = self.lm.model(input_ids=torch.tensor([ids], device=dev),
                             position_ids=torch.tensor([positions], device=dev),
                             use_cache=False, omni_batch=layout,
+                            output_hidden_states=self.export_layers is not None,
                             logits_to_keep=torch.tensor(last, dtype=torch.long, device=dev))
+        if self.export_layers is not None:
+            self._keep_hidden(batch, out.hidden_states)
         return sampled, out.logits[0]
+
+    def _keep_hidden(self, batch: ScheduledBatch, hidden: tuple[torch.Tensor, ...]) -> None:
+        """Each sequence's slice of the chosen layers, held until its next output."""
+        chosen = torch.stack([hidden[i][0] for i in self.export_layers], dim=1)  # (N, k, H)
+        offset = 0
+        for seq, n in zip(batch.seqs, batch.counts, strict=True):
+            state: _State = seq.state
+            state.hidden = (state.hidden or []) + [chosen[offset:offset + n].clone()]
+            offset += n
 
     def _stop_ids(self) -> set[int]:
         return set(self.lm.eos_token_ids)
@@ -211,6 +292,9 @@ class AREngine(Engine):
         data: dict[str, Any] = {"token_ids": [token], "text": text, "finish_reason": finish}
         if p.logprobs is not None:
             data["logprobs"] = [self._logprobs_entry(result.logprobs)]
+        if state.hidden:
+            data["hidden_states"] = torch.cat(state.hidden)
+            state.hidden = None
         if not state.started:
             state.started = True
             data["prompt_tokens"] = len(seq.prompt)
@@ -254,3 +338,13 @@ class AREngine(Engine):
         self._seqs.pop(seq.id, None)
         self.scheduler.remove(seq)
         return StepOutput(seq.id, finished=True, error=error)
+
+
+def _stream_producer(inputs: Mapping[str, Any]) -> str | None:
+    """The one producer stage a stream-fed request takes its prompt from, else None."""
+    if "stream" not in inputs:
+        return None
+    producers = inputs["stream"]
+    if not isinstance(producers, list) or len(producers) != 1 or not isinstance(producers[0], str):
+        raise ValueError(f"'stream' must name exactly one producer stage, got {producers!r}")
+    return producers[0]

@@ -37,7 +37,7 @@ class Sequence:
     computed: int = 0  # tokens whose KV is in the cache
     arrival: float = field(default_factory=time.monotonic)
     preemptions: int = 0
-    waiting_input: bool = False  # stream input still arriving (not schedulable yet)
+    input_open: bool = False  # stream input still arriving: sample nothing yet
 
     @property
     def tokens(self) -> list[int]:
@@ -45,8 +45,16 @@ class Sequence:
 
     @property
     def pending(self) -> int:
-        """Tokens to feed before the next sample (prompt left, or the last sampled one)."""
-        return len(self.prompt) + len(self.output) - self.computed
+        """Tokens to feed now: the prompt left (while input is still arriving, all but
+        the last token, whose logits are only wanted once the input is complete), or the
+        last sampled token."""
+        known = len(self.prompt) + len(self.output)
+        return max(0, known - 1 - self.computed) if self.input_open else known - self.computed
+
+    @property
+    def samples_next(self) -> bool:
+        """Feeding its pending tokens reaches the end of a complete input."""
+        return not self.input_open
 
 
 @dataclass
@@ -87,7 +95,8 @@ class Scheduler:
         self.cache.free(seq.blocks)
 
     def has_work(self) -> bool:
-        return bool(self.running) or any(not s.waiting_input for s in self.waiting)
+        return any(s.pending > 0 for s in self.running) or any(
+            s.pending > 0 for s in self.waiting)
 
     # -- one step -----------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
@@ -139,7 +148,7 @@ class Scheduler:
         skipped = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.popleft()
-            if seq.waiting_input:
+            if seq.pending < 1:  # its stream input has not brought enough tokens yet
                 skipped.append(seq)
                 continue
             if not seq.blocks.table:  # fresh, or preempted: reuse what the cache still has

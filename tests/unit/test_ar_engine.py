@@ -68,7 +68,7 @@ def hf_greedy(engine, prompt: str, n: int) -> list[int]:
 
     model_dir = engine.lm.model_dir
     if model_dir not in _REFERENCE:
-        _REFERENCE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        _REFERENCE[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = engine.lm.tokenizer(prompt)["input_ids"]
     ref = _REFERENCE[model_dir].generate(
         torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -267,3 +267,59 @@ def test_inputs_messages_and_token_ids(moe):
     assert tokens(a) == tokens(b)
     bad = run(moe, {"prompt_token_ids": [1, 10**6]}, max_tokens=4)
     assert bad[-1].finished and "out of range" in bad[-1].error
+
+
+def test_stream_input_waits_then_matches_a_complete_prompt(moe):
+    ids = moe.lm.tokenizer(PROMPTS[3])["input_ids"]
+    expected = tokens(run(moe, {"prompt_token_ids": ids}, temperature=0, max_tokens=5,
+                          ignore_eos=True))
+    moe.add(EngineRequest("s", {"stream": ["up"]}, {"temperature": 0, "max_tokens": 5,
+                                                     "ignore_eos": True}))
+    assert not moe.has_work() and moe.step() == []  # nothing to run: no placeholder tokens
+    moe.append("s", "up", 0, {"token_ids": ids[:5]}, False)
+    assert moe.step() == []  # the first tokens are prefilled, nothing is sampled yet
+    assert moe._seqs["s"].computed == 4
+    moe.append("s", "up", 1, {"token_ids": ids[5:]}, False)
+    moe.step()
+    moe.append("s", "up", 2, None, True)
+    assert tokens(drain(moe)["s"]) == expected
+    # text chunks are tokenized together once the stream ends
+    moe.add(EngineRequest("t", {"stream": ["up"]}, {"temperature": 0, "max_tokens": 5,
+                                                     "ignore_eos": True}))
+    moe.append("t", "up", 0, {"text": PROMPTS[3][:10]}, False)
+    moe.append("t", "up", 1, {"text": PROMPTS[3][10:]}, True)
+    assert tokens(drain(moe)["t"]) == expected
+
+
+def test_stream_input_errors_fail_only_that_request(moe):
+    moe.add(EngineRequest("gap", {"stream": ["up"]}, {"max_tokens": 2}))
+    moe.add(EngineRequest("who", {"stream": ["up"]}, {"max_tokens": 2}))
+    moe.add(EngineRequest("empty", {"stream": ["up"]}, {"max_tokens": 2}))
+    moe.append("gap", "up", 1, {"token_ids": [1]}, False)
+    moe.append("who", "other", 0, {"token_ids": [1]}, False)
+    moe.append("empty", "up", 0, None, True)
+    errors = {o.request_id: o.error for o in moe.step()}
+    assert "expected 0" in errors["gap"] and "unexpected" in errors["who"]
+    assert "without any prompt" in errors["empty"]
+    assert not moe.has_work() and moe.stats()["kv_blocks_used"] == 0
+
+
+def test_hidden_state_export(dirs):
+    from transformers import AutoModelForCausalLM
+
+    engine = AREngine(dirs["qwen3"], options={"export_hidden_layers": [0, -1],
+                                              "max_batched_tokens": 6})
+    ids = engine.lm.tokenizer(PROMPTS[3])["input_ids"]  # prefilled in chunks of 6
+    engine.add(EngineRequest("h", {"prompt_token_ids": ids},
+                             {"temperature": 0, "max_tokens": 4, "ignore_eos": True}))
+    outs = drain(engine)["h"]
+    hidden = engine.lm.config.hidden_size
+    shapes = [tuple(o.data["hidden_states"].shape) for o in outs]
+    assert shapes == [(len(ids), 2, hidden)] + [(1, 2, hidden)] * 3
+    seen = ids + tokens(outs)[:-1]  # the last sampled token is never fed
+    ref = AutoModelForCausalLM.from_pretrained(dirs["qwen3"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([seen]), output_hidden_states=True).hidden_states
+    got = torch.cat([o.data["hidden_states"] for o in outs])
+    torch.testing.assert_close(got[:, 0], want[0][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[:, 1], want[-1][0], atol=1e-4, rtol=1e-3)

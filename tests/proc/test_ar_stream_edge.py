@@ -1,0 +1,39 @@
+"""An AR stage fed over a stream edge by a real upstream engine process: the LLM waits
+for its prompt in its scheduler (no placeholders) and answers exactly as it would have
+answered the whole prompt."""
+
+from __future__ import annotations
+
+from procutil import assert_idle, collect, echo_stage, run, serving
+
+from omni.config import parse_pipeline
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+PROMPT = "The quick brown fox jumps over the lazy dog and then runs far away"
+PARAMS = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+
+
+def test_llm_fed_by_a_stream_edge(tmp_path):
+    model_dir = str(ensure_tiny_model("qwen3", tmp_path))
+    pipeline = parse_pipeline({
+        "name": "fed",
+        "stages": [echo_stage("up", chunks=4, delay_ms=20),
+                   {"name": "llm", "engine": "ar", "model_dir": model_dir,
+                    "final_output": "text"}],
+        "edges": [{"from": "up", "to": "llm", "delivery": "stream"}],
+    })
+    direct = parse_pipeline({"name": "direct", "stages": [
+        {"name": "llm", "engine": "ar", "model_dir": model_dir, "final_output": "text"}]})
+
+    def answer(outputs) -> list[int]:
+        return [t for o in outputs if o.stage == "llm" and o.data
+                for t in o.data.get("token_ids", [])]
+
+    async def body():
+        async with serving(pipeline) as omni:
+            fed = await collect(omni.generate({"prompt": PROMPT}, params={"llm": PARAMS}))
+            assert_idle(omni)
+        async with serving(direct) as omni:
+            whole = await collect(omni.generate({"prompt": PROMPT}, params={"llm": PARAMS}))
+        assert len(answer(fed)) == 6 and answer(fed) == answer(whole)
+    run(body(), timeout_s=120)
