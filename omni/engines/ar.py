@@ -22,7 +22,9 @@ which a stream edge hands to the next stage (e.g. a talker).
 
 Stage options: block_size (16), kv_cache_mb (CPU: 256) or kv_cache_fraction (CUDA: 0.85 of
 the memory free after loading), kv_cache_blocks (exact count, overrides both),
-max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true).
+max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true),
+cuda_graphs (CUDA: true; decode steps replay graphs, omni/engines/decode_graphs.py),
+max_graph_context (CUDA graphs cover contexts up to this many tokens; 8192).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class AREngine(Engine):
             max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
             prefix_salt=0 if self.options.get("prefix_caching", True) else None)
         self.export_layers = self._layers(self.options.get("export_hidden_layers"))
+        self.graphs = self._make_graphs() if cuda else None
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self.steps = 0
@@ -100,6 +103,15 @@ class AREngine(Engine):
             raise EngineLoadError(f"option export_hidden_layers must be a list of layer "
                                   f"indices in [{-total}, {total}), got {value!r}")
         return [i % total for i in value]
+
+    def _make_graphs(self) -> Any:
+        if not self.options.get("cuda_graphs", True) or self.export_layers is not None:
+            return None
+        from omni.engines.decode_graphs import DecodeGraphs
+
+        limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
+        return DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
+                            self.lm.device)
 
     def _make_cache(self) -> PagedKVCache:
         cfg = self.lm.config
@@ -247,6 +259,11 @@ class AREngine(Engine):
     # -- one step -----------------------------------------------------------------------------
     def _forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
         """Run the packed batch; logits of the sequences that reach their last token."""
+        if self._graphable(batch):
+            seqs = batch.seqs
+            logits = self.graphs.run([s.tokens[-1] for s in seqs], list(batch.starts),
+                                     [s.blocks.table for s in seqs])
+            return seqs, logits
         ids, positions, last, sampled = [], [], [], []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
             ids += seq.tokens[start:start + n]
@@ -265,6 +282,12 @@ class AREngine(Engine):
         if self.export_layers is not None:
             self._keep_hidden(batch, out.hidden_states)
         return sampled, out.logits[0]
+
+    def _graphable(self, batch: ScheduledBatch) -> bool:
+        """A decode-only step that a captured graph covers."""
+        return (self.graphs is not None and all(n == 1 for n in batch.counts)
+                and all(s.samples_next and s.pending == 1 for s in batch.seqs)
+                and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
     def _keep_hidden(self, batch: ScheduledBatch, hidden: tuple[torch.Tensor, ...]) -> None:
         """Each sequence's slice of the chosen layers, held until its next output."""

@@ -45,6 +45,7 @@ class BatchLayout:
     decode_only: bool  # every query_len is 1
     padded_slots: torch.Tensor | None = None  # decode: (B, Lmax) slots, 0 where padding
     padded_valid: torch.Tensor | None = None  # decode: (B, Lmax) bool
+    context_len_t: torch.Tensor | None = None  # decode: (B,) context lengths on the device
 
 
 def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
@@ -100,8 +101,11 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     v = v_cache[slots].permute(0, 2, 1, 3)
     mask = valid
     if window:
-        lens = torch.tensor(layout.context_lens, device=valid.device).unsqueeze(1)
-        mask = mask & (torch.arange(valid.shape[1], device=valid.device) >= lens - window)
+        lens = layout.context_len_t
+        if lens is None:
+            lens = torch.tensor(layout.context_lens, device=valid.device)
+        mask = mask & (torch.arange(valid.shape[1], device=valid.device)
+                       >= lens.unsqueeze(1) - window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(2), k, v,
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=k.shape[1] != q.shape[0])

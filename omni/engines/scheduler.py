@@ -74,7 +74,8 @@ class Scheduler:
     """Waiting and running queues over one PagedKVCache (see module docstring)."""
 
     def __init__(self, cache: PagedKVCache, max_num_seqs: int, max_batched_tokens: int,
-                 prefix_salt: int = 0) -> None:
+                 prefix_salt: int | None = 0) -> None:
+        """prefix_salt None turns prefix caching off."""
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
@@ -151,7 +152,8 @@ class Scheduler:
             if seq.pending < 1:  # its stream input has not brought enough tokens yet
                 skipped.append(seq)
                 continue
-            if not seq.blocks.table:  # fresh, or preempted: reuse what the cache still has
+            if not seq.blocks.table and self.salt is not None:
+                # fresh, or preempted: reuse what the cache still has of its prefix
                 seq.computed = self.cache.attach_prefix(seq.blocks, seq.tokens, self.salt)
             n = min(seq.pending, budget)
             try:
@@ -179,4 +181,5 @@ class Scheduler:
         """The step ran: its tokens' KV is written; full blocks become shareable."""
         for seq, n in zip(batch.seqs, batch.counts, strict=True):
             seq.computed += n
-            self.cache.publish_full(seq.blocks, seq.tokens[:seq.computed], self.salt)
+            if self.salt is not None:
+                self.cache.publish_full(seq.blocks, seq.tokens[:seq.computed], self.salt)

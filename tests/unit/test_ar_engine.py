@@ -147,6 +147,7 @@ def test_prefix_cache_reuses_blocks_and_changes_nothing(dirs):
     assert engine.stats()["prefix_cache_hits"] > hits
     off = AREngine(dirs["qwen3"], options={"block_size": 4, "prefix_caching": False})
     assert greedy_batch(off, [shared + " forest"], n=8)["g0"] == first
+    assert greedy_batch(off, [shared + " forest"], n=8)["g0"] == first
     assert off.stats()["prefix_cache_hits"] == 0
 
 

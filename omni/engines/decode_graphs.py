@@ -1,0 +1,115 @@
+"""Decode steps replayed from CUDA graphs.
+
+A decode-only step (every scheduled sequence adds one token) launches a few hundred
+small kernels; at small batch sizes the GPU then waits on Python, not on memory. So the
+model's forward is captured once per (batch bucket, context bucket) and replayed. The
+graph reads its inputs from static buffers filled before each replay: token ids,
+positions, the cache slot each new token is written to, and each sequence's context
+slots padded to the context bucket. Padding rows write to a scratch slot that no
+sequence owns and attend to it alone, so they cannot disturb real rows.
+
+Graphs are captured lazily, the first time a shape is needed (a warm-up request covers
+the common ones), and share one memory pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+
+from omni.engines.kv_cache import PagedKVCache
+from omni.engines.paged_attention import BatchLayout
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CONTEXT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def _buckets(options: tuple[int, ...], limit: int) -> list[int]:
+    chosen = [b for b in options if b < limit]
+    return chosen + [limit]
+
+
+class DecodeGraphs:
+    """Captured decode forwards of one model over one PagedKVCache."""
+
+    def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
+                 device: torch.device) -> None:
+        self.model, self.cache, self.device = model, cache, device
+        self.batch_buckets = _buckets(BATCH_BUCKETS, max_batch)
+        self.context_buckets = _buckets(CONTEXT_BUCKETS, max_context)
+        block = cache.pool.allocate()  # never released: the padding rows' scratch block
+        self.scratch = block * cache.block_size
+        b, length = self.batch_buckets[-1], self.context_buckets[-1]
+        self.ids = torch.zeros(1, b, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, b, dtype=torch.long, device=device)
+        self.write = torch.zeros(b, dtype=torch.long, device=device)
+        self.slots = torch.zeros(b, length, dtype=torch.long, device=device)
+        self.valid = torch.zeros(b, length, dtype=torch.bool, device=device)
+        self.lens = torch.zeros(b, dtype=torch.long, device=device)
+        self.keep = torch.arange(b, device=device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.replays = 0
+
+    def fits(self, batch: int, context: int) -> bool:
+        return batch <= self.batch_buckets[-1] and context <= self.context_buckets[-1]
+
+    def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """Logits (B, V) of one decode step: sequence i feeds tokens[i] at positions[i]."""
+        n = len(tokens)
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
+        context = max(positions) + 1
+        length = self.context_buckets[bisect.bisect_left(self.context_buckets, context)]
+        self._fill(tokens, positions, tables, b, length)
+        graph, logits = self.graphs.get((b, length)) or self._capture(b, length)
+        graph.replay()
+        self.replays += 1
+        return logits[:n]
+
+    def _fill(self, tokens: list[int], positions: list[int], tables: list[list[int]],
+              b: int, length: int) -> None:
+        bs = self.cache.block_size
+        pad = b - len(tokens)
+        ids = torch.tensor(tokens + [0] * pad)
+        pos = torch.tensor(positions + [0] * pad)
+        slots = torch.full((b, length), self.scratch, dtype=torch.long)
+        valid = torch.zeros(b, length, dtype=torch.bool)
+        for i, (p, table) in enumerate(zip(positions, tables, strict=True)):
+            span = torch.arange(p + 1)
+            slots[i, :p + 1] = torch.tensor(table)[span // bs] * bs + span % bs
+            valid[i, :p + 1] = True
+        valid[len(tokens):, 0] = True  # padding rows attend to the scratch slot only
+        write = slots[torch.arange(b), pos]
+        write[len(tokens):] = self.scratch
+        self.ids[0, :b].copy_(ids, non_blocking=True)
+        self.positions[0, :b].copy_(pos, non_blocking=True)
+        self.write[:b].copy_(write, non_blocking=True)
+        self.slots[:b, :length].copy_(slots, non_blocking=True)
+        self.valid[:b, :length].copy_(valid, non_blocking=True)
+        self.lens[:b].copy_(pos + 1, non_blocking=True)
+
+    def _layout(self, b: int, length: int) -> BatchLayout:
+        return BatchLayout(self.cache, self.write[:b], [1] * b, [], [], True,
+                           padded_slots=self.slots[:b, :length],
+                           padded_valid=self.valid[:b, :length], context_len_t=self.lens[:b])
+
+    def _forward(self, b: int, length: int) -> torch.Tensor:
+        out = self.model(input_ids=self.ids[:, :b], position_ids=self.positions[:, :b],
+                         use_cache=False, omni_batch=self._layout(b, length),
+                         logits_to_keep=self.keep[:b])
+        return out.logits[0]
+
+    def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy inits and allocator state before capture
+                self._forward(b, length)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(b, length)
+        self.graphs[(b, length)] = (graph, logits)
+        return graph, logits
