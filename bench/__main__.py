@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import core_overhead, startup, tts
+    from bench import ar, core_overhead, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -36,12 +36,19 @@ def main(argv: list[str] | None = None) -> int:
                     "piper called directly", description=tts.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tts.add_arguments(tts_parser)
+    ar_parser = sub.add_parser(
+        "ar", help="text generation: tokens/s, TTFT and decode step vs the HBM roofline, omni "
+                   "(HTTP, in-process) vs transformers generate (sequential, batched)",
+        description=ar.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ar.add_arguments(ar_parser)
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.bench == "startup":
         return startup.run(args, argv)
     if args.bench == "tts":
         return tts.run(args, argv)
+    if args.bench == "ar":
+        return ar.run(args, argv)
     return core_overhead.run(args, argv=argv)
 
 

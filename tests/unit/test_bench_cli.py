@@ -11,9 +11,38 @@ import pytest
 @pytest.mark.parametrize("args", [["-m", "bench", "--help"], ["-m", "bench", "core", "--help"],
                                   ["-m", "bench", "startup", "--help"],
                                   ["-m", "bench", "tts", "--help"],
+                                  ["-m", "bench", "ar", "--help"],
                                   ["-m", "bench.shm_throughput", "--help"],
                                   ["-m", "bench.cuda_ipc", "--help"]])
 def test_bench_help(args: list[str]) -> None:
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--" in out.stdout and "usage" in out.stdout.lower()
+
+
+def test_ar_roofline_bytes() -> None:
+    """The decode roofline's byte count on the published Qwen3-8B / 30B-A3B shapes."""
+    from bench.ar_report import distinct_experts, model_summary, step_bytes
+
+    base = {"vocab_size": 151936, "head_dim": 128, "tie_word_embeddings": False}
+    dense = model_summary({**base, "model_type": "qwen3", "hidden_size": 4096,
+                           "intermediate_size": 12288, "num_hidden_layers": 36,
+                           "num_attention_heads": 32, "num_key_value_heads": 8})
+    moe = model_summary({**base, "model_type": "qwen3_moe", "hidden_size": 2048,
+                         "intermediate_size": 6144, "moe_intermediate_size": 768,
+                         "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+                         "num_attention_heads": 32, "num_key_value_heads": 4})
+    assert dense["params"] == pytest.approx(8.19e9, rel=1e-3)
+    assert moe["params"] == pytest.approx(30.53e9, rel=1e-3)
+    assert moe["active_params"] == pytest.approx(3.35e9, rel=0.01)
+    assert distinct_experts(128, 8, 1) == pytest.approx(8)
+    assert distinct_experts(128, 8, 32) == pytest.approx(128 * (1 - (120 / 128) ** 32))
+    # batch 1: every weight but the embedding table (one row of it is read), bf16
+    one = step_bytes(dense, 1, 0, 2)
+    assert one["weights"] == pytest.approx(2 * (dense["params"] - 151936 * 4096 + 4096))
+    assert one["kv"] == 2 * 36 * 8 * 128 * 2  # the step's own K and V, written
+    # at batch 32 the MoE reads ~112 of 128 experts per layer: most of the model
+    assert 0.8 < step_bytes(moe, 32, 0, 2)["weights"] / (2 * moe["params"]) < 0.95
+    assert step_bytes(moe, 1, 0, 2)["weights"] == pytest.approx(
+        2 * (moe["active_params"] - 151936 * 2048 + 2048))
+    assert step_bytes(dense, 4, 191, 2)["kv"] == 4 * 192 * 2 * 36 * 8 * 128 * 2

@@ -1,0 +1,188 @@
+"""Our sides of `python -m bench ar`: the server over HTTP, and AsyncOmni in-process.
+
+Both send the same requests (prompt token ids, exact lengths, greedy) through public
+interfaces only: the OpenAI-style /v1/completions stream, and AsyncOmni.generate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ar_report import brief, summarize
+from bench.common import say
+
+
+def target_for(model_dir: str, device: str, tmp: Path) -> tuple[str, str]:
+    """What the server and AsyncOmni load: the directory itself when its preset's `auto`
+    device is the one asked for, else a copy of the preset pinned to `device`."""
+    import yaml
+
+    from omni.presets import PRESET_BY_MODEL_TYPE, PRESET_DIR
+
+    auto = "cuda" if cuda_available() else "cpu"
+    if device == auto:
+        return "--model", model_dir
+    model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    data = yaml.safe_load((PRESET_DIR / PRESET_BY_MODEL_TYPE[model_type]).read_text())
+    for stage in data["stages"]:
+        stage.update(model_dir=model_dir, devices=[device])
+    path = tmp / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return "--pipeline", str(path)
+
+
+def cuda_available() -> bool:
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # keeps fork safe
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def start_server(target: tuple[str, str], dtype: str,
+                 timeout: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", target[0], target[1],
+                             "--port", "0", "--dtype", dtype], stderr=subprocess.PIPE, text=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    deadline, found = time.monotonic() + timeout, None
+    for line in proc.stderr:
+        tail.append(line)
+        found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
+        if found or time.monotonic() > deadline:
+            break
+    if not found:
+        proc.kill()
+        raise RuntimeError("the server did not start:\n" + "".join(tail))
+    threading.Thread(target=lambda: collections.deque(proc.stderr, maxlen=0),
+                     daemon=True).start()  # keep draining its log so the pipe never fills
+    return proc, found.group(1)
+
+
+async def served_id(session: Any, url: str) -> str:
+    """The id of the one model the server serves (its name comes from the preset)."""
+    async with session.get(f"{url}/v1/models") as resp:
+        return (await resp.json())["data"][0]["id"]
+
+
+async def http_request(session: Any, url: str, model: str, ids: list[int], new_tokens: int,
+                       start: float) -> dict[str, Any]:
+    body = {"model": model, "prompt": ids, "max_tokens": new_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    text_times: list[float] = []  # arrivals of chunks that carry text
+    tokens = None
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            now, event = time.perf_counter(), json.loads(line[5:])
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices") or ():
+                first = first or now
+                if choice.get("text"):
+                    text_times.append(now)
+                    last = now
+                if choice.get("finish_reason"):
+                    last = now  # the final chunk follows the last token at once
+    if first is None or tokens is None:
+        raise RuntimeError("the stream had no choices or no usage")
+    itl = (last - first) / (tokens - 1) if tokens > 1 and last else None
+    gaps = [b - a for a, b in zip(text_times, text_times[1:], strict=False)]
+    return {"ttft": first - start, "ttft_text": (text_times or [last])[0] - start, "itl": itl,
+            "done": time.perf_counter() - start, "tokens": tokens, "gaps": gaps,
+            "text_chunks": len(text_times)}
+
+
+async def inproc_request(omni: Any, ids: list[int], new_tokens: int,
+                         start: float) -> dict[str, Any]:
+    params = {"*": {"max_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}
+    first = last = None
+    tokens, gaps = 0, []
+    async for out in omni.generate({"prompt_token_ids": ids}, modalities=["text"],
+                                   params=params):
+        n = len((out.data or {}).get("token_ids") or ())
+        if n:
+            now = time.perf_counter()
+            gaps += [(now - last) / n] * n if last else []
+            first, last, tokens = first or now, now, tokens + n
+    if first is None:
+        raise RuntimeError("the request produced no tokens")
+    itl = (last - first) / (tokens - 1) if tokens > 1 else None
+    return {"ttft": first - start, "itl": itl, "done": time.perf_counter() - start,
+            "tokens": tokens, "gaps": gaps}
+
+
+async def measure(side: str, target: tuple[str, str], dtype: str, timeout: float,
+                  plan: list[tuple[int, int]], prompts: Any,
+                  new_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start `side` (a server subprocess, or AsyncOmni here), run every level, stop it.
+    Returns the results per concurrency and what the engine reported at load (in-process)."""
+    import aiohttp
+
+    proc = session = omni = None
+    info: dict[str, Any] = {}
+    try:
+        if side == "ours-http":
+            proc, url = await asyncio.to_thread(start_server, target, dtype, timeout)
+            session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=3600),
+                connector=aiohttp.TCPConnector(limit=max(c for c, _ in plan) + 8))
+            model = await served_id(session, url)
+
+            def send(ids, n, start):
+                return http_request(session, url, model, ids, n, start)
+        else:
+            from omni import AsyncOmni
+            from omni.presets import load_pipeline
+
+            omni = AsyncOmni(load_pipeline(target[1]), dtype=dtype,
+                             log_level=logging.WARNING, startup_timeout_s=timeout)
+            await omni.start()
+            info = omni.output_info("text")
+
+            def send(ids, n, start):
+                return inproc_request(omni, ids, n, start)
+        say(f"[ar] {side}: ready")
+        return await _levels(side, send, plan, prompts, new_tokens), info
+    finally:
+        if session is not None:
+            await session.close()
+        if proc is not None:
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 120)
+        if omni is not None:
+            await omni.close()
+
+
+async def _levels(side: str, send: Any, plan: list[tuple[int, int]], prompts: Any,
+                  new_tokens: int) -> dict[str, Any]:
+    out = {}
+    for c, bursts in plan:
+        start = time.perf_counter()  # warm-up: a full burst, so every (batch, context)
+        await asyncio.gather(*(send(p, new_tokens, start)  # shape it needs is compiled
+                               for p in prompts.burst(f"warm-c{c}", c)))
+        runs, wall = [], 0.0
+        for b in range(bursts):
+            start = time.perf_counter()
+            runs += await asyncio.gather(*(send(p, new_tokens, start)
+                                           for p in prompts.burst(f"c{c}-b{b}", c)))
+            wall += time.perf_counter() - start
+        out[str(c)] = summarize(runs, wall, new_tokens)
+        say(f"[ar] {side} c={c}: {brief(out[str(c)])}")
+    return out
