@@ -91,7 +91,8 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
     """Load every pipeline named on the command line (or the default)."""
     targets = args.targets or _default_targets(args.cache_dir)
     if len(args.served_model_name) > len(targets):
-        raise ConfigError("more --served-model-name values than --model/--pipeline values")
+        raise ConfigError("command line", "--served-model-name",
+                          "more --served-model-name values than --model/--pipeline values")
     models, level = [], logging.getLevelName(args.log_level)
     for i, (_, target) in enumerate(targets):
         name = args.served_model_name[i] if i < len(args.served_model_name) else None
@@ -101,7 +102,9 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
         models.append(ServedModel(pipeline.name, omni, metadata=_metadata(pipeline)))
     ids = [m.id for m in models]
     if len(set(ids)) != len(ids):
-        raise ConfigError(f"two served models share an id ({ids}); set --served-model-name")
+        raise ConfigError("command line", "--served-model-name",
+                          f"two served models share an id ({ids})",
+                          "Give each --model/--pipeline its own --served-model-name")
     return models
 
 

@@ -251,7 +251,7 @@ def write_weights(out: Path, config: Any, raw: dict[str, Any], dtype_name: str,
 
 # -- the directory ------------------------------------------------------------------------
 def build(shape: str, out: Path, *, dtype: str = "bfloat16", shard_gb: float = 4.0,
-          seed: int = 0, device: str = "cpu") -> Path:
+          seed: int = 0, device: str = "cpu", layers: int | None = None) -> Path:
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
@@ -259,6 +259,8 @@ def build(shape: str, out: Path, *, dtype: str = "bfloat16", shard_gb: float = 4
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = {**COMMON, **SHAPES[shape], "torch_dtype": dtype}
+    if layers is not None:  # same per-layer shapes, fewer layers (fits a smaller disk)
+        config["num_hidden_layers"] = layers
     (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     write_tokenizer(out)
@@ -286,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None,
                         help="where the random numbers are drawn (default: cuda when "
                              "available, else cpu; cuda is much faster for 8B+)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep only this many decoder layers (per-layer shapes, so a "
+                             "decode step's cost per layer, stay the release's)")
     parser.add_argument("--force", action="store_true",
                         help="replace OUT if it already holds a model")
     args = parser.parse_args(argv)
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     build(args.shape, args.out, dtype=args.dtype, shard_gb=args.shard_gb, seed=args.seed,
-          device=device)
+          device=device, layers=args.layers)
     say(f"[build] {args.shape} -> {args.out} in {time.perf_counter() - started:.1f} s")
     return 0
 

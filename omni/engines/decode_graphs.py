@@ -35,8 +35,12 @@ class DecodeGraphs:
     """Captured decode forwards of one model over one PagedKVCache."""
 
     def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
-                 device: torch.device) -> None:
+                 device: torch.device, compile_model: bool = False) -> None:
         self.model, self.cache, self.device = model, cache, device
+        # torch.compile fuses the many small elementwise kernels of a decode step (norms,
+        # rotary, casts) that dominate it at small batch; one dynamic-shape compile serves
+        # every bucket, and the buckets' graphs are captured around the compiled code
+        self.forward_fn = torch.compile(model, dynamic=True) if compile_model else model
         self.batch_buckets = _buckets(BATCH_BUCKETS, max_batch)
         self.context_buckets = _buckets(CONTEXT_BUCKETS, max_context)
         block = cache.pool.allocate()  # never released: the padding rows' scratch block
@@ -52,6 +56,17 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.replays = 0
+
+    def warm(self, log: Any = None) -> None:
+        """Capture every batch bucket at the smallest context bucket now (all rows are
+        padding rows), so the first requests do not pay for compiling and capturing."""
+        length = self.context_buckets[0]
+        for b in self.batch_buckets:
+            if (b, length) not in self.graphs:
+                self._fill([], [], [], b, length)
+                self._capture(b, length)
+            if log:
+                log(f"captured the decode graph for batch {b}")
 
     def fits(self, batch: int, context: int) -> bool:
         return batch <= self.batch_buckets[-1] and context <= self.context_buckets[-1]
@@ -96,7 +111,7 @@ class DecodeGraphs:
                            padded_valid=self.valid[:b, :length], context_len_t=self.lens[:b])
 
     def _forward(self, b: int, length: int) -> torch.Tensor:
-        out = self.model(input_ids=self.ids[:, :b], position_ids=self.positions[:, :b],
+        out = self.forward_fn(input_ids=self.ids[:, :b], position_ids=self.positions[:, :b],
                          use_cache=False, omni_batch=self._layout(b, length),
                          logits_to_keep=self.keep[:b])
         return out.logits[0]

@@ -74,6 +74,7 @@ def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int]
     return layout
 
 
+@torch.compiler.disable  # under torch.compile: one graph break per layer, no recompiles
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None,

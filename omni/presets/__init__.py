@@ -31,7 +31,8 @@ def preset_path(name: str) -> Path:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-        raise ConfigError(f"no built-in pipeline '{name}'. Known: {known}")
+        raise ConfigError(name, "pipeline", f"no such file and no built-in pipeline '{name}'",
+                          f"Known built-ins: {known}")
     return path
 
 
@@ -57,8 +58,9 @@ def pipeline_for_model_dir(model_dir: str | os.PathLike,
         stage.setdefault("model_dir", str(model_dir))
         if stage["model_dir"] is None:
             stage["model_dir"] = str(model_dir)
-    return parse_pipeline(data, source=f"{preset} (for {model_dir})",
-                          base_dir=str(model_dir), name=name or model_dir.name)
+    # served as --served-model-name, else as the directory's name (not the preset's)
+    data["name"] = name or model_dir.name
+    return parse_pipeline(data, source=f"{preset} (for {model_dir})", base_dir=str(model_dir))
 
 
 def _preset_file_for(model_dir: Path) -> str:
@@ -67,12 +69,15 @@ def _preset_file_for(model_dir: Path) -> str:
         model_type = json.loads(config_file.read_text()).get("model_type")
         if model_type in PRESET_BY_MODEL_TYPE:
             return PRESET_BY_MODEL_TYPE[model_type]
-        raise ConfigError(f"{config_file}: model_type '{model_type}' has no built-in pipeline. "
+        raise ConfigError(str(config_file), "model_type",
+                          f"'{model_type}' has no built-in pipeline",
                           f"Supported: {', '.join(sorted(PRESET_BY_MODEL_TYPE))}; or pass "
                           "--pipeline FILE describing its stages")
     if (model_dir / "model_index.json").is_file():
-        raise ConfigError(f"{model_dir}: diffusers pipelines are not served by this build yet")
-    raise ConfigError(f"{model_dir}: not a model directory (no config.json or model_index.json)")
+        raise ConfigError(str(model_dir), "model_index.json",
+                          "diffusers pipelines are not served by this build yet")
+    raise ConfigError(str(model_dir), "directory",
+                      "not a model directory (no config.json or model_index.json)")
 
 
 def _renamed(config: PipelineConfig, name: str | None) -> PipelineConfig:

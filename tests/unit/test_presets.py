@@ -1,0 +1,37 @@
+"""Picking the built-in pipeline for a model directory, and naming the served model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omni.config import ConfigError
+from omni.presets import load_pipeline
+
+
+def _model_dir(tmp_path, model_type: str):
+    d = tmp_path / "My-Model-7B"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return d
+
+
+def test_model_dir_is_served_under_its_name_or_the_given_one(tmp_path):
+    d = _model_dir(tmp_path, "qwen3")
+    assert load_pipeline(d).name == "My-Model-7B"
+    renamed = load_pipeline(d, "mine")
+    assert renamed.name == "mine"
+    assert all(s.model_dir == str(d.resolve()) for s in renamed.stages)
+
+
+def test_unknown_model_type_names_the_supported_ones(tmp_path):
+    with pytest.raises(ConfigError, match="qwen3"):
+        load_pipeline(_model_dir(tmp_path, "nonesuch"))
+
+
+def test_unknown_preset_and_non_model_dir_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no built-in pipeline 'nonesuch'.*echo"):
+        load_pipeline("nonesuch")
+    with pytest.raises(ConfigError, match="not a model directory"):
+        load_pipeline(tmp_path)
