@@ -76,6 +76,18 @@ class RequestState:
         return self.plan.route
 
 
+# engine stats (last report of each replica) exported as gauges, where an engine has them
+ENGINE_GAUGES = {
+    "running": ("omni_replica_running", "Requests running in the replica's engine"),
+    "waiting": ("omni_replica_waiting", "Requests queued in the replica's engine scheduler"),
+    "kv_blocks_used": ("omni_replica_kv_blocks_used", "KV cache blocks in use (AR engines)"),
+    "kv_blocks_total": ("omni_replica_kv_blocks_total", "KV cache blocks (AR engines)"),
+    "prefix_cache_hits": ("omni_replica_prefix_cache_hits",
+                          "KV blocks reused from the prefix cache since start"),
+    "preemptions": ("omni_replica_preemptions", "Sequences preempted for KV space since start"),
+}
+
+
 class Orchestrator:
     """Drives one pipeline's requests across its engine processes."""
 
@@ -379,6 +391,9 @@ class Orchestrator:
                 yield "gauge", "omni_replica_arena_used_bytes", \
                     "Bytes of the replica's payload arena in use (last report)", labels, \
                     replica.stats["shm_used_bytes"]
+            for key, (metric, doc) in ENGINE_GAUGES.items():
+                if isinstance(replica.stats.get(key), int):
+                    yield "gauge", metric, doc, labels, replica.stats[key]
         for (stage, direction), count in self._bytes.items():
             yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
                 {"pipeline": name, "stage": stage, "direction": direction}, count

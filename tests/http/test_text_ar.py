@@ -87,3 +87,16 @@ def test_stream_n_choices_with_usage(ar_server):
         assert text == {i: whole.choices[i].message.content for i in (0, 1)}
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     run(body())
+
+
+def test_engine_gauges_in_metrics(ar_server):
+    async def body():
+        async with ar_server.client() as client:
+            await client.completions.create(model="qwen3", prompt="Hi", **FIXED)
+        async with ar_server.session() as session:
+            async with session.get("/metrics") as resp:
+                text = await resp.text()
+        for metric in ("omni_replica_kv_blocks_total", "omni_replica_kv_blocks_used",
+                       "omni_replica_prefix_cache_hits", "omni_replica_running"):
+            assert any(line.startswith(metric + "{") for line in text.splitlines()), metric
+    run(body())
