@@ -85,20 +85,23 @@ class DecodeGraphs:
 
     def _fill(self, tokens: list[int], positions: list[int], tables: list[list[int]],
               b: int, length: int) -> None:
-        bs = self.cache.block_size
-        pad = b - len(tokens)
-        ids = torch.tensor(tokens + [0] * pad)
-        pos = torch.tensor(positions + [0] * pad)
-        slots = torch.full((b, length), self.scratch, dtype=torch.long)
-        valid = torch.zeros(b, length, dtype=torch.bool)
-        for i, (p, table) in enumerate(zip(positions, tables, strict=True)):
-            span = torch.arange(p + 1)
-            slots[i, :p + 1] = torch.tensor(table)[span // bs] * bs + span % bs
-            valid[i, :p + 1] = True
-        valid[len(tokens):, 0] = True  # padding rows attend to the scratch slot only
+        """Fill the static buffers for b rows (the real ones first) and a context of
+        length slots. Vectorised: the per-step host work must stay well under a
+        millisecond next to a few-millisecond replay."""
+        bs, n = self.cache.block_size, len(tokens)
+        width = -(-length // bs)
+        scratch_block = self.scratch // bs
+        table = torch.tensor([t + [scratch_block] * (width - len(t)) for t in tables]
+                             + [[scratch_block] * width] * (b - n), dtype=torch.long)
+        pos = torch.tensor(positions + [0] * (b - n), dtype=torch.long)
+        span = torch.arange(length)
+        slots = table[:, span // bs] * bs + span % bs  # (b, length)
+        valid = span.unsqueeze(0) <= pos.unsqueeze(1)
+        slots[n:] = self.scratch  # padding rows: write to and attend to the scratch slot
+        valid[n:] = False
+        valid[n:, 0] = True
         write = slots[torch.arange(b), pos]
-        write[len(tokens):] = self.scratch
-        self.ids[0, :b].copy_(ids, non_blocking=True)
+        self.ids[0, :b].copy_(torch.tensor(tokens + [0] * (b - n)), non_blocking=True)
         self.positions[0, :b].copy_(pos, non_blocking=True)
         self.write[:b].copy_(write, non_blocking=True)
         self.slots[:b, :length].copy_(slots, non_blocking=True)
