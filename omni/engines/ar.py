@@ -158,7 +158,11 @@ class AREngine(Engine):
             params = SamplingParams.from_dict(request.params or {})
             inputs = request.inputs or {}
             producer = _stream_producer(inputs)
-            ids = [] if producer else prompt_ids(self.lm, inputs)
+            embeds = self._prompt_embeds(inputs)
+            if embeds is not None:
+                ids = [0] * embeds.shape[0]  # never fed: their embeddings are (see _forward)
+            else:
+                ids = [] if producer else prompt_ids(self.lm, inputs)
             capacity = self.cache.pool.num_blocks * self.cache.block_size
             if len(ids) >= capacity:
                 raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
@@ -166,12 +170,27 @@ class AREngine(Engine):
         except Exception as e:  # bad input fails this request only, at the next step
             self._failed.append(StepOutput(rid, finished=True, error=f"{type(e).__name__}: {e}"))
             return
-        state = _State(params, SequenceSampler(params, ids, self.lm.device),
+        penalized = ids if embeds is None else []  # placeholder ids are not the prompt
+        state = _State(params, SequenceSampler(params, penalized, self.lm.device),
                        IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                        stream_from=producer)
-        seq = Sequence(rid, ids, state, input_open=producer is not None)
+        seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
+
+    def _prompt_embeds(self, inputs: Mapping[str, Any]) -> torch.Tensor | None:
+        """inputs {"prompt_embeds": (tokens, hidden) tensor}: the prompt as embeddings
+        (e.g. made by an upstream encoder); prefix caching is off for such a prompt."""
+        embeds = inputs.get("prompt_embeds")
+        if embeds is None:
+            return None
+        hidden = self.lm.config.hidden_size
+        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
+                or embeds.shape[1] != hidden or embeds.shape[0] < 1:
+            raise ValueError(f"prompt_embeds must be a (tokens, {hidden}) tensor")
+        if not torch.isfinite(embeds).all():
+            raise ValueError("prompt_embeds holds NaN or infinite values")
+        return embeds.to(self.lm.device, self.lm.dtype)
 
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -289,7 +308,8 @@ class AREngine(Engine):
         dev = self.lm.device
         layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
                               batch.counts, dev)
-        out = self.lm.model(input_ids=torch.tensor([ids], device=dev),
+        inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev))
+        out = self.lm.model(**inputs,
                             position_ids=torch.tensor([positions], device=dev),
                             use_cache=False, omni_batch=layout,
                             output_hidden_states=self.export_layers is not None,
@@ -297,6 +317,20 @@ class AREngine(Engine):
         if self.export_layers is not None:
             self._keep_hidden(batch, out.hidden_states)
         return sampled, out.logits[0]
+
+    def _packed_inputs(self, batch: ScheduledBatch, ids: torch.Tensor) -> dict[str, Any]:
+        """input_ids, or inputs_embeds when a sequence feeds prompt embeddings this step."""
+        if all(s.embeds is None or start >= len(s.prompt)
+               for s, start in zip(batch.seqs, batch.starts, strict=True)):
+            return {"input_ids": ids}
+        embeds = self.lm.model.get_input_embeddings()(ids)[0]
+        offset = 0
+        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
+            if seq.embeds is not None and start < len(seq.prompt):
+                upto = min(start + n, len(seq.prompt))
+                embeds[offset:offset + upto - start] = seq.embeds[start:upto]
+            offset += n
+        return {"inputs_embeds": embeds.unsqueeze(0)}
 
     def _graphable(self, batch: ScheduledBatch) -> bool:
         """A decode-only step that a captured graph covers."""

@@ -38,6 +38,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     preemptions: int = 0
     input_open: bool = False  # stream input still arriving: sample nothing yet
+    embeds: Any = None  # (prompt_len, hidden) prompt embeddings given instead of token ids
 
     @property
     def tokens(self) -> list[int]:
@@ -152,7 +153,7 @@ class Scheduler:
             if seq.pending < 1:  # its stream input has not brought enough tokens yet
                 skipped.append(seq)
                 continue
-            if not seq.blocks.table and self.salt is not None:
+            if not seq.blocks.table and self.salt is not None and seq.embeds is None:
                 # fresh, or preempted: reuse what the cache still has of its prefix
                 seq.computed = self.cache.attach_prefix(seq.blocks, seq.tokens, self.salt)
             n = min(seq.pending, budget)
@@ -181,5 +182,5 @@ class Scheduler:
         """The step ran: its tokens' KV is written; full blocks become shareable."""
         for seq, n in zip(batch.seqs, batch.counts, strict=True):
             seq.computed += n
-            if self.salt is not None:
+            if self.salt is not None and seq.embeds is None:  # ids of embeds say nothing
                 self.cache.publish_full(seq.blocks, seq.tokens[:seq.computed], self.salt)

@@ -324,3 +324,21 @@ def test_hidden_state_export(dirs):
     got = torch.cat([o.data["hidden_states"] for o in outs])
     torch.testing.assert_close(got[:, 0], want[0][0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got[:, 1], want[-1][0], atol=1e-4, rtol=1e-3)
+
+
+def test_prompt_embeddings_instead_of_token_ids(moe):
+    ids = moe.lm.tokenizer(PROMPTS[3])["input_ids"]
+    params = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    expected = tokens(run(moe, {"prompt_token_ids": ids}, **params))
+    with torch.no_grad():
+        embeds = moe.lm.model.get_input_embeddings()(torch.tensor(ids)).clone()
+    for _ in range(2):  # the second run finds nothing in the prefix cache for embeddings
+        outs = run(moe, {"prompt_embeds": embeds}, **params)
+        assert tokens(outs) == expected and outs[0].data["cached_tokens"] == 0
+    # mixed in one step with a token-id prompt
+    moe.add(EngineRequest("e", {"prompt_embeds": embeds}, params))
+    moe.add(EngineRequest("i", {"prompt_token_ids": ids}, params))
+    both = drain(moe)
+    assert tokens(both["e"]) == tokens(both["i"]) == expected
+    bad = run(moe, {"prompt_embeds": embeds[:, :3]}, **params)
+    assert "prompt_embeds must be a" in bad[-1].error
