@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar_inputs import prompt_ids
+from omni.engines.ar_inputs import prompt_embeds, prompt_ids, stream_producer, take_chunk
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
 from omni.engines.kv_cache import PagedKVCache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
@@ -78,7 +78,7 @@ class AREngine(Engine):
         self.options = dict(options or {})
         self.lm = load_causal_lm(model_dir, dtype=dtype, device=device)
         register()
-        self.lm.model.set_attn_implementation(ATTN_NAME)
+        self.lm.use_attention(ATTN_NAME)
         self.cache = self._make_cache()
         cuda = self.lm.device.type == "cuda"
         self.scheduler = Scheduler(
@@ -117,7 +117,8 @@ class AREngine(Engine):
 
         limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
         graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
-                              self.lm.device, bool(self.options.get("compile_decode", True)))
+                              self.lm.device, bool(self.options.get("compile_decode", True)),
+                              keeps_logits=self.lm.keeps_logits)
         try:
             graphs.warm()
         except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
@@ -157,8 +158,8 @@ class AREngine(Engine):
                 raise ValueError(f"request id {rid!r} is already running")
             params = SamplingParams.from_dict(request.params or {})
             inputs = request.inputs or {}
-            producer = _stream_producer(inputs)
-            embeds = self._prompt_embeds(inputs)
+            producer = stream_producer(inputs)
+            embeds = prompt_embeds(self.lm, inputs)
             if embeds is not None:
                 ids = [0] * embeds.shape[0]  # never fed: their embeddings are (see _forward)
             else:
@@ -178,20 +179,6 @@ class AREngine(Engine):
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
-    def _prompt_embeds(self, inputs: Mapping[str, Any]) -> torch.Tensor | None:
-        """inputs {"prompt_embeds": (tokens, hidden) tensor}: the prompt as embeddings
-        (e.g. made by an upstream encoder); prefix caching is off for such a prompt."""
-        embeds = inputs.get("prompt_embeds")
-        if embeds is None:
-            return None
-        hidden = self.lm.config.hidden_size
-        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
-                or embeds.shape[1] != hidden or embeds.shape[0] < 1:
-            raise ValueError(f"prompt_embeds must be a (tokens, {hidden}) tensor")
-        if not torch.isfinite(embeds).all():
-            raise ValueError("prompt_embeds holds NaN or infinite values")
-        return embeds.to(self.lm.device, self.lm.dtype)
-
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:
         seq = self._seqs.get(request_id)
@@ -204,23 +191,11 @@ class AREngine(Engine):
             if seq_no != state.stream_seq:
                 raise ValueError(f"chunk {seq_no} from '{producer}', expected {state.stream_seq}")
             state.stream_seq += 1
-            self._take_chunk(seq, data or {})
+            state.stream_text += take_chunk(self.lm, seq.prompt, data or {})
             if last:
                 self._close_input(seq)
         except ValueError as e:
             self._failed.append(self._fail(seq, f"bad stream input: {e}"))
-
-    def _take_chunk(self, seq: Sequence, data: Mapping[str, Any]) -> None:
-        ids, text = data.get("token_ids"), data.get("text")
-        if ids is not None:
-            if not isinstance(ids, list) or not all(
-                    isinstance(i, int) and 0 <= i < self.lm.vocab_size for i in ids):
-                raise ValueError("token_ids must be a list of valid token ids")
-            seq.prompt += ids
-        elif isinstance(text, str):
-            seq.state.stream_text += text
-        elif data:
-            raise ValueError("a stream chunk needs 'token_ids' or 'text'")
 
     def _close_input(self, seq: Sequence) -> None:
         state: _State = seq.state
@@ -313,10 +288,17 @@ class AREngine(Engine):
                             position_ids=torch.tensor([positions], device=dev),
                             use_cache=False, omni_batch=layout,
                             output_hidden_states=self.export_layers is not None,
-                            logits_to_keep=torch.tensor(last, dtype=torch.long, device=dev))
+                            **self._keep(last))
         if self.export_layers is not None:
             self._keep_hidden(batch, out.hidden_states)
+        if not self.lm.keeps_logits:  # the model returned every position's logits
+            return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)]
         return sampled, out.logits[0]
+
+    def _keep(self, last: list[int]) -> dict[str, Any]:
+        if not self.lm.keeps_logits:
+            return {}
+        return {"logits_to_keep": torch.tensor(last, dtype=torch.long, device=self.lm.device)}
 
     def _packed_inputs(self, batch: ScheduledBatch, ids: torch.Tensor) -> dict[str, Any]:
         """input_ids, or inputs_embeds when a sequence feeds prompt embeddings this step."""
@@ -411,12 +393,3 @@ class AREngine(Engine):
         self.scheduler.remove(seq)
         return StepOutput(seq.id, finished=True, error=error)
 
-
-def _stream_producer(inputs: Mapping[str, Any]) -> str | None:
-    """The one producer stage a stream-fed request takes its prompt from, else None."""
-    if "stream" not in inputs:
-        return None
-    producers = inputs["stream"]
-    if not isinstance(producers, list) or len(producers) != 1 or not isinstance(producers[0], str):
-        raise ValueError(f"'stream' must name exactly one producer stage, got {producers!r}")
-    return producers[0]

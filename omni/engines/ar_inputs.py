@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from omni.models.hf_causal import CausalLM, apply_chat_template
 
 
@@ -40,3 +42,47 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     if limit is not None and len(ids) >= limit:
         raise ValueError(f"prompt has {len(ids)} tokens; the model's limit is {limit}")
     return [int(i) for i in ids]
+
+
+def prompt_embeds(lm: CausalLM, inputs: Mapping[str, Any]) -> torch.Tensor | None:
+    """inputs {"prompt_embeds": (tokens, hidden) tensor}: the prompt as embeddings (e.g.
+    made by an upstream encoder); None when not given. The AR engine keeps such prompts
+    out of the prefix cache (their placeholder ids say nothing about the content)."""
+    embeds = inputs.get("prompt_embeds")
+    if embeds is None:
+        return None
+    hidden = lm.config.hidden_size
+    if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
+            or embeds.shape[1] != hidden or embeds.shape[0] < 1:
+        raise ValueError(f"prompt_embeds must be a (tokens, {hidden}) tensor")
+    if not torch.isfinite(embeds).all():
+        raise ValueError("prompt_embeds holds NaN or infinite values")
+    return embeds.to(lm.device, lm.dtype)
+
+
+def stream_producer(inputs: Mapping[str, Any]) -> str | None:
+    """The one producer stage a stream-fed request takes its prompt from, else None."""
+    if "stream" not in inputs:
+        return None
+    producers = inputs["stream"]
+    if not isinstance(producers, list) or len(producers) != 1 or not isinstance(producers[0], str):
+        raise ValueError(f"'stream' must name exactly one producer stage, got {producers!r}")
+    return producers[0]
+
+
+def take_chunk(lm: CausalLM, prompt: list[int], data: Mapping[str, Any]) -> str:
+    """One stream chunk: token ids extend prompt in place; text is returned, to be
+    tokenized with the rest when the stream ends (partial text tokenizes differently)."""
+    ids, text = data.get("token_ids"), data.get("text")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < lm.vocab_size
+                for i in ids):
+            raise ValueError("token_ids must be a list of valid token ids")
+        prompt += ids
+        return ""
+    if isinstance(text, str):
+        return text
+    if data:
+        raise ValueError("a stream chunk needs 'token_ids' or 'text'")
+    return ""

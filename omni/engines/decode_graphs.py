@@ -35,8 +35,10 @@ class DecodeGraphs:
     """Captured decode forwards of one model over one PagedKVCache."""
 
     def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
-                 device: torch.device, compile_model: bool = False) -> None:
+                 device: torch.device, compile_model: bool = False,
+                 keeps_logits: bool = True) -> None:
         self.model, self.cache, self.device = model, cache, device
+        self.keeps_logits = keeps_logits  # forward() takes logits_to_keep
         # torch.compile fuses the many small elementwise kernels of a decode step (norms,
         # rotary, casts) that dominate it at small batch; one dynamic-shape compile serves
         # every bucket, and the buckets' graphs are captured around the compiled code
@@ -114,9 +116,9 @@ class DecodeGraphs:
                            padded_valid=self.valid[:b, :length], context_len_t=self.lens[:b])
 
     def _forward(self, b: int, length: int) -> torch.Tensor:
+        keep = {"logits_to_keep": self.keep[:b]} if self.keeps_logits else {}
         out = self.forward_fn(input_ids=self.ids[:, :b], position_ids=self.positions[:, :b],
-                         use_cache=False, omni_batch=self._layout(b, length),
-                         logits_to_keep=self.keep[:b])
+                              use_cache=False, omni_batch=self._layout(b, length), **keep)
         return out.logits[0]
 
     def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

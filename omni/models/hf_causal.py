@@ -37,6 +37,14 @@ class CausalLM:
     # the forward() keyword for the KV cache: "cache" in newer transformers, else
     # "past_key_values" (5.24 still accepts it, with a deprecation warning)
     cache_kwarg: str = "past_key_values"
+    # where an attention implementation is set: the whole model, or one sub-config of a
+    # composite model (the thinker's text model, not its audio/vision towers)
+    attn_subconfig: str | None = None
+    keeps_logits: bool = True  # forward() takes logits_to_keep
+
+    def use_attention(self, name: str) -> None:
+        self.model.set_attn_implementation(
+            {self.attn_subconfig: name} if self.attn_subconfig else name)
 
     def new_cache(self):
         """An empty per-request KV cache for this model."""
@@ -102,6 +110,30 @@ def _as_ids(value) -> set[int]:
     return {int(v) for v in value}
 
 
+def _model_type(path: Path) -> str | None:
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def eos_ids(path: Path, config: Any, tokenizer: Any) -> set[int]:
+    """Stop ids from the config, generation_config.json, else the tokenizer."""
+    from transformers import GenerationConfig
+
+    eos = _as_ids(getattr(config, "eos_token_id", None))
+    if (path / "generation_config.json").is_file():
+        try:
+            gen = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+            eos |= _as_ids(gen.eos_token_id)
+        except Exception as e:
+            raise EngineLoadError(
+                f"model directory {path}: cannot read generation_config.json: {e}") from e
+    if not eos and tokenizer.eos_token_id is not None:
+        eos = {int(tokenizer.eos_token_id)}
+    return eos
+
+
 def _is_random(path: Path) -> bool:
     try:
         return bool(json.loads((path / FIXTURE_MARKER).read_text()).get("random_weights"))
@@ -116,7 +148,7 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
     "float32" / "bfloat16" / "float16".
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     # tqdm bars garble a server log, and tqdm's multiprocessing lock is a semaphore the
@@ -124,6 +156,10 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
     hf_logging.disable_progress_bar()
     path = Path(model_dir).expanduser().resolve()
     _check_dir(path)
+    if _model_type(path) == "qwen3_omni_moe":  # a composite release: serve its thinker
+        from omni.models.qwen3_omni_thinker import load_thinker
+
+        return load_thinker(path, dtype, device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -155,16 +191,7 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
     except Exception as e:
         raise EngineLoadError(f"model directory {path}: cannot load the tokenizer: {e}") from e
 
-    eos = _as_ids(getattr(config, "eos_token_id", None))
-    if (path / "generation_config.json").is_file():
-        try:
-            gen = GenerationConfig.from_pretrained(str(path), local_files_only=True)
-            eos |= _as_ids(gen.eos_token_id)
-        except Exception as e:
-            raise EngineLoadError(
-                f"model directory {path}: cannot read generation_config.json: {e}") from e
-    if not eos and tokenizer.eos_token_id is not None:
-        eos = {int(tokenizer.eos_token_id)}
+    eos = eos_ids(path, config, tokenizer)
     params = inspect.signature(model.forward).parameters
     return CausalLM(model=model, tokenizer=tokenizer, eos_token_ids=eos, model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=config,

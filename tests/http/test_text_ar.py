@@ -100,3 +100,14 @@ def test_engine_gauges_in_metrics(ar_server):
                        "omni_replica_prefix_cache_hits", "omni_replica_running"):
             assert any(line.startswith(metric + "{") for line in text.splitlines()), metric
     run(body())
+
+
+def test_qwen3_omni_release_serves_chat_through_its_thinker(start_server, tmp_path_factory):
+    omni_dir = ensure_tiny_model("qwen3_omni", tmp_path_factory.mktemp("omni"))
+    server = start_server({"omni": str(omni_dir)})
+
+    async def body():
+        async with server.client() as client:
+            chat = await client.chat.completions.create(model="omni", messages=HELLO, **FIXED)
+        assert chat.usage.completion_tokens == 6 and chat.choices[0].finish_reason == "length"
+    run(body())

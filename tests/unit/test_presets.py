@@ -35,3 +35,9 @@ def test_unknown_preset_and_non_model_dir_are_clear_errors(tmp_path):
         load_pipeline("nonesuch")
     with pytest.raises(ConfigError, match="not a model directory"):
         load_pipeline(tmp_path)
+
+
+def test_qwen3_omni_release_is_served_for_text(tmp_path):
+    pipeline = load_pipeline(_model_dir(tmp_path, "qwen3_omni_moe"))
+    assert pipeline.modalities == ("text",)
+    assert [s.engine for s in pipeline.stages] == ["ar"]
