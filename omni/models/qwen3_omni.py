@@ -147,11 +147,20 @@ class Code2Wav:
         return wav[:, 0].float()
 
     def decode_chunk(self, codes: torch.Tensor, left_context: int) -> torch.Tensor:
-        """Decode (B, NQ, left_context + n) and drop the samples of the first
-        `left_context` frames, as one step of transformers' ``chunked_decode``."""
+        """Decode (B, NQ, left_context + n) and keep the samples after the context, plus
+        the tail the previous chunk could not produce (see `context_start`)."""
         if not 0 <= left_context <= codes.shape[-1]:
             raise ValueError(f"left_context {left_context} outside [0, {codes.shape[-1]}]")
-        return self.decode(codes)[:, left_context * self.samples_per_frame:]
+        return self.decode(codes)[:, self.context_start(left_context):]
+
+    def context_start(self, left_context: int) -> int:
+        """First sample a chunk decoded after left_context frames contributes. A decode
+        ends tail_samples short (its last frame's samples need the next frame), so a later
+        chunk also emits those samples of its last context frame, now that the frame
+        after it is known: chunks then join without a gap, and a stream yields exactly the
+        one-shot length. (transformers' chunked_decode drops them at every boundary.)"""
+        start = left_context * self.samples_per_frame
+        return start - self.tail_samples if left_context > 0 else start
 
 
 def _is_random(path: Path) -> bool:
@@ -246,8 +255,9 @@ class Code2WavRunner:
     """The generation-engine runner of Qwen3-Omni's code2wav stage.
 
     Input: {"codes": (NQ, t) nested list of ints}; a chunk of n new frames is decoded with
-    up to `left_context` earlier frames; its output is the samples after the context, as
-    in ``chunked_decode``. Options: chunk_frames (25), left_context (25),
+    up to `left_context` earlier frames; its output is the samples after the context plus
+    the previous chunk's missing tail (`Code2Wav.context_start`), so chunks join without
+    gaps (left_context >= 1 is needed for that). Options: chunk_frames (25), left_context (25),
     first_chunk_frames (= chunk_frames), complete_chunk_frames (300, chunked_decode's
     default chunk for requests whose codes arrive complete).
     """
@@ -292,8 +302,7 @@ class Code2WavRunner:
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """batch (B, NQ, T) -> per row the float32 samples after its left context."""
         wav = self.c2w.decode(batch).cpu()
-        spf = self.c2w.samples_per_frame
-        return [wav[i, c * spf:] for i, c in enumerate(contexts)]
+        return [wav[i, self.c2w.context_start(c):] for i, c in enumerate(contexts)]
 
     def pack(self, wav: torch.Tensor) -> dict[str, Any]:
         """One chunk's output fields: the float32 samples (a tensor: the engine process
