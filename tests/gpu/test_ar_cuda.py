@@ -55,3 +55,12 @@ def test_bf16_graphs_match_eager(model_dir):
     graphed = AREngine(model_dir, device="cuda", dtype="bfloat16")
     eager = AREngine(model_dir, device="cuda", dtype="bfloat16", options={"cuda_graphs": False})
     assert _greedy(graphed, 24) == _greedy(eager, 24)
+
+
+def test_qwen3_omni_thinker_graphs_match_eager(tmp_path_factory):
+    from omni.fixtures.tiny_omni import build_tiny_qwen3_omni
+
+    omni_dir = str(build_tiny_qwen3_omni(tmp_path_factory.mktemp("omni") / "qwen3_omni"))
+    graphed = AREngine(omni_dir, device="cuda", dtype="float32")
+    eager = AREngine(omni_dir, device="cuda", dtype="float32", options={"cuda_graphs": False})
+    assert _greedy(graphed, 12) == _greedy(eager, 12)
