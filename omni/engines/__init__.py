@@ -31,7 +31,7 @@ def build_engine(spec: EngineSpec) -> Engine:
         if not spec.model_dir:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
         return AREngine(spec.model_dir, dtype=spec.dtype, device=resolve_device(spec.device),
-                        options=spec.options)
+                        options=spec.options, memory_bytes=spec.memory)
     if spec.engine == "generation":
         from omni.engines.generation import build_generation_engine
 

@@ -20,8 +20,10 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (e.g. a talker).
 
-Stage options: block_size (16), kv_cache_mb (CPU: 256) or kv_cache_fraction (CUDA: 0.85 of
-the memory free after loading), kv_cache_blocks (exact count, overrides both),
+KV cache size, first that applies: option kv_cache_blocks (exact count); the stage's
+`memory` (bytes for weights + KV cache: the cache gets what the weights leave); option
+kv_cache_mb; on CUDA option kv_cache_fraction (0.85) of the memory free after loading; on
+CPU 256 MiB. Stage options: block_size (16), kv_cache_blocks, kv_cache_mb, kv_cache_fraction,
 max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true),
 cuda_graphs (CUDA: true; decode steps replay graphs, omni/engines/decode_graphs.py),
 max_graph_context (CUDA graphs cover contexts up to this many tokens; 8192),
@@ -74,8 +76,9 @@ class AREngine(Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
-                 options: Mapping[str, Any] | None = None):
+                 options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
         self.options = dict(options or {})
+        self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = load_causal_lm(model_dir, dtype=dtype, device=device)
         register()
         self.lm.use_attention(ATTN_NAME)
@@ -138,6 +141,13 @@ class AREngine(Engine):
                                                  self.lm.dtype)
         if "kv_cache_blocks" in self.options:
             blocks = self._opt("kv_cache_blocks", 1)
+        elif self.memory_bytes is not None:  # what the weights leave of the stage's budget
+            weights = sum(p.numel() * p.element_size() for p in self.lm.model.parameters())
+            blocks = (self.memory_bytes - weights) // per_block
+            if blocks < 2:
+                raise EngineLoadError(
+                    f"the stage's memory ({self.memory_bytes / 2**20:.0f} MiB) leaves no room "
+                    f"for a KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
         elif self.lm.device.type == "cuda" and "kv_cache_mb" not in self.options:
             fraction = float(self.options.get("kv_cache_fraction", 0.85))
             free, _ = torch.cuda.mem_get_info(self.lm.device)

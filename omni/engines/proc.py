@@ -48,6 +48,7 @@ class EngineSpec:
     log_level: int = logging.INFO
     arena_name: str | None = None  # shared-memory name prefix of this replica's payloads
     payload_options: dict[str, Any] = field(default_factory=dict)  # make_connector kwargs
+    memory: int | None = None  # the stage's memory budget in bytes (engines that size caches)
 
 
 class OrchestratorGone(Exception):

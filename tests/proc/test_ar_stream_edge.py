@@ -37,3 +37,23 @@ def test_llm_fed_by_a_stream_edge(tmp_path):
             whole = await collect(omni.generate({"prompt": PROMPT}, params={"llm": PARAMS}))
         assert len(answer(fed)) == 6 and answer(fed) == answer(whole)
     run(body(), timeout_s=120)
+
+
+def test_stage_memory_reaches_the_engine(tmp_path):
+    model_dir = str(ensure_tiny_model("qwen3", tmp_path))
+
+    def pipeline(memory):
+        stage = {"name": "llm", "engine": "ar", "model_dir": model_dir, "final_output": "text"}
+        if memory:
+            stage["memory"] = memory
+        return parse_pipeline({"name": "sized", "stages": [stage]})
+
+    async def body():
+        async with serving(pipeline(None)) as omni:
+            default_blocks = omni.output_info("text")["kv_blocks"]
+        async with serving(pipeline("8MiB")) as omni:
+            sized_blocks = omni.output_info("text")["kv_blocks"]
+            out = await collect(omni.generate({"prompt": PROMPT}, params={"llm": PARAMS}))
+            assert out[-1].finished
+        assert 2 <= sized_blocks < default_blocks
+    run(body(), timeout_s=120)

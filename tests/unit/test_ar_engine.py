@@ -342,3 +342,18 @@ def test_prompt_embeddings_instead_of_token_ids(moe):
     assert tokens(both["e"]) == tokens(both["i"]) == expected
     bad = run(moe, {"prompt_embeds": embeds[:, :3]}, **params)
     assert "prompt_embeds must be a" in bad[-1].error
+
+
+def test_stage_memory_sizes_the_kv_cache(dirs):
+    from omni.engines.base import EngineLoadError
+    from omni.engines.kv_cache import PagedKVCache
+
+    probe = AREngine(dirs["qwen3"], options={"kv_cache_blocks": 2})
+    weights = sum(p.numel() * p.element_size() for p in probe.lm.model.parameters())
+    cfg = probe.lm.config
+    per_block = PagedKVCache.bytes_per_block(cfg.num_hidden_layers, cfg.num_key_value_heads,
+                                             cfg.head_dim, 16, torch.float32)
+    engine = AREngine(dirs["qwen3"], memory_bytes=weights + 40 * per_block + 7)
+    assert engine.info()["kv_blocks"] == 40
+    with pytest.raises(EngineLoadError, match="leaves no room for a KV cache"):
+        AREngine(dirs["qwen3"], memory_bytes=weights)
