@@ -51,30 +51,37 @@ class BatchLayout:
 def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
                  query_lens: list[int], device: torch.device) -> BatchLayout:
     """Layout for sequences whose new tokens sit at positions [start, start + n)."""
+    lens = [s + n for s, n in zip(starts, query_lens, strict=True)]
+    if all(n == 1 for n in query_lens):
+        return _decode_layout(cache, tables, lens, device)
     bs = cache.block_size
     context_slots, write = [], []
-    for table, start, n in zip(tables, starts, query_lens, strict=True):
-        positions = torch.arange(start + n)
-        blocks = torch.tensor(table, dtype=torch.long)[positions // bs]
-        slots = blocks * bs + positions % bs
+    for table, start, length in zip(tables, starts, lens, strict=True):
+        positions = torch.arange(length)
+        slots = torch.tensor(table, dtype=torch.long)[positions // bs] * bs + positions % bs
         context_slots.append(slots.to(device))
         write.append(slots[start:])
-    decode = all(n == 1 for n in query_lens)
-    layout = BatchLayout(cache, torch.cat(write).to(device), list(query_lens),
-                         [s + n for s, n in zip(starts, query_lens, strict=True)],
-                         context_slots, decode)
-    if decode:
-        longest = max(layout.context_lens)
-        padded = torch.zeros(len(tables), longest, dtype=torch.long)
-        valid = torch.zeros(len(tables), longest, dtype=torch.bool)
-        for i, slots in enumerate(context_slots):
-            padded[i, :slots.numel()] = slots.cpu()
-            valid[i, :slots.numel()] = True
-        layout.padded_slots, layout.padded_valid = padded.to(device), valid.to(device)
-    return layout
+    return BatchLayout(cache, torch.cat(write).to(device), list(query_lens), lens,
+                       context_slots, False)
 
 
-@torch.compiler.disable  # under torch.compile: one graph break per layer, no recompiles
+def _decode_layout(cache: PagedKVCache, tables: list[list[int]], lens: list[int],
+                   device: torch.device) -> BatchLayout:
+    """Every sequence adds one token: all contexts as one padded (B, Lmax) slot tensor,
+    built with a few vectorised ops (this runs every step, for every running sequence)."""
+    bs, longest = cache.block_size, max(lens)
+    width = -(-longest // bs)
+    table = torch.tensor([t[:width] + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    span = torch.arange(longest)
+    padded = table[:, span // bs] * bs + span % bs  # (B, Lmax); past a row's end: masked
+    length = torch.tensor(lens, dtype=torch.long)
+    valid = span.unsqueeze(0) < length.unsqueeze(1)
+    write = padded[torch.arange(len(lens)), length - 1]
+    return BatchLayout(cache, write.to(device), [1] * len(lens), lens, [], True,
+                       padded_slots=padded.to(device), padded_valid=valid.to(device),
+                       context_len_t=length.to(device))
+
+
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None,
