@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import struct
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -84,6 +85,9 @@ class AudioEncoder:
         self._pcm: list[bytes] = []  # whole (non-streaming) wav: held until the header is known
         self._resampler = self._make_resampler() if self.format.container is None else None
         self._header_sent = False
+        # The API encodes on a worker thread; a client that leaves mid-encode makes the
+        # event loop close() while that thread may still be inside FFmpeg: serialise them.
+        self._lock = threading.Lock()
         if self.format.container is not None:
             self._open_container()
 
@@ -93,6 +97,12 @@ class AudioEncoder:
 
     def encode(self, samples: np.ndarray) -> bytes:
         """Bytes completed by this chunk (may be empty while the codec buffers)."""
+        with self._lock:
+            return self._encode(samples)
+
+    def _encode(self, samples: np.ndarray) -> bytes:
+        if self.format.container is not None and self._container is None:
+            raise RuntimeError("the encoder is closed")
         samples = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
         self.samples_in += samples.size
         if not samples.size:
@@ -106,6 +116,10 @@ class AudioEncoder:
 
     def finish(self) -> bytes:
         """The remaining bytes; the encoder is closed after this."""
+        with self._lock:
+            return self._finish()
+
+    def _finish(self) -> bytes:
         if self.format.container is None:
             tail = self._raw(self._resample(None))
             if self.format.name == "wav" and not self.streaming:
@@ -122,13 +136,14 @@ class AudioEncoder:
 
     def close(self) -> None:
         """Release codec state without finishing (the request ended early)."""
-        container = getattr(self, "_container", None)
-        if container is not None:
-            try:
-                container.close()
-            except Exception:  # noqa: BLE001 - a half-written stream may fail to close
-                pass
-            self._container = None
+        with self._lock:
+            container = getattr(self, "_container", None)
+            if container is not None:
+                try:
+                    container.close()
+                except Exception:  # noqa: BLE001 - a half-written stream may fail to close
+                    pass
+                self._container = None
 
     # -- internals --------------------------------------------------------------------
     def _open_container(self) -> None:
