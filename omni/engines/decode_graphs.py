@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from omni.engines.kv_cache import PagedKVCache
-from omni.engines.paged_attention import BatchLayout
+from omni.engines.paged_attention import BatchLayout, padded_context_slots
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CONTEXT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -90,18 +90,14 @@ class DecodeGraphs:
         """Fill the static buffers for b rows (the real ones first) and a context of
         length slots. Vectorised: the per-step host work must stay well under a
         millisecond next to a few-millisecond replay."""
-        bs, n = self.cache.block_size, len(tokens)
-        width = -(-length // bs)
-        scratch_block = self.scratch // bs
-        table = torch.tensor([t + [scratch_block] * (width - len(t)) for t in tables]
-                             + [[scratch_block] * width] * (b - n), dtype=torch.long)
+        n = len(tokens)
+        slots = torch.full((b, length), self.scratch, dtype=torch.long)
+        valid = torch.zeros(b, length, dtype=torch.bool)
+        valid[n:, 0] = True  # padding rows: write to and attend to the scratch slot only
+        slots[:n], valid[:n] = padded_context_slots(
+            tables, [p + 1 for p in positions], self.cache.block_size, length,
+            pad_block=self.scratch // self.cache.block_size)
         pos = torch.tensor(positions + [0] * (b - n), dtype=torch.long)
-        span = torch.arange(length)
-        slots = table[:, span // bs] * bs + span % bs  # (b, length)
-        valid = span.unsqueeze(0) <= pos.unsqueeze(1)
-        slots[n:] = self.scratch  # padding rows: write to and attend to the scratch slot
-        valid[n:] = False
-        valid[n:, 0] = True
         write = slots[torch.arange(b), pos]
         self.ids[0, :b].copy_(torch.tensor(tokens + [0] * (b - n)), non_blocking=True)
         self.positions[0, :b].copy_(pos, non_blocking=True)

@@ -65,17 +65,25 @@ def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int]
                        context_slots, False)
 
 
+def padded_context_slots(tables: list[list[int]], lens: list[int], block_size: int,
+                         width: int, pad_block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's context slots as one (B, width) tensor plus its (B, width) validity
+    mask (positions < len), with a few vectorised ops: this runs every decode step, for
+    every running sequence. Past a row's end the slots point into pad_block (masked)."""
+    blocks = -(-width // block_size)
+    table = torch.tensor([t[:blocks] + [pad_block] * (blocks - len(t)) for t in tables],
+                         dtype=torch.long).reshape(len(tables), blocks)
+    span = torch.arange(width)
+    slots = table[:, span // block_size] * block_size + span % block_size
+    valid = span.unsqueeze(0) < torch.tensor(lens, dtype=torch.long).reshape(-1, 1)
+    return slots, valid
+
+
 def _decode_layout(cache: PagedKVCache, tables: list[list[int]], lens: list[int],
                    device: torch.device) -> BatchLayout:
-    """Every sequence adds one token: all contexts as one padded (B, Lmax) slot tensor,
-    built with a few vectorised ops (this runs every step, for every running sequence)."""
-    bs, longest = cache.block_size, max(lens)
-    width = -(-longest // bs)
-    table = torch.tensor([t[:width] + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-    span = torch.arange(longest)
-    padded = table[:, span // bs] * bs + span % bs  # (B, Lmax); past a row's end: masked
+    """Every sequence adds one token: all contexts as one padded (B, Lmax) slot tensor."""
+    padded, valid = padded_context_slots(tables, lens, cache.block_size, max(lens))
     length = torch.tensor(lens, dtype=torch.long)
-    valid = span.unsqueeze(0) < length.unsqueeze(1)
     write = padded[torch.arange(len(lens)), length - 1]
     return BatchLayout(cache, write.to(device), [1] * len(lens), lens, [], True,
                        padded_slots=padded.to(device), padded_valid=valid.to(device),

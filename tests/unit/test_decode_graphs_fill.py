@@ -38,3 +38,11 @@ def test_fill_matches_per_row_slots_and_pads_with_scratch():
     assert graphs.write[3] == graphs.scratch
     assert graphs.slots[3].unique().tolist() == [graphs.scratch]
     assert graphs.valid[3].tolist() == [True] + [False] * 15
+
+
+def test_fill_with_only_padding_rows_as_at_warm_up():
+    graphs = _graphs_without_cuda(2, 16)
+    graphs._fill([], [], [], 2, 16)
+    assert graphs.write.tolist() == [graphs.scratch] * 2
+    assert graphs.slots.unique().tolist() == [graphs.scratch]
+    assert graphs.valid[:, 0].all() and not graphs.valid[:, 1:].any()
