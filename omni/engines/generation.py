@@ -218,7 +218,8 @@ class GenerationEngine(Engine):
             else:
                 ready.append(req)
         if ready:
-            ready.sort(key=self._priority)
+            hold_new = self._started_running_dry()
+            ready.sort(key=lambda r: (hold_new and r.play_start is None, r.deadline()))
             key = self.runner.group_key(ready[0].params)
             limit = self.max_batch_size if self.batches_units else 1
             group = [r for r in ready if self.runner.group_key(r.params) == key][:limit]
@@ -228,16 +229,15 @@ class GenerationEngine(Engine):
             self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
         return outputs
 
-    def _priority(self, req: _Req) -> tuple[int, float]:
-        """Earliest deadline first, except that a request not yet started waits while a
-        started one is within two calls of running dry: over capacity, clients queue for
-        their first audio instead of all of them stuttering."""
-        if req.play_start is None and self._call_s is not None:
-            guard = time.monotonic() + 2 * self._call_s
-            if any(r.play_start is not None and r.deadline() < guard
-                   for r in self._reqs.values()):
-                return 1, req.deadline()
-        return 0, req.deadline()
+    def _started_running_dry(self) -> bool:
+        """Earliest deadline first goes with one exception: requests not yet started wait
+        while a started one is within two calls of running dry, so over capacity clients
+        queue for their first audio instead of all of them stuttering."""
+        if self._call_s is None:
+            return False
+        guard = time.monotonic() + 2 * self._call_s
+        return any(r.play_start is not None and r.deadline() < guard
+                   for r in self._reqs.values())
 
     def info(self) -> dict[str, Any]:
         return {"engine": "generation", **self.runner.info(),
