@@ -90,9 +90,9 @@ def stall_s(pieces: list[tuple[float, float]]) -> float:
 
 
 def _direct_request(voice: Any, burst_start: float) -> dict[str, float]:
-    from omni.media.audio import _wav_header
+    from omni.media.audio import wav_header
 
-    pieces, pcm = [], [_wav_header(RATE, None)]  # the header a streaming client gets first
+    pieces, pcm = [], [wav_header(RATE, None)]  # the header a streaming client gets first
     for chunk in voice.synthesize(FIVE):
         pcm.append(chunk.audio_int16_bytes)
         pieces.append((time.perf_counter(), len(pcm[-1]) / 2 / RATE))

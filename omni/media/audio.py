@@ -124,7 +124,7 @@ class AudioEncoder:
             tail = self._raw(self._resample(None))
             if self.format.name == "wav" and not self.streaming:
                 data = b"".join(self._pcm)
-                return _wav_header(self.rate, len(data)) + data
+                return wav_header(self.rate, len(data)) + data
             return tail
         for packet in self._stream.encode(None):
             self._container.mux(packet)
@@ -190,7 +190,7 @@ class AudioEncoder:
         if self._header_sent or self.format.name != "wav" or not self.streaming:
             return b""
         self._header_sent = True
-        return _wav_header(self.rate, None)
+        return wav_header(self.rate, None)
 
 
 def _frame(samples: np.ndarray, rate: int) -> Any:
@@ -202,7 +202,7 @@ def _frame(samples: np.ndarray, rate: int) -> Any:
     return frame
 
 
-def _wav_header(rate: int, data_bytes: int | None) -> bytes:
+def wav_header(rate: int, data_bytes: int | None) -> bytes:
     """44-byte RIFF/WAVE header for 16-bit mono PCM. data_bytes None: unknown length
     (streaming), written as 0xFFFFFFFF. Written by hand: PyAV's wav muxer needs a
     seekable output to fill in the sizes, which a stream does not have."""
