@@ -13,6 +13,7 @@ import base64
 import contextlib
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,22 @@ async def _whole(call: SpeechCall) -> web.Response:
         "X-Request-Id": call.client_request_id, "X-Audio-Duration": f"{seconds:.4f}"})
 
 
+async def _encoded(call: SpeechCall, outputs: Any, item: Any, encoder: AudioEncoder,
+                   next_item: Any) -> AsyncIterator[bytes]:
+    """The encoded bytes of a started stream, chunk by chunk, the encoder's tail last;
+    next_item(outputs) awaits the next output (None at the end)."""
+    async with contextlib.aclosing(outputs):
+        while item is not None:
+            if item.modality == "audio":
+                chunk = await call.encode(encoder, item.data)
+                if chunk:
+                    yield chunk
+            item = None if item.finished else await next_item(outputs)
+    tail = await call.finish(encoder)
+    if tail:
+        yield tail
+
+
 async def _audio_stream(call: SpeechCall) -> web.StreamResponse:
     outputs = call.stream()
     item = await first_output(outputs)  # errors before the 200 become proper statuses
@@ -204,16 +221,12 @@ async def _audio_stream(call: SpeechCall) -> web.StreamResponse:
     response.enable_chunked_encoding()
     await response.prepare(call.request)
     try:
-        async with contextlib.aclosing(outputs):
-            while item is not None:
-                if item.modality == "audio":
-                    chunk = await call.encode(encoder, item.data)
-                    if chunk:
-                        await response.write(chunk)
-                item = None if item.finished else await anext(outputs, None)
-        await response.write(await call.finish(encoder))
+        async with contextlib.aclosing(_encoded(call, outputs, item, encoder,
+                                                lambda o: anext(o, None))) as chunks:
+            async for chunk in chunks:  # leaving early closes chunks, which aborts
+                await response.write(chunk)
     except (ConnectionResetError, ConnectionError):
-        raise  # the client left; aclosing already aborted the request
+        raise  # the client left; closing the outputs already aborted the request
     except Exception as exc:
         # a raw audio stream has no way to carry an error: cut the connection, so the
         # client sees an incomplete body instead of audio that silently stops early
@@ -230,18 +243,12 @@ async def _sse_stream(call: SpeechCall) -> web.StreamResponse:
     item = await first_output(outputs)
     encoder = call.encoder(streaming=True)
     response = await start_sse(call.request, call.client_request_id)
-
-    async def delta(chunk: bytes) -> None:
-        if chunk:
-            await response.write(sse_data({"type": "speech.audio.delta",
-                                           "audio": base64.b64encode(chunk).decode()}))
     try:
-        async with contextlib.aclosing(outputs):
-            while item is not None:
-                if item.modality == "audio":
-                    await delta(await call.encode(encoder, item.data))
-                item = None if item.finished else await next_with_pings(outputs, response)
-        await delta(await call.finish(encoder))
+        async with contextlib.aclosing(_encoded(call, outputs, item, encoder,
+                                                lambda o: next_with_pings(o, response))) as chunks:
+            async for chunk in chunks:
+                await response.write(sse_data({"type": "speech.audio.delta",
+                                               "audio": base64.b64encode(chunk).decode()}))
         await response.write(sse_data({"type": "speech.audio.done", "usage": call.usage.body()}))
     except (ConnectionResetError, ConnectionError):
         raise
