@@ -115,10 +115,7 @@ def write_tokenizer(out: Path) -> None:
     tok.chat_template = tiny_models.CHATML_TEMPLATE
     tok.model_max_length = 131072
     tok.save_pretrained(str(out))
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    with open(out / "merges.txt", "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
-        f.writelines(f"{a} {b}\n" for a, b in merges)
+    tiny_models.write_slow_tokenizer_files(out, vocab, merges)
     ids = tok.convert_tokens_to_ids([eot, im_start, im_end])
     if ids != [FIRST_SPECIAL, FIRST_SPECIAL + 1, FIRST_SPECIAL + 2]:
         raise RuntimeError(f"special tokens landed at {ids}, not at {FIRST_SPECIAL}..")
