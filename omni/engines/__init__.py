@@ -40,6 +40,14 @@ def build_engine(spec: EngineSpec) -> Engine:
                                   "adapter name")
         return build_generation_engine(spec.model, spec.model_dir, resolve_device(spec.device),
                                        spec.dtype, spec.options)
+    if spec.engine == "diffusion":
+        from omni.engines.diffusion import build_diffusion_engine
+
+        if not spec.model:
+            raise EngineLoadError(f"stage '{spec.stage}': engine 'diffusion' needs a model "
+                                  "adapter name (qwen_image, wan)")
+        return build_diffusion_engine(spec.model, spec.model_dir, resolve_device(spec.device),
+                                      spec.dtype, spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
-        "(available: ar, echo, generation)")
+        "(available: ar, diffusion, echo, generation)")

@@ -46,6 +46,35 @@ GENERATION_RUNNERS = {"piper": _piper_part("fused"),
                       "qwen3_omni_code2wav": _code2wav, "vits": _vits}
 
 
+def _denoiser(family: str) -> Any:
+    def build(model_dir: str | None, device: str, dtype: str,
+              options: Mapping[str, Any]) -> Any:
+        if not model_dir:
+            raise EngineLoadError(f"model '{family}' needs a model_dir (a diffusers "
+                                  "pipeline directory)")
+        if family == "qwen_image":
+            from omni.models.qwen_image import build_qwen_image
+
+            return build_qwen_image(model_dir, device, dtype, options)
+        from omni.models.wan import build_wan
+
+        return build_wan(model_dir, device, dtype, options)
+    return build
+
+
+DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan")}
+
+
+def build_denoiser(model: str, model_dir: str | None, device: str, dtype: str,
+                   options: Mapping[str, Any]) -> Any:
+    """The diffusion-engine denoiser of ``model``; EngineLoadError names the known ones."""
+    builder = DIFFUSION_DENOISERS.get(model)
+    if builder is None:
+        raise EngineLoadError(f"unknown diffusion model {model!r} (available: "
+                              f"{', '.join(sorted(DIFFUSION_DENOISERS))})")
+    return builder(model_dir, device, dtype, options)
+
+
 def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The generation-engine runner of ``model``; EngineLoadError names the known ones."""

@@ -30,6 +30,15 @@ PRESET_BY_MODEL_TYPE = {
 }
 
 
+# model_index.json _class_name -> preset file (diffusers pipeline directories)
+PRESET_BY_PIPELINE_CLASS = {
+    "QwenImagePipeline": "qwen_image.yaml",
+    "QwenImageEditPipeline": "qwen_image.yaml",
+    "WanPipeline": "wan.yaml",
+    "WanImageToVideoPipeline": "wan.yaml",
+}
+
+
 def preset_path(name: str) -> Path:
     """The file of a built-in preset, by name (``echo`` -> presets/echo.yaml)."""
     path = PRESET_DIR / f"{name}.yaml"
@@ -77,9 +86,15 @@ def _preset_file_for(model_dir: Path) -> str:
                           f"'{model_type}' has no built-in pipeline",
                           f"Supported: {', '.join(sorted(PRESET_BY_MODEL_TYPE))}; or pass "
                           "--pipeline FILE describing its stages")
-    if (model_dir / "model_index.json").is_file():
-        raise ConfigError(str(model_dir), "model_index.json",
-                          "diffusers pipelines are not served by this build yet")
+    index_file = model_dir / "model_index.json"
+    if index_file.is_file():
+        class_name = json.loads(index_file.read_text()).get("_class_name")
+        if class_name in PRESET_BY_PIPELINE_CLASS:
+            return PRESET_BY_PIPELINE_CLASS[class_name]
+        raise ConfigError(str(index_file), "_class_name",
+                          f"'{class_name}' has no built-in pipeline",
+                          f"Supported: {', '.join(sorted(PRESET_BY_PIPELINE_CLASS))}; or pass "
+                          "--pipeline FILE describing its stages")
     raise ConfigError(str(model_dir), "directory",
                       "not a model directory (no config.json or model_index.json)")
 

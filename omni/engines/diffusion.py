@@ -1,0 +1,274 @@
+"""Diffusion engine: one denoising step is the unit of scheduling.
+
+The engine knows no model: a *denoiser* (built by an adapter in omni/models/) turns a
+request into a `DenoiseJob` (text encoded, latents drawn from the request's seed, a
+per-request copy of the directory's own scheduler with its timesteps), predicts the
+guided model output for a list of jobs in ONE transformer call, and decodes a finished
+job's latents into pixels. The engine owns the loop:
+
+- admission: new requests are encoded (text encoder, reference images) at the start of
+  the next step and join the running set; a bad request fails alone.
+- one denoising step per engine step: the running jobs are grouped by the denoiser's
+  ``group_key`` (shapes that can share a call); the group holding the oldest job runs,
+  its jobs in arrival order up to ``max_batch_rows`` transformer rows (classifier-free
+  guidance rows count: a guided job of n images is 2n rows). Every job in the call is at
+  its own timestep. Then each job's scheduler takes its step.
+- decode: jobs whose last step ran are decoded (VAE) in the same engine step and leave
+  with their pixels; abort drops a job at once (between steps), freeing its tensors.
+- progress: every stepped job emits {"progress": {"step": i, "steps": n}}.
+
+Step cache (option ``step_cache``, a threshold; 0 = off, the default): before a job's
+step the engine adds the relative L1 change of its latents since the previous step to a
+running sum; while that sum stays below the threshold the job reuses its last model
+output instead of joining the transformer call (the first and last steps always run).
+This is the TeaCache idea with the latents as the change indicator, a cheaper and
+model-agnostic stand-in for TeaCache's timestep-modulated input; its quality cost is
+the model's and the threshold's, so outputs report how many steps were skipped.
+
+Outputs: progress chunks while denoising, then one finished chunk with the denoiser's
+decoded fields (e.g. "images": uint8 (n, H, W, 3) or "video": uint8 (F, H, W, 3), which
+travel through the connector) plus "seed", "steps", "skipped_steps".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+
+log = logging.getLogger("omni.engine.diffusion")
+
+
+@dataclass
+class DenoiseJob:
+    """One request's denoising state. ``state`` is the denoiser's own (conditioning,
+    image shapes, ...); the engine reads and writes only the fields named here."""
+
+    request_id: str
+    latents: torch.Tensor
+    timesteps: torch.Tensor
+    scheduler: Any  # a per-request copy: multistep schedulers keep history
+    rows: int  # images or videos in this request (latents' batch dim)
+    guided: bool  # classifier-free guidance: the model runs 2 * rows rows
+    seed: int
+    state: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    # step cache
+    last_output: torch.Tensor | None = None
+    prev_latents: torch.Tensor | None = None
+    change_since_run: float = 0.0
+    skipped: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def model_rows(self) -> int:
+        return self.rows * (2 if self.guided else 1)
+
+    def tensor_bytes(self) -> int:
+        held = [self.latents, self.last_output, self.prev_latents]
+        held += [v for v in self.state.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+class Denoiser(Protocol):
+    """What a model adapter provides to the diffusion engine."""
+
+    output: str  # the modality it produces: "image" or "video"
+
+    def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
+        """Validate a request; ValueError says what is wrong. Cheap: no model calls."""
+
+    def start(self, request_id: str, plan: Any) -> DenoiseJob:
+        """Encode conditioning, draw the latents, set up the scheduler."""
+
+    def group_key(self, job: DenoiseJob) -> Hashable:
+        """Jobs with equal keys can share one transformer call."""
+
+    def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
+        """The guided model output for each job at its current timestep, ONE call."""
+
+    def decode(self, job: DenoiseJob) -> dict[str, Any]:
+        """A finished job's output fields (pixels as uint8 tensors)."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities and limits for READY (tasks, sizes, steps)."""
+
+
+class DiffusionEngine(Engine):
+    """Step-level scheduling of denoising across requests (see module docstring).
+
+    options: max_batch_rows (16): the most transformer rows in one call;
+    step_cache (0.0): the step-cache threshold, 0 = off.
+    """
+
+    def __init__(self, denoiser: Denoiser, options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.denoiser = denoiser
+        self.max_batch_rows = int(opts.get("max_batch_rows", 16))
+        self.step_cache = float(opts.get("step_cache", 0.0))
+        if self.max_batch_rows < 1:
+            raise EngineLoadError("max_batch_rows must be >= 1")
+        if self.step_cache < 0:
+            raise EngineLoadError("step_cache must be >= 0 (0 turns it off)")
+        self._waiting: dict[str, Any] = {}  # request id -> plan, not yet encoded
+        self._jobs: dict[str, DenoiseJob] = {}
+        self._failed: list[StepOutput] = []
+        self.calls = 0
+        self.rows_run = 0
+        self.steps_skipped = 0
+        self.max_rows = 0
+
+    # -- contract ---------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> None:
+        rid = request.request_id
+        try:
+            if rid in self._waiting or rid in self._jobs:
+                raise ValueError(f"request id {rid!r} is already running")
+            self._waiting[rid] = self.denoiser.plan(request.inputs or {},
+                                                    dict(request.params or {}))
+        except (ValueError, TypeError) as e:
+            self._fail(rid, f"bad input: {e}")
+
+    def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        for rid in ids:
+            self._waiting.pop(rid, None)
+            self._jobs.pop(rid, None)  # its tensors go with it
+        self._failed = [o for o in self._failed if o.request_id not in ids]
+
+    def has_work(self) -> bool:
+        return bool(self._failed or self._waiting or self._jobs)
+
+    def step(self) -> list[StepOutput]:
+        outputs, self._failed = self._failed, []
+        self._admit()
+        batch = self._next_batch()
+        if batch:
+            outputs += self._denoise(batch)
+        for job in [j for j in self._jobs.values() if j.step >= j.steps]:
+            outputs.append(self._finish(job))
+        outputs += self._failed  # failures found during this step
+        self._failed = []
+        return outputs
+
+    def info(self) -> dict[str, Any]:
+        return {"output": self.denoiser.output, **self.denoiser.info(),
+                "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache}
+
+    def stats(self) -> dict[str, Any]:
+        return {"waiting": len(self._waiting), "running": len(self._jobs),
+                "tensor_bytes": sum(j.tensor_bytes() for j in self._jobs.values()),
+                "transformer_calls": self.calls, "rows_run": self.rows_run,
+                "steps_skipped": self.steps_skipped, "max_rows": self.max_rows}
+
+    # -- phases -------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Encode every waiting request; each joins the running set."""
+        waiting, self._waiting = self._waiting, {}
+        for rid, plan in waiting.items():
+            try:
+                job = self.denoiser.start(rid, plan)
+            except (ValueError, TypeError) as e:
+                self._fail(rid, f"bad input: {e}")
+                continue
+            except Exception as e:  # a model failure on this input: fail it alone
+                log.exception("request %s: encoding failed", rid)
+                self._fail(rid, f"encoding failed: {type(e).__name__}: {e}")
+                continue
+            job.started = time.monotonic()
+            self._jobs[rid] = job
+
+    def _next_batch(self) -> list[DenoiseJob]:
+        """The group holding the oldest unfinished job, oldest first, up to the row cap."""
+        pending = sorted((j for j in self._jobs.values() if j.step < j.steps),
+                         key=lambda j: j.arrival)
+        if not pending:
+            return []
+        key = self.denoiser.group_key(pending[0])
+        batch, rows = [], 0
+        for job in pending:
+            if self.denoiser.group_key(job) != key:
+                continue
+            if batch and rows + job.model_rows > self.max_batch_rows:
+                break
+            batch.append(job)
+            rows += job.model_rows
+        return batch
+
+    def _denoise(self, batch: list[DenoiseJob]) -> list[StepOutput]:
+        run = [job for job in batch if not self._reuses_output(job)]
+        if run:
+            try:
+                predictions = self.denoiser.predict(run)
+            except Exception as e:
+                log.exception("transformer call failed for %s", [j.request_id for j in run])
+                for job in run:
+                    self._jobs.pop(job.request_id, None)
+                    self._fail(job.request_id, f"denoising failed: {type(e).__name__}: {e}")
+                batch = [j for j in batch if j not in run]
+                run, predictions = [], []
+            rows = sum(j.model_rows for j in run)
+            self.calls += 1 if run else 0
+            self.rows_run += rows
+            self.max_rows = max(self.max_rows, rows)
+            for job, prediction in zip(run, predictions, strict=True):
+                job.last_output, job.change_since_run = prediction, 0.0
+        outputs = []
+        for job in batch:
+            t = job.timesteps[job.step]
+            job.prev_latents = job.latents if self.step_cache > 0 else None
+            job.latents = job.scheduler.step(job.last_output, t, job.latents,
+                                             return_dict=False)[0]
+            job.step += 1
+            if job.step < job.steps:
+                outputs.append(StepOutput(job.request_id, {
+                    "progress": {"step": job.step, "steps": job.steps}}))
+        return outputs
+
+    def _reuses_output(self, job: DenoiseJob) -> bool:
+        """Step cache: skip the model for this job's step (see module docstring)."""
+        if (self.step_cache <= 0 or job.last_output is None or job.prev_latents is None
+                or job.step >= job.steps - 1):
+            return False
+        prev = job.prev_latents
+        change = float((job.latents - prev).abs().mean() / prev.abs().mean().clamp_min(1e-12))
+        job.change_since_run += change
+        if job.change_since_run < self.step_cache:
+            job.skipped += 1
+            self.steps_skipped += 1
+            return True
+        return False
+
+    def _finish(self, job: DenoiseJob) -> StepOutput:
+        self._jobs.pop(job.request_id, None)
+        try:
+            data = self.denoiser.decode(job)
+        except Exception as e:
+            log.exception("request %s: decode failed", job.request_id)
+            return StepOutput(job.request_id, finished=True,
+                              error=f"decoding failed: {type(e).__name__}: {e}")
+        data.update(seed=job.seed, steps=job.steps, skipped_steps=job.skipped,
+                    denoise_s=round(time.monotonic() - job.started, 4))
+        return StepOutput(job.request_id, data, finished=True)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        self._failed.append(StepOutput(request_id, finished=True, error=message))
+
+
+def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype: str,
+                           options: Mapping[str, Any]) -> DiffusionEngine:
+    """The diffusion engine for a stage's `model` (adapters: omni/models/__init__.py)."""
+    from omni.models import build_denoiser
+
+    return DiffusionEngine(build_denoiser(model, model_dir, device, dtype, options), options)
