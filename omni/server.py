@@ -55,6 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-speech-chars", type=int, default=4096,
                    help="longest /v1/audio/speech input in characters (default 4096, "
                         "OpenAI's limit); longer gets 400")
+    p.add_argument("--data-dir", default=None,
+                   help="where video jobs and their files persist across restarts (default: "
+                   "$OMNI_DATA_DIR, else $XDG_DATA_HOME/omni, else ~/.local/share/omni)")
+    p.add_argument("--video-retention-hours", type=float, default=24.0,
+                   help="finished videos are deleted this long after completion (default 24)")
+    p.add_argument("--max-video-jobs", type=int, default=16,
+                   help="video jobs queued or running at once; more get 429 (default 16)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
                    "aborting them (default 30)")
@@ -124,7 +131,10 @@ async def serve(args: argparse.Namespace) -> None:
     settings = ServerSettings(api_key=args.api_key,
                               max_request_bytes=int(args.max_request_mb * 1024 * 1024),
                               drain_timeout_s=args.drain_timeout,
-                              max_speech_chars=args.max_speech_chars)
+                              max_speech_chars=args.max_speech_chars,
+                              data_dir=args.data_dir,
+                              video_retention_s=args.video_retention_hours * 3600,
+                              max_video_jobs=args.max_video_jobs)
     app = build_app(models, metrics, settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
                            access_log=None)

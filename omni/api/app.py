@@ -65,6 +65,9 @@ class ServerSettings:
     max_request_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = 30.0
     max_speech_chars: int = 4096  # OpenAI's limit for /v1/audio/speech input
+    data_dir: str | None = None  # video jobs and files (None: video_jobs.default_data_dir)
+    video_retention_s: float = 24 * 3600.0  # finished videos are deleted after this
+    max_video_jobs: int = 16  # queued + running video jobs; beyond: 429
 
 
 MODELS_KEY = web.AppKey("models", ModelRegistry)

@@ -13,10 +13,6 @@ from omni.api.errors import APIError
 
 # path -> (method, the output modality the endpoint needs)
 UNSERVED = {
-    "/v1/images/generations": ("POST", "image"),
-    "/v1/images/edits": ("POST", "image"),
-    "/v1/videos": ("POST", "video"),
-    "/v1/videos/sync": ("POST", "video"),
     "/v1/realtime": ("GET", "audio"),
 }
 

@@ -1,0 +1,236 @@
+"""POST /v1/images/generations and /v1/images/edits (protocols.md §3).
+
+The request runs on a pipeline ending in a diffusion stage; its final output carries
+uint8 pixels (n, H, W, 3), encoded here (off the event loop) into the asked format and
+returned as ``b64_json`` (default) or a ``data:`` URL (``response_format: url``). With
+``stream: true`` and ``partial_images`` = k, the stage's k previews go out as
+``image_generation.partial_image`` events (``image_edit.*`` for edits), then one
+``completed`` event per image. Extras through ``extra_body``: seed,
+num_inference_steps, guidance_scale, negative_prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from omni.api import media_params as mp
+from omni.api.app import ServedModel
+from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
+from omni.media.image import IMAGE_FORMATS, MIME, apply_mask, check_mask, encode_image
+
+log = logging.getLogger("omni.api.images")
+QUALITIES = ("auto", "low", "medium", "high", "xhigh", "max", "standard", "hd")
+
+
+@dataclass
+class ImageCall:
+    """One checked image request."""
+
+    request: web.Request
+    model: ServedModel
+    kind: str  # "image_generation" or "image_edit"
+    inputs: dict[str, Any]
+    params: dict[str, Any]
+    format: str
+    compression: int | None
+    as_url: bool
+    stream: bool
+    quality: str
+    mask: bytes | None = None
+    id: str = field(default_factory=lambda: f"img-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def outputs(self) -> Any:
+        return self.model.omni.generate(self.inputs, modalities=["image"],
+                                        params={"*": self.params}, request_id=self.id)
+
+    async def encode(self, pixels: Any) -> bytes:
+        def work() -> bytes:
+            image = pixels
+            if self.mask is not None:
+                image = apply_mask(pixels, self.inputs["images"][0], self.mask)
+            return encode_image(image, self.format, self.compression)
+        return await asyncio.to_thread(work)
+
+    def meta(self, size: str) -> dict[str, Any]:
+        return {"background": "opaque", "output_format": self.format,
+                "quality": self.quality, "size": size}
+
+
+def _usage(data: dict[str, Any]) -> dict[str, Any]:
+    text, image = int(data.get("text_tokens", 0)), int(data.get("image_tokens", 0))
+    return {"input_tokens": text, "input_tokens_details": {"text_tokens": text,
+                                                           "image_tokens": 0},
+            "output_tokens": image, "output_tokens_details": {"image_tokens": image,
+                                                              "text_tokens": 0},
+            "total_tokens": text + image}
+
+
+def _size_of(pixels: Any) -> str:
+    return f"{pixels.shape[-2]}x{pixels.shape[-3]}"
+
+
+# -- request checking -------------------------------------------------------------------
+def _common(request: web.Request, body: dict[str, Any], task: str, hint: str) -> dict[str, Any]:
+    model, info = mp.pick_model(request, body.get("model"), "image", task, hint)
+    fmt = mp.field(body, "output_format", str, "png")
+    if fmt not in IMAGE_FORMATS:
+        raise APIError(400, f"'output_format' {fmt!r} is not supported here; use one of "
+                       f"{', '.join(IMAGE_FORMATS)}", param="output_format")
+    compression = mp.field(body, "output_compression", int)
+    if compression is not None and not 0 <= compression <= 100:
+        raise APIError(400, "'output_compression' must be 0-100", param="output_compression")
+    response_format = mp.field(body, "response_format", str, "b64_json")
+    if response_format not in ("b64_json", "url"):
+        raise APIError(400, "'response_format' must be 'b64_json' or 'url'",
+                       param="response_format")
+    background = mp.field(body, "background", str, "auto")
+    if background not in ("auto", "opaque", "transparent"):
+        raise APIError(400, "'background' must be auto, opaque or transparent",
+                       param="background")
+    if background == "transparent":
+        raise APIError(400, "transparent backgrounds are not supported by this model; use "
+                       "'opaque' or 'auto'", param="background")
+    quality = mp.field(body, "quality", str, "auto")
+    if quality not in QUALITIES:
+        raise APIError(400, f"'quality' must be one of {', '.join(QUALITIES)}",
+                       param="quality")
+    stream = mp.field(body, "stream", bool, False)
+    partials = mp.field(body, "partial_images", int, 0)
+    if not 0 <= partials <= 3:
+        raise APIError(400, "'partial_images' must be 0-3", param="partial_images")
+    params = mp.engine_params(body, info, size=mp.field(body, "size", str))
+    if stream:
+        if params.get("n", 1) != 1:
+            raise APIError(400, "'stream' supports n=1", param="n")
+        params["previews"] = partials
+    return {"model": model, "info": info, "format": fmt, "compression": compression,
+            "as_url": response_format == "url", "stream": stream, "quality": quality,
+            "params": params}
+
+
+async def parse_generation(request: web.Request) -> ImageCall:
+    body = await read_json(request)
+    checked = _common(request, body, "generate",
+                      "Send edits of an input image to POST /v1/images/edits.")
+    checked.pop("info")
+    inputs = {"prompt": mp.prompt(body), **mp.negative_prompt(body)}
+    return ImageCall(request, kind="image_generation", inputs=inputs, **checked)
+
+
+async def parse_edit(request: web.Request) -> ImageCall:
+    if not request.content_type.startswith("multipart/"):
+        raise APIError(400, "/v1/images/edits takes multipart/form-data (fields 'image' or "
+                       "'image[]', 'prompt', optional 'mask')")
+    form = await request.post()
+    images = [await _file_bytes(f, "image") for f in form.getall("image", [])]
+    images += [await _file_bytes(f, "image[]") for f in form.getall("image[]", [])]
+    if not images:
+        raise APIError(400, "'image' is required: the image to edit (a PNG, JPEG or WebP "
+                       "file)", param="image")
+    body = {k: v for k, v in form.items() if isinstance(v, str)}
+    checked = _common(request, body, "edit",
+                      "Generate from text alone with POST /v1/images/generations.")
+    most = int(checked.pop("info").get("max_input_images", 1))
+    if len(images) > most:
+        raise APIError(400, f"model '{checked['model'].id}' edits {most} image(s) per "
+                       f"request; {len(images)} were sent", param="image")
+    mask = form.get("mask")
+    mask_bytes = None if mask is None else await _file_bytes(mask, "mask")
+    if mask_bytes is not None:
+        try:
+            check_mask(mask_bytes, images[0])
+        except ValueError as e:
+            raise APIError(400, str(e), param="mask") from None
+    inputs = {"prompt": mp.prompt(body), "images": images, **mp.negative_prompt(body)}
+    return ImageCall(request, kind="image_edit", inputs=inputs, mask=mask_bytes, **checked)
+
+
+async def _file_bytes(part: Any, name: str) -> bytes:
+    if isinstance(part, str) or not hasattr(part, "file"):
+        raise APIError(400, f"'{name}' must be a file upload", param=name)
+    data = await asyncio.to_thread(part.file.read)
+    if not data:
+        raise APIError(400, f"'{name}' is empty", param=name)
+    return data
+
+
+# -- responses --------------------------------------------------------------------------
+async def _whole(call: ImageCall) -> web.Response:
+    final: dict[str, Any] = {}
+    async with contextlib.aclosing(call.outputs()) as outputs:
+        async for out in outputs:
+            if out.data and "images" in out.data:
+                final = out.data
+    if "images" not in final:
+        raise APIError(500, "the pipeline finished without an image", "server_error")
+    pixels = final["images"].numpy()
+    data = []
+    for image in pixels:
+        encoded = base64.b64encode(await call.encode(image)).decode()
+        data.append({"url": f"data:{MIME[call.format]};base64,{encoded}"} if call.as_url
+                    else {"b64_json": encoded, "revised_prompt": None})
+    body = {"created": call.created, "data": data, **call.meta(_size_of(pixels)),
+            "usage": _usage(final)}
+    return web.json_response(body, headers={"X-Request-Id": call.id,
+                                            "X-Seed": str(final.get("seed", ""))})
+
+
+async def _stream(call: ImageCall) -> web.StreamResponse:
+    outputs = call.outputs()
+    item = await first_output(outputs)  # a failure before the 200 keeps its status
+    response = await start_sse(call.request, call.id)
+    try:
+        async with contextlib.aclosing(outputs):
+            while item is not None:
+                await _send_event(call, response, item)
+                item = None if item.finished else await next_with_pings(outputs, response)
+    except (ConnectionResetError, ConnectionError):
+        raise
+    except Exception as exc:
+        log.error("image request %s failed after the stream started: %s", call.id, exc)
+        await response.write(sse_error_event(exc, event_type="error"))
+    return response
+
+
+async def _send_event(call: ImageCall, response: web.StreamResponse, item: Any) -> None:
+    data = item.data or {}
+    if "preview" in data:
+        pixels = data["preview"].numpy()
+        await response.write(sse_data({
+            "type": f"{call.kind}.partial_image", "partial_image_index": int(data["index"]),
+            "b64_json": base64.b64encode(await call.encode(pixels[0])).decode(),
+            "created_at": int(time.time()), **call.meta(_size_of(pixels))}))
+    if "images" in data:
+        pixels = data["images"].numpy()
+        for image in pixels:
+            await response.write(sse_data({
+                "type": f"{call.kind}.completed",
+                "b64_json": base64.b64encode(await call.encode(image)).decode(),
+                "created_at": int(time.time()), **call.meta(_size_of(pixels)),
+                "usage": _usage(data)}))
+
+
+async def generations(request: web.Request) -> web.StreamResponse:
+    call = await parse_generation(request)
+    return await (_stream(call) if call.stream else _whole(call))
+
+
+async def edits(request: web.Request) -> web.StreamResponse:
+    call = await parse_edit(request)
+    return await (_stream(call) if call.stream else _whole(call))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/images/generations", generations)
+    app.router.add_post("/v1/images/edits", edits)
