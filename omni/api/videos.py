@@ -60,7 +60,7 @@ VIDEOS_KEY = web.AppKey("videos", VideoService)
 
 # -- request checking -------------------------------------------------------------------
 async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
-    if request.content_type.startswith("multipart/"):
+    if request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.post()
         body = {k: v for k, v in form.items() if isinstance(v, str)}
         images = []
@@ -76,8 +76,8 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
 async def parse_video(request: web.Request) -> VideoCall:
     body, images = await _body(request)
     task = "image_to_video" if images else "text_to_video"
-    hint = ("Send 'input_reference' to an image-to-video model." if not images else
-            "Leave out 'input_reference' for a text-to-video model.")
+    hint = ("Image-to-video models (e.g. Wan I2V) need 'input_reference'." if not images
+            else "Only image-to-video models (e.g. Wan I2V) take 'input_reference'.")
     model, info = mp.pick_model(request, body.get("model"), "video", task, hint)
     params = mp.engine_params(body, info, size=mp.field(body, "size", str))
     fps, step = int(info.get("fps") or 16), int(info.get("frame_step") or 4)

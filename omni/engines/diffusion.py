@@ -15,7 +15,9 @@ job's latents into pixels. The engine owns the loop:
   its own timestep. Then each job's scheduler takes its step.
 - decode: jobs whose last step ran are decoded (VAE) in the same engine step and leave
   with their pixels; abort drops a job at once (between steps), freeing its tensors.
-- progress: every stepped job emits {"progress": {"step": i, "steps": n}}.
+- progress: every stepped job emits {"progress": {"step": i, "steps": n}}; a request
+  with param ``previews`` = k (0-3) also gets k evenly spaced previews (the denoiser's
+  ``preview``: its current estimate of the final pixels) as {"preview": ..., "index": i}.
 
 Step cache (option ``step_cache``, a threshold; 0 = off, the default): before a job's
 step the engine adds the relative L1 change of its latents since the previous step to a
@@ -66,6 +68,7 @@ class DenoiseJob:
     prev_latents: torch.Tensor | None = None
     change_since_run: float = 0.0
     skipped: int = 0
+    preview_steps: tuple[int, ...] = ()
 
     @property
     def steps(self) -> int:
@@ -104,6 +107,17 @@ class Denoiser(Protocol):
     def info(self) -> dict[str, Any]:
         """Capabilities and limits for READY (tasks, sizes, steps)."""
 
+    # optional: preview(job) -> dict, the current estimate of the final output's fields
+
+
+MAX_PREVIEWS = 3
+
+
+def preview_steps(previews: int, steps: int) -> tuple[int, ...]:
+    """After which steps k evenly spaced previews go out (never after the last step)."""
+    return tuple(sorted({round(steps * (i + 1) / (previews + 1)) for i in range(previews)}
+                        - {0, steps}))
+
 
 class DiffusionEngine(Engine):
     """Step-level scheduling of denoising across requests (see module docstring).
@@ -121,7 +135,7 @@ class DiffusionEngine(Engine):
             raise EngineLoadError("max_batch_rows must be >= 1")
         if self.step_cache < 0:
             raise EngineLoadError("step_cache must be >= 0 (0 turns it off)")
-        self._waiting: dict[str, Any] = {}  # request id -> plan, not yet encoded
+        self._waiting: dict[str, tuple[Any, int]] = {}  # id -> (plan, previews), not encoded
         self._jobs: dict[str, DenoiseJob] = {}
         self._failed: list[StepOutput] = []
         self.calls = 0
@@ -135,8 +149,13 @@ class DiffusionEngine(Engine):
         try:
             if rid in self._waiting or rid in self._jobs:
                 raise ValueError(f"request id {rid!r} is already running")
-            self._waiting[rid] = self.denoiser.plan(request.inputs or {},
-                                                    dict(request.params or {}))
+            params = dict(request.params or {})
+            previews = params.get("previews", 0)
+            if previews and not hasattr(self.denoiser, "preview"):
+                raise ValueError("this model cannot stream previews")
+            if not isinstance(previews, int) or not 0 <= previews <= MAX_PREVIEWS:
+                raise ValueError(f"'previews' must be an integer from 0 to {MAX_PREVIEWS}")
+            self._waiting[rid] = (self.denoiser.plan(request.inputs or {}, params), previews)
         except (ValueError, TypeError) as e:
             self._fail(rid, f"bad input: {e}")
 
@@ -176,9 +195,10 @@ class DiffusionEngine(Engine):
     def _admit(self) -> None:
         """Encode every waiting request; each joins the running set."""
         waiting, self._waiting = self._waiting, {}
-        for rid, plan in waiting.items():
+        for rid, (plan, previews) in waiting.items():
             try:
                 job = self.denoiser.start(rid, plan)
+                job.preview_steps = preview_steps(previews, job.steps)
             except (ValueError, TypeError) as e:
                 self._fail(rid, f"bad input: {e}")
                 continue
@@ -232,9 +252,18 @@ class DiffusionEngine(Engine):
                                              return_dict=False)[0]
             job.step += 1
             if job.step < job.steps:
-                outputs.append(StepOutput(job.request_id, {
-                    "progress": {"step": job.step, "steps": job.steps}}))
+                outputs.append(self._progress(job))
         return outputs
+
+    def _progress(self, job: DenoiseJob) -> StepOutput:
+        data: dict[str, Any] = {"progress": {"step": job.step, "steps": job.steps}}
+        if job.step in job.preview_steps:
+            try:
+                data.update(self.denoiser.preview(job),  # type: ignore[attr-defined]
+                            index=job.preview_steps.index(job.step))
+            except Exception:  # a preview is a nicety: the request goes on without it
+                log.exception("request %s: preview failed", job.request_id)
+        return StepOutput(job.request_id, data)
 
     def _reuses_output(self, job: DenoiseJob) -> bool:
         """Step cache: skip the model for this job's step (see module docstring)."""

@@ -47,14 +47,16 @@ def torch_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def load_pipeline(model_dir: str, classes: Mapping[str, Any], device: str,
-                  dtype: str) -> Any:
+                  dtype: str, **components: Any) -> Any:
     """The whole pipeline, every component loaded through its own class from its own
-    folder (diffusers' from_pretrained reads model_index.json), on ``device``."""
+    folder (diffusers' from_pretrained reads model_index.json), on ``device``;
+    ``components`` are ones the adapter loaded itself."""
     name = pipeline_class(model_dir)
     if name not in classes:
         raise EngineLoadError(f"{model_dir}: pipeline {name} is not served by this adapter "
                               f"(it serves {', '.join(sorted(classes))})")
-    pipe = classes[name].from_pretrained(model_dir, dtype=torch_dtype(dtype, device))
+    pipe = classes[name].from_pretrained(model_dir, dtype=torch_dtype(dtype, device),
+                                         **components)
     pipe.set_progress_bar_config(disable=True)  # progress goes to clients, not stderr
     return pipe.to(device)
 

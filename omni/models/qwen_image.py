@@ -37,12 +37,40 @@ def _classes() -> dict[str, Any]:
     return {T2I: QwenImagePipeline, EDIT: QwenImageEditPipeline}
 
 
+def load_vl_processor(path: str) -> Any:
+    """Qwen-Image-Edit's Qwen2-VL processor. transformers 5 cannot build
+    ``Qwen2VLProcessor`` without torchvision (its video processor needs it), and no CPU
+    torchvision matches torch 2.13 on PyPI; the edit pipeline never uses the video
+    processor, so without torchvision the same class is built without it."""
+    import importlib.util
+
+    from transformers import Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return Qwen2VLProcessor.from_pretrained(path)
+
+    class Qwen2VLImageOnlyProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None,
+                     chat_template: Any = None, **kwargs: Any) -> None:
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer,
+                                    chat_template=chat_template)
+
+    return Qwen2VLImageOnlyProcessor.from_pretrained(path)
+
+
 class QwenImageDenoiser:
     output = "image"
 
     def __init__(self, model_dir: str, device: str, dtype: str,
                  options: Mapping[str, Any]) -> None:
-        self.pipe = common.load_pipeline(model_dir, _classes(), device, dtype)
+        extra = {}
+        if common.pipeline_class(model_dir) == EDIT:
+            extra["processor"] = load_vl_processor(f"{model_dir}/processor")
+        self.pipe = common.load_pipeline(model_dir, _classes(), device, dtype, **extra)
         self.device = device
         self.edit = type(self.pipe).__name__ == EDIT
         self.scale = self.pipe.vae_scale_factor
@@ -52,7 +80,8 @@ class QwenImageDenoiser:
 
     def info(self) -> dict[str, Any]:
         return {"tasks": ["edit"] if self.edit else ["generate"],
-                "pipeline": type(self.pipe).__name__, **self.limits.info()}
+                "pipeline": type(self.pipe).__name__,
+                "max_input_images": 1, **self.limits.info()}
 
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,6 +140,7 @@ class QwenImageDenoiser:
                           state={"pos": pos, "pos_mask": pos_mask, "neg": neg[0],
                                  "neg_mask": neg[1], "grid": tuple(grid),
                                  "image_latents": image_latents, "scale": plan["guidance"],
+                                 "tokens": _tokens(pos, pos_mask),
                                  "width": plan["width"], "height": plan["height"]})
 
     def _edit_input(self, plan: dict[str, Any]) -> tuple[Any, Any, tuple[int, int] | None]:
@@ -181,14 +211,25 @@ class QwenImageDenoiser:
 
     @torch.inference_mode()
     def decode(self, job: DenoiseJob) -> dict[str, Any]:
-        pipe, vae = self.pipe, self.pipe.vae
-        latents = pipe._unpack_latents(job.latents, job.state["height"], job.state["width"],
-                                       self.scale).to(vae.dtype)
+        return {"images": self._pixels(job, job.latents), "text_tokens": job.state["tokens"],
+                "image_tokens": int(job.latents.shape[1]) * job.rows}
+
+    @torch.inference_mode()
+    def preview(self, job: DenoiseJob) -> dict[str, Any]:
+        """The flow-matching estimate of the clean latents, x0 = x_t - sigma_t * v,
+        decoded: what the image will look like, sharpening as steps go by."""
+        sigma = job.scheduler.sigmas[job.step].to(job.latents)
+        return {"preview": self._pixels(job, job.latents - sigma * job.last_output)}
+
+    def _pixels(self, job: DenoiseJob, packed: torch.Tensor) -> torch.Tensor:
+        vae = self.pipe.vae
+        latents = self.pipe._unpack_latents(packed, job.state["height"], job.state["width"],
+                                            self.scale).to(vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
         mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
         std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
         pixels = vae.decode(latents * std + mean, return_dict=False)[0][:, :, 0]
-        return {"images": common.to_uint8(pixels)}
+        return common.to_uint8(pixels)
 
 
 def _pad_text(blocks: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, Any]:
@@ -204,6 +245,11 @@ def _pad_text(blocks: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, Any
         masks.append(torch.nn.functional.pad(mask, (0, longest - length)))
     mask = torch.cat(masks)
     return torch.cat(texts), (None if bool(mask.all()) else mask)
+
+
+def _tokens(text: torch.Tensor, mask: Any) -> int:
+    """Prompt tokens (after the template's dropped prefix) of one row."""
+    return int(mask[0].sum()) if mask is not None else int(text.shape[1])
 
 
 def _true_cfg(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -73,7 +73,8 @@ class WanDenoiser:
 
     def info(self) -> dict[str, Any]:
         return {"tasks": ["image_to_video"] if self.i2v else ["text_to_video"],
-                "pipeline": type(self.pipe).__name__, "frame_step": self.temporal,
+                "pipeline": type(self.pipe).__name__,
+                "max_input_images": 1, "frame_step": self.temporal,
                 **self.limits.info()}
 
     # -- requests ---------------------------------------------------------------------
