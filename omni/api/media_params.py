@@ -118,6 +118,20 @@ def engine_params(body: Mapping[str, Any], info: Mapping[str, Any],
         except ValueError as e:
             raise APIError(400, str(e).replace(f"'{name}'", f"'{spelled}'"),
                            param=spelled) from None
+    cache = body.get("step_cache")
+    if cache not in (None, ""):
+        if isinstance(cache, str):
+            cache = {"true": True, "false": False}.get(cache.lower(), cache)
+            try:
+                cache = float(cache) if isinstance(cache, str) else cache
+            except ValueError:
+                raise APIError(400, "'step_cache' must be true, false or a number",
+                               param="step_cache") from None
+        if not isinstance(cache, bool | int | float) or (
+                not isinstance(cache, bool) and not 0 <= cache <= 10):
+            raise APIError(400, "'step_cache' must be true, false or a threshold from 0 to 10",
+                           param="step_cache")
+        params["step_cache"] = cache
     if size not in (None, "auto"):
         try:
             limits_of.parse_size(size, lim)

@@ -65,12 +65,9 @@ def load_vl_processor(path: str) -> Any:
 class QwenImageDenoiser:
     output = "image"
 
-    def __init__(self, model_dir: str, device: str, dtype: str,
-                 options: Mapping[str, Any]) -> None:
-        extra = {}
-        if common.pipeline_class(model_dir) == EDIT:
-            extra["processor"] = load_vl_processor(f"{model_dir}/processor")
-        self.pipe = common.load_pipeline(model_dir, _classes(), device, dtype, **extra)
+    def __init__(self, pipe: Any, device: str, options: Mapping[str, Any]) -> None:
+        """``pipe``: a loaded QwenImagePipeline or QwenImageEditPipeline on ``device``."""
+        self.pipe = pipe
         self.device = device
         self.edit = type(self.pipe).__name__ == EDIT
         self.scale = self.pipe.vae_scale_factor
@@ -262,4 +259,8 @@ def _true_cfg(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> 
 
 def build_qwen_image(model_dir: str, device: str, dtype: str,
                      options: Mapping[str, Any]) -> QwenImageDenoiser:
-    return QwenImageDenoiser(model_dir, device, dtype, options)
+    extra = {}
+    if common.pipeline_class(model_dir) == EDIT:
+        extra["processor"] = load_vl_processor(f"{model_dir}/processor")
+    pipe = common.load_pipeline(model_dir, _classes(), device, dtype, **extra)
+    return QwenImageDenoiser(pipe, device, options)

@@ -48,12 +48,12 @@ def frames_for(seconds: float, fps: int, temporal: int) -> int:
 class WanDenoiser:
     output = "video"
 
-    def __init__(self, model_dir: str, device: str, dtype: str,
-                 options: Mapping[str, Any]) -> None:
-        self.pipe = common.load_pipeline(model_dir, _classes(), device, dtype)
+    def __init__(self, pipe: Any, device: str, options: Mapping[str, Any]) -> None:
+        """``pipe``: a loaded WanPipeline or WanImageToVideoPipeline on ``device``."""
+        self.pipe = pipe
         if self.pipe.config.get("expand_timesteps"):
-            raise EngineLoadError(f"{model_dir}: Wan 2.2 TI2V (expand_timesteps) is not "
-                                  "supported by this build")
+            raise EngineLoadError("Wan 2.2 TI2V (expand_timesteps) is not supported by this "
+                                  "build")
         self.device = device
         self.i2v = type(self.pipe).__name__ == I2V
         model = self.pipe.transformer or self.pipe.transformer_2
@@ -189,4 +189,5 @@ class WanDenoiser:
 
 def build_wan(model_dir: str, device: str, dtype: str,
               options: Mapping[str, Any]) -> WanDenoiser:
-    return WanDenoiser(model_dir, device, dtype, options)
+    return WanDenoiser(common.load_pipeline(model_dir, _classes(), device, dtype), device,
+                       options)

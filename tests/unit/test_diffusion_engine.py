@@ -167,6 +167,11 @@ def test_step_cache_zero_is_exact_and_positive_skips(models):
     cached, _ = run(cached_engine, request)
     skipped = cached["r"]["skipped_steps"]
     assert skipped > 0 and cached_engine.stats()["transformer_calls"] == 12 - skipped
+    # a request turns on the default threshold for itself
+    per_request = [("r", {"prompt": "a red fox"}, {"size": "32x32", "steps": 12, "seed": 7,
+                                                   "step_cache": True})]
+    default, _ = run(engine(models, "qwen_image", "qwen_image"), per_request)
+    assert default["r"]["skipped_steps"] > 0
 
 
 def test_abort_mid_denoise_frees_the_request_and_others_finish(models):
