@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, core_overhead, startup, tts
+    from bench import ar, core_overhead, diffusion, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(HTTP, in-process) vs transformers generate (sequential, batched)",
         description=ar.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     ar.add_arguments(ar_parser)
+    diffusion_parser = sub.add_parser(
+        "diffusion", help="images: denoising steps/s and latency, omni's step-level engine vs "
+                          "diffusers (per request, batched) and the bare transformer",
+        description=diffusion.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    diffusion.add_arguments(diffusion_parser)
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.bench == "startup":
@@ -49,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return tts.run(args, argv)
     if args.bench == "ar":
         return ar.run(args, argv)
+    if args.bench == "diffusion":
+        return diffusion.run(args, argv)
     return core_overhead.run(args, argv=argv)
 
 

@@ -1,0 +1,169 @@
+"""Diffusion serving: our step-level engine vs diffusers, in one run on one model.
+
+DESCRIPTION is the --help text; the report (diffusion.md) repeats the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import diffusion_sides as sides
+from bench.common import percentile, say
+
+DESCRIPTION = """\
+Denoising steps/s, images/s and request latency (p50/p99/mean) of text-to-image requests
+at several concurrencies, for these sides, on the same pipeline, size, step count and
+prompts, in one run:
+
+  ours-engine         omni's DiffusionEngine (the engine a diffusion stage runs) driven in
+                      this process: requests join and leave between denoising steps, and
+                      compatible requests share one transformer call at their own timesteps
+  ours-server         the same engine behind the serving path without HTTP: AsyncOmni
+                      (orchestrator, engine process, shared-memory payloads); only with a
+                      model directory (--model or the tiny fixture)
+  ours-cache          ours-engine with the step cache on at its default threshold
+                      (transformer calls are counted; random weights cannot judge quality)
+  diffusers-seq       QwenImagePipeline.__call__ once per request, one at a time
+  diffusers-batched   one __call__ with a list of c prompts per round (needs all c requests
+                      to arrive together; every request waits for its whole round)
+  transformer         the bare transformer, one call at batch 1, 4, 8, 16 (random inputs
+                      of the same shapes): the ceiling for steps/s at that batch
+
+Clients are closed-loop: c clients each send their next request when the previous one
+returns, --per-client requests each, all starting together. Latency = return - send.
+Steps/s = requests x steps / wall time. No classifier-free guidance (no negative prompt),
+so one transformer row per image. Every side runs one unmeasured warm-up request first.
+
+--shape tiny uses the tiny random Qwen-Image fixture (omni.fixtures, built on first use);
+--shape qwen-image builds the real Qwen-Image transformer (60 layers, 20.4 B parameters)
+and VAE with random weights in memory on the device (bf16), with a 2-layer text encoder
+of the real width (the text encoder runs once per request and is not what is measured);
+that shape needs a large GPU (about 45 GB).
+"""
+
+SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers-batched",
+         "transformer")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", choices=("tiny", "qwen-image"), default="tiny",
+                        help="model: the tiny fixture, or a real-size random Qwen-Image built "
+                             "in memory (GPU)")
+    parser.add_argument("--layers", type=int, default=60,
+                        help="transformer layers of --shape qwen-image (default 60, the "
+                             "release's; fewer only for a quick check)")
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="a Qwen-Image pipeline directory instead of --shape")
+    parser.add_argument("--size", default="256x256", help="WxH of every image (default "
+                        "256x256)")
+    parser.add_argument("--steps", type=int, default=20, help="denoising steps (default 20)")
+    parser.add_argument("--concurrency", default="1,4,8,16",
+                        help="comma-separated client counts (default 1,4,8,16)")
+    parser.add_argument("--per-client", type=int, default=2,
+                        help="requests each client sends, one after another (default 2)")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help=f"comma-separated subset of {','.join(SIDES)}")
+    parser.add_argument("--max-batch-rows", type=int, default=16,
+                        help="the engine's max_batch_rows (default 16)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"),
+                        help="directory for diffusion[-TAG].md/.json (default bench/results)")
+    parser.add_argument("--tag", default=None, help="suffix of the result files")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+
+    from bench.diffusion_models import load_qwen_image
+
+    torch.set_num_threads(1)
+    device = args.device if args.device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    width, height = (int(v) for v in args.size.split("x"))
+    wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = set(wanted) - set(SIDES)
+    if unknown:
+        raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(SIDES)}")
+    say(f"diffusion bench: loading {args.model or args.shape} on {device} ...")
+    pipe, model_dir = load_qwen_image(args.shape, args.model, device, args.layers)
+    params = {"size": args.size, "steps": args.steps}
+    call = {"height": height, "width": width, "num_inference_steps": args.steps,
+            "true_cfg_scale": 1.0, "output_type": "np"}
+    options = {"max_batch_rows": args.max_batch_rows}
+    rows: list[dict[str, Any]] = []
+    micro: dict[str, float] = {}
+    if "transformer" in wanted:
+        for batch in (1, 4, 8, 16):
+            micro[str(batch)] = sides.bare_transformer(pipe, height, width, batch, device,
+                                                       repeats=5 if device == "cpu" else 10)
+            say(f"  transformer batch {batch}: {micro[str(batch)] * 1000:.1f} ms/call")
+    for c in (int(v) for v in args.concurrency.split(",")):
+        for side in wanted:
+            if side == "transformer" or (side == "ours-server" and model_dir is None):
+                continue
+            say(f"  {side} c={c} ...")
+            record = _side(side, pipe, model_dir, device, options, c, args, params, call)
+            rows.append(_summary(side, c, record, args))
+            say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
+                f"p99 {rows[-1]['p99_s']:.2f} s")
+    result = {"command": "python -m bench diffusion " + " ".join(argv), "device": _device(device),
+              "shape": args.model or (args.shape if args.layers == 60 or args.shape == "tiny"
+                                        else f"{args.shape} ({args.layers} layers)"), "size": args.size, "steps": args.steps,
+              "per_client": args.per_client, "transformer_s": micro, "rows": rows,
+              "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    from bench.diffusion_report import write
+
+    path = write(result, args.out, args.tag)
+    say(f"wrote {path}")
+    return 0
+
+
+def _side(side: str, pipe: Any, model_dir: str | None, device: str,
+          options: dict[str, Any], c: int, args: argparse.Namespace,
+          params: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    from omni.models.qwen_image import QwenImageDenoiser
+
+    if side in ("ours-engine", "ours-cache"):
+        opts = {**options, "step_cache": side == "ours-cache"}
+        denoiser = QwenImageDenoiser(pipe, device, {"max_steps": 1000, "max_side": 4096,
+                                                    "max_pixels": 4096 * 4096})
+        sides.engine_side(denoiser, opts, 1, 1, params)  # warm-up
+        return sides.engine_side(denoiser, opts, c, args.per_client, params)
+    if side == "ours-server":
+        return sides.server_side(model_dir, {**options, "max_side": 4096,
+                                             "max_pixels": 4096 * 4096}, c, args.per_client,
+                                 params)
+    if side == "diffusers-seq":
+        sides.diffusers_sequential(pipe, 1, 1, call, device)
+        return sides.diffusers_sequential(pipe, c, args.per_client, call, device)
+    sides.diffusers_batched(pipe, 1, 1, call, device)
+    return sides.diffusers_batched(pipe, c, args.per_client, call, device)
+
+
+def _summary(side: str, c: int, record: dict[str, Any], args: argparse.Namespace) -> dict:
+    lat = sorted(record["latencies_s"])
+    n = len(lat)
+    mean = sum(lat) / n
+    out = {"side": side, "concurrency": c, "requests": n, "wall_s": round(record["wall_s"], 3),
+           "images_per_s": round(n / record["wall_s"], 3),
+           "steps_per_s": round(n * args.steps / record["wall_s"], 2),
+           "p50_s": round(percentile(lat, 0.5), 3), "p99_s": round(percentile(lat, 0.99), 3),
+           "mean_s": round(mean, 3), "p99_over_mean": round(percentile(lat, 0.99) / mean, 3)}
+    for key in ("transformer_calls", "rows_run", "max_rows", "skipped_steps"):
+        if key in record:
+            out[key] = record[key]
+    return out
+
+
+def _device(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+    return f"{platform.processor() or 'cpu'}, {len(__import__('os').sched_getaffinity(0))} " \
+           f"cores (torch {torch.__version__}, 1 thread)"

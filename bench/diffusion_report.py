@@ -1,0 +1,74 @@
+"""diffusion.md / diffusion.json: the benchmark's numbers and what they mean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write(result: dict[str, Any], out: Path, tag: str | None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "diffusion" + (f"-{tag}" if tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    path = out / f"{stem}.md"
+    path.write_text(render(result))
+    return path
+
+
+def render(r: dict[str, Any]) -> str:
+    micro = r["transformer_s"]
+    lines = [f"# Diffusion serving: {r['shape']}, {r['size']}, {r['steps']} steps",
+             "", f"Command: `{r['command']}`  ", f"Device: {r['device']}  ",
+             f"When: {r['when']}; {r['per_client']} requests per client (closed loop).", ""]
+    if micro:
+        lines += ["## Bare transformer (one call, random inputs of the same shapes)", "",
+                  "| batch | ms/call | steps/s (= batch / call) | vs batch 1 |", "|---|---|---|---|"]
+        one = micro.get("1")
+        for batch, seconds in micro.items():
+            rate = int(batch) / seconds
+            ratio = f"{rate * one:.2f}x" if one else ""
+            lines.append(f"| {batch} | {seconds * 1000:.1f} | {rate:.2f} | {ratio} |")
+        lines.append("")
+    lines += ["## Serving", "",
+              "| side | c | steps/s | images/s | p50 s | p99 s | mean s | p99/mean | "
+              "transformer calls | max rows/call | skipped steps |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(
+            f"| {row['side']} | {row['concurrency']} | {row['steps_per_s']:.2f} | "
+            f"{row['images_per_s']:.3f} | {row['p50_s']:.2f} | {row['p99_s']:.2f} | "
+            f"{row['mean_s']:.2f} | {row['p99_over_mean']:.2f} | "
+            f"{row.get('transformer_calls', '')} | {row.get('max_rows', '')} | "
+            f"{row.get('skipped_steps', '')} |")
+    lines += ["", *_checks(r), ""]
+    return "\n".join(lines)
+
+
+def _checks(r: dict[str, Any]) -> list[str]:
+    """The issue's targets, computed from this run only."""
+    out = ["## Targets (from this run)", ""]
+    rows = {(x["side"], x["concurrency"]): x for x in r["rows"]}
+    micro8 = r["transformer_s"].get("8")
+    ours8 = rows.get(("ours-engine", 8))
+    if micro8 and ours8:
+        ceiling = 8 / micro8
+        out.append(f"- c=8 steps/s: ours-engine {ours8['steps_per_s']:.2f} vs bare transformer "
+                   f"at batch 8 {ceiling:.2f} = {ours8['steps_per_s'] / ceiling:.0%} "
+                   "(target >= 90%)")
+    if ours8:
+        out.append(f"- starvation at c=8: p99 / mean latency = {ours8['p99_over_mean']:.2f} "
+                   "(target <= 1.25)")
+    plain, cached = rows.get(("ours-engine", 8)), rows.get(("ours-cache", 8))
+    if plain and cached and cached.get("transformer_calls"):
+        out.append(f"- step cache at its default threshold: {plain['transformer_calls']} -> "
+                   f"{cached['transformer_calls']} transformer calls at c=8 "
+                   f"({plain['transformer_calls'] / cached['transformer_calls']:.2f}x fewer; "
+                   "target >= 1.5x); with random weights the output change says nothing "
+                   "about quality")
+    seq = rows.get(("diffusers-seq", 8))
+    if seq and ours8:
+        out.append(f"- c=8 vs diffusers one request at a time: {ours8['steps_per_s']:.2f} vs "
+                   f"{seq['steps_per_s']:.2f} steps/s "
+                   f"({ours8['steps_per_s'] / seq['steps_per_s']:.2f}x)")
+    return out
