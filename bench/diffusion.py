@@ -35,7 +35,9 @@ prompts, in one run:
 Clients are closed-loop: c clients each send their next request when the previous one
 returns, --per-client requests each, all starting together. Latency = return - send.
 Steps/s = requests x steps / wall time. No classifier-free guidance (no negative prompt),
-so one transformer row per image. Every side runs one unmeasured warm-up request first.
+so one transformer row per image. Before each concurrency every side serves one
+unmeasured burst of c requests at 2 steps (diffusers-seq: one request), so the batch
+shapes of that concurrency have been seen before timing starts.
 
 --shape tiny uses the tiny random Qwen-Image fixture (omni.fixtures, built on first use);
 --shape qwen-image builds the real Qwen-Image transformer (60 layers, 20.4 B parameters)
@@ -44,6 +46,7 @@ of the real width (the text encoder runs once per request and is not what is mea
 that shape needs a large GPU (about 45 GB).
 """
 
+WARMUP_STEPS = 2
 SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers-batched",
          "transformer")
 
@@ -126,20 +129,24 @@ def _side(side: str, pipe: Any, model_dir: str | None, device: str,
           params: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
     from omni.models.qwen_image import QwenImageDenoiser
 
+    # warm-up: one unmeasured burst of c requests at WARMUP_STEPS steps, so every side
+    # meets the batch shapes of this concurrency (kernel choice, allocator) before timing
+    warm_params = {**params, "steps": WARMUP_STEPS}
+    warm_call = {**call, "num_inference_steps": WARMUP_STEPS}
     if side in ("ours-engine", "ours-cache"):
         opts = {**options, "step_cache": side == "ours-cache"}
         denoiser = QwenImageDenoiser(pipe, device, {"max_steps": 1000, "max_side": 4096,
                                                     "max_pixels": 4096 * 4096})
-        sides.engine_side(denoiser, opts, 1, 1, params)  # warm-up
+        sides.engine_side(denoiser, opts, c, 1, warm_params)
         return sides.engine_side(denoiser, opts, c, args.per_client, params)
     if side == "ours-server":
         return sides.server_side(model_dir, {**options, "max_side": 4096,
                                              "max_pixels": 4096 * 4096}, c, args.per_client,
                                  params)
     if side == "diffusers-seq":
-        sides.diffusers_sequential(pipe, 1, 1, call, device)
+        sides.diffusers_sequential(pipe, 1, 1, warm_call, device)
         return sides.diffusers_sequential(pipe, c, args.per_client, call, device)
-    sides.diffusers_batched(pipe, 1, 1, call, device)
+    sides.diffusers_batched(pipe, c, 1, warm_call, device)
     return sides.diffusers_batched(pipe, c, args.per_client, call, device)
 
 

@@ -77,7 +77,8 @@ def server_side(model_dir: str, options: dict[str, Any], c: int, per_client: int
 
     async def main() -> dict[str, Any]:
         async with AsyncOmni(_with_options(pipeline, options)) as omni:
-            await _one(omni, "warm-up", {**params, "seed": 0})
+            await asyncio.gather(*(_one(omni, "warm-up", {**params, "seed": i, "steps": 2})
+                                   for i in range(c)))
             texts = iter(prompts(c * per_client))
             latencies: list[float] = []
             skipped = [0]

@@ -266,7 +266,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    call = TextCall(request, await read_json(request), chat=True)
+    body = await read_json(request)
+    model = request.app[MODELS_KEY].get(body.get("model"))
+    if "text" not in model.modalities and "image" in model.modalities:
+        from omni.api.chat_images import chat_image
+
+        return await chat_image(request, body, model)
+    call = TextCall(request, body, chat=True)
     return await (_stream(call) if call.body.get("stream") else _complete(call))
 
 

@@ -179,3 +179,33 @@ def test_client_disconnect_aborts_the_request(server):
         state = await server.wait_idle("t2i", timeout_s=10)
         assert not state["requests"] and not any(state["outstanding"].values())
     run(body())
+
+
+def test_chat_completions_on_an_image_model_return_image_parts(server):
+    async def body():
+        async with server.client() as client:
+            reply = await client.chat.completions.create(
+                model="t2i", messages=[{"role": "user", "content": "a red fox"}], n=2,
+                extra_body={"size": "64x32", "seed": 1})
+            assert len(reply.choices) == 2 and reply.usage.prompt_tokens > 0
+            part = reply.choices[0].message.content[0]
+            assert part["type"] == "image_url"
+            url = part["image_url"]["url"]
+            assert url.startswith("data:image/png;base64,")
+            assert decode(url.split(",", 1)[1]).size == (64, 32)
+            src = "data:image/png;base64," + base64.b64encode(png_file()).decode()
+            edited = await client.chat.completions.create(model="edit", messages=[
+                {"role": "user", "content": [{"type": "text", "text": "make it red"},
+                                             {"type": "image_url", "image_url": {"url": src}}]}],
+                extra_body={"size": "32x32"})
+            assert edited.choices[0].message.content[0]["type"] == "image_url"
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(
+                    model="t2i", messages=[{"role": "user", "content": "x"}], stream=True)
+            assert "/v1/images/generations" in info.value.message
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(model="t2i", messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {
+                        "url": "http://example.com/x.png"}}]}])
+            assert "data: URL" in info.value.message
+    run(body())
