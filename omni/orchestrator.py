@@ -85,6 +85,13 @@ ENGINE_GAUGES = {
     "prefix_cache_hits": ("omni_replica_prefix_cache_hits",
                           "KV blocks reused from the prefix cache since start"),
     "preemptions": ("omni_replica_preemptions", "Sequences preempted for KV space since start"),
+    "transformer_calls": ("omni_replica_transformer_calls",
+                          "Denoiser calls since start (diffusion engines)"),
+    "rows_run": ("omni_replica_denoise_rows", "Rows denoised since start (diffusion engines)"),
+    "steps_skipped": ("omni_replica_steps_skipped",
+                      "Denoising steps served from the step cache since start"),
+    "tensor_bytes": ("omni_replica_tensor_bytes",
+                     "Bytes of latents and conditioning held (diffusion engines)"),
 }
 
 
