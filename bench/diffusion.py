@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             rows.append(_summary(side, c, record, args))
             say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
                 f"p99 {rows[-1]['p99_s']:.2f} s")
-    result = {"command": "python -m bench diffusion " + " ".join(argv), "device": _device(device),
+    result = {"command": "python -m bench " + " ".join(argv), "device": _device(device),
               "shape": args.model or (args.shape if args.layers == 60 or args.shape == "tiny"
                                         else f"{args.shape} ({args.layers} layers)"), "size": args.size, "steps": args.steps,
               "per_client": args.per_client, "transformer_s": micro, "rows": rows,

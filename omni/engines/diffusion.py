@@ -13,8 +13,9 @@ job's latents into pixels. The engine owns the loop:
   its jobs in arrival order up to ``max_batch_rows`` transformer rows (classifier-free
   guidance rows count: a guided job of n images is 2n rows). Every job in the call is at
   its own timestep. Then each job's scheduler takes its step.
-- decode: jobs whose last step ran are decoded (VAE) in the same engine step and leave
-  with their pixels; abort drops a job at once (between steps), freeing its tensors.
+- decode: jobs whose last step ran are decoded (VAE) in the same engine step, those of
+  equal latent shape together (up to ``max_batch_rows``), and leave with their pixels;
+  abort drops a job at once (between steps), freeing its tensors.
 - progress: every stepped job emits {"progress": {"step": i, "steps": n}}; a request
   with param ``previews`` = k (0-3) also gets k evenly spaced previews (the denoiser's
   ``preview``: its current estimate of the final pixels) as {"preview": ..., "index": i}.
@@ -104,8 +105,9 @@ class Denoiser(Protocol):
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
         """The guided model output for each job at its current timestep, ONE call."""
 
-    def decode(self, job: DenoiseJob) -> dict[str, Any]:
-        """A finished job's output fields (pixels as uint8 tensors)."""
+    def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
+        """Finished jobs' output fields (pixels as uint8 tensors), in one VAE call; the
+        jobs' latents have equal shapes past the batch dim."""
 
     def info(self) -> dict[str, Any]:
         """Capabilities and limits for READY (tasks, sizes, steps)."""
@@ -194,8 +196,7 @@ class DiffusionEngine(Engine):
         batch = self._next_batch()
         if batch:
             outputs += self._denoise(batch)
-        for job in [j for j in self._jobs.values() if j.step >= j.steps]:
-            outputs.append(self._finish(job))
+        outputs += self._finish([j for j in self._jobs.values() if j.step >= j.steps])
         outputs += self._failed  # failures found during this step
         self._failed = []
         return outputs
@@ -299,17 +300,29 @@ class DiffusionEngine(Engine):
             return True
         return False
 
-    def _finish(self, job: DenoiseJob) -> StepOutput:
-        self._jobs.pop(job.request_id, None)
-        try:
-            data = self.denoiser.decode(job)
-        except Exception as e:
-            log.exception("request %s: decode failed", job.request_id)
-            return StepOutput(job.request_id, finished=True,
-                              error=f"decoding failed: {type(e).__name__}: {e}")
-        data.update(seed=job.seed, steps=job.steps, skipped_steps=job.skipped,
-                    denoise_s=round(time.monotonic() - job.started, 4))
-        return StepOutput(job.request_id, data, finished=True)
+    def _finish(self, done: list[DenoiseJob]) -> list[StepOutput]:
+        """Decode finished jobs, equal latent shapes in one call each, and release them."""
+        groups: dict[tuple, list[list[DenoiseJob]]] = {}
+        for job in done:
+            self._jobs.pop(job.request_id, None)
+            chunks = groups.setdefault(tuple(job.latents.shape[1:]), [[]])
+            if sum(j.rows for j in chunks[-1]) + job.rows > self.max_batch_rows:
+                chunks.append([])
+            chunks[-1].append(job)
+        outputs = []
+        for jobs in (chunk for chunks in groups.values() for chunk in chunks if chunk):
+            try:
+                decoded = self.denoiser.decode(jobs)
+            except Exception as e:
+                log.exception("decode failed for %s", [j.request_id for j in jobs])
+                outputs += [StepOutput(j.request_id, finished=True, error=(
+                    f"decoding failed: {type(e).__name__}: {e}")) for j in jobs]
+                continue
+            for job, data in zip(jobs, decoded, strict=True):
+                data.update(seed=job.seed, steps=job.steps, skipped_steps=job.skipped,
+                            denoise_s=round(time.monotonic() - job.started, 4))
+                outputs.append(StepOutput(job.request_id, data, finished=True))
+        return outputs
 
     def _fail(self, request_id: str, message: str) -> None:
         self._failed.append(StepOutput(request_id, finished=True, error=message))

@@ -207,9 +207,12 @@ class QwenImageDenoiser:
         return torch.cat([job.latents, image_latents], dim=1)
 
     @torch.inference_mode()
-    def decode(self, job: DenoiseJob) -> dict[str, Any]:
-        return {"images": self._pixels(job, job.latents), "text_tokens": job.state["tokens"],
-                "image_tokens": int(job.latents.shape[1]) * job.rows}
+    def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
+        pixels = self._pixels(jobs[0], torch.cat([job.latents for job in jobs]))
+        return [{"images": images, "text_tokens": job.state["tokens"],
+                 "image_tokens": int(job.latents.shape[1]) * job.rows}
+                for job, images in zip(jobs, pixels.split([j.rows for j in jobs]),
+                                       strict=True)]
 
     @torch.inference_mode()
     def preview(self, job: DenoiseJob) -> dict[str, Any]:

@@ -176,15 +176,16 @@ class WanDenoiser:
         return job.latents if condition is None else torch.cat([job.latents, condition], 1)
 
     @torch.inference_mode()
-    def decode(self, job: DenoiseJob) -> dict[str, Any]:
+    def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
         vae = self.pipe.vae
-        latents = job.latents.to(vae.dtype)
+        latents = torch.cat([job.latents for job in jobs]).to(vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
         mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents)
         std = torch.tensor(vae.config.latents_std).view(shape).to(latents)
         video = vae.decode(latents * std + mean, return_dict=False)[0]  # (n, C, F, H, W)
         frames = common.to_uint8(video.movedim(1, 2))  # (n, F, H, W, C)
-        return {"video": frames[0] if job.rows == 1 else frames, "fps": self.limits.fps}
+        return [{"video": part[0] if job.rows == 1 else part, "fps": self.limits.fps}
+                for job, part in zip(jobs, frames.split([j.rows for j in jobs]), strict=True)]
 
 
 def build_wan(model_dir: str, device: str, dtype: str,

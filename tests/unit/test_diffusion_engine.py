@@ -231,3 +231,16 @@ def test_previews_are_evenly_spaced_and_come_before_the_result(models):
             elif out.finished:
                 seen.append(("final", out.data["steps"], tuple(out.data["images"].shape)))
     assert seen == [(0, 2, (1, 32, 32, 3)), (1, 4, (1, 32, 32, 3)), ("final", 6, (1, 32, 32, 3))]
+
+
+def test_requests_finishing_together_decode_in_one_call_and_equal_diffusers(models):
+    eng = engine(models, "qwen_image", "qwen_image")
+    calls = []
+    decode = eng.denoiser.decode
+    eng.denoiser.decode = lambda jobs: calls.append(len(jobs)) or decode(jobs)
+    requests = [(f"r{i}", {"prompt": f"picture {i} of a fox"},
+                 {"size": "32x32", "steps": 3, "seed": i}) for i in range(3)]
+    results, errors = run(eng, requests, join_after=0)
+    assert not errors and calls == [3]
+    for rid, inputs, params in requests:
+        close_to(results[rid]["images"], qwen_reference(eng.denoiser.pipe, inputs, params))
