@@ -20,6 +20,7 @@ from omni.api.app import ServedModel, ServerSettings, build_app
 from omni.async_omni import AsyncOmni
 from omni.config import ConfigError
 from omni.launcher import StartupError
+from omni.media.fetch import FetchPolicy
 from omni.metrics import Metrics
 from omni.presets import load_pipeline
 
@@ -62,6 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="finished videos are deleted this long after completion (default 24)")
     p.add_argument("--max-video-jobs", type=int, default=16,
                    help="video jobs queued or running at once; more get 429 (default 16)")
+    p.add_argument("--media-fetch", choices=["off", "public", "all"], default="public",
+                   help="http(s) media URLs in requests (image_url, ...): 'public' fetches "
+                   "only from public addresses (default), 'all' also from loopback and "
+                   "private networks, 'off' accepts data: URLs only; file:// is always "
+                   "refused")
+    p.add_argument("--max-media-mb", type=float, default=20.0,
+                   help="largest media a URL may name, in MiB (default 20)")
+    p.add_argument("--media-fetch-timeout", type=float, default=10.0,
+                   help="seconds to fetch one media URL (default 10)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
                    "aborting them (default 30)")
@@ -134,7 +144,10 @@ async def serve(args: argparse.Namespace) -> None:
                               max_speech_chars=args.max_speech_chars,
                               data_dir=args.data_dir,
                               video_retention_s=args.video_retention_hours * 3600,
-                              max_video_jobs=args.max_video_jobs)
+                              max_video_jobs=args.max_video_jobs,
+                              media_fetch=FetchPolicy(
+                                  args.media_fetch, int(args.max_media_mb * 1024 * 1024),
+                                  args.media_fetch_timeout))
     app = build_app(models, metrics, settings)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
                            access_log=None)

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
 from omni.async_omni import AsyncOmni
+from omni.media.fetch import FetchPolicy
 from omni.metrics import Metrics
 
 
@@ -68,6 +69,7 @@ class ServerSettings:
     data_dir: str | None = None  # video jobs and files (None: video_jobs.default_data_dir)
     video_retention_s: float = 24 * 3600.0  # finished videos are deleted after this
     max_video_jobs: int = 16  # queued + running video jobs; beyond: 429
+    media_fetch: FetchPolicy = field(default_factory=FetchPolicy)  # media URLs in requests
 
 
 MODELS_KEY = web.AppKey("models", ModelRegistry)

@@ -1,7 +1,9 @@
 """Chat completions on a model whose pipeline ends in an image (diffusion) stage.
 
-A documented extension (docs/api.md): the prompt is the text of the last user message;
-``data:`` image URLs in that message are the images to edit (for image-editing models).
+A documented extension (README): the prompt is the text of the last user message;
+image_url parts in that message (``data:`` URLs, or http(s) URLs fetched under the
+server's --media-fetch policy, omni/media/fetch.py) are the images to edit (for
+image-editing models).
 The answer is an ordinary ``chat.completion`` whose choices each carry one image as a
 content part, ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``
 (``n`` images -> n choices). Image knobs ride at the top level as with
@@ -12,23 +14,20 @@ which streams partial images.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from typing import Any
 
 from aiohttp import web
 
 from omni.api import media_params as mp
-from omni.api.app import ServedModel
+from omni.api.app import SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.images import ImageCall, _whole
+from omni.media import fetch
 from omni.media.image import IMAGE_FORMATS
 
-MAX_DATA_URL_BYTES = 20 * 1024 * 1024
 
-
-def _last_user(body: dict[str, Any]) -> tuple[str, list[bytes]]:
+async def _last_user(request: web.Request, body: dict[str, Any]) -> tuple[str, list[bytes]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
@@ -48,26 +47,19 @@ def _last_user(body: dict[str, Any]) -> tuple[str, list[bytes]]:
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "image_url":
-            images.append(_data_url(part.get("image_url")))
+            images.append(await _image(request, part.get("image_url")))
         else:
             raise APIError(400, f"content part type {kind!r} is not taken by image models "
-                           "(text and image_url with a data: URL are)", param="messages")
+                           "(text and image_url are)", param="messages")
     return " ".join(texts), images
 
 
-def _data_url(value: Any) -> bytes:
+async def _image(request: web.Request, value: Any) -> bytes:
     url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
-        raise APIError(400, "image_url must be a data: URL (data:image/png;base64,...) for "
-                       "image models", param="messages")
-    encoded = url.split(";base64,", 1)[1]
-    if len(encoded) > MAX_DATA_URL_BYTES * 4 // 3:
-        raise APIError(400, "an image_url is larger than 20 MiB", param="messages")
     try:
-        return base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
-        raise APIError(400, "an image_url data: URL is not valid base64",
-                       param="messages") from None
+        return (await fetch.load(url, request.app[SETTINGS_KEY].media_fetch)).data
+    except fetch.MediaError as e:
+        raise APIError(400, f"image_url: {e}", param="messages") from None
 
 
 async def chat_image(request: web.Request, body: dict[str, Any],
@@ -76,7 +68,7 @@ async def chat_image(request: web.Request, body: dict[str, Any],
         raise APIError(400, f"model '{model.id}' answers with images, which chat completions "
                        "do not stream; POST /v1/images/generations with stream=true streams "
                        "partial images", param="stream")
-    prompt, images = _last_user(body)
+    prompt, images = await _last_user(request, body)
     task = "edit" if images else "generate"
     model, info = mp.pick_model(request, model.id, "image", task,
                                 "Send text only for a text-to-image model, or an image for "
