@@ -7,7 +7,8 @@ guided model output for a list of jobs in ONE transformer call, and decodes a fi
 job's latents into pixels. The engine owns the loop:
 
 - admission: new requests are encoded (text encoder, reference images) at the start of
-  the next step and join the running set; a bad request fails alone.
+  the next step, up to ``max_admit_per_step`` per step, oldest first, and join the
+  running set; a bad request fails alone.
 - one denoising step per engine step: the running jobs are grouped by the denoiser's
   ``group_key`` (shapes that can share a call); the group holding the oldest job runs,
   its jobs in arrival order up to ``max_batch_rows`` transformer rows (classifier-free
@@ -141,6 +142,7 @@ class DiffusionEngine(Engine):
     """Step-level scheduling of denoising across requests (see module docstring).
 
     options: max_batch_rows (16): the most transformer rows in one call;
+    max_admit_per_step (8): requests encoded per step;
     step_cache (off): the default step-cache threshold (see the module docstring).
     """
 
@@ -148,8 +150,9 @@ class DiffusionEngine(Engine):
         opts = dict(options or {})
         self.denoiser = denoiser
         self.max_batch_rows = int(opts.get("max_batch_rows", 16))
-        if self.max_batch_rows < 1:
-            raise EngineLoadError("max_batch_rows must be >= 1")
+        self.max_admit = int(opts.get("max_admit_per_step", 8))
+        if self.max_batch_rows < 1 or self.max_admit < 1:
+            raise EngineLoadError("max_batch_rows and max_admit_per_step must be >= 1")
         try:
             self.step_cache = cache_threshold(opts.get("step_cache"))
         except ValueError as e:
@@ -213,9 +216,11 @@ class DiffusionEngine(Engine):
 
     # -- phases -------------------------------------------------------------------------
     def _admit(self) -> None:
-        """Encode every waiting request; each joins the running set."""
-        waiting, self._waiting = self._waiting, {}
-        for rid, (plan, previews, threshold) in waiting.items():
+        """Encode up to max_admit waiting requests, oldest first; each joins the running
+        set. The cap keeps one step's encoding bounded when a burst arrives, so running
+        requests keep stepping."""
+        for rid in list(self._waiting)[:self.max_admit]:
+            plan, previews, threshold = self._waiting.pop(rid)
             try:
                 job = self.denoiser.start(rid, plan)
                 job.preview_steps = preview_steps(previews, job.steps)

@@ -244,3 +244,16 @@ def test_requests_finishing_together_decode_in_one_call_and_equal_diffusers(mode
     assert not errors and calls == [3]
     for rid, inputs, params in requests:
         close_to(results[rid]["images"], qwen_reference(eng.denoiser.pipe, inputs, params))
+
+
+def test_a_burst_is_admitted_a_few_requests_per_step(models):
+    eng = engine(models, "qwen_image", "qwen_image", max_admit_per_step=2)
+    for i in range(5):
+        eng.add(EngineRequest(f"r{i}", {"prompt": "x"}, {"size": "32x32", "steps": 3,
+                                                         "seed": i}))
+    eng.step()
+    assert (eng.stats()["running"], eng.stats()["waiting"]) == (2, 3)
+    results, errors = {}, {}
+    while eng.has_work():
+        collect(eng.step(), results, errors)
+    assert sorted(results) == [f"r{i}" for i in range(5)] and not errors
