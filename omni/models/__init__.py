@@ -68,18 +68,19 @@ DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("
 def build_denoiser(model: str, model_dir: str | None, device: str, dtype: str,
                    options: Mapping[str, Any]) -> Any:
     """The diffusion-engine denoiser of ``model``; EngineLoadError names the known ones."""
-    builder = DIFFUSION_DENOISERS.get(model)
-    if builder is None:
-        raise EngineLoadError(f"unknown diffusion model {model!r} (available: "
-                              f"{', '.join(sorted(DIFFUSION_DENOISERS))})")
-    return builder(model_dir, device, dtype, options)
+    return _build(DIFFUSION_DENOISERS, "diffusion", model, model_dir, device, dtype, options)
 
 
 def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The generation-engine runner of ``model``; EngineLoadError names the known ones."""
-    builder = GENERATION_RUNNERS.get(model)
+    return _build(GENERATION_RUNNERS, "generation", model, model_dir, device, dtype, options)
+
+
+def _build(registry: Mapping[str, Any], kind: str, model: str, model_dir: str | None,
+           device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+    builder = registry.get(model)
     if builder is None:
-        raise EngineLoadError(f"unknown generation model {model!r} (available: "
-                              f"{', '.join(sorted(GENERATION_RUNNERS))})")
+        raise EngineLoadError(f"unknown {kind} model {model!r} (available: "
+                              f"{', '.join(sorted(registry))})")
     return builder(model_dir, device, dtype, options)
