@@ -1,6 +1,6 @@
-"""Model load time and peak host memory: weights built in host memory and then copied to
-the GPU (what omni did before) vs loaded straight onto the GPU (``device_map``), one
-fresh process per side and repeat, alternating.
+"""Model load time and peak host memory: omni's loader (from_pretrained on the host, then
+``.to(cuda)``) vs transformers loading straight onto the GPU (``device_map``), one fresh
+process per side and repeat, alternating.
 
     python -m bench.load_time --model DIR [--repeats 2] [--out bench/results/load.md]
 """
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-SIDES = ("host-then-copy", "direct")
+SIDES = ("omni-host-then-copy", "device-map")
 
 
 def _child(model_dir: str, side: str) -> None:
@@ -25,12 +25,12 @@ def _child(model_dir: str, side: str) -> None:
     from omni.models.hf_causal import load_causal_lm
 
     start = time.perf_counter()
-    if side == "direct":
-        lm = load_causal_lm(model_dir, "auto", "cuda")
-        model = lm.model
+    if side == "omni-host-then-copy":
+        model = load_causal_lm(model_dir, "auto", "cuda").model
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
-                                                     local_files_only=True).to("cuda")
+                                                     local_files_only=True,
+                                                     device_map="cuda")
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     assert next(model.parameters()).device.type == "cuda"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omni.engines.base import EngineLoadError
-from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, direct_load, eos_ids
+from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, eos_ids
 
 
 def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
@@ -29,7 +29,7 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
         torch_dtype = _resolve_dtype(dtype, dev, text_config)
         model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
             str(path), config=config, dtype=torch_dtype, local_files_only=True,
-            output_loading_info=True, **direct_load(dev))
+            output_loading_info=True)
     except Exception as e:
         raise EngineLoadError(f"model directory {path}: cannot load the Qwen3-Omni thinker: "
                               f"{e}") from e
