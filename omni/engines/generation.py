@@ -24,7 +24,10 @@ would be exact for a causal decoder, but is not done: equal lengths are the comm
 
 Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
 splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
-unit is one output with no context. Per-request params reach the runner here. Each step
+unit is one output with no context. Streamed text (e.g. an LLM stage's tokens over a
+``stream`` edge) goes to ``split_stream(text, params, final) -> (units, held)`` when the
+runner has it: units for the sentences that ended, the rest held until more text comes
+or the stream ends. Per-request params reach the runner here. Each step
 makes one ``run_items(units, params)`` call, for the request whose client runs out of
 media first (earliest deadline first: a request with no output yet is due at its arrival;
 after that, at its first output's time + the seconds of media it has been sent, from the
@@ -90,6 +93,7 @@ class _Req:
     stream: bool = False
     params: dict[str, Any] = field(default_factory=dict)
     units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
+    held: str = ""  # items mode, streamed text: the part whose sentence has not ended
     arrival: float = field(default_factory=time.monotonic)
     play_start: float | None = None  # items mode: when its first output left
     played_s: float = 0.0  # items mode: seconds of media sent so far
@@ -165,10 +169,13 @@ class GenerationEngine(Engine):
             if data is not None:
                 if not isinstance(data, Mapping) or self.runner.input_key not in data:
                     raise ValueError(f"stream chunk needs '{self.runner.input_key}'")
-                if self._take(req, data[self.runner.input_key]) < 1 and not last:
+                taken = self._take(req, data[self.runner.input_key], final=last)
+                if taken < 1 and not last and not self._buffers_text:
                     raise ValueError("a stream chunk must carry at least one frame")
             elif not last:
                 raise ValueError("a stream chunk without data must be the last one")
+            elif self._buffers_text:
+                self._take(req, "", final=True)  # the text held back for a sentence end
         except (ValueError, TypeError) as e:
             self._fail(request_id, f"bad stream chunk {seq} from '{producer}': {e}")
             return
@@ -279,10 +286,22 @@ class GenerationEngine(Engine):
             raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")
         return req
 
-    def _take(self, req: _Req, value: Any) -> int:
-        """Add one input value to the request; returns how many frames (or units) it held."""
+    @property
+    def _buffers_text(self) -> bool:
+        """Items mode with a runner that cuts streamed text at sentence ends itself."""
+        return self.items and getattr(self.runner, "split_stream", None) is not None
+
+    def _take(self, req: _Req, value: Any, final: bool = True) -> int:
+        """Add one input value to the request; returns how many frames (or units) it held.
+        A streamed text value may be held back until its sentence ends (``final``: the
+        stream ended, flush it)."""
         if self.items:
-            units = self.runner.split(value, req.params)
+            if req.stream and self._buffers_text:
+                if not isinstance(value, str):
+                    raise ValueError(f"'{self.runner.input_key}' must be a string")
+                units, req.held = self.runner.split_stream(req.held + value, req.params, final)
+            else:
+                units = self.runner.split(value, req.params)
             req.units += units
             req.total += len(units)
             return len(units)

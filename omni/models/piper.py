@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from omni.engines.base import EngineLoadError
-from omni.models.speech import check_speed, pick_voice, speech_output, texts, voice_entry
+from omni.models.speech import (
+    check_speed,
+    ended_sentences,
+    pick_voice,
+    speech_output,
+    texts,
+    voice_entry,
+)
 
 DEFAULT_MAX_PHONEMES = 400  # longest sentence (in phonemes) sent to the model in one call
 _WORD_BREAK = " "  # espeak-ng's phoneme for a word boundary
@@ -243,6 +250,12 @@ class PiperRunner:
         self.tts.speaker_id(params)  # ValueError for an unknown voice
         return self.tts.sentences(value)
 
+    def split_stream(self, text: str, params: Mapping[str, Any],
+                     final: bool) -> tuple[list[list[str]], str]:
+        """Streamed text: units for the sentences that ended (all of it when ``final``)."""
+        ready, held = (text, "") if final else ended_sentences(text)
+        return (self.split(ready, params) if ready.strip() else []), held
+
     def group_key(self, params: Mapping[str, Any]) -> tuple[float, int | None]:
         # the model takes one speed and one speaker per call
         return float(params.get("speed", 1.0)), self.tts.speaker_id(params)
@@ -291,6 +304,7 @@ class PiperSynthesizerRunner(PiperRunner):
     """The audio half of the split pipeline: one sentence's phonemes in, its audio out."""
 
     input_key = "phonemes"
+    split_stream = None  # every streamed chunk is one sentence's phonemes already
 
     def split(self, value: Any, params: Mapping[str, Any]) -> list[list[str]]:
         check_speed(params.get("speed", 1.0))

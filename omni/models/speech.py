@@ -70,6 +70,16 @@ def split_sentences(text: str, max_chars: int) -> list[str]:
     return out
 
 
+def ended_sentences(text: str) -> tuple[str, str]:
+    """(the text up to the last sentence end, the rest): streamed text is spoken a whole
+    sentence at a time, so a voice never reads half a sentence with a falling tone."""
+    ends = list(_SENTENCE_END.finditer(text))
+    if not ends:
+        return "", text
+    cut = ends[-1].end()
+    return text[:cut], text[cut:]
+
+
 def voice_entry(voice_id: str, name: str, language: str, sample_rate: int) -> dict[str, Any]:
     return {"id": voice_id, "name": name, "language": language, "sample_rate": sample_rate}
 

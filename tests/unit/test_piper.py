@@ -179,3 +179,40 @@ def test_voice_param_is_checked(tts):
     assert outputs["ok"].error is None and outputs["ok"].finished
     assert "unknown voice 'alloy'" in outputs["bad"].error
     assert "en_US-joe-medium" in outputs["bad"].error
+
+
+def test_streamed_text_is_spoken_one_ended_sentence_at_a_time(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+    from omni.models.speech import ended_sentences
+
+    assert ended_sentences("Hello there. How") == ("Hello there. ", "How")
+    assert ended_sentences("no end yet") == ("", "no end yet")
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("s", {"stream": ["llm"]}, {}))
+    engine.append("s", "llm", 0, {"text": "Hello the"}, False)
+    assert not engine.has_work()  # half a sentence: nothing to say yet
+    engine.append("s", "llm", 1, {"text": "re. How are"}, False)
+    first = [o for o in engine.step() if o.data]
+    assert len(first) == 1 and first[0].data["index"] == 0 and not first[0].finished
+    engine.append("s", "llm", 2, {"text": ""}, False)  # an LLM step with no text
+    engine.append("s", "llm", 3, {"text": " you"}, True)  # the rest, unended, at the end
+    outputs = {}
+    _drain(engine, outputs)
+    assert [o.data["index"] for o in outputs["s"]] == [1] and outputs["s"][-1].finished
+
+
+def test_streamed_text_ending_with_an_empty_last_chunk_is_flushed(tts):
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("s", {"stream": ["llm"]}, {}))
+    engine.append("s", "llm", 0, {"text": "No sentence end"}, False)
+    engine.append("s", "llm", 1, None, True)
+    outputs = {}
+    _drain(engine, outputs)
+    assert len([o for o in outputs["s"] if o.data and o.data.get("samples")]) == 1
+    assert outputs["s"][-1].finished
