@@ -272,10 +272,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         from omni.api.chat_images import chat_image
 
         return await chat_image(request, body, model)
+    from omni.api.chat_audio import chat_with_audio, restore_audio_turns, wants_audio
+
+    restore_audio_turns(request, body)
+    if wants_audio(body):
+        return await chat_with_audio(request, body)
     call = TextCall(request, body, chat=True)
     return await (_stream(call) if call.body.get("stream") else _complete(call))
 
 
 def add_routes(app: web.Application) -> None:
+    from omni.api.chat_audio import TRANSCRIPTS_KEY, Transcripts
+
+    app[TRANSCRIPTS_KEY] = Transcripts()  # spoken answers' transcripts, by audio id
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
