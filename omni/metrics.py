@@ -12,6 +12,8 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                    30, 60, 120, 300, 600)
 
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+
 
 class Metrics:
     """One registry per server; orchestrators report through `for_pipeline`."""
@@ -29,8 +31,25 @@ class Metrics:
         self.stage_latency = Histogram("omni_stage_latency_seconds",
                                        "Stage dispatch to stage finish", ["pipeline", "stage"],
                                        buckets=LATENCY_BUCKETS, registry=r)
+        # spoken answers, as the client sees them (omni/media/playback.py)
+        self.ttft = Histogram("omni_ttft_seconds", "Arrival to first text", ["pipeline"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfp = Histogram("omni_ttfp_seconds", "Arrival to first audio packet",
+                              ["pipeline"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("omni_rtf", "Time to the last audio packet / audio seconds",
+                             ["pipeline"], buckets=RTF_BUCKETS, registry=r)
+        self.underrun = Histogram("omni_audio_underrun_seconds",
+                                  "Worst playback deficit of a real-time player",
+                                  ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
         self.gauges = _GaugeCollector()
         r.register(self.gauges)
+
+    def observe_playback(self, pipeline: str, summary: dict[str, float | None]) -> None:
+        """One spoken answer's PlaybackClock summary."""
+        for histogram, key in ((self.ttft, "ttft_s"), (self.ttfp, "ttfp_s"),
+                               (self.rtf, "rtf"), (self.underrun, "underrun_s")):
+            if summary.get(key) is not None:
+                histogram.labels(pipeline).observe(summary[key])
 
     def watch(self, source: Callable[[], Iterable[Sample]]) -> None:
         """Register a scrape-time source yielding (kind, name, help, labels, value).

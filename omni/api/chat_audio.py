@@ -27,11 +27,13 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from omni.api.app import METRICS_KEY
 from omni.api.errors import APIError, sse_error_event
 from omni.api.speech import audio_info, resolve_voice
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.api.text import TextCall, TextResult, usage
 from omni.media.audio import AudioEncoder
+from omni.media.playback import PlaybackClock
 
 # OpenAI's chat audio formats -> omni/media/audio.py's
 FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "aac": "aac",
@@ -81,6 +83,7 @@ class AudioChat:
     audio_id: str = field(default_factory=lambda: f"audio_{uuid.uuid4().hex}")
     expires_at: int = field(default_factory=lambda: int(time.time()) + AUDIO_TTL_S)
     samples: int = 0
+    clock: PlaybackClock = field(default_factory=PlaybackClock)
 
     def outputs(self) -> Any:
         pipeline = self.call.model.omni.pipeline
@@ -93,8 +96,20 @@ class AudioChat:
         if not data.get("samples"):
             return b""
         self.samples += int(data["samples"])
+        self.clock.audio(int(data["samples"]) / int(data.get("sample_rate", self.sample_rate)))
         samples = data["audio"].numpy().astype(np.float32, copy=False)
         return await asyncio.to_thread(encoder.encode, samples)
+
+    def text(self, result: TextResult, data: dict[str, Any]) -> str:
+        piece = result.add(data)
+        if piece:
+            self.clock.text()
+        return piece
+
+    def observe(self) -> None:
+        """TTFT, TTFP, RTF and underrun of this answer, on /metrics."""
+        self.call.request.app[METRICS_KEY].observe_playback(self.call.model.id,
+                                                            self.clock.summary())
 
     def usage(self, result: TextResult) -> dict[str, Any]:
         body = usage([result])
@@ -152,7 +167,7 @@ async def complete(chat: AudioChat) -> web.Response:
         async with contextlib.aclosing(chat.outputs()) as outputs:
             async for out in outputs:
                 if out.data and out.modality == "text":
-                    result.add(out.data)
+                    chat.text(result, out.data)
                 elif out.data and out.modality == "audio":
                     parts.append(await chat.encode(encoder, out.data))
         parts.append(await asyncio.to_thread(encoder.finish))
@@ -164,6 +179,7 @@ async def complete(chat: AudioChat) -> web.Response:
                "audio": {"id": chat.audio_id, "data": base64.b64encode(b"".join(parts)).decode(),
                          "expires_at": chat.expires_at, "transcript": result.text}}
     _remember(chat, result.text)
+    chat.observe()
     body = chat.call.envelope("chat.completion", [{
         "index": 0, "finish_reason": result.finish_reason, "logprobs": None,
         "message": message}])
@@ -204,7 +220,7 @@ async def stream(chat: AudioChat) -> web.StreamResponse:
             while item is not None:
                 data = item.data or {}
                 if item.modality == "text" and data:
-                    piece = result.add(data)
+                    piece = chat.text(result, data)
                     if piece:
                         await send_audio(transcript=piece)
                 elif item.modality == "audio" and data:
@@ -219,6 +235,7 @@ async def stream(chat: AudioChat) -> web.StreamResponse:
             await send_audio(data=base64.b64encode(held).decode())
         await send_audio(expires_at=chat.expires_at)
         _remember(chat, result.text)
+        chat.observe()
         await send({}, result.finish_reason)
         if include_usage:
             await response.write(sse_data({**call.envelope("chat.completion.chunk", []),

@@ -81,6 +81,11 @@ def test_non_stream_answer_carries_audio_and_transcript(server):
                 model="spoken", messages=ASK, modalities=["text", "audio"],
                 audio={"voice": "alloy", "format": "mp3"}, **GREEDY)
             assert decoded_seconds(base64.b64decode(mp3.choices[0].message.audio.data)) > 0.2
+        async with server.session() as session, session.get("/metrics") as resp:
+            metrics = await resp.text()
+        for name in ("omni_ttft_seconds", "omni_ttfp_seconds", "omni_rtf",
+                     "omni_audio_underrun_seconds"):
+            assert f'{name}_count{{pipeline="spoken"}} 2.0' in metrics, name
     run(body())
 
 
