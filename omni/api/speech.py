@@ -19,10 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
+from omni.api.app import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.audio import FORMATS, AudioEncoder
+from omni.media.playback import PlaybackClock
 from omni.models.speech import OPENAI_VOICES, SPEED_MAX, SPEED_MIN
 
 log = logging.getLogger("omni.api.speech")
@@ -60,6 +61,7 @@ class SpeechCall:
     instructions: str | None = None
     id: str = field(default_factory=lambda: f"speech-{uuid.uuid4().hex}")
     usage: SpeechUsage = field(default_factory=SpeechUsage)
+    clock: PlaybackClock = field(default_factory=PlaybackClock)
 
     @property
     def client_request_id(self) -> str:
@@ -83,10 +85,15 @@ class SpeechCall:
             raise RuntimeError(f"stage changed sample rate mid-request "
                                f"({data.get('sample_rate')} != {self.sample_rate})")
         self.usage.add(data)
+        self.clock.audio(int(data["samples"]) / int(data.get("sample_rate", self.sample_rate)))
         samples = data["audio"].numpy()
         if encoder.format.container is None:  # wav/pcm: a cheap numpy conversion
             return encoder.encode(samples)
         return await asyncio.to_thread(encoder.encode, samples)
+
+    def observe(self) -> None:
+        """TTFP, RTF and underrun of this request, on /metrics."""
+        self.request.app[METRICS_KEY].observe_playback(self.model.id, self.clock.summary())
 
     async def finish(self, encoder: AudioEncoder) -> bytes:
         if encoder.format.container is None:
@@ -191,6 +198,7 @@ async def _whole(call: SpeechCall) -> web.Response:
         parts.append(await call.finish(encoder))
     finally:
         encoder.close()
+    call.observe()
     seconds = call.usage.samples / call.sample_rate
     return web.Response(body=b"".join(parts), content_type=encoder.content_type, headers={
         "X-Request-Id": call.client_request_id, "X-Audio-Duration": f"{seconds:.4f}"})
@@ -208,6 +216,7 @@ async def _encoded(call: SpeechCall, outputs: Any, item: Any, encoder: AudioEnco
                     yield chunk
             item = None if item.finished else await next_item(outputs)
     tail = await call.finish(encoder)
+    call.observe()
     if tail:
         yield tail
 

@@ -274,3 +274,19 @@ def test_split_pipeline_over_http(start_server):
             async with session.get("/v1/audio/voices", params={"model": "split"}) as resp:
                 assert (await resp.json())["voices"][0]["id"] == VOICE
     run(body())
+
+
+def test_listener_side_numbers_reach_metrics(tts_server):
+    async def body():
+        async with tts_server.client() as client:
+            await client.audio.speech.create(model="piper", voice="alloy",
+                                             input="One sentence. And another one.",
+                                             response_format="wav")
+        async with tts_server.session() as session, session.get("/metrics") as resp:
+            metrics = await resp.text()
+        line = next(x for x in metrics.splitlines()
+                    if x.startswith('omni_ttfp_seconds_count{pipeline="piper"}'))
+        assert float(line.split()[-1]) >= 1
+        assert 'omni_rtf_count{pipeline="piper"}' in metrics
+        assert 'omni_audio_underrun_seconds_count{pipeline="piper"}' in metrics
+    run(body())
