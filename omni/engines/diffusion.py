@@ -51,7 +51,7 @@ from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
 log = logging.getLogger("omni.engine.diffusion")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs hold tensors, which do not compare to a bool
 class DenoiseJob:
     """One request's denoising state. ``state`` is the denoiser's own (conditioning,
     image shapes, ...); the engine reads and writes only the fields named here."""
@@ -157,7 +157,8 @@ class DiffusionEngine(Engine):
             self.step_cache = cache_threshold(opts.get("step_cache"))
         except ValueError as e:
             raise EngineLoadError(str(e)) from e
-        self._waiting: dict[str, tuple[Any, int, float]] = {}  # id -> (plan, previews, cache)
+        # id -> (plan, previews, cache threshold, arrival), not yet encoded
+        self._waiting: dict[str, tuple[Any, int, float, float]] = {}
         self._jobs: dict[str, DenoiseJob] = {}
         self._failed: list[StepOutput] = []
         self.calls = 0
@@ -179,7 +180,7 @@ class DiffusionEngine(Engine):
                 raise ValueError(f"'previews' must be an integer from 0 to {MAX_PREVIEWS}")
             threshold = cache_threshold(params.get("step_cache", self.step_cache))
             self._waiting[rid] = (self.denoiser.plan(request.inputs or {}, params), previews,
-                                  threshold)
+                                  threshold, time.monotonic())
         except (ValueError, TypeError) as e:
             self._fail(rid, f"bad input: {e}")
 
@@ -220,11 +221,11 @@ class DiffusionEngine(Engine):
         set. The cap keeps one step's encoding bounded when a burst arrives, so running
         requests keep stepping."""
         for rid in list(self._waiting)[:self.max_admit]:
-            plan, previews, threshold = self._waiting.pop(rid)
+            plan, previews, threshold, arrival = self._waiting.pop(rid)
             try:
                 job = self.denoiser.start(rid, plan)
                 job.preview_steps = preview_steps(previews, job.steps)
-                job.cache_threshold = threshold
+                job.cache_threshold, job.arrival = threshold, arrival
             except (ValueError, TypeError) as e:
                 self._fail(rid, f"bad input: {e}")
                 continue

@@ -257,3 +257,26 @@ def test_a_burst_is_admitted_a_few_requests_per_step(models):
     while eng.has_work():
         collect(eng.step(), results, errors)
     assert sorted(results) == [f"r{i}" for i in range(5)] and not errors
+
+
+def test_a_failing_transformer_call_fails_its_requests_and_the_engine_goes_on(models):
+    eng = engine(models, "qwen_image", "qwen_image")
+    predict, calls = eng.denoiser.predict, []
+
+    def fail_second_call(jobs):  # failure injection: the second call raises
+        calls.append([j.request_id for j in jobs])
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return predict(jobs)
+    eng.denoiser.predict = fail_second_call
+    eng.add(EngineRequest("a", {"prompt": "x"}, {"size": "32x32", "steps": 3, "seed": 1}))
+    eng.add(EngineRequest("b", {"prompt": "y"}, {"size": "32x32", "steps": 3, "seed": 2}))
+    results, errors = {}, {}
+    while eng.has_work():
+        collect(eng.step(), results, errors)
+    assert sorted(errors) == ["a", "b"] and "out of memory (injected)" in errors["a"]
+    assert eng.stats()["tensor_bytes"] == 0
+    eng.add(EngineRequest("c", {"prompt": "z"}, {"size": "32x32", "steps": 2, "seed": 3}))
+    while eng.has_work():
+        collect(eng.step(), results, errors)
+    assert list(results) == ["c"]
