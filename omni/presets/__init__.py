@@ -77,23 +77,16 @@ def pipeline_for_model_dir(model_dir: str | os.PathLike,
 
 
 def _preset_file_for(model_dir: Path) -> str:
-    config_file = model_dir / "config.json"
-    if config_file.is_file():
-        model_type = json.loads(config_file.read_text()).get("model_type")
-        if model_type in PRESET_BY_MODEL_TYPE:
-            return PRESET_BY_MODEL_TYPE[model_type]
-        raise ConfigError(str(config_file), "model_type",
-                          f"'{model_type}' has no built-in pipeline",
-                          f"Supported: {', '.join(sorted(PRESET_BY_MODEL_TYPE))}; or pass "
-                          "--pipeline FILE describing its stages")
-    index_file = model_dir / "model_index.json"
-    if index_file.is_file():
-        class_name = json.loads(index_file.read_text()).get("_class_name")
-        if class_name in PRESET_BY_PIPELINE_CLASS:
-            return PRESET_BY_PIPELINE_CLASS[class_name]
-        raise ConfigError(str(index_file), "_class_name",
-                          f"'{class_name}' has no built-in pipeline",
-                          f"Supported: {', '.join(sorted(PRESET_BY_PIPELINE_CLASS))}; or pass "
+    for file, key, presets in (("config.json", "model_type", PRESET_BY_MODEL_TYPE),
+                               ("model_index.json", "_class_name", PRESET_BY_PIPELINE_CLASS)):
+        path = model_dir / file
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get(key)
+        if value in presets:
+            return presets[value]
+        raise ConfigError(str(path), key, f"'{value}' has no built-in pipeline",
+                          f"Supported: {', '.join(sorted(presets))}; or pass "
                           "--pipeline FILE describing its stages")
     raise ConfigError(str(model_dir), "directory",
                       "not a model directory (no config.json or model_index.json)")
