@@ -78,3 +78,39 @@ class _GaugeCollector(Collector):
                                                               labels=list(labels))
                 family.add_metric(list(labels.values()), value)
         return list(families.values())
+
+
+# engine stats (last report of each replica) exported as gauges, where an engine has them
+ENGINE_GAUGES = {
+    "running": ("omni_replica_running", "Requests running in the replica's engine"),
+    "waiting": ("omni_replica_waiting", "Requests queued in the replica's engine scheduler"),
+    "kv_blocks_used": ("omni_replica_kv_blocks_used", "KV cache blocks in use (AR engines)"),
+    "kv_blocks_total": ("omni_replica_kv_blocks_total", "KV cache blocks (AR engines)"),
+    "prefix_cache_hits": ("omni_replica_prefix_cache_hits",
+                          "KV blocks reused from the prefix cache since start"),
+    "preemptions": ("omni_replica_preemptions", "Sequences preempted for KV space since start"),
+    "transformer_calls": ("omni_replica_transformer_calls",
+                          "Denoiser calls since start (diffusion engines)"),
+    "rows_run": ("omni_replica_denoise_rows", "Rows denoised since start (diffusion engines)"),
+    "steps_skipped": ("omni_replica_steps_skipped",
+                      "Denoising steps served from the step cache since start"),
+    "tensor_bytes": ("omni_replica_tensor_bytes",
+                     "Bytes of latents and conditioning held (diffusion engines)"),
+}
+
+
+def replica_samples(pipeline: str, replica: Any) -> Iterable[Sample]:
+    """One engine replica's memory and its last reported engine stats."""
+    labels = {"pipeline": pipeline, "stage": replica.stage, "replica": replica.replica_id}
+    for key, kind in (("rss_bytes", "host"), ("cuda_bytes", "cuda")):
+        if key in replica.info:
+            yield "gauge", "omni_replica_memory_bytes", \
+                "Memory of a replica once loaded (host RSS, GPU reserved)", \
+                {**labels, "kind": kind}, replica.info[key]
+    if "shm_used_bytes" in replica.stats:
+        yield "gauge", "omni_replica_arena_used_bytes", \
+            "Bytes of the replica's payload arena in use (last report)", labels, \
+            replica.stats["shm_used_bytes"]
+    for key, (metric, doc) in ENGINE_GAUGES.items():
+        if isinstance(replica.stats.get(key), int):
+            yield "gauge", metric, doc, labels, replica.stats[key]

@@ -31,7 +31,7 @@ from omni.errors import (
     StageUnavailableError,
 )
 from omni.launcher import EngineGroup, ReplicaUnreachableError
-from omni.metrics import Metrics, Sample
+from omni.metrics import Metrics, Sample, replica_samples
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
 from omni.routing import RoutePlan, plan_route
@@ -74,25 +74,6 @@ class RequestState:
     @property
     def route(self) -> Route:
         return self.plan.route
-
-
-# engine stats (last report of each replica) exported as gauges, where an engine has them
-ENGINE_GAUGES = {
-    "running": ("omni_replica_running", "Requests running in the replica's engine"),
-    "waiting": ("omni_replica_waiting", "Requests queued in the replica's engine scheduler"),
-    "kv_blocks_used": ("omni_replica_kv_blocks_used", "KV cache blocks in use (AR engines)"),
-    "kv_blocks_total": ("omni_replica_kv_blocks_total", "KV cache blocks (AR engines)"),
-    "prefix_cache_hits": ("omni_replica_prefix_cache_hits",
-                          "KV blocks reused from the prefix cache since start"),
-    "preemptions": ("omni_replica_preemptions", "Sequences preempted for KV space since start"),
-    "transformer_calls": ("omni_replica_transformer_calls",
-                          "Denoiser calls since start (diffusion engines)"),
-    "rows_run": ("omni_replica_denoise_rows", "Rows denoised since start (diffusion engines)"),
-    "steps_skipped": ("omni_replica_steps_skipped",
-                      "Denoising steps served from the step cache since start"),
-    "tensor_bytes": ("omni_replica_tensor_bytes",
-                     "Bytes of latents and conditioning held (diffusion engines)"),
-}
 
 
 class Orchestrator:
@@ -388,19 +369,7 @@ class Orchestrator:
             yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
                 len(pool.live())
         for replica in self.engines.replicas.values():
-            labels = {"pipeline": name, "stage": replica.stage, "replica": replica.replica_id}
-            for key, kind in (("rss_bytes", "host"), ("cuda_bytes", "cuda")):
-                if key in replica.info:
-                    yield "gauge", "omni_replica_memory_bytes", \
-                        "Memory of a replica once loaded (host RSS, GPU reserved)", \
-                        {**labels, "kind": kind}, replica.info[key]
-            if "shm_used_bytes" in replica.stats:
-                yield "gauge", "omni_replica_arena_used_bytes", \
-                    "Bytes of the replica's payload arena in use (last report)", labels, \
-                    replica.stats["shm_used_bytes"]
-            for key, (metric, doc) in ENGINE_GAUGES.items():
-                if isinstance(replica.stats.get(key), int):
-                    yield "gauge", metric, doc, labels, replica.stats[key]
+            yield from replica_samples(name, replica)
         for (stage, direction), count in self._bytes.items():
             yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
                 {"pipeline": name, "stage": stage, "direction": direction}, count

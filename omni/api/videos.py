@@ -3,8 +3,9 @@
 ``POST /v1/videos`` (multipart, as the openai SDK sends it, or JSON) stores a job and
 returns it queued; a task runs it on a pipeline ending in a diffusion stage, updating
 ``progress`` from the stage's step counter, then writes the MP4 and a thumbnail
-(video_jobs.py owns the files). ``seconds`` maps to the model's frame rule (Wan: 4k+1
-frames at 16 fps; ``num_frames`` in extra_body sets frames directly); ``size`` is WxH.
+(video_jobs.py owns the files). ``seconds`` maps to the frame rule the stage reports
+(``fps``, and frames = ``frame_step`` * k + 1; ``num_frames`` in extra_body sets frames
+directly); ``size`` is WxH.
 ``POST /v1/videos/sync`` (our extension) takes the same fields and answers with the MP4.
 """
 
@@ -76,11 +77,11 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
 async def parse_video(request: web.Request) -> VideoCall:
     body, images = await _body(request)
     task = "image_to_video" if images else "text_to_video"
-    hint = ("Image-to-video models (e.g. Wan I2V) need 'input_reference'." if not images
-            else "Only image-to-video models (e.g. Wan I2V) take 'input_reference'.")
+    hint = ("Image-to-video models need 'input_reference' (the first frame)." if not images
+            else "Only image-to-video models take 'input_reference'.")
     model, info = mp.pick_model(request, body.get("model"), "video", task, hint)
     params = mp.engine_params(body, info, size=mp.field(body, "size", str))
-    fps, step = int(info.get("fps") or 16), int(info.get("frame_step") or 4)
+    fps, step = int(info["fps"]), int(info.get("frame_step") or 1)
     seconds = mp.field(body, "seconds", float)
     if "frames" not in params:
         if seconds is not None:
@@ -89,11 +90,12 @@ async def parse_video(request: web.Request) -> VideoCall:
                                param="seconds")
             params["frames"] = step * max(1, round(seconds * fps / step)) + 1
         else:
-            params["frames"] = int(info.get("default_frames") or 81)
-    if (params["frames"] - 1) % step or params["frames"] > int(info.get("max_frames") or 0):
+            params["frames"] = int(info["default_frames"])
+    most = int(info["max_frames"])
+    if (params["frames"] - 1) % step or params["frames"] > most:
         raise APIError(400, f"{params['frames']} frames is not possible on model "
-                       f"'{model.id}': frames are {step}k+1, at most {info.get('max_frames')} "
-                       f"(= {(int(info.get('max_frames') or 0) - 1) / fps:g} s at {fps} fps)",
+                       f"'{model.id}': frames are {step}k+1, at most {most} "
+                       f"(= {(most - 1) / fps:g} s at {fps} fps)",
                        param="num_frames" if seconds is None else "seconds")
     inputs = {"prompt": mp.prompt(body), **mp.negative_prompt(body)}
     if images:

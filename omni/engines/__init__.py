@@ -45,7 +45,7 @@ def build_engine(spec: EngineSpec) -> Engine:
 
         if not spec.model:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'diffusion' needs a model "
-                                  "adapter name (qwen_image, wan)")
+                                  "adapter name (omni/models: DIFFUSION_DENOISERS)")
         return build_diffusion_engine(spec.model, spec.model_dir, resolve_device(spec.device),
                                       spec.dtype, spec.options)
     raise EngineLoadError(
