@@ -34,6 +34,13 @@ edges:
   - {{from: llm, to: tts, delivery: stream}}
 """
 ASK = [{"role": "user", "content": "Tell me a story about a robot."}]
+
+
+def speak(fmt: str) -> dict:
+    """The request fields of a spoken answer in ``fmt``."""
+    return {"model": "spoken", "messages": ASK, "modalities": ["text", "audio"],
+            "audio": {"voice": "alloy", "format": fmt}}
+
 # sampled with a seed: greedy decoding of the random model repeats "\\n" (nothing to say)
 GREEDY = {"max_tokens": 24, "temperature": 1.0, "seed": 7, "extra_body": {"ignore_eos": True}}
 
@@ -65,8 +72,7 @@ def test_non_stream_answer_carries_audio_and_transcript(server):
     async def body():
         async with server.client(timeout=60) as client:
             reply = await client.chat.completions.create(
-                model="spoken", messages=ASK, modalities=["text", "audio"],
-                audio={"voice": "alloy", "format": "wav"}, **GREEDY)
+                **speak("wav"), **GREEDY)
             message = reply.choices[0].message
             assert message.content is None and message.audio.id.startswith("audio_")
             assert message.audio.transcript and message.audio.expires_at > 0
@@ -78,8 +84,7 @@ def test_non_stream_answer_carries_audio_and_transcript(server):
                                                         **GREEDY)
             assert text.choices[0].message.content == message.audio.transcript
             mp3 = await client.chat.completions.create(
-                model="spoken", messages=ASK, modalities=["text", "audio"],
-                audio={"voice": "alloy", "format": "mp3"}, **GREEDY)
+                **speak("mp3"), **GREEDY)
             assert decoded_seconds(base64.b64decode(mp3.choices[0].message.audio.data)) > 0.2
         async with server.session() as session, session.get("/metrics") as resp:
             metrics = await resp.text()
@@ -93,8 +98,7 @@ def test_stream_sends_the_id_once_and_pcm16_pieces(server):
     async def body():
         async with server.client(timeout=60) as client:
             stream = await client.chat.completions.create(
-                model="spoken", messages=ASK, modalities=["text", "audio"],
-                audio={"voice": "alloy", "format": "pcm16"}, stream=True,
+                **speak("pcm16"), stream=True,
                 stream_options={"include_usage": True}, **GREEDY)
             chunks = [c async for c in stream]
             assert chunks[0].choices[0].delta.role == "assistant"
@@ -113,8 +117,7 @@ def test_stream_sends_the_id_once_and_pcm16_pieces(server):
             assert transcript == whole.choices[0].message.content
             # the helper refuses finish_reason "length": stop at a word this seed writes
             async with client.chat.completions.stream(
-                    model="spoken", messages=ASK, modalities=["text", "audio"],
-                    audio={"voice": "alloy", "format": "pcm16"}, stop=["system"],
+                    **speak("pcm16"), stop=["system"],
                     **GREEDY) as helper:
                 final = await helper.get_final_completion()
             assert final.choices[0].finish_reason == "stop"
@@ -127,8 +130,7 @@ def test_an_earlier_spoken_turn_is_referenced_by_its_audio_id(server):
     async def body():
         async with server.client(timeout=60) as client:
             first = await client.chat.completions.create(
-                model="spoken", messages=ASK, modalities=["text", "audio"],
-                audio={"voice": "alloy", "format": "wav"}, **GREEDY)
+                **speak("wav"), **GREEDY)
             history = ASK + [{"role": "assistant",
                               "audio": {"id": first.choices[0].message.audio.id}},
                              {"role": "user", "content": "And then?"}]
@@ -168,8 +170,7 @@ def test_leaving_a_spoken_stream_early_aborts_both_stages(server):
     async def body():
         async with server.client(timeout=60) as client:
             stream = await client.chat.completions.create(
-                model="spoken", messages=ASK, modalities=["text", "audio"],
-                audio={"voice": "alloy", "format": "pcm16"}, stream=True,
+                **speak("pcm16"), stream=True,
                 max_tokens=200, temperature=1.0, seed=7, extra_body={"ignore_eos": True})
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.audio:

@@ -14,25 +14,15 @@ from PIL import Image
 
 from omni.fixtures.tiny_models import ensure_tiny_model
 
-EDIT_PIPELINE = """\
-name: edit
+PIPELINE = """\
+name: {name}
 stages:
   - name: diffusion
     engine: diffusion
     model: qwen_image
     model_dir: {model_dir}
     final_output: image
-    options: {{edit_area: 1024, default_size: 32x32, default_steps: 3, max_side: 64}}
-"""
-T2I_PIPELINE = """\
-name: t2i
-stages:
-  - name: diffusion
-    engine: diffusion
-    model: qwen_image
-    model_dir: {model_dir}
-    final_output: image
-    options: {{default_size: 32x32, default_steps: 3, max_side: 64, max_n: 3}}
+    options: {{default_size: 32x32, default_steps: 3, max_side: 64, {extra}}}
 """
 
 
@@ -41,10 +31,11 @@ def server(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "models"
     pipelines = tmp_path_factory.mktemp("image-pipelines")
     targets = {
-        "t2i": write_pipeline(pipelines, "t2i", T2I_PIPELINE.format(
-            model_dir=ensure_tiny_model("qwen_image", cache))),
-        "edit": write_pipeline(pipelines, "edit", EDIT_PIPELINE.format(
-            model_dir=ensure_tiny_model("qwen_image_edit", cache))),
+        "t2i": write_pipeline(pipelines, "t2i", PIPELINE.format(
+            name="t2i", model_dir=ensure_tiny_model("qwen_image", cache), extra="max_n: 3")),
+        "edit": write_pipeline(pipelines, "edit", PIPELINE.format(
+            name="edit", model_dir=ensure_tiny_model("qwen_image_edit", cache),
+            extra="edit_area: 1024")),
     }
     srv = Server(targets, ServerSettings(drain_timeout_s=2.0)).start()
     yield srv
