@@ -22,7 +22,7 @@ from aiohttp import web
 from omni.api import media_params as mp
 from omni.api.app import SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
-from omni.api.images import ImageCall, _whole
+from omni.api.images import ImageCall, generate, usage
 from omni.media import fetch
 from omni.media.image import IMAGE_FORMATS
 
@@ -83,20 +83,17 @@ async def chat_image(request: web.Request, body: dict[str, Any],
         inputs["images"] = images
     call = ImageCall(request, model, "image_generation", inputs, params, fmt, None,
                      as_url=True, stream=False, quality="auto")
-    images_response = await _whole(call)
-    return web.json_response(_as_chat(call, images_response), headers={
-        "X-Request-Id": call.id, "X-Seed": images_response.headers.get("X-Seed", "")})
+    final, data = await generate(call)
+    return web.json_response(_as_chat(call, data, usage(final)), headers={
+        "X-Request-Id": call.id, "X-Seed": str(final.get("seed", ""))})
 
 
-def _as_chat(call: ImageCall, response: web.Response) -> dict[str, Any]:
-    import json
-
-    result = json.loads(response.body)
+def _as_chat(call: ImageCall, data: list[dict[str, Any]],
+             usage: dict[str, Any]) -> dict[str, Any]:
     choices = [{"index": i, "finish_reason": "stop", "logprobs": None,
                 "message": {"role": "assistant", "content": [
                     {"type": "image_url", "image_url": {"url": item["url"]}}]}}
-               for i, item in enumerate(result["data"])]
-    usage = result["usage"]
+               for i, item in enumerate(data)]
     return {"id": f"chatcmpl-{call.id}", "object": "chat.completion",
             "created": int(time.time()), "model": call.model.id, "choices": choices,
             "usage": {"prompt_tokens": usage["input_tokens"],

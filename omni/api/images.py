@@ -67,7 +67,7 @@ class ImageCall:
                 "quality": self.quality, "size": size}
 
 
-def _usage(data: dict[str, Any]) -> dict[str, Any]:
+def usage(data: dict[str, Any]) -> dict[str, Any]:
     text, image = int(data.get("text_tokens", 0)), int(data.get("image_tokens", 0))
     return {"input_tokens": text, "input_tokens_details": {"text_tokens": text,
                                                            "image_tokens": 0},
@@ -166,7 +166,8 @@ async def _file_bytes(part: Any, name: str) -> bytes:
 
 
 # -- responses --------------------------------------------------------------------------
-async def _whole(call: ImageCall) -> web.Response:
+async def generate(call: ImageCall) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the request: (its final output's data, one ``data`` entry per image)."""
     final: dict[str, Any] = {}
     async with contextlib.aclosing(call.outputs()) as outputs:
         async for out in outputs:
@@ -174,14 +175,18 @@ async def _whole(call: ImageCall) -> web.Response:
                 final = out.data
     if "images" not in final:
         raise APIError(500, "the pipeline finished without an image", "server_error")
-    pixels = final["images"].numpy()
     data = []
-    for image in pixels:
+    for image in final["images"].numpy():
         encoded = base64.b64encode(await call.encode(image)).decode()
         data.append({"url": f"data:{MIME[call.format]};base64,{encoded}"} if call.as_url
                     else {"b64_json": encoded, "revised_prompt": None})
-    body = {"created": call.created, "data": data, **call.meta(_size_of(pixels)),
-            "usage": _usage(final)}
+    return final, data
+
+
+async def _whole(call: ImageCall) -> web.Response:
+    final, data = await generate(call)
+    body = {"created": call.created, "data": data,
+            **call.meta(_size_of(final["images"])), "usage": usage(final)}
     return web.json_response(body, headers={"X-Request-Id": call.id,
                                             "X-Seed": str(final.get("seed", ""))})
 
@@ -218,7 +223,7 @@ async def _send_event(call: ImageCall, response: web.StreamResponse, item: Any) 
                 "type": f"{call.kind}.completed",
                 "b64_json": base64.b64encode(await call.encode(image)).decode(),
                 "created_at": int(time.time()), **call.meta(_size_of(pixels)),
-                "usage": _usage(data)}))
+                "usage": usage(data)}))
 
 
 async def generations(request: web.Request) -> web.StreamResponse:
