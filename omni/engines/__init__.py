@@ -28,6 +28,12 @@ def build_engine(spec: EngineSpec) -> Engine:
     if spec.engine == "ar":
         from omni.engines.ar import AREngine
 
+        if spec.model not in (None, "", "hf_causal"):  # e.g. a talker fed by its thinker
+            from omni.engines.ar_feedback import build_feedback_engine
+
+            return build_feedback_engine(spec.model, spec.model_dir, dtype=spec.dtype,
+                                         device=resolve_device(spec.device),
+                                         options=spec.options, memory_bytes=spec.memory)
         if not spec.model_dir:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
         return AREngine(spec.model_dir, dtype=spec.dtype, device=resolve_device(spec.device),

@@ -74,7 +74,7 @@ class AREngine(Engine):
                  options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
         self.options = dict(options or {})
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
-        self.lm = load_causal_lm(model_dir, dtype=dtype, device=device)
+        self.lm = self._load(model_dir, dtype, device)
         register()
         self.lm.use_attention(ATTN_NAME)
         self.cache = self._make_cache()
@@ -91,6 +91,9 @@ class AREngine(Engine):
         self.step_time_s = 0.0
 
     # -- set-up ---------------------------------------------------------------------------
+    def _load(self, model_dir: str, dtype: str, device: str) -> Any:
+        return load_causal_lm(model_dir, dtype=dtype, device=device)
+
     def _opt(self, name: str, default: int) -> int:
         value = self.options.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,6 +101,8 @@ class AREngine(Engine):
         return value
 
     def _layers(self, value: Any) -> list[int] | None:
+        if value == "auto":  # the layers the model's downstream stage reads
+            value = self.lm.export_layers
         if value is None:
             return None
         total = self.lm.config.num_hidden_layers + 1
@@ -240,6 +245,7 @@ class AREngine(Engine):
             for seq in batch.seqs:
                 outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
             return outputs
+        self._sampled(sampled_seqs, results)
         for seq, result in zip(sampled_seqs, results, strict=True):
             try:
                 outputs.append(self._emit(seq, result))
@@ -300,6 +306,9 @@ class AREngine(Engine):
             return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)]
         return sampled, out.logits[0]
 
+    def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
+        """Hook: the step's tokens are sampled and not yet emitted."""
+
     def _keep(self, last: list[int]) -> dict[str, Any]:
         if not self.lm.keeps_logits:
             return {}
@@ -357,6 +366,8 @@ class AREngine(Engine):
         if not state.started:
             state.started = True
             data["prompt_tokens"] = len(seq.prompt)
+            if self.export_layers is not None:  # the consumer needs to know the positions
+                data["prompt_token_ids"] = list(seq.prompt)
             data["cached_tokens"] = seq.blocks.cached_tokens
         if finish is None:
             return StepOutput(seq.id, data=data)

@@ -39,6 +39,7 @@ class Sequence:
     preemptions: int = 0
     input_open: bool = False  # stream input still arriving: sample nothing yet
     embeds: Any = None  # (prompt_len, hidden) prompt embeddings given instead of token ids
+    held: bool = False  # its next input depends on stream input that has not arrived
 
     @property
     def tokens(self) -> list[int]:
@@ -49,6 +50,8 @@ class Sequence:
         """Tokens to feed now: the prompt left (while input is still arriving, all but
         the last token, whose logits are only wanted once the input is complete), or the
         last sampled token."""
+        if self.held:
+            return 0
         known = len(self.prompt) + len(self.output)
         return max(0, known - 1 - self.computed) if self.input_open else known - self.computed
 

@@ -65,6 +65,25 @@ def _denoiser(family: str) -> Any:
 DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan")}
 
 
+def _talker(model_dir: str, dtype: str, device: str) -> Any:
+    from omni.models.qwen3_omni_talker import load_talker
+
+    return load_talker(model_dir, dtype, device)
+
+
+# AR models whose next input is built from their last output (omni/engines/ar_feedback.py)
+AR_FEEDBACK_MODELS = {"qwen3_omni_talker": _talker}
+
+
+def build_feedback_lm(model: str, model_dir: str, dtype: str, device: str) -> Any:
+    """(CausalLM, feed) of a feedback AR model; EngineLoadError names the known ones."""
+    builder = AR_FEEDBACK_MODELS.get(model)
+    if builder is None:
+        raise EngineLoadError(f"unknown AR model {model!r} (available: hf_causal, "
+                              f"{', '.join(sorted(AR_FEEDBACK_MODELS))})")
+    return builder(model_dir, dtype, device)
+
+
 def build_denoiser(model: str, model_dir: str | None, device: str, dtype: str,
                    options: Mapping[str, Any]) -> Any:
     """The diffusion-engine denoiser of ``model``; EngineLoadError names the known ones."""

@@ -41,6 +41,8 @@ class CausalLM:
     # composite model (the thinker's text model, not its audio/vision towers)
     attn_subconfig: str | None = None
     keeps_logits: bool = True  # forward() takes logits_to_keep
+    # hidden layers a downstream stage of this model reads (export_hidden_layers: auto)
+    export_layers: list[int] | None = None
 
     def use_attention(self, name: str) -> None:
         self.model.set_attn_implementation(

@@ -170,8 +170,9 @@ def _is_random(path: Path) -> bool:
         return False
 
 
-def _code2wav_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The ``code2wav.*`` tensors of a combined checkpoint, prefix stripped."""
+def prefixed_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a (sharded) checkpoint whose keys start with `prefix`, prefix
+    stripped (one stage of a combined Qwen3-Omni checkpoint)."""
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
@@ -182,7 +183,7 @@ def _code2wav_tensors(path: Path) -> dict[str, torch.Tensor]:
             raise EngineLoadError(f"{path}: unreadable {index.name}: {e}") from e
         files: dict[str, list[str]] = {}
         for key, fname in weight_map.items():
-            if key.startswith(CODE2WAV_PREFIX):
+            if key.startswith(prefix):
                 files.setdefault(fname, []).append(key)
     elif (path / "model.safetensors").is_file():
         files = {"model.safetensors": []}  # filter below
@@ -194,10 +195,10 @@ def _code2wav_tensors(path: Path) -> dict[str, torch.Tensor]:
         if not f.is_file():
             raise EngineLoadError(f"{path}: weight shard {fname} is missing")
         with safe_open(str(f), framework="pt") as st:
-            for key in keys or [k for k in st.keys() if k.startswith(CODE2WAV_PREFIX)]:
-                out[key[len(CODE2WAV_PREFIX):]] = st.get_tensor(key)
+            for key in keys or [k for k in st.keys() if k.startswith(prefix)]:
+                out[key[len(prefix):]] = st.get_tensor(key)
     if not out:
-        raise EngineLoadError(f"{path}: the checkpoint has no '{CODE2WAV_PREFIX}*' tensors")
+        raise EngineLoadError(f"{path}: the checkpoint has no '{prefix}*' tensors")
     return out
 
 
@@ -227,7 +228,7 @@ def load_code2wav(model_dir: str, dtype: str = "auto", device: str = "cpu") -> C
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise EngineLoadError(f"bad device {device!r}: {e}") from e
-    tensors = _code2wav_tensors(path)
+    tensors = prefixed_tensors(path, CODE2WAV_PREFIX)
     if dtype == "auto":
         torch_dtype = (torch.float32 if dev.type == "cpu"
                        else next(iter(tensors.values())).dtype)

@@ -44,4 +44,5 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
                     eos_token_ids=eos_ids(path, text_config, tokenizer), model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path),
                     config=text_config, cache_kwarg="cache", attn_subconfig="text_config",
-                    keeps_logits=False)
+                    keeps_logits=False,
+                    export_layers=[0, int(config.talker_config.accept_hidden_layer)])

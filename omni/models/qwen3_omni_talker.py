@@ -1,0 +1,304 @@
+"""Qwen3-Omni-MoE's talker as an AR-engine stage fed by the thinker's stream.
+
+What the model defines (transformers' ``Qwen3OmniMoeForConditionalGeneration.generate``,
+re-expressed per request and per chunk so the talker can start while the thinker writes):
+- Prefill = the user turns of the thinker prompt (text tokens: ``text_projection`` of the
+  thinker's input embeddings; audio/image/video tokens: ``hidden_projection`` of the
+  thinker layer ``accept_hidden_layer``) + 9 assistant positions: "<|im_start|>assistant\\n"
+  (projected, no codec), 4 x tts_pad over codec nothink/think_bos/think_eos/speaker,
+  tts_bos over codec_pad, the first answer token over codec_bos.
+- Decode step g: the input is the sum of the codec embeddings of the frame just sampled
+  (the talker's first code + the code predictor's residual codes) plus the projected
+  embedding of answer token g+1; after the answer, tts_eos once, then tts_pad. A step whose
+  answer token has not arrived yet waits (the engine holds the sequence): no guesses.
+- The first code comes from ``codec_head`` with the top 1024 ids suppressed except
+  codec_eos; the code predictor (a small dense LM, run here as a batched loop over its own
+  short cache) draws the residual codes from the talker's last hidden state.
+
+Loading: the combined checkpoint's ``talker.*`` tensors, experts fused into the in-memory
+layout, ``load_state_dict(strict=True)`` (never silently random); plus three rows of the
+thinker's embedding table (tts_bos / tts_eos / tts_pad), which the talker projects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype
+from omni.models.qwen3_omni import prefixed_tensors
+
+TALKER_PREFIX = "talker."
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Release layout (one gate/up/down matrix per expert) -> transformers' in-memory layout
+    (experts.gate_up_proj (E, 2I, H), experts.down_proj (E, H, I))."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for key, value in tensors.items():
+        m = _EXPERT.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = value
+    for base, by_index in experts.items():
+        ordered = [by_index[i] for i in range(len(by_index))]
+        out[f"{base}.gate_up_proj"] = torch.stack([torch.cat((e["gate"], e["up"])) for e in ordered])
+        out[f"{base}.down_proj"] = torch.stack([e["down"] for e in ordered])
+    return out
+
+
+class TalkerLM(torch.nn.Module):
+    """The talker as the AR engine calls it: forward(inputs_embeds, position_ids, ...) ->
+    logits of the kept rows (first code group, extra ids suppressed); the kept rows'
+    last hidden states stay in `last_hidden` for the code predictor."""
+
+    def __init__(self, talker: Any) -> None:
+        super().__init__()
+        self.talker = talker
+        cfg = talker.config
+        vocab = cfg.text_config.vocab_size
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[max(0, vocab - 1024):] = True  # generate() suppresses these, except codec_eos
+        mask[cfg.codec_eos_token_id] = False
+        self.register_buffer("suppressed", mask, persistent=False)
+        self.last_hidden: torch.Tensor | None = None
+
+    def get_input_embeddings(self) -> Any:
+        return self.talker.get_input_embeddings()
+
+    def set_attn_implementation(self, name: str) -> None:
+        """The engine's attention for the talker LM; the code predictor keeps its own."""
+        self.talker.model.set_attn_implementation(name)
+
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                logits_to_keep: torch.Tensor, **kwargs: Any) -> Any:
+        kwargs.pop("input_ids", None)
+        kwargs.pop("output_hidden_states", None)
+        out = self.talker.model(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
+        self.last_hidden = out.last_hidden_state[0, logits_to_keep]
+        logits = self.talker.codec_head(self.last_hidden)
+        return _Out(logits.masked_fill(self.suppressed, float("-inf"))[None])  # (1, k, V)
+
+
+@dataclass
+class _Out:
+    logits: torch.Tensor
+
+
+@dataclass
+class FeedState:
+    """One request's view of the thinker stream."""
+
+    prompt_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None  # (P, Ht) thinker layer 0
+    prompt_hidden: torch.Tensor | None = None  # (P, Ht) thinker accept layer
+    answer: list[torch.Tensor] = field(default_factory=list)  # projected answer tokens
+    closed: bool = False
+    next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
+    codes: list[int] | None = None  # the last frame's codes, one per code group
+    generator: torch.Generator | None = None
+
+
+class TalkerFeed:
+    """Builds the talker's inputs from the thinker stream (see the module doc)."""
+
+    def __init__(self, lm: TalkerLM, special: torch.Tensor, speaker_ids: dict[str, int],
+                 top: Any) -> None:
+        cfg = lm.talker.config
+        self.lm, self.cfg, self.top = lm, cfg, top
+        self.speakers = speaker_ids
+        self.num_groups = int(cfg.num_code_groups)
+        with torch.inference_mode():
+            self.tts_bos, self.tts_eos, self.tts_pad = lm.talker.text_projection(special)
+        self.mm_ids = {top.thinker_config.audio_token_id, top.thinker_config.image_token_id,
+                       top.thinker_config.video_token_id}
+
+    def voice(self, name: Any) -> str:
+        """The speaker for a request: `name` (case-insensitive) or the first one."""
+        if name is None:
+            return next(iter(sorted(self.speakers)))
+        if not isinstance(name, str) or name.lower() not in self.speakers:
+            raise ValueError(f"unknown voice {name!r}; this model's voices: "
+                             f"{', '.join(sorted(self.speakers))}")
+        return name.lower()
+
+    def new_state(self, seed: int | None, device: torch.device) -> FeedState:
+        generator = None if seed is None else torch.Generator(device).manual_seed(seed + 1)
+        return FeedState(generator=generator)
+
+    def info(self) -> dict[str, Any]:
+        return {"voices": sorted(self.speakers), "num_code_groups": self.num_groups,
+                "codebook_size": int(self.cfg.code_predictor_config.vocab_size)}
+
+    @staticmethod
+    def frame_output(codes: list[int]) -> dict[str, Any]:
+        """One frame as the code2wav stage takes it: (num_code_groups, 1)."""
+        return {"codes": [[c] for c in codes]}
+
+    # -- the thinker stream -----------------------------------------------------------
+    def take(self, st: FeedState, data: dict[str, Any]) -> None:
+        """One thinker output: its hidden states (tokens, 2, Ht) = layers [0, accept]."""
+        hidden = data.get("hidden_states")
+        if hidden is None:
+            return  # e.g. the final output of a thinker step that fed nothing
+        width = self.cfg.thinker_hidden_size
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[1] != 2 \
+                or hidden.shape[2] != width:
+            raise ValueError(f"talker input needs the thinker's hidden_states as (tokens, 2, "
+                             f"{width}) (export_hidden_layers: auto), got "
+                             f"{getattr(hidden, 'shape', type(hidden).__name__)}")
+        hidden = hidden.to(self.lm.suppressed.device, self.tts_pad.dtype)
+        if st.prompt_ids is None:
+            ids = data.get("prompt_token_ids")
+            if not isinstance(ids, list) or len(ids) != hidden.shape[0]:
+                raise ValueError("the thinker's first output must carry prompt_token_ids for "
+                                 "every prompt position it exports")
+            st.prompt_ids, st.prompt_embeds, st.prompt_hidden = ids, hidden[:, 0], hidden[:, 1]
+            return
+        with torch.inference_mode():
+            st.answer += list(self.lm.talker.text_projection(hidden[:, 0]))
+
+    def prefill(self, st: FeedState, speaker: str) -> torch.Tensor | None:
+        """(positions, H) talker prompt once the first answer token is known, else None."""
+        if st.prompt_ids is None or not st.answer:
+            return None
+        ids, p = st.prompt_ids, self.top
+        user = self._user_part(st)
+        starts = [i for i in range(len(ids) - 1)
+                  if ids[i] == p.im_start_token_id and ids[i + 1] == p.assistant_token_id]
+        if not starts:
+            raise ValueError("the thinker prompt has no '<|im_start|>assistant' turn")
+        a = starts[-1]
+        with torch.inference_mode():
+            head = self.lm.talker.text_projection(st.prompt_embeds[a:a + 3])
+            c = self.cfg
+            codec_ids = [c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id,
+                         self.speakers[speaker], c.codec_pad_id, c.codec_bos_id]
+            codec = self.lm.get_input_embeddings()(
+                torch.tensor(codec_ids, device=head.device))
+            text = torch.stack([self.tts_pad] * 4 + [self.tts_bos, st.answer[0]])
+            return torch.cat((user, head, text + codec))
+
+    def _user_part(self, st: FeedState) -> torch.Tensor:
+        ids, p = st.prompt_ids, self.top
+        role, keep = None, []
+        for i, t in enumerate(ids):
+            if t == p.im_start_token_id and i + 1 < len(ids):
+                role = ids[i + 1]
+            if role == p.user_token_id:
+                keep.append(i)
+        index = torch.tensor(keep, dtype=torch.long, device=st.prompt_embeds.device)
+        mm = torch.tensor([ids[i] in self.mm_ids for i in keep], device=index.device)
+        with torch.inference_mode():
+            text = self.lm.talker.text_projection(st.prompt_embeds[index])
+            if bool(mm.any()):
+                projected = self.lm.talker.hidden_projection(st.prompt_hidden[index])
+                text = torch.where(mm[:, None], projected, text)
+        return text
+
+    def ready(self, st: FeedState, step: int) -> bool:
+        """Decode step `step` can be fed: its answer token arrived, or the answer ended."""
+        return st.closed or step + 1 < len(st.answer)
+
+    def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
+        if step + 1 < len(st.answer):
+            text = st.answer[step + 1]
+        else:
+            text = self.tts_eos if step + 1 == len(st.answer) else self.tts_pad
+        return st.next_codec + text
+
+    # -- after sampling -------------------------------------------------------------------
+    @torch.inference_mode()
+    def feedback(self, states: list[FeedState], tokens: list[int], rows: list[int],
+                 greedy: list[bool]) -> None:
+        """Residual codes for each sampled first code, and the next step's codec input;
+        rows: each state's row among the last forward's kept positions."""
+        if not states:
+            return
+        dev = self.lm.suppressed.device
+        first = torch.tensor(tokens, device=dev)
+        cp = self.lm.talker.code_predictor
+        last = self.lm.talker.get_input_embeddings()(first)
+        hidden = self.lm.last_hidden[torch.tensor(rows, dtype=torch.long, device=dev)]
+        embeds = torch.stack((hidden, last), dim=1)  # (B, 2, H)
+        cache = None
+        codes, total = [first], last
+        for group in range(self.num_groups - 1):
+            out = cp.model(inputs_embeds=embeds, cache=cache, use_cache=True)
+            cache = out.cache
+            logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
+            code = self._pick(logits, states, greedy)
+            codes.append(code)
+            embeds = cp.model.get_input_embeddings()[group](code)[:, None]
+            total = total + embeds[:, 0]
+        frame = torch.stack(codes, dim=1).tolist()  # (B, NQ), one device sync per step
+        for i, st in enumerate(states):
+            st.codes, st.next_codec = frame[i], total[i]
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, states: list[FeedState], greedy: list[bool]) -> torch.Tensor:
+        picks = []
+        for row, st, g in zip(logits, states, greedy, strict=True):
+            if g:
+                picks.append(row.argmax())
+                continue
+            top = row.topk(min(CODE_PREDICTOR_TOP_K, row.numel()))
+            probs = top.values.softmax(-1)
+            keep = probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P
+            probs = probs * keep
+            i = torch.multinomial(probs / probs.sum(), 1, generator=st.generator)
+            picks.append(top.indices[i[0]])
+        return torch.stack(picks)
+
+
+def load_talker(model_dir: str, dtype: str = "auto",
+                device: str = "cpu") -> tuple[CausalLM, TalkerFeed]:
+    """The talker of a combined Qwen3-Omni directory as (CausalLM for the engine, feed)."""
+    from transformers import AutoConfig
+    from transformers.initialization import no_init_weights
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeTalkerForConditionalGeneration,
+    )
+
+    path = Path(model_dir).expanduser().resolve()
+    try:
+        top = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        cfg = top.talker_config
+    except Exception as e:
+        raise EngineLoadError(f"model directory {path}: no Qwen3-Omni talker config: {e}") from e
+    dev = torch.device(device)
+    torch_dtype = _resolve_dtype(dtype, dev, cfg.text_config)
+    tensors = fuse_experts(prefixed_tensors(path, TALKER_PREFIX))
+    with no_init_weights(), torch.random.fork_rng(devices=[]):
+        talker = Qwen3OmniMoeTalkerForConditionalGeneration(cfg)
+    try:
+        talker.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise EngineLoadError(f"model directory {path}: talker weights do not match the "
+                              f"config: {e}") from e
+    talker.to(dev, torch_dtype).eval().requires_grad_(False)
+    embed_table = prefixed_tensors(path, "thinker.model.embed_tokens.")["weight"]
+    special = embed_table[[top.tts_bos_token_id, top.tts_eos_token_id, top.tts_pad_token_id]]
+    lm_module = TalkerLM(talker).to(dev)
+    feed = TalkerFeed(lm_module, special.to(dev, torch_dtype),
+                      {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top)
+    lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
+                  model_dir=str(path), dtype=torch_dtype, device=dev,
+                  random_weights=_is_random(path), config=cfg.text_config, cache_kwarg="cache")
+    return lm, feed
+
+
+def speakers(model_dir: str) -> list[str]:
+    """The voices of a Qwen3-Omni directory (talker_config.speaker_id), from config.json."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return sorted(k.lower() for k in config.get("talker_config", {}).get("speaker_id") or {})
