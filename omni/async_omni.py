@@ -103,9 +103,22 @@ class AsyncOmni:
     def output_info(self, modality: str) -> dict[str, Any]:
         """What the engine producing ``modality`` reported when it loaded (e.g. a TTS
         stage's voices and sample rate); {} while none of its replicas is live."""
+        info: dict[str, Any] = {}
         for stage in self.pipeline.outputs.get(modality, ()):
-            for replica in self.orchestrator.engines.pools[stage].live():
-                return dict(replica.info)
+            info = self._stage_info(stage)
+            if info:
+                break
+        if info and "voices" not in info:  # the voice is chosen upstream (e.g. a talker)
+            for stage in self.pipeline.route([modality]).stages:
+                voices = self._stage_info(stage).get("voices")
+                if voices:
+                    info.update(voices=voices, voice_stages=[stage])
+                    break
+        return info
+
+    def _stage_info(self, stage: str) -> dict[str, Any]:
+        for replica in self.orchestrator.engines.pools[stage].live():
+            return dict(replica.info)
         return {}
 
 

@@ -80,6 +80,7 @@ class AudioChat:
     voice: str
     format: str
     sample_rate: int
+    info: dict[str, Any]
     audio_id: str = field(default_factory=lambda: f"audio_{uuid.uuid4().hex}")
     expires_at: int = field(default_factory=lambda: int(time.time()) + AUDIO_TTL_S)
     samples: int = 0
@@ -88,7 +89,8 @@ class AudioChat:
     def outputs(self) -> Any:
         pipeline = self.call.model.omni.pipeline
         params = {s: dict(self.call.sampling) for s in pipeline.outputs.get("text", ())}
-        params.update({s: {"voice": self.voice} for s in pipeline.outputs["audio"]})
+        voice_stages = self.info.get("voice_stages") or pipeline.outputs["audio"]
+        params.update({s: {"voice": self.voice} for s in voice_stages})
         return self.call.model.omni.generate(self.call.inputs, modalities=["text", "audio"],
                                              params=params, request_id=self.call.id)
 
@@ -141,7 +143,7 @@ def parse(request: web.Request, body: dict[str, Any]) -> AudioChat:
                        "Supported values are: 'pcm16'", param="audio.format")
     info = audio_info(call.model)
     voice = resolve_voice(call.model, audio["voice"], info)
-    return AudioChat(call, voice, FORMATS[fmt], int(info.get("sample_rate", 24000)))
+    return AudioChat(call, voice, FORMATS[fmt], int(info.get("sample_rate", 24000)), info)
 
 
 def restore_audio_turns(request: web.Request, body: dict[str, Any]) -> None:

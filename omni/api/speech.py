@@ -172,6 +172,11 @@ def _speed(body: dict[str, Any]) -> float:
 
 def parse_speech(request: web.Request, body: dict[str, Any]) -> SpeechCall:
     model = audio_model(request, body.get("model"))
+    pipeline = model.omni.pipeline
+    if set(pipeline.route(["audio"]).stages) & set(pipeline.outputs.get("text", ())):
+        raise APIError(400, f"model '{model.id}' speaks its own answers, it does not read "
+                       "text aloud; use /v1/chat/completions with \"modalities\": [\"text\", "
+                       "\"audio\"]", param="model")
     text = _text(body, request.app[SETTINGS_KEY].max_speech_chars)
     fmt = _choice(body, "response_format", tuple(FORMATS), "mp3")
     stream_format = _choice(body, "stream_format", STREAM_FORMATS, "audio") \

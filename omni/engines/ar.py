@@ -79,11 +79,13 @@ class AREngine(Engine):
         self.lm.use_attention(ATTN_NAME)
         self.cache = self._make_cache()
         cuda = self.lm.device.type == "cuda"
+        self.export_layers = self._layers(self.options.get("export_hidden_layers"))
+        # a cached prefix is not recomputed, so its hidden states could not be exported
+        caching = self.options.get("prefix_caching", self.export_layers is None)
         self.scheduler = Scheduler(
             self.cache, max_num_seqs=self._opt("max_num_seqs", 64),
             max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
-            prefix_salt=0 if self.options.get("prefix_caching", True) else None)
-        self.export_layers = self._layers(self.options.get("export_hidden_layers"))
+            prefix_salt=0 if caching else None)
         self.graphs = self._make_graphs() if cuda else None
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []

@@ -137,7 +137,8 @@ class TalkerFeed:
         return FeedState(generator=generator)
 
     def info(self) -> dict[str, Any]:
-        return {"voices": sorted(self.speakers), "num_code_groups": self.num_groups,
+        return {"voices": [{"id": v, "name": v} for v in sorted(self.speakers)],
+                "num_code_groups": self.num_groups,
                 "codebook_size": int(self.cfg.code_predictor_config.vocab_size)}
 
     @staticmethod

@@ -25,8 +25,8 @@ PRESET_BY_MODEL_TYPE = {
     "qwen3_moe": "qwen3.yaml",
     "qwen2": "qwen3.yaml",
     "llama": "qwen3.yaml",
-    # a Qwen3-Omni release served for text: its thinker (omni/models/qwen3_omni_thinker.py)
-    "qwen3_omni_moe": "qwen3.yaml",
+    # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
+    "qwen3_omni_moe": "qwen3_omni.yaml",
 }
 
 

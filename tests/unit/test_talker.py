@@ -1,0 +1,176 @@
+"""Qwen3-Omni's talker as an AR stage fed by the thinker's stream (tiny random release
+checkpoint): its codec frames equal transformers' own thinker -> talker generate, it waits
+for the words it has not been given yet, batches requests without changing them, and
+loads exactly the saved weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from omni.engines.ar import AREngine
+from omni.engines.ar_feedback import FeedbackAREngine
+from omni.engines.base import EngineRequest
+from omni.fixtures import ensure_tiny_model
+from omni.models.qwen3_omni_talker import fuse_experts, load_talker
+
+torch.set_num_threads(1)
+TALKER = "qwen3_omni_talker"
+GREEDY = {"temperature": 0}
+QUESTIONS = ["Say hello to the world please", "Why is the sky blue?"]
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tmp_path_factory):
+    return str(ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models"))
+
+
+@pytest.fixture(scope="module")
+def thinker(omni_dir):
+    return AREngine(omni_dir, options={"export_hidden_layers": "auto"})
+
+
+@pytest.fixture(scope="module")
+def talker(omni_dir):
+    return FeedbackAREngine(TALKER, omni_dir)
+
+
+def _messages(q: str) -> list[dict]:
+    return [{"role": "user", "content": q}]
+
+
+def thinker_outputs(thinker, question: str, max_tokens: int = 8) -> list[dict]:
+    thinker.add(EngineRequest("t", {"messages": _messages(question)},
+                              {**GREEDY, "max_tokens": max_tokens}))
+    outs = []
+    while thinker.has_work():
+        for o in thinker.step():
+            assert o.error is None, o.error
+            outs.append((o.data, o.finished))
+    return outs
+
+
+def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None,
+               interleave: bool = True) -> dict[str, list[list[int]]]:
+    """Feed each request's thinker outputs one per engine step; frames per request."""
+    for rid in feeds:
+        talker.add(EngineRequest(rid, {"stream": ["thinker"]},
+                                 {**GREEDY, "max_tokens": max_tokens, **(params or {})}))
+    frames: dict[str, list[list[int]]] = {rid: [] for rid in feeds}
+    pending = {rid: list(outs) for rid, outs in feeds.items()}
+    seqno = dict.fromkeys(feeds, 0)
+    done: set[str] = set()
+    while len(done) < len(feeds):
+        for rid, outs in pending.items():
+            for _ in range(1 if interleave else len(outs)):
+                if outs:
+                    data, last = outs.pop(0)
+                    talker.append(rid, "thinker", seqno[rid], data, last)
+                    seqno[rid] += 1
+        for o in talker.step():
+            assert o.error is None, o.error
+            if o.data and o.data.get("codes"):
+                frames[o.request_id].append([c[0] for c in o.data["codes"]])
+            if o.finished:
+                done.add(o.request_id)
+    return frames
+
+
+def hf_codes(omni_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int):
+    """transformers' composite generate, greedy: (answer ids, codes (NQ, frames))."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(omni_dir, dtype=torch.float32)
+    captured = {}
+    decode = model.code2wav.chunked_decode
+
+    def capture(codes, **kw):
+        captured["codes"] = codes
+        return decode(codes, **kw)
+
+    model.code2wav.chunked_decode = capture
+    seqs, _ = model.generate(input_ids=torch.tensor([prompt_ids]), return_audio=True,
+                             speaker="Ethan", thinker_max_new_tokens=thinker_tokens,
+                             thinker_do_sample=False, talker_max_new_tokens=talker_tokens,
+                             talker_do_sample=False, talker_repetition_penalty=1.0)
+    return seqs[0, len(prompt_ids):].tolist(), captured["codes"][0]
+
+
+def test_talker_frames_equal_transformers_generate(omni_dir, thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[0])
+    prompt_ids = outs[0][0]["prompt_token_ids"]
+    answer = [t for data, _ in outs for t in data["token_ids"]]
+    hidden = outs[0][0]["hidden_states"]
+    assert hidden.shape == (len(prompt_ids), 2, 64)  # layers [0, accept_hidden_layer]
+    frames = run_talker(talker, {"a": outs}, max_tokens=12)["a"]
+    hf_answer, hf = hf_codes(omni_dir, prompt_ids, 8, 12)
+    assert answer == hf_answer
+    # transformers computes a frame's residual codes one step later, so at max_new_tokens
+    # it has one frame fewer: every frame it has, we have, equal
+    ours = torch.tensor(frames).T
+    assert ours.shape == (4, 12) and hf.shape == (4, 11)
+    assert torch.equal(ours[:, :11], hf)
+    assert talker.stats()["kv_blocks_used"] == 0 and talker.stats()["running"] == 0
+
+
+def test_batched_and_streamed_equal_alone(thinker, talker):
+    feeds = {f"q{i}": thinker_outputs(thinker, q, max_tokens=6 + 4 * i)
+             for i, q in enumerate(QUESTIONS)}
+    together = run_talker(talker, feeds, max_tokens=10)
+    for rid, outs in feeds.items():
+        alone = run_talker(talker, {rid: outs}, max_tokens=10, interleave=False)
+        assert together[rid] == alone[rid] and len(alone[rid]) >= 5
+
+
+def test_talker_waits_for_words_not_yet_written(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=8)
+    talker.add(EngineRequest("w", {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 40}))
+    talker.append("w", "thinker", 0, outs[0][0], False)
+    assert not talker.has_work()  # prompt known, first answer word not yet: nothing to run
+    talker.append("w", "thinker", 1, outs[1][0], False)
+    frames = 0
+    while talker.has_work():
+        frames += sum(1 for o in talker.step() if o.data and o.data.get("codes"))
+    # prefill + one step per answer word known so far (word g+1 feeds step g): then it holds
+    assert frames == 1 and not talker.has_work()
+    talker.abort(["w"])
+    assert talker.stats()["kv_blocks_used"] == 0
+
+
+def test_sampling_with_seed_reproduces(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=5)
+    params = {"temperature": 0.9, "top_k": 50, "seed": 11}
+    one = run_talker(talker, {"s": outs}, max_tokens=8, params=params)["s"]
+    two = run_talker(talker, {"s": outs}, max_tokens=8, params=params)["s"]
+    three = run_talker(talker, {"s": outs}, max_tokens=8, params={**params, "seed": 12})["s"]
+    assert one == two and one != three
+
+
+def test_bad_inputs_fail_alone(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=4)
+    talker.add(EngineRequest("v", {"stream": ["thinker"]}, {"voice": "nobody"}))
+    talker.add(EngineRequest("h", {"stream": ["thinker"]}, {}))
+    talker.append("h", "thinker", 0, {"token_ids": [1], "hidden_states": torch.zeros(3, 5)},
+                  False)
+    talker.add(EngineRequest("o", {"stream": ["thinker"]}, {}))
+    talker.append("o", "thinker", 3, outs[0][0], False)  # out of order
+    errors = {o.request_id: o.error for o in talker.step() if o.error}
+    assert "unknown voice 'nobody'" in errors["v"] and "ethan" in errors["v"]
+    assert "hidden_states" in errors["h"] and "expected 0" in errors["o"]
+    assert talker.stats()["running"] == 0 and talker.stats()["waiting"] == 0
+    assert run_talker(talker, {"ok": outs}, max_tokens=3)["ok"]  # the engine goes on
+
+
+def test_loaded_talker_weights_equal_saved(omni_dir):
+    lm, feed = load_talker(omni_dir)
+    saved = {}
+    for shard in sorted(__import__("pathlib").Path(omni_dir).glob("model-*.safetensors")):
+        saved.update({k.removeprefix("talker."): v for k, v in load_file(str(shard)).items()
+                      if k.startswith("talker.")})
+    state = lm.model.talker.state_dict()
+    fused = fuse_experts(saved)
+    assert set(state) == set(fused)
+    for key, value in fused.items():
+        assert torch.equal(state[key].to(value.dtype), value), key
+    assert [v["id"] for v in feed.info()["voices"]] == ["ethan"]
