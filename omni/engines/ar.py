@@ -37,7 +37,14 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar_inputs import prompt_embeds, prompt_ids, stream_producer, take_chunk
+from omni.engines.ar_inputs import (
+    export_layers,
+    logprobs_entry,
+    prompt_embeds,
+    prompt_ids,
+    stream_producer,
+    take_chunk,
+)
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
 from omni.engines.kv_cache import PagedKVCache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
@@ -79,7 +86,7 @@ class AREngine(Engine):
         self.lm.use_attention(ATTN_NAME)
         self.cache = self._make_cache()
         cuda = self.lm.device.type == "cuda"
-        self.export_layers = self._layers(self.options.get("export_hidden_layers"))
+        self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # a cached prefix is not recomputed, so its hidden states could not be exported
         caching = self.options.get("prefix_caching", self.export_layers is None)
         self.scheduler = Scheduler(
@@ -101,19 +108,6 @@ class AREngine(Engine):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EngineLoadError(f"option {name} must be a positive integer, got {value!r}")
         return value
-
-    def _layers(self, value: Any) -> list[int] | None:
-        if value == "auto":  # the layers the model's downstream stage reads
-            value = self.lm.export_layers
-        if value is None:
-            return None
-        total = self.lm.config.num_hidden_layers + 1
-        if not isinstance(value, list) or not value or not all(
-                isinstance(i, int) and not isinstance(i, bool) and -total <= i < total
-                for i in value):
-            raise EngineLoadError(f"option export_hidden_layers must be a list of layer "
-                                  f"indices in [{-total}, {total}), got {value!r}")
-        return [i % total for i in value]
 
     def _make_graphs(self) -> Any:
         if not self.options.get("cuda_graphs", True) or self.export_layers is not None:
@@ -361,7 +355,7 @@ class AREngine(Engine):
             text += state.detok.push([], final=True)[0]
         data: dict[str, Any] = {"token_ids": [token], "text": text, "finish_reason": finish}
         if p.logprobs is not None:
-            data["logprobs"] = [self._logprobs_entry(result.logprobs)]
+            data["logprobs"] = [logprobs_entry(self.lm.tokenizer, result.logprobs)]
         if state.hidden:
             data["hidden_states"] = torch.cat(state.hidden)
             state.hidden = None
@@ -390,13 +384,6 @@ class AREngine(Engine):
         if limit is not None and len(seq.prompt) + n >= limit:
             return "length"
         return None
-
-    def _logprobs_entry(self, lp: Any) -> dict[str, Any]:
-        def decode(token: int) -> str:  # the token's own text, as OpenAI reports it
-            return self.lm.tokenizer.decode([token], skip_special_tokens=False)
-
-        return {"token_id": lp.token, "token": decode(lp.token), "logprob": lp.logprob,
-                "top": [{"token_id": t, "token": decode(t), "logprob": v} for t, v in lp.top]}
 
     def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput:
         self._seqs.pop(seq.id, None)

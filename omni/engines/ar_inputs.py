@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from omni.engines.base import EngineLoadError
 from omni.models.hf_causal import CausalLM, apply_chat_template
 
 
@@ -86,3 +87,28 @@ def take_chunk(lm: CausalLM, prompt: list[int], data: Mapping[str, Any]) -> str:
     if data:
         raise ValueError("a stream chunk needs 'token_ids' or 'text'")
     return ""
+
+
+def export_layers(lm: CausalLM, value: Any) -> list[int] | None:
+    """Option export_hidden_layers: indices into transformers' hidden_states (0 =
+    embeddings, negative from the end), or "auto" = what the model's next stage reads."""
+    if value == "auto":
+        value = lm.export_layers
+    if value is None:
+        return None
+    total = lm.config.num_hidden_layers + 1
+    if not isinstance(value, list) or not value or not all(
+            isinstance(i, int) and not isinstance(i, bool) and -total <= i < total
+            for i in value):
+        raise EngineLoadError(f"option export_hidden_layers must be a list of layer "
+                              f"indices in [{-total}, {total}) or auto, got {value!r}")
+    return [i % total for i in value]
+
+
+def logprobs_entry(tokenizer: Any, lp: Any) -> dict[str, Any]:
+    """One token's logprobs as the APIs report them (each token's own text)."""
+    def decode(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False)
+
+    return {"token_id": lp.token, "token": decode(lp.token), "logprob": lp.logprob,
+            "top": [{"token_id": t, "token": decode(t), "logprob": v} for t, v in lp.top]}

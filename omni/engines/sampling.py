@@ -397,3 +397,4 @@ class IncrementalDetokenizer:
             if any(s.startswith(tail) for s in self.stop):
                 return k
         return 0
+
