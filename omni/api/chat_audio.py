@@ -90,7 +90,10 @@ class AudioChat:
         pipeline = self.call.model.omni.pipeline
         params = {s: dict(self.call.sampling) for s in pipeline.outputs.get("text", ())}
         voice_stages = self.info.get("voice_stages") or pipeline.outputs["audio"]
-        params.update({s: {"voice": self.voice} for s in voice_stages})
+        voice: dict[str, Any] = {"voice": self.voice}
+        if "voice_stages" in self.info and "seed" in self.call.sampling:
+            voice["seed"] = self.call.sampling["seed"]  # a sampling speaker: same seed, same audio
+        params.update({s: dict(voice) for s in voice_stages})
         return self.call.model.omni.generate(self.call.inputs, modalities=["text", "audio"],
                                              params=params, request_id=self.call.id)
 

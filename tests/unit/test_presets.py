@@ -37,7 +37,12 @@ def test_unknown_preset_and_non_model_dir_are_clear_errors(tmp_path):
         load_pipeline(tmp_path)
 
 
-def test_qwen3_omni_release_is_served_for_text(tmp_path):
+def test_qwen3_omni_release_gets_the_three_stage_pipeline(tmp_path):
     pipeline = load_pipeline(_model_dir(tmp_path, "qwen3_omni_moe"))
-    assert pipeline.modalities == ("text",)
-    assert [s.engine for s in pipeline.stages] == ["ar"]
+    assert pipeline.modalities == ("text", "audio") and pipeline.default_modalities == ("text",)
+    assert [(s.name, s.engine) for s in pipeline.stages] == [
+        ("thinker", "ar"), ("talker", "ar"), ("code2wav", "generation")]
+    assert {(e.src, e.dst, e.delivery) for e in pipeline.edges} == {
+        ("thinker", "talker", "stream"), ("talker", "code2wav", "stream")}
+    assert pipeline.route(["text"]).stages == ("thinker",)  # text-only: the thinker alone
+    assert pipeline.route(["text", "audio"]).stages == ("thinker", "talker", "code2wav")

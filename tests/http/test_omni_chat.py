@@ -1,0 +1,142 @@
+"""Spoken answers from a Qwen3-Omni directory (tiny random release-layout checkpoint) through
+the unmodified openai SDK: thinker -> talker -> code2wav, three engine processes, both
+edges streaming; text-only requests run the thinker alone."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import av
+import numpy as np
+import openai
+import pytest
+from httputil import Server, ServerSettings, run, write_pipeline
+
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+# the preset's stages with a short talker (random weights rarely say codec_eos) and small
+# audio chunks, so answers are ~1 s and arrive in several pieces
+PIPELINE = """\
+name: omni
+default_modalities: [text]
+stages:
+  - {{name: thinker, engine: ar, model_dir: {d}, final_output: text,
+      options: {{export_hidden_layers: auto}}}}
+  - {{name: talker, engine: ar, model: qwen3_omni_talker, model_dir: {d},
+      params: {{max_tokens: {frames}, temperature: 0.9, top_k: 50}}}}
+  - {{name: code2wav, engine: generation, model: qwen3_omni_code2wav, model_dir: {d},
+      final_output: audio, options: {{first_chunk_frames: 2, chunk_frames: 4, left_context: 4}}}}
+edges:
+  - {{from: thinker, to: talker, delivery: stream}}
+  - {{from: talker, to: code2wav, delivery: stream}}
+outputs: {{text: [thinker], audio: [code2wav]}}
+"""
+FRAMES = 14  # talker frames per answer: 14 * 1920 - 555 samples at 24 kHz
+ASK = [{"role": "user", "content": "Tell me about the sea."}]
+SEEDED = {"max_tokens": 6, "temperature": 1.0, "seed": 5, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model_dir = ensure_tiny_model("qwen3_omni", tmp_path_factory.getbasetemp() / "models")
+    path = write_pipeline(tmp_path_factory.mktemp("omni"), "omni",
+                          PIPELINE.format(d=model_dir, frames=FRAMES))
+    srv = Server({"omni": path}, ServerSettings(drain_timeout_s=2.0)).start()
+    yield srv
+    srv.stop()
+
+
+def speak(fmt: str, voice: str = "ethan") -> dict:
+    return {"model": "omni", "messages": ASK, "modalities": ["text", "audio"],
+            "audio": {"voice": voice, "format": fmt}}
+
+
+def audio_fields(chunks) -> list[dict]:
+    out = []
+    for c in chunks:
+        if c.choices and c.choices[0].delta.audio:
+            a = c.choices[0].delta.audio
+            out.append(a if isinstance(a, dict) else a.model_dump(exclude_unset=True))
+    return out
+
+
+def test_text_only_route_runs_the_thinker(server):
+    async def body():
+        async with server.client(timeout=60) as client:
+            reply = await client.chat.completions.create(model="omni", messages=ASK, **SEEDED)
+            assert reply.choices[0].message.content and reply.choices[0].message.audio is None
+            assert reply.usage.completion_tokens == 6
+    run(body())
+
+
+def test_spoken_answer_non_stream_and_stream_agree(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            reply = await client.chat.completions.create(**speak("pcm16"), **SEEDED)
+            audio = reply.choices[0].message.audio
+            whole = np.frombuffer(base64.b64decode(audio.data), dtype="<i2")
+            assert len(whole) == FRAMES * 1920 - 555  # every frame, no seam lost
+            assert reply.usage.completion_tokens_details.audio_tokens > 0
+            stream = await client.chat.completions.create(
+                **speak("pcm16"), stream=True, stream_options={"include_usage": True},
+                **SEEDED)
+            chunks = [c async for c in stream]
+            fields = audio_fields(chunks)
+            assert sum("id" in a for a in fields) == 1
+            pieces = [base64.b64decode(a["data"]) for a in fields if "data" in a]
+            assert len(pieces) >= 3  # a small first chunk, then the rest
+            streamed = np.frombuffer(b"".join(pieces), dtype="<i2")
+            assert np.array_equal(streamed, whole)  # same seed: the same speech
+            transcript = "".join(a.get("transcript", "") for a in fields)
+            assert transcript == audio.transcript
+            wav = await client.chat.completions.create(**speak("wav"), **SEEDED)
+            with av.open(io.BytesIO(base64.b64decode(wav.choices[0].message.audio.data))) as f:
+                assert f.streams.audio[0].rate == 24000
+    run(body())
+
+
+def test_stream_helper_gets_the_final_audio(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            text = await client.chat.completions.create(model="omni", messages=ASK, **SEEDED)
+            word = text.choices[0].message.content.split()[-1]
+            async with client.chat.completions.stream(**speak("pcm16"), stop=[word],
+                                                      **SEEDED) as helper:
+                final = await helper.get_final_completion()
+            assert final.choices[0].finish_reason == "stop"
+            assert final.choices[0].message.audio.id.startswith("audio_")
+    run(body())
+
+
+def test_voices_and_bad_requests(server):
+    async def body():
+        async with server.session() as session:
+            async with session.get("/v1/audio/voices", params={"model": "omni"}) as resp:
+                assert [v["id"] for v in (await resp.json())["voices"]] == ["ethan"]
+            async with session.post("/v1/audio/speech", json={
+                    "model": "omni", "input": "hi", "voice": "ethan"}) as resp:
+                assert resp.status == 400
+                assert "chat/completions" in (await resp.json())["error"]["message"]
+        async with server.client(timeout=30) as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(**speak("wav", voice="nobody"), **SEEDED)
+            assert info.value.body["param"] == "voice" and "ethan" in info.value.message
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(**speak("wav"), stream=True, **SEEDED)
+            assert info.value.body["param"] == "audio.format"
+    run(body())
+
+
+def test_leaving_mid_speech_frees_every_stage(server):
+    async def body():
+        async with server.client(timeout=60) as client:
+            stream = await client.chat.completions.create(
+                **speak("pcm16"), stream=True, **{**SEEDED, "max_tokens": 40})
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.audio:
+                    break
+            await stream.close()
+        state = await server.wait_idle("omni", timeout_s=15)
+        assert not state["requests"] and not any(state["outstanding"].values())
+    run(body())
