@@ -273,8 +273,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
         return await chat_image(request, body, model)
     from omni.api.chat_audio import chat_with_audio, restore_audio_turns, wants_audio
+    from omni.api.chat_media import prepare_media
 
     restore_audio_turns(request, body)
+    await prepare_media(request, model, body)
     if wants_audio(body):
         return await chat_with_audio(request, body)
     call = TextCall(request, body, chat=True)

@@ -38,10 +38,9 @@ from typing import Any
 import torch
 
 from omni.engines.ar_inputs import (
+    encode_prompt,
     export_layers,
     logprobs_entry,
-    prompt_embeds,
-    prompt_ids,
     stream_producer,
     take_chunk,
 )
@@ -165,11 +164,7 @@ class AREngine(Engine):
             params = SamplingParams.from_dict(request.params or {})
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
-            embeds = prompt_embeds(self.lm, inputs)
-            if embeds is not None:
-                ids = [0] * embeds.shape[0]  # never fed: their embeddings are (see _forward)
-            else:
-                ids = [] if producer else prompt_ids(self.lm, inputs)
+            ids, embeds = ([], None) if producer else encode_prompt(self.lm, inputs)
             capacity = self.cache.pool.num_blocks * self.cache.block_size
             if len(ids) >= capacity:
                 raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
@@ -257,7 +252,8 @@ class AREngine(Engine):
                 "vocab_size": self.lm.vocab_size, "kv_blocks": self.cache.pool.num_blocks,
                 "block_size": self.cache.block_size,
                 "max_num_seqs": self.scheduler.max_num_seqs,
-                "max_batched_tokens": self.scheduler.max_batched_tokens}
+                "max_batched_tokens": self.scheduler.max_batched_tokens,
+                **(self.lm.media.info() if self.lm.media else {})}
 
     def stats(self) -> dict[str, Any]:
         pool = self.cache.pool

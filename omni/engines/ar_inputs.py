@@ -45,6 +45,19 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     return [int(i) for i in ids]
 
 
+def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], Any]:
+    """(ids, embeddings or None) of an entry request's prompt. Media parts (the model's
+    `media` encoder) and given prompt_embeds come as embeddings; placeholder ids stand
+    for prompt_embeds (never fed: the embeddings are)."""
+    messages = inputs.get("messages")
+    if lm.media is not None and lm.media.wants(messages):
+        return lm.media.encode(messages)
+    embeds = prompt_embeds(lm, inputs)
+    if embeds is not None:
+        return [0] * embeds.shape[0], embeds
+    return prompt_ids(lm, inputs), None
+
+
 def prompt_embeds(lm: CausalLM, inputs: Mapping[str, Any]) -> torch.Tensor | None:
     """inputs {"prompt_embeds": (tokens, hidden) tensor}: the prompt as embeddings (e.g.
     made by an upstream encoder); None when not given. The AR engine keeps such prompts

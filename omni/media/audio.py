@@ -212,3 +212,28 @@ def wav_header(rate: int, data_bytes: int | None) -> bytes:
         riff, data = 36 + data_bytes, data_bytes
     return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, rate,
                        rate * 2, 2, 16, b"data", data)
+
+
+def decode_audio(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
+    """Any container/codec PyAV reads -> float32 mono at `rate` (libswresample).
+    ValueError naming the problem for undecodable or over-long input."""
+    import av
+
+    out: list[np.ndarray] = []
+    limit = int(max_seconds * rate)
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.audio:
+                raise ValueError("the input has no audio stream")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            for frame in container.decode(container.streams.audio[0]):
+                for piece in resampler.resample(frame):
+                    out.append(piece.to_ndarray().reshape(-1))
+                if sum(len(o) for o in out) > limit:
+                    raise ValueError(f"the audio is longer than {max_seconds:g} s")
+            out += [p.to_ndarray().reshape(-1) for p in resampler.resample(None)]
+    except av.FFmpegError as e:
+        raise ValueError(f"the audio cannot be decoded ({e})") from None
+    if not out or not sum(len(o) for o in out):
+        raise ValueError("the audio holds no samples")
+    return np.concatenate(out).astype(np.float32, copy=False)

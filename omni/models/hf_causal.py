@@ -43,6 +43,7 @@ class CausalLM:
     keeps_logits: bool = True  # forward() takes logits_to_keep
     # hidden layers a downstream stage of this model reads (export_hidden_layers: auto)
     export_layers: list[int] | None = None
+    media: Any = None  # encodes prompts with media parts: wants(messages), encode, info
 
     def use_attention(self, name: str) -> None:
         self.model.set_attn_implementation(

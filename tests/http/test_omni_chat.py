@@ -140,3 +140,60 @@ def test_leaving_mid_speech_frees_every_stage(server):
         state = await server.wait_idle("omni", timeout_s=15)
         assert not state["requests"] and not any(state["outstanding"].values())
     run(body())
+
+
+def wav_b64(seconds: float = 1.5, rate: int = 22050) -> str:
+    """A sine tone as a 16-bit WAV at another rate than the model's (it is resampled)."""
+    import wave
+
+    t = np.arange(int(rate * seconds)) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 330 * t) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def spoken_question(data: str) -> list[dict]:
+    return [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+        {"type": "text", "text": "Answer the question."}]}]
+
+
+def test_a_spoken_question_gets_a_spoken_answer(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            question = spoken_question(wav_b64())
+            reply = await client.chat.completions.create(
+                model="omni", messages=question, modalities=["text", "audio"],
+                audio={"voice": "ethan", "format": "pcm16"}, **SEEDED)
+            audio = reply.choices[0].message.audio
+            assert audio.transcript and len(base64.b64decode(audio.data)) > 0
+            # the audio became ~N encoder frames of prompt, not one token
+            text_only = await client.chat.completions.create(
+                model="omni", messages=[{"role": "user", "content": "Answer the question."}],
+                **SEEDED)
+            assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + 10
+            for bad, needle in (("bm90IGF1ZGlv", "cannot be decoded"), ("%%%", "base64")):
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.chat.completions.create(
+                        model="omni", messages=spoken_question(bad), **SEEDED)
+                assert info.value.body["param"] == "messages[0].content[0]"
+                assert needle in info.value.message
+    run(body())
+
+
+def test_image_parts_get_a_clear_error(server):
+    async def body():
+        async with server.client(timeout=30) as client:
+            with pytest.raises(openai.APIStatusError) as info:
+                await client.chat.completions.create(model="omni", messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {
+                        "url": "data:image/png;base64,AAAA"}}]}], **SEEDED)
+            assert info.value.status_code == 400, info.value
+            assert "does not take 'image_url' content parts" in info.value.message
+            assert "input_audio" in info.value.message
+    run(body())

@@ -1,0 +1,89 @@
+"""Media parts of chat messages, checked and decoded before a request is queued.
+
+``input_audio`` parts ({"data": base64, "format": "wav" | "mp3" | ...}, OpenAI's shape) and
+``audio_url`` parts (data: or fetched http(s) URLs, --media-fetch) are decoded here, at the
+rate the model's text stage reports as ``input_audio_rate``, into float32 samples that
+ride to the engine in the message (``{"type": "input_audio", "input_audio": {"pcm_f32le":
+bytes, "sample_rate": rate}}``). A model that takes no audio, an undecodable clip or one
+longer than MAX_AUDIO_SECONDS is a 400 naming the part. Other parts (image_url, ...) go
+to the engine as they are, if the text stage lists their type in ``input_parts``; else
+they are a 400 naming the part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+
+from aiohttp import web
+
+from omni.api.app import SETTINGS_KEY
+from omni.api.errors import APIError
+from omni.media import fetch
+from omni.media.audio import decode_audio
+
+MAX_AUDIO_SECONDS = 300.0
+
+
+async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        parts = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(parts, list):
+            continue
+        for j, part in enumerate(parts):
+            kind = part.get("type") if isinstance(part, dict) else None
+            where = f"messages[{i}].content[{j}]"
+            if kind in ("input_audio", "audio_url"):
+                parts[j] = await _audio_part(request, model, part, where)
+            elif kind != "text":
+                _check_accepted(model, kind, where)
+
+
+def _check_accepted(model: Any, kind: Any, where: str) -> None:
+    """A part the engine takes as is: only if the model says it takes that kind."""
+    accepted = model.omni.output_info("text").get("input_parts") or ["text"]
+    if kind not in accepted:
+        raise APIError(400, f"model '{model.id}' does not take {kind!r} content parts (it "
+                       f"takes: {', '.join(accepted)})", param=where)
+
+
+async def _audio_part(request: web.Request, model: Any, part: dict[str, Any],
+                      where: str) -> dict[str, Any]:
+    rate = model.omni.output_info("text").get("input_audio_rate")
+    if not rate:
+        raise APIError(400, f"model '{model.id}' does not take audio input", param=where)
+    data = await _audio_bytes(request, part, where)
+    try:
+        samples = await asyncio.to_thread(decode_audio, data, int(rate), MAX_AUDIO_SECONDS)
+    except ValueError as e:
+        raise APIError(400, f"{where}: {e}", param=where) from None
+    return {"type": "input_audio",
+            "input_audio": {"pcm_f32le": samples.tobytes(), "sample_rate": int(rate)}}
+
+
+async def _audio_bytes(request: web.Request, part: dict[str, Any], where: str) -> bytes:
+    policy = request.app[SETTINGS_KEY].media_fetch
+    if part["type"] == "audio_url":
+        url = part.get("audio_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        try:
+            return (await fetch.load(url, policy)).data
+        except fetch.MediaError as e:
+            raise APIError(400, f"{where}: {e}", param=where) from None
+    audio = part.get("input_audio")
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise APIError(400, f"{where}: input_audio needs base64 'data' and a 'format'",
+                       param=where)
+    if len(audio["data"]) > policy.max_bytes * 4 // 3 + 4:
+        raise APIError(400, f"{where}: the audio is larger than {policy.max_bytes} bytes",
+                       param=where)
+    try:
+        return base64.b64decode(audio["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, f"{where}: input_audio.data is not valid base64",
+                       param=where) from None
