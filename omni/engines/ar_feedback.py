@@ -1,5 +1,5 @@
 """AR engine for models whose next input is built from what they just produced plus a
-side stream (Qwen3-Omni's talker: the codec frame it sampled + the thinker's next word).
+side stream (e.g. a speech model's next input: the codec frame it sampled + the next word of
 
 The batching, paged KV cache, scheduling and sampling are AREngine's; a model adapter
 (omni/models: AR_FEEDBACK_MODELS) supplies a "feed" that
