@@ -1,5 +1,6 @@
 """AR engine for models whose next input is built from what they just produced plus a
-side stream (e.g. a speech model's next input: the codec frame it sampled + the next word of
+side stream (e.g. a speech model: the codec frame it sampled + the next word of the text
+stage feeding it).
 
 The batching, paged KV cache, scheduling and sampling are AREngine's; a model adapter
 (omni/models: AR_FEEDBACK_MODELS) supplies a "feed" that
