@@ -160,7 +160,7 @@ def bench_unix(args: argparse.Namespace, *, engine: bool) -> dict[str, Any]:
         for i in range(total):
             rid = uuid.uuid4().hex
             t0 = clock()
-            message = frame(encode(Msg.ADD, rid, {"prompt": PROMPT}, {}))
+            message = frame(encode(Msg.ADD, rid, {"prompt": PROMPT}, {}, time.monotonic()))
             conn.sendall(message)
             kind, body = server.receive()
             t1 = clock()

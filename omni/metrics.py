@@ -41,6 +41,14 @@ class Metrics:
         self.underrun = Histogram("omni_audio_underrun_seconds",
                                   "Worst playback deficit of a real-time player",
                                   ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
+        # omni/transit.py: sums over one request's messages
+        self.hop = Histogram("omni_request_hop_seconds", "Per request: time its messages "
+                             "spent in sockets, decoding and our event loops (summed)",
+                             ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
+        self.step_wait = Histogram("omni_request_step_wait_seconds", "Per request: time its "
+                                   "inputs waited behind an engine step already running "
+                                   "(summed)", ["pipeline"], buckets=(0,) + LATENCY_BUCKETS,
+                                   registry=r)
         self.gauges = _GaugeCollector()
         r.register(self.gauges)
 
@@ -50,6 +58,11 @@ class Metrics:
                                (self.rtf, "rtf"), (self.underrun, "underrun_s")):
             if summary.get(key) is not None:
                 histogram.labels(pipeline).observe(summary[key])
+
+    def observe_transit(self, pipeline: str, transit: Any) -> None:
+        """One finished request's RequestTransit."""
+        self.hop.labels(pipeline).observe(transit.hop_s)
+        self.step_wait.labels(pipeline).observe(transit.wait_s)
 
     def watch(self, source: Callable[[], Iterable[Sample]]) -> None:
         """Register a scrape-time source yielding (kind, name, help, labels, value).

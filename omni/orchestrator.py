@@ -35,6 +35,7 @@ from omni.metrics import Metrics, Sample, replica_samples
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
 from omni.routing import RoutePlan, plan_route
+from omni.transit import RequestTransit
 
 log = logging.getLogger("omni.orchestrator")
 
@@ -70,6 +71,7 @@ class RequestState:
     finished: bool = False
     seq: dict[tuple[str, str], int] = field(default_factory=dict)  # per stream edge
     held: dict[str, list[list]] = field(default_factory=dict)  # APPENDs before dispatch
+    transit: RequestTransit = field(default_factory=RequestTransit)
 
     @property
     def route(self) -> Route:
@@ -150,7 +152,8 @@ class Orchestrator:
 
     def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
         try:
-            message = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage))
+            message = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage),
+                             time.monotonic())
         except (TypeError, ValueError, OverflowError) as exc:
             self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
                                                   f"encoded: {exc}"))
@@ -185,9 +188,12 @@ class Orchestrator:
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
                     nbytes: int) -> None:
         self._bytes[replica.stage, "in"] += nbytes
+        now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound") or {}
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
+                state.transit.add_output(sent_at, now)
+                state.transit.add_inbound(inbound.get(engine_id))
                 self._on_stage_output(state, replica.stage, data, finished, error)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
@@ -251,7 +257,8 @@ class Orchestrator:
     def _send_append(self, state: RequestState, consumer: str, message: list) -> None:
         replica = state.bound[consumer]
         try:
-            nbytes = self.engines.send(replica, encode(Msg.APPEND, state.engine_id, *message))
+            nbytes = self.engines.send(replica, encode(Msg.APPEND, state.engine_id, *message,
+                                                      time.monotonic()))
         except ReplicaUnreachableError as exc:
             self._finish(state, StageUnavailableError(
                 f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))
@@ -320,13 +327,14 @@ class Orchestrator:
             self.metrics.latency.labels(name).observe(time.monotonic() - state.arrived)
             if state.first_output is not None:
                 self.metrics.first_output.labels(name).observe(state.first_output - state.arrived)
+            self.metrics.observe_transit(name, state.transit)
 
     def _request_metrics(self, state: RequestState) -> dict[str, Any]:
         base = state.arrived
         stages = {s: {k: round(v - base, 6) for k, v in t.items()} for s, t in state.times.items()}
         first = None if state.first_output is None else round(state.first_output - base, 6)
         return {"e2e_s": round(time.monotonic() - base, 6), "first_output_s": first,
-                "stages": stages}
+                "stages": stages, "transit": state.transit.summary()}
 
     # -- lifecycle and health ----------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -25,18 +25,21 @@ Buffer = bytes | bytearray | memoryview
 
 class Msg(enum.IntEnum):
     # orchestrator -> engine
-    ADD = 1  # [request_id, inputs, params]
+    ADD = 1  # [request_id, inputs, params, sent_at]
     ABORT = 2  # [[request_id, ...]]
     SHUTDOWN = 3  # []
-    APPEND = 4  # [request_id, producer_stage, seq, data, last]   stream-edge input
+    APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
     # engine -> orchestrator
     READY = 10  # [replica_id, info]   the first message on a connection names the replica
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error], ...], stats]
+    # sent_at / stats["sent_at"]: the sender's time.monotonic() (one clock for every
+    # process of a host), so each side can time the hop it received (omni/transit.py)
     DEAD = 12  # [replica_id, reason]   the last message of a dying engine
 
 
 TYPE_BYTES = {m: bytes([m]) for m in Msg}
-ARITY = {Msg.ADD: 3, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 5, Msg.READY: 2, Msg.OUTPUTS: 3, Msg.DEAD: 2}
+ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.READY: 2, Msg.OUTPUTS: 3,
+         Msg.DEAD: 2}
 _KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
 
 _packer = msgpack.Packer(use_bin_type=True)

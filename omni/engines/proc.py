@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from omni.engines.base import Engine, EngineRequest
 from omni.payloads import PayloadPlane
 from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
+from omni.transit import InboundTimes
 
 log = logging.getLogger("omni.engine")
 
@@ -91,6 +93,7 @@ class EngineLoop:
         self.channel = channel
         self.payloads = payloads
         self.running = True
+        self.inbound = InboundTimes()
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
                          Msg.SHUTDOWN: self._stop}
 
@@ -99,7 +102,9 @@ class EngineLoop:
             for message in self.channel.receive(block=not self.engine.has_work()):
                 self._handle(message)
             if self.running and self.engine.has_work():
-                self._publish(self.engine.step())
+                outputs = self.engine.step()
+                self.inbound.step_done()
+                self._publish(outputs)
 
     def _handle(self, message: bytes) -> None:
         try:
@@ -113,7 +118,8 @@ class EngineLoop:
         handler(body)
 
     def _add(self, body: list[Any]) -> None:
-        request_id, inputs, params = body
+        request_id, inputs, params, sent_at = body
+        self.inbound.received(request_id, sent_at)
         try:
             inputs = self.payloads.resolve(request_id, inputs)
             self.engine.add(EngineRequest(request_id, inputs, params))
@@ -121,7 +127,8 @@ class EngineLoop:
             self._reject(request_id, exc)
 
     def _append(self, body: list[Any]) -> None:
-        request_id, producer, seq, data, last = body
+        request_id, producer, seq, data, last, sent_at = body
+        self.inbound.received(request_id, sent_at)
         try:
             data = self.payloads.resolve(request_id, data)
             self.engine.append(request_id, producer, seq, data, last)
@@ -132,13 +139,16 @@ class EngineLoop:
     def _reject(self, request_id: str, exc: Exception) -> None:
         log.warning("request %s failed: %s", request_id, exc)
         self.payloads.drop(request_id)
+        self.inbound.drop(request_id)
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
-                                 [[request_id, None, True, str(exc)]], {}))
+                                 [[request_id, None, True, str(exc)]],
+                                 {"sent_at": time.monotonic()}))
 
     def _abort(self, body: list[Any]) -> None:
         self.engine.abort(body[0])
         for request_id in body[0]:
             self.payloads.drop(request_id)
+            self.inbound.drop(request_id)
 
     def _stop(self, body: list[Any]) -> None:
         self.running = False
@@ -153,6 +163,8 @@ class EngineLoop:
                 self.payloads.done(out.request_id)
         stats = self.engine.stats()
         stats.update(self.payloads.stats())
+        stats["inbound"] = self.inbound.take(row[0] for row in rows)
+        stats["sent_at"] = time.monotonic()
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
 
     def _row(self, out: Any) -> list:

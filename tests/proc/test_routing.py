@@ -35,6 +35,9 @@ def _check_final(outputs, stages: set[str]) -> dict:
         assert 0 <= times["queued"] <= times["first_output"] <= times["finished"], stage
         assert times["finished"] <= metrics["e2e_s"], stage
     assert metrics["first_output_s"] is not None
+    transit = metrics["transit"]  # every stage got >= 1 input and sent >= 1 output
+    assert transit["messages"] >= 2 * len(stages)
+    assert 0 < transit["hop_s"] and 0 <= transit["step_wait_s"] < metrics["e2e_s"]
     return metrics["stages"]
 
 

@@ -35,7 +35,7 @@ MISSHAPEN = [
     OUTPUTS + msgpack.packb([["unhashable"], [], {}]),
     OUTPUTS + msgpack.packb(["other/0", [], {}]),  # names another replica
     bytes([Msg.READY]) + msgpack.packb(["s/0", {}]),  # READY twice
-    bytes([Msg.ADD]) + msgpack.packb(["r", {}, {}]),  # an orchestrator->engine type
+    bytes([Msg.ADD]) + msgpack.packb(["r", {}, {}, 0.0]),  # an orchestrator->engine type
 ]
 
 

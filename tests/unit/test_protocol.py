@@ -21,7 +21,7 @@ from omni.protocol import (
 )
 
 ROUND_TRIPS = [
-    (Msg.ADD, ["req-1", {"prompt": "héllo ✓"}, {"chunks": 3, "temperature": 0.5}]),
+    (Msg.ADD, ["req-1", {"prompt": "héllo ✓"}, {"chunks": 3, "temperature": 0.5}, 12.5]),
     (Msg.ABORT, [["r1", "r2", "r3"]]),
     (Msg.SHUTDOWN, []),
     (Msg.READY, ["a/0", {"engine": "echo", "pid": 1234, "memory": 2**40}]),
@@ -45,7 +45,7 @@ def test_round_trip(kind, fields):
 
 
 def test_bytes_stay_bytes_and_str_stays_str():
-    _, body = decode(encode(Msg.ADD, "rid", {"b": b"raw", "s": "text"}, {}))
+    _, body = decode(encode(Msg.ADD, "rid", {"b": b"raw", "s": "text"}, {}, 0.0))
     assert body[1] == {"b": b"raw", "s": "text"}
     assert type(body[1]["b"]) is bytes and type(body[1]["s"]) is str
 
@@ -97,7 +97,7 @@ def test_malformed_frames_raise_protocol_error(frame):
 
 
 def test_protocol_error_says_what_was_wrong():
-    with pytest.raises(ProtocolError, match="ADD body must be an array of 3 fields"):
+    with pytest.raises(ProtocolError, match="ADD body must be an array of 4 fields"):
         decode(bytes([Msg.ADD]) + msgpack.packb([1]))
 
 
@@ -112,8 +112,8 @@ def test_dispatch_routes_by_type():
     table = {Msg.ADD: lambda body: seen.append(("add", body)),
              Msg.ABORT: lambda body: seen.append(("abort", body))}
     dispatch(table, encode(Msg.ABORT, ["x"]))
-    dispatch(table, encode(Msg.ADD, "r", {}, {}))
-    assert seen == [("abort", [["x"]]), ("add", ["r", {}, {}])]
+    dispatch(table, encode(Msg.ADD, "r", {}, {}, 0.0))
+    assert seen == [("abort", [["x"]]), ("add", ["r", {}, {}, 0.0])]
 
 
 def test_dispatch_refuses_unhandled_types_and_malformed_frames():
@@ -125,7 +125,7 @@ def test_dispatch_refuses_unhandled_types_and_malformed_frames():
 
 
 def test_frame_reader_reassembles_a_stream_cut_anywhere():
-    messages = [encode(Msg.ADD, f"r{i}", {"prompt": "x" * i}, {}) for i in range(20)]
+    messages = [encode(Msg.ADD, f"r{i}", {"prompt": "x" * i}, {}, 0.0) for i in range(20)]
     stream = b"".join(frame(m) for m in messages)
     for cut in (1, 3, 4, 5, 7, 64, len(stream)):
         reader, got = FrameReader(), []

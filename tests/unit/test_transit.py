@@ -1,0 +1,53 @@
+"""Hop timing (omni/transit.py): a message's time splits into the wait behind a running
+engine step and the hop itself; the orchestrator's per-request sums add both directions."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni import transit
+from omni.transit import InboundTimes, RequestTransit
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(transit.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_idle_engine_hop_is_all_transit(clock):
+    times = InboundTimes()
+    times.step_done()  # t=100
+    clock[0] = 100.5
+    times.received("r", sent_at=100.2)
+    assert times.take(["r"]) == {"r": [pytest.approx(0.3), 0.0, 1]}
+    assert times.take(["r"]) == {}  # reported once
+
+
+def test_message_sent_mid_step_waits_for_the_step(clock):
+    times = InboundTimes()
+    clock[0] = 101.0
+    times.step_done()  # the step ran 100.0 .. 101.0; the message was sent at 100.4
+    clock[0] = 101.01
+    times.received("r", sent_at=100.4)
+    times.received("r", sent_at=100.9)
+    hop, wait, count = times.take(["r", "other"])["r"]
+    assert count == 2
+    assert hop == pytest.approx(0.02) and wait == pytest.approx(0.6 + 0.1)
+
+
+def test_dropped_requests_report_nothing(clock):
+    times = InboundTimes()
+    times.received("gone", sent_at=99.0)
+    times.drop("gone")
+    assert times.take(["gone"]) == {}
+
+
+def test_request_sums_both_directions():
+    request = RequestTransit()
+    request.add_inbound([0.002, 0.010, 2])
+    request.add_output(sent_at=5.0, now=5.001)
+    request.add_output(sent_at=None, now=6.0)  # an engine that stamps nothing adds nothing
+    request.add_inbound(None)
+    assert request.summary() == {"hop_s": 0.003, "step_wait_s": 0.01, "messages": 3}
