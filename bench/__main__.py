@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, core_overhead, diffusion, startup, tts
+    from bench import ar, core_overhead, diffusion, omni, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
                           "diffusers (per request, batched) and the bare transformer",
         description=diffusion.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     diffusion.add_arguments(diffusion_parser)
+    omni_parser = sub.add_parser(
+        "omni", help="spoken answers (Qwen3-Omni): TTFT, TTFP, RTF, E2EL, underrun, stream vs "
+                     "full delivery, against the critical path", description=omni.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    omni.add_arguments(omni_parser)
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.bench == "startup":
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return ar.run(args, argv)
     if args.bench == "diffusion":
         return diffusion.run(args, argv)
+    if args.bench == "omni":
+        return omni.run(args, argv)
     return core_overhead.run(args, argv=argv)
 
 

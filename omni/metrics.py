@@ -41,13 +41,14 @@ class Metrics:
         self.underrun = Histogram("omni_audio_underrun_seconds",
                                   "Worst playback deficit of a real-time player",
                                   ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
-        # omni/transit.py: sums over one request's messages
+        # omni/transit.py: per request, over its messages (all) or its last-output chain
         self.hop = Histogram("omni_request_hop_seconds", "Per request: time its messages "
-                             "spent in sockets, decoding and our event loops (summed)",
-                             ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
+                             "spent in sockets, decoding and our event loops",
+                             ["pipeline", "messages"], buckets=(0,) + LATENCY_BUCKETS,
+                             registry=r)
         self.step_wait = Histogram("omni_request_step_wait_seconds", "Per request: time its "
-                                   "inputs waited behind an engine step already running "
-                                   "(summed)", ["pipeline"], buckets=(0,) + LATENCY_BUCKETS,
+                                   "inputs waited behind an engine step already running",
+                                   ["pipeline", "messages"], buckets=(0,) + LATENCY_BUCKETS,
                                    registry=r)
         self.gauges = _GaugeCollector()
         r.register(self.gauges)
@@ -61,8 +62,10 @@ class Metrics:
 
     def observe_transit(self, pipeline: str, transit: Any) -> None:
         """One finished request's RequestTransit."""
-        self.hop.labels(pipeline).observe(transit.hop_s)
-        self.step_wait.labels(pipeline).observe(transit.wait_s)
+        self.hop.labels(pipeline, "all").observe(transit.hop_s)
+        self.hop.labels(pipeline, "chain").observe(transit.chain_hop_s)
+        self.step_wait.labels(pipeline, "all").observe(transit.wait_s)
+        self.step_wait.labels(pipeline, "chain").observe(transit.chain_wait_s)
 
     def watch(self, source: Callable[[], Iterable[Sample]]) -> None:
         """Register a scrape-time source yielding (kind, name, help, labels, value).

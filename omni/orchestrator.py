@@ -192,8 +192,8 @@ class Orchestrator:
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
-                state.transit.add_output(sent_at, now)
-                state.transit.add_inbound(inbound.get(engine_id))
+                state.transit.add_output(replica.stage, sent_at, now)
+                state.transit.add_inbound(replica.stage, inbound.get(engine_id))
                 self._on_stage_output(state, replica.stage, data, finished, error)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,

@@ -8,10 +8,15 @@ host). An engine process times each ADD/APPEND it handles in two parts:
   wait  how long it sat behind a step already running when it was sent (step-level
         batching: a message that arrives mid-step is taken after the step).
 
-It reports both per request with its next outputs; the orchestrator adds the hop of
-every OUTPUTS message (engine publish -> orchestrator handled). The sums are per request,
-over all its messages, so they bound from above what the hops add to its latency: many
-of them overlap with compute on another stage.
+It reports them per request with its next outputs; the orchestrator times every OUTPUTS
+message (engine publish -> orchestrator handled) and keeps, per request:
+
+  hop_s / step_wait_s   sums over all the request's messages. Most of them overlap with
+                        compute elsewhere, so these overstate what the hops cost it.
+  chain_hop_s           per stage, the hop of its last input and of its last output,
+  chain_step_wait_s     summed over stages: the messages on the path that ends the request
+                        (a stage finishes after its last input; the request after the last
+                        output of its last stage).
 """
 
 from __future__ import annotations
@@ -21,24 +26,26 @@ from collections.abc import Iterable
 
 
 class InboundTimes:
-    """Engine side: per-request [hop, wait, count] of the messages it handled."""
+    """Engine side: per request [hop sum, wait sum, count, last hop, last wait]."""
 
     def __init__(self) -> None:
         self.step_ended = 0.0
-        self._pending: dict[str, list[float]] = {}
+        self._pending: dict[str, list] = {}
 
     def step_done(self) -> None:
         self.step_ended = time.monotonic()
 
     def received(self, request_id: str, sent_at: float) -> None:
         now = time.monotonic()
-        start = max(sent_at, self.step_ended)
-        times = self._pending.setdefault(request_id, [0.0, 0.0, 0])
-        times[0] += max(0.0, now - start)
-        times[1] += max(0.0, self.step_ended - sent_at)
+        hop = max(0.0, now - max(sent_at, self.step_ended))
+        wait = max(0.0, self.step_ended - sent_at)
+        times = self._pending.setdefault(request_id, [0.0, 0.0, 0, 0.0, 0.0])
+        times[0] += hop
+        times[1] += wait
         times[2] += 1
+        times[3], times[4] = hop, wait
 
-    def take(self, request_ids: Iterable[str]) -> dict[str, list[float]]:
+    def take(self, request_ids: Iterable[str]) -> dict[str, list]:
         """The times not yet reported for these requests (for the next OUTPUTS)."""
         pending = self._pending
         return {rid: pending.pop(rid) for rid in request_ids if rid in pending}
@@ -48,26 +55,39 @@ class InboundTimes:
 
 
 class RequestTransit:
-    """Orchestrator side: one request's sums, in seconds."""
+    """Orchestrator side: one request's sums, in seconds (see the module doc)."""
 
-    __slots__ = ("hop_s", "wait_s", "messages")
+    __slots__ = ("hop_s", "wait_s", "messages", "_last")
 
     def __init__(self) -> None:
         self.hop_s = 0.0
         self.wait_s = 0.0
         self.messages = 0
+        self._last: dict[str, list[float]] = {}  # stage -> [in hop, in wait, out hop]
 
-    def add_output(self, sent_at: float | None, now: float) -> None:
+    def add_output(self, stage: str, sent_at: float | None, now: float) -> None:
         if sent_at is not None:
-            self.hop_s += max(0.0, now - sent_at)
+            hop = max(0.0, now - sent_at)
+            self.hop_s += hop
             self.messages += 1
+            self._last.setdefault(stage, [0.0, 0.0, 0.0])[2] = hop
 
-    def add_inbound(self, times: list | None) -> None:
+    def add_inbound(self, stage: str, times: list | None) -> None:
         if times:
             self.hop_s += times[0]
             self.wait_s += times[1]
             self.messages += times[2]
+            self._last.setdefault(stage, [0.0, 0.0, 0.0])[:2] = times[3:5]
+
+    @property
+    def chain_hop_s(self) -> float:
+        return sum(last[0] + last[2] for last in self._last.values())
+
+    @property
+    def chain_wait_s(self) -> float:
+        return sum(last[1] for last in self._last.values())
 
     def summary(self) -> dict[str, float | int]:
         return {"hop_s": round(self.hop_s, 6), "step_wait_s": round(self.wait_s, 6),
-                "messages": self.messages}
+                "messages": self.messages, "chain_hop_s": round(self.chain_hop_s, 6),
+                "chain_step_wait_s": round(self.chain_wait_s, 6)}

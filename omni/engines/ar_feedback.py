@@ -15,7 +15,7 @@ Every fed embedding is kept, so a preempted sequence is recomputed exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,6 +67,8 @@ class FeedbackAREngine(AREngine):
             params = dict(request.params or {})
             voice = self.feed.voice(params.pop("voice", None))
             sampling = SamplingParams.from_dict(params)
+            if sampling.ignore_eos:  # an end token here would be a step with no frame:
+                sampling = replace(sampling, min_tokens=sampling.max_tokens)
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
             full = {k: v for k, v in inputs.items() if k != "stream"}

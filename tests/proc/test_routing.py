@@ -37,7 +37,8 @@ def _check_final(outputs, stages: set[str]) -> dict:
     assert metrics["first_output_s"] is not None
     transit = metrics["transit"]  # every stage got >= 1 input and sent >= 1 output
     assert transit["messages"] >= 2 * len(stages)
-    assert 0 < transit["hop_s"] and 0 <= transit["step_wait_s"] < metrics["e2e_s"]
+    assert 0 < transit["chain_hop_s"] <= transit["hop_s"]
+    assert 0 <= transit["chain_step_wait_s"] <= transit["step_wait_s"] < metrics["e2e_s"]
     return metrics["stages"]
 
 

@@ -147,6 +147,17 @@ def test_sampling_with_seed_reproduces(thinker, talker):
     assert one == two and one != three
 
 
+def test_ignore_eos_makes_a_frame_every_step(thinker, talker):
+    """Fixed-length speech (benchmarks): with ignore_eos the end code is never drawn, so
+    max_tokens steps give max_tokens frames. Hot sampling over 10 requests x 40 steps
+    draws the end code (about 1 in 65 per step here) unless it is masked."""
+    outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=4)
+    feeds = {f"r{i}": outs for i in range(10)}
+    params = {"temperature": 3.0, "top_k": 0, "ignore_eos": True}
+    frames = run_talker(talker, feeds, max_tokens=40, params=params)
+    assert all(len(f) == 40 for f in frames.values()), {r: len(f) for r, f in frames.items()}
+
+
 def test_bad_inputs_fail_alone(thinker, talker):
     outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=4)
     talker.add(EngineRequest("v", {"stream": ["thinker"]}, {"voice": "nobody"}))

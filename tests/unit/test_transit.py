@@ -21,7 +21,7 @@ def test_idle_engine_hop_is_all_transit(clock):
     times.step_done()  # t=100
     clock[0] = 100.5
     times.received("r", sent_at=100.2)
-    assert times.take(["r"]) == {"r": [pytest.approx(0.3), 0.0, 1]}
+    assert times.take(["r"]) == {"r": [pytest.approx(0.3), 0.0, 1, pytest.approx(0.3), 0.0]}
     assert times.take(["r"]) == {}  # reported once
 
 
@@ -32,9 +32,10 @@ def test_message_sent_mid_step_waits_for_the_step(clock):
     clock[0] = 101.01
     times.received("r", sent_at=100.4)
     times.received("r", sent_at=100.9)
-    hop, wait, count = times.take(["r", "other"])["r"]
+    hop, wait, count, last_hop, last_wait = times.take(["r", "other"])["r"]
     assert count == 2
     assert hop == pytest.approx(0.02) and wait == pytest.approx(0.6 + 0.1)
+    assert last_hop == pytest.approx(0.01) and last_wait == pytest.approx(0.1)
 
 
 def test_dropped_requests_report_nothing(clock):
@@ -44,10 +45,13 @@ def test_dropped_requests_report_nothing(clock):
     assert times.take(["gone"]) == {}
 
 
-def test_request_sums_both_directions():
+def test_request_sums_both_directions_and_the_last_output_chain():
     request = RequestTransit()
-    request.add_inbound([0.002, 0.010, 2])
-    request.add_output(sent_at=5.0, now=5.001)
-    request.add_output(sent_at=None, now=6.0)  # an engine that stamps nothing adds nothing
-    request.add_inbound(None)
-    assert request.summary() == {"hop_s": 0.003, "step_wait_s": 0.01, "messages": 3}
+    request.add_inbound("a", [0.002, 0.010, 2, 0.001, 0.004])
+    request.add_output("a", sent_at=5.0, now=5.001)
+    request.add_output("a", sent_at=6.0, now=6.003)  # the last output of stage a counts
+    request.add_output("a", sent_at=None, now=7.0)  # an engine that stamps nothing adds nothing
+    request.add_inbound("b", [0.001, 0.0, 1, 0.001, 0.0])
+    request.add_inbound("b", None)
+    assert request.summary() == {"hop_s": 0.007, "step_wait_s": 0.01, "messages": 5,
+                                 "chain_hop_s": 0.005, "chain_step_wait_s": 0.004}

@@ -1,0 +1,256 @@
+"""Spoken answers: stream vs full delivery on the Qwen3-Omni pipeline, in one run.
+
+DESCRIPTION is the --help text; the report (omni.md) repeats the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import say
+
+DESCRIPTION = """\
+Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
+end-to-end latency (E2EL) and audio underrun of spoken answers from the qwen3_omni preset
+(thinker -> talker -> code2wav) served over HTTP, for two sides started from the same
+preset and model directory:
+
+  stream  both edges `delivery: stream` (the preset): the talker starts on the first
+          thinker tokens, code2wav on the first codec frames
+  full    both edges `delivery: full`: each stage starts when the one before has finished
+
+Requests: streaming chat completions (openai's wire format) with modalities [text, audio],
+pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
+the talker's lengths fixed by ignoring their end tokens. At concurrency c, c requests
+start together and every time counts from that moment. Bursts alternate between the
+sides (one of each, then again). RTF = time to the last audio packet / seconds of audio.
+Underrun: the worst deficit of a player that starts at the first packet and plays on.
+Queues and hops (omni/transit.py, from the timestamps every message carries): time in
+sockets, decoding and event loops (hop) and behind an engine step already running (step
+wait) of the messages on each request's last-output chain (per stage: its last input and
+its last output), and of all its messages (these overlap with compute, so they overstate
+the cost); summed over the level's requests from /metrics, divided by the summed E2EL.
+Critical path (stream target): thinker TTFT + the talker's time to its first chunk +
+code2wav's time for that chunk, each measured on its own engine in this process
+(bench/omni_engines.py).
+"""
+
+SIDES = ("stream", "full")
+PCM_RATE = 24_000
+FILLER = ("river stone light window garden music paper winter orange table yellow "
+          "mountain quiet simple morning").split()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", default=None,
+                        help="a Qwen3-Omni release directory (default: the tiny random "
+                             "fixture, built on first use)")
+    parser.add_argument("--concurrency", default="1,8,32",
+                        help="comma-separated concurrencies (default 1,8,32)")
+    parser.add_argument("--bursts", default="4,2,1",
+                        help="bursts per concurrency and side, same order (default 4,2,1)")
+    parser.add_argument("--prompt-tokens", type=int, default=64,
+                        help="user prompt length in tokens (default 64)")
+    parser.add_argument("--thinker-tokens", type=int, default=32,
+                        help="thinker tokens per answer, end token ignored (default 32)")
+    parser.add_argument("--talker-frames", type=int, default=48,
+                        help="codec frames per answer (80 ms each), end ignored (default 48)")
+    parser.add_argument("--device", default="auto", help="device of every stage (default auto)")
+    parser.add_argument("--dtype", default="auto", help="engine dtype (default auto)")
+    parser.add_argument("--memory", default="",
+                        help="per-stage memory budgets, e.g. thinker=30GiB,talker=12GiB "
+                             "(needed when several AR stages share a GPU)")
+    parser.add_argument("--sides", default=",".join(SIDES), help="default stream,full")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="critical-path rounds per part (default 5)")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds to wait for a server to start (default 600)")
+    parser.add_argument("--tag", default="", help="suffix of the report names: omni-TAG.md")
+    parser.add_argument("--out", default="bench/results",
+                        help="directory for omni.md and omni.json (default bench/results)")
+
+
+# -- setup ------------------------------------------------------------------------------
+def model_dir(args: argparse.Namespace) -> str:
+    if args.model_dir:
+        return str(Path(args.model_dir).resolve())
+    from omni.fixtures import ensure_tiny_model
+
+    return str(ensure_tiny_model("qwen3_omni"))
+
+
+def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path) -> Path:
+    """The qwen3_omni preset pointed at `directory`, with this side's delivery, fixed
+    lengths, and the device and budgets asked for."""
+    import yaml
+
+    from omni.presets import preset_path
+
+    data = yaml.safe_load(Path(preset_path("qwen3_omni")).read_text())
+    budgets = dict(kv.split("=", 1) for kv in args.memory.split(",") if kv)
+    fixed = {"thinker": {"max_tokens": args.thinker_tokens, "ignore_eos": True},
+             "talker": {"max_tokens": args.talker_frames, "ignore_eos": True}}
+    for stage in data["stages"]:
+        stage.update(model_dir=directory, devices=[args.device])
+        if stage["name"] in budgets:
+            stage["memory"] = budgets[stage["name"]]
+        stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
+    for edge in data["edges"]:
+        edge["delivery"] = side
+    data["max_inflight"] = 256
+    path = tmp / f"omni-{side}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def prompts(directory: str, n_tokens: int, count: int) -> list[str]:
+    """`count` distinct user prompts of `n_tokens` tokens each (by the model's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    out = []
+    for i in range(count):
+        words = [f"Question {i}:"] + [FILLER[(i + j) % len(FILLER)] for j in range(n_tokens)]
+        ids = tok(" ".join(words), add_special_tokens=False)["input_ids"][:n_tokens]
+        out.append(tok.decode(ids))
+    return out
+
+
+# -- one request ------------------------------------------------------------------------
+async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: int,
+                        start: float) -> dict[str, Any]:
+    from omni.media.playback import PlaybackClock
+
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"},
+            "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
+    clock, usage = PlaybackClock(start=start), None
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            event, now = json.loads(line[5:]), time.monotonic()
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or ():
+                audio = (choice.get("delta") or {}).get("audio") or {}
+                if audio.get("transcript"):
+                    clock.text(now)
+                if audio.get("data"):
+                    clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
+    summary = clock.summary()
+    summary.update(audio_s=clock.audio_s, prompt_tokens=(usage or {}).get("prompt_tokens"),
+                   completion_tokens=(usage or {}).get("completion_tokens"))
+    return summary
+
+
+async def scrape(session: Any, url: str) -> dict[str, float]:
+    """Summed per-request seconds on /metrics (omni/transit.py: hops and step waits over
+    all messages and over the last-output chain; latency) and the request count."""
+    async with session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for key, metric, messages in (("hop", "omni_request_hop_seconds_sum", "all"),
+                                  ("chain_hop", "omni_request_hop_seconds_sum", "chain"),
+                                  ("step_wait", "omni_request_step_wait_seconds_sum", "all"),
+                                  ("chain_step_wait", "omni_request_step_wait_seconds_sum",
+                                   "chain"),
+                                  ("latency", "omni_request_latency_seconds_sum", None),
+                                  ("requests", "omni_request_latency_seconds_count", None)):
+        label = f'[^}}]*messages="{messages}"[^}}]*' if messages else "[^}]*"
+        found = re.search(rf"^{metric}{{{label}}} ([0-9.e+-]+)$", text, re.M)
+        out[key] = float(found.group(1)) if found else 0.0
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------
+async def _measure(urls: dict[str, str], texts: list[str],
+                   levels: list[tuple[int, int]]) -> dict[str, Any]:
+    import aiohttp
+
+    from bench.ar_ours import served_id
+
+    connector = aiohttp.TCPConnector(limit=max(c for c, _ in levels) * 2 + 8)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        models = {side: await served_id(session, url) for side, url in urls.items()}
+        used = 0
+
+        async def burst(side: str, c: int) -> list[dict[str, Any]]:
+            nonlocal used
+            start, batch = time.monotonic(), texts[used % len(texts):][:c]
+            used += c
+            return list(await asyncio.gather(*(
+                spoken_answer(session, urls[side], models[side], t, i, start)
+                for i, t in enumerate(batch))))
+
+        for side in urls:  # warm-up: a burst at the largest level compiles every shape
+            await burst(side, 1)
+            await burst(side, max(c for c, _ in levels))
+        out: dict[str, Any] = {side: {} for side in urls}
+        for c, bursts in levels:
+            runs: dict[str, list] = {side: [] for side in urls}
+            hops: dict[str, dict[str, float]] = {}
+            for side in urls:
+                hops[side] = {k: -v for k, v in (await scrape(session, urls[side])).items()}
+            for b in range(bursts):
+                for side in urls:
+                    runs[side] += await burst(side, c)
+                say(f"[omni] c={c}: burst {b + 1}/{bursts} done")
+            for side in urls:
+                after = await scrape(session, urls[side])
+                delta = {k: hops[side][k] + after[k] for k in after}
+                out[side][str(c)] = {"runs": runs[side], "transit": delta}
+    return out
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from bench.ar_ours import start_server
+    from bench.omni_engines import critical_path
+    from bench.omni_report import machine, summarize, write_report
+    from omni.presets import load_pipeline
+
+    directory = model_dir(args)
+    levels = list(zip((int(c) for c in args.concurrency.split(",")),
+                      (int(b) for b in args.bursts.split(",")), strict=True))
+    sides = [s for s in args.sides.split(",") if s]
+    texts = prompts(directory, args.prompt_tokens, 4 * sum(c * (b + 1) for c, b in levels))
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {side: pipeline_file(directory, side, args, Path(tmp)) for side in sides}
+        say("[omni] critical path: each stage's engine in this process ...")
+        path = critical_path(load_pipeline(files[sides[0]]), args.dtype,
+                             [{"role": "user", "content": texts[0]}],
+                             {"seed": 0}, {"seed": 0}, args.repeats)
+        say(f"[omni] critical path {path['path_s'] * 1e3:.1f} ms")
+        try:
+            urls = {}
+            for side in sides:
+                say(f"[omni] starting the {side} server ...")
+                proc, urls[side] = start_server(("--pipeline", str(files[side])), args.dtype,
+                                                args.timeout)
+                procs.append(proc)
+            raw = asyncio.run(_measure(urls, texts, levels))
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(120)
+    results = {side: {c: summarize(level) for c, level in per.items()}
+               for side, per in raw.items()}
+    data = {"command": "python -m bench " + " ".join(argv), "machine": machine(),
+            "model_dir": directory, "settings": vars(args), "critical_path": path,
+            "results": results}
+    write_report(data, Path(args.out), args.tag)
+    return 0

@@ -1,0 +1,136 @@
+"""Summaries and the Markdown report of `python -m bench omni`."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from bench.common import hardware, percentile
+
+METRICS = (("ttft_s", "TTFT"), ("ttfp_s", "TTFP"), ("e2el_s", "E2EL"), ("rtf", "RTF"),
+           ("underrun_s", "underrun"))
+
+
+def machine() -> dict[str, Any]:
+    info = hardware()
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpus"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    info["python"] = platform.python_version()
+    return info
+
+
+def summarize(level: dict[str, Any]) -> dict[str, Any]:
+    runs, transit = level["runs"], level["transit"]
+    out: dict[str, Any] = {"requests": len(runs)}
+    for key, _ in METRICS:
+        values = sorted(r[key] for r in runs if r.get(key) is not None)
+        out[key] = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
+                    "n": len(values)}
+    out["audio_s"] = sum(r["audio_s"] for r in runs) / max(1, len(runs))
+    out["prompt_tokens"] = sorted({r["prompt_tokens"] for r in runs})
+    out["completion_tokens"] = sorted({r["completion_tokens"] for r in runs})
+    latency = transit.get("latency") or float("nan")
+    for key in ("hop", "step_wait", "chain_hop", "chain_step_wait"):
+        out[f"{key}_share"] = transit.get(key, 0.0) / latency
+    out["transit"] = transit
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{x * 1e3:.1f}"
+
+
+def _table(results: dict[str, Any]) -> list[str]:
+    head = ["side", "c", "requests"]
+    for _, name in METRICS:
+        unit = "" if name == "RTF" else " (ms)"
+        head += [f"{name} p50{unit}", f"{name} p99{unit}"]
+    head += ["audio (s)", "chain hops %", "chain step wait %", "all hops %",
+             "all step wait %"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
+    for side, levels in results.items():
+        for c, s in levels.items():
+            cells = [side, c, str(s["requests"])]
+            for key, name in METRICS:
+                fmt = (lambda v: f"{v:.3f}") if name == "RTF" else _ms
+                cells += [fmt(s[key]["p50"]), fmt(s[key]["p99"])]
+            cells += [f"{s['audio_s']:.2f}"] + [
+                f"{100 * s[k + '_share']:.2f}"
+                for k in ("chain_hop", "chain_step_wait", "hop", "step_wait")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def targets(data: dict[str, Any]) -> list[str]:
+    path = data["critical_path"]["path_s"]
+    stream = data["results"].get("stream", {})
+    out = []
+    for c, bound, label in (("1", path + 0.020, "critical path + 20 ms"),
+                            ("32", 1.2 * path, "1.2 x critical path")):
+        if c in stream:
+            ttfp = stream[c]["ttfp_s"]["p50"]
+            out.append(f"- stream TTFP p50 at c={c}: {_ms(ttfp)} ms vs {label} = "
+                       f"{_ms(bound)} ms: {'met' if ttfp <= bound else 'missed'}")
+    for side, levels in data["results"].items():
+        for c, s in levels.items():
+            share = s["chain_hop_share"] + s["chain_step_wait_share"]
+            out.append(f"- {side} c={c}: queues and hops on the last-output chain "
+                       f"{100 * share:.2f} % of E2EL (hops {100 * s['chain_hop_share']:.2f} %, "
+                       f"step wait {100 * s['chain_step_wait_share']:.2f} %; target <= 2 %: "
+                       f"{'met' if share <= 0.02 else 'missed'})")
+    return out
+
+
+def write_report(data: dict[str, Any], out_dir: Path, tag: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"omni-{tag}" if tag else "omni"
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    cp, m, st = data["critical_path"], data["machine"], data["settings"]
+    gpu = f", {m['gpus']} x {m['gpu']}" if m.get("gpu") else ""
+    lines = [
+        "# Spoken answers: stream vs full delivery (Qwen3-Omni pipeline)", "",
+        f"Command: `{data['command']}`  ",
+        f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['ram_gib']} GiB RAM{gpu}; "
+        f"Python {m['python']}, torch {m.get('torch')}, transformers {m.get('transformers')}; "
+        f"load average at start {m['loadavg_at_start']}  ",
+        f"Model: `{data['model_dir']}`; device {st['device']}, dtype {st['dtype']}; prompt "
+        f"{st['prompt_tokens']} tokens (with the chat template: "
+        f"{_first(data, 'prompt_tokens')}), thinker {st['thinker_tokens']} tokens, talker "
+        f"{st['talker_frames']} frames ({st['talker_frames'] * 0.08:.2f} s of audio)", "",
+        *_table(data["results"]), "",
+        f"Critical path (each engine alone, median of {len(cp['samples']['thinker_ttft_s'])}): "
+        f"thinker TTFT {_ms(cp['thinker_ttft_s'])} ms + talker to its first "
+        f"{cp['first_chunk_frames']} frames {_ms(cp['talker_first_chunk_s'])} ms + code2wav "
+        f"first chunk {_ms(cp['code2wav_first_chunk_s'])} ms = {_ms(cp['path_s'])} ms", "",
+        "Targets:", *targets(data), "",
+        "Method: " + " ".join(_method_lines()), "",
+    ]
+    (out_dir / f"{name}.md").write_text("\n".join(lines))
+
+
+def _first(data: dict[str, Any], key: str) -> str:
+    for levels in data["results"].values():
+        for s in levels.values():
+            return ", ".join(str(v) for v in s[key])
+    return "-"
+
+
+def _method_lines() -> list[str]:
+    from bench.omni import DESCRIPTION
+
+    return [line.strip() for line in DESCRIPTION.splitlines() if line.strip()]
