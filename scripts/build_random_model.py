@@ -219,10 +219,18 @@ def write_weights(out: Path, config: Any, raw: dict[str, Any], dtype_name: str,
     """Write the safetensors shards (+ index when more than one); returns total bytes."""
     import torch
 
+    tensors = disk_tensors(config, getattr(torch, dtype_name))
+    check_names(raw, tensors)
+    return write_tensors(out, tensors, dtype_name, shard_bytes, seed, device)
+
+
+def write_tensors(out: Path, tensors: dict[str, tuple[int, ...]], dtype_name: str,
+                  shard_bytes: int, seed: int, device: str) -> int:
+    """Random values for every named tensor, streamed to shards; returns total bytes."""
+    import torch
+
     dtype = getattr(torch, dtype_name)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    tensors = disk_tensors(config, dtype)
-    check_names(raw, tensors)
     shards = plan_shards(tensors, itemsize, shard_bytes)
     gen = torch.Generator(device=device).manual_seed(seed)
     total = sum(math.prod(s) for s in tensors.values()) * itemsize
