@@ -214,6 +214,10 @@ async def _measure(urls: dict[str, str], texts: list[str],
                 after = await scrape(session, urls[side])
                 delta = {k: hops[side][k] + after[k] for k in after}
                 out[side][str(c)] = {"runs": runs[side], "transit": delta}
+                p50 = {k: sorted(r[k] for r in runs[side])[len(runs[side]) // 2]
+                       for k in ("ttft_s", "ttfp_s", "e2el_s")}
+                say(f"[omni] {side} c={c}: p50 " + ", ".join(
+                    f"{k[:-2].upper()} {v * 1e3:.0f} ms" for k, v in p50.items()))
     return out
 
 
@@ -241,9 +245,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     texts = prompts(directory, args.prompt_tokens, 4 * sum(c * (b + 1) for c, b in levels))
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
-        files = {side: pipeline_file(directory, side, args, Path(tmp)) for side in sides}
+        files = {side: pipeline_file(directory, side, args, Path(tmp))
+                 for side in sides or ["stream"]}
         say("[omni] critical path: each stage's engine in this process ...")
-        path = critical_path(load_pipeline(files[sides[0]]), args.dtype,
+        path = critical_path(load_pipeline(next(iter(files.values()))), args.dtype,
                              [{"role": "user", "content": texts[0]}],
                              {"seed": 0}, {"seed": 0}, args.repeats)
         say(f"[omni] critical path {path['path_s'] * 1e3:.1f} ms")
