@@ -198,10 +198,15 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
         raise EngineLoadError(f"model directory {path}: cannot load the tokenizer: {e}") from e
 
     eos = eos_ids(path, config, tokenizer)
-    params = inspect.signature(model.forward).parameters
     return CausalLM(model=model, tokenizer=tokenizer, eos_token_ids=eos, model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=config,
-                    cache_kwarg="cache" if "cache" in params else "past_key_values")
+                    cache_kwarg=cache_keyword(model.forward))
+
+
+def cache_keyword(forward: Any) -> str:
+    """The forward() keyword (and output field) of the KV cache: "cache" in newer
+    transformers (5.24), "past_key_values" before (5.17, the H200 box's)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _content_text(content: Any) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
-from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype
+from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
 
 TALKER_PREFIX = "talker."
@@ -118,6 +118,7 @@ class TalkerFeed:
         self.lm, self.cfg, self.top = lm, cfg, top
         self.speakers = speaker_ids
         self.num_groups = int(cfg.num_code_groups)
+        self.cache_key = cache_keyword(lm.talker.code_predictor.model.forward)
         with torch.inference_mode():
             self.tts_bos, self.tts_eos, self.tts_pad = lm.talker.text_projection(special)
         self.mm_ids = {top.thinker_config.audio_token_id, top.thinker_config.image_token_id,
@@ -235,8 +236,8 @@ class TalkerFeed:
         cache = None
         codes, total = [first], last
         for group in range(self.num_groups - 1):
-            out = cp.model(inputs_embeds=embeds, cache=cache, use_cache=True)
-            cache = out.cache
+            out = cp.model(inputs_embeds=embeds, use_cache=True, **{self.cache_key: cache})
+            cache = getattr(out, self.cache_key)
             logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
             code = self._pick(logits, states, greedy)
             codes.append(code)
@@ -295,7 +296,8 @@ def load_talker(model_dir: str, dtype: str = "auto",
                       {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top)
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,
-                  random_weights=_is_random(path), config=cfg.text_config, cache_kwarg="cache")
+                  random_weights=_is_random(path), config=cfg.text_config,
+                  cache_kwarg=cache_keyword(talker.model.forward))
     return lm, feed
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from omni.engines.base import EngineLoadError
-from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, eos_ids
+from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 
 AUDIO_PARTS = ("input_audio",)
 UNSUPPORTED_PARTS = ("image_url", "video_url", "image", "video")
@@ -135,7 +135,8 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
     return CausalLM(model=thinker, tokenizer=tokenizer,
                     eos_token_ids=eos_ids(path, text_config, tokenizer), model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path),
-                    config=text_config, cache_kwarg="cache", attn_subconfig="text_config",
+                    config=text_config, cache_kwarg=cache_keyword(thinker.forward),
+                    attn_subconfig="text_config",
                     keeps_logits=False,
                     export_layers=[0, int(config.talker_config.accept_hidden_layer)],
                     media=media)
