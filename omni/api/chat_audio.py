@@ -41,6 +41,10 @@ FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "aac": "a
 AUDIO_TTL_S = 3600
 MAX_REMEMBERED = 10000
 PCM_PIECE = 6  # bytes: whole 16-bit samples and whole base64 groups
+# the most pcm16 bytes in one SSE event (1 s at 24 kHz; 64 KiB of base64): audio that
+# arrives in one piece (full delivery) still streams as bounded events, which line-based
+# SSE readers (aiohttp's 512 KiB line limit, browsers) take
+MAX_PCM_EVENT = 48_000
 
 
 class Transcripts:
@@ -231,13 +235,14 @@ async def stream(chat: AudioChat) -> web.StreamResponse:
                 elif item.modality == "audio" and data:
                     held += await chat.encode(encoder, data)
                     cut = len(held) - len(held) % PCM_PIECE
-                    if cut:
-                        await send_audio(data=base64.b64encode(held[:cut]).decode())
-                        held = held[cut:]
+                    for start in range(0, cut, MAX_PCM_EVENT):
+                        piece = held[start:min(cut, start + MAX_PCM_EVENT)]
+                        await send_audio(data=base64.b64encode(piece).decode())
+                    held = held[cut:]
                 item = None if item.finished else await next_with_pings(outputs, response)
         held += await asyncio.to_thread(encoder.finish)
-        if held:
-            await send_audio(data=base64.b64encode(held).decode())
+        for start in range(0, len(held), MAX_PCM_EVENT):
+            await send_audio(data=base64.b64encode(held[start:start + MAX_PCM_EVENT]).decode())
         await send_audio(expires_at=chat.expires_at)
         _remember(chat, result.text)
         chat.observe()

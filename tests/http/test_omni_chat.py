@@ -13,6 +13,7 @@ import openai
 import pytest
 from httputil import Server, ServerSettings, run, write_pipeline
 
+from omni.api import chat_audio
 from omni.fixtures.tiny_models import ensure_tiny_model
 
 # the preset's stages with a short talker (random weights rarely say codec_eos) and small
@@ -70,7 +71,11 @@ def test_text_only_route_runs_the_thinker(server):
     run(body())
 
 
-def test_spoken_answer_non_stream_and_stream_agree(server):
+def test_spoken_answer_non_stream_and_stream_agree(server, monkeypatch):
+    # SSE audio events are bounded: a codec chunk (4 frames, 15,360 bytes) goes out as
+    # several events of at most this many bytes
+    monkeypatch.setattr(chat_audio, "MAX_PCM_EVENT", 6000)
+
     async def body():
         async with server.client(timeout=90) as client:
             reply = await client.chat.completions.create(**speak("pcm16"), **SEEDED)
@@ -86,6 +91,7 @@ def test_spoken_answer_non_stream_and_stream_agree(server):
             assert sum("id" in a for a in fields) == 1
             pieces = [base64.b64decode(a["data"]) for a in fields if "data" in a]
             assert len(pieces) >= 3  # a small first chunk, then the rest
+            assert max(len(p) for p in pieces) <= 6000
             streamed = np.frombuffer(b"".join(pieces), dtype="<i2")
             assert np.array_equal(streamed, whole)  # same seed: the same speech
             transcript = "".join(a.get("transcript", "") for a in fields)
