@@ -177,8 +177,8 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
 
 
 # -- the run ----------------------------------------------------------------------------
-async def _measure(urls: dict[str, str], texts: list[str],
-                   levels: list[tuple[int, int]]) -> dict[str, Any]:
+async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[int, int]],
+                   level_done: Any) -> dict[str, Any]:
     import aiohttp
 
     from bench.ar_ours import served_id
@@ -218,6 +218,7 @@ async def _measure(urls: dict[str, str], texts: list[str],
                        for k in ("ttft_s", "ttfp_s", "e2el_s")}
                 say(f"[omni] {side} c={c}: p50 " + ", ".join(
                     f"{k[:-2].upper()} {v * 1e3:.0f} ms" for k, v in p50.items()))
+            level_done(out)  # a run cut short still leaves every level it finished
     return out
 
 
@@ -251,8 +252,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         path = critical_path(load_pipeline(next(iter(files.values()))), args.dtype,
                              [{"role": "user", "content": texts[0]}],
                              {"seed": 0}, {"seed": 0}, args.repeats)
-        say(f"[omni] critical path {path['path_s'] * 1e3:.1f} ms")
+        say("[omni] critical path " + ", ".join(
+            f"{k} {v * 1e3:.1f} ms" for k, v in path.items() if k.endswith("_s")))
         _free_device_memory()
+        data = {"command": "python -m bench " + " ".join(argv), "machine": machine(),
+                "model_dir": directory, "settings": vars(args), "critical_path": path,
+                "results": {}}
+
+        def level_done(raw: dict[str, Any]) -> None:
+            data["results"] = {side: {c: summarize(level) for c, level in per.items()}
+                               for side, per in raw.items()}
+            write_report(data, Path(args.out), args.tag)
+
+        level_done({})
         try:
             urls = {}
             for side in sides:
@@ -262,15 +274,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                                 args.timeout)
                 procs.append(proc)
                 say(f"[omni] {side} server up in {time.monotonic() - started:.1f} s")
-            raw = asyncio.run(_measure(urls, texts, levels)) if sides else {}
+            if sides:
+                asyncio.run(_measure(urls, texts, levels, level_done))
         finally:
             for proc in procs:
                 proc.terminate()
                 proc.wait(120)
-    results = {side: {c: summarize(level) for c, level in per.items()}
-               for side, per in raw.items()}
-    data = {"command": "python -m bench " + " ".join(argv), "machine": machine(),
-            "model_dir": directory, "settings": vars(args), "critical_path": path,
-            "results": results}
-    write_report(data, Path(args.out), args.tag)
     return 0
