@@ -45,6 +45,7 @@ from omni.config_checks import (
     require,
     topo_order,
 )
+from omni.memory_budget import check_shares, parse_share
 
 __all__ = [
     "CONNECTORS", "DELIVERIES", "ENGINE_KINDS", "ConfigError", "EdgeConfig", "PipelineConfig",
@@ -100,6 +101,7 @@ class StageConfig(_Picklable):
     devices: tuple[str, ...] = ("cpu",)
     replicas: int = 1
     memory: int | None = None
+    memory_share: float | None = None  # `memory: 60%` (omni/memory_budget.py)
     # dict defaults are frozen (MappingProxyType of a deep copy) in __post_init__
     params: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -277,6 +279,7 @@ def parse_pipeline(
                           "Write 'name:', 'stages:', 'edges:' ... as top-level keys")
     check_keys(source, "", data, TOP_KEYS)
     stages = _parse_stages(source, data.get("stages"), base_dir)
+    check_shares(source, stages)
     edges = _parse_edges(source, data.get("edges"), stages)
     check_acyclic(source, stages, edges)
     outputs = parse_outputs(source, data.get("outputs"), stages)
@@ -317,6 +320,9 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     check_keys(src, path, raw, STAGE_KEYS)
     engine = require(src, path, raw, "engine", "echo")
     memory = raw.get("memory")
+    share = parse_share(src, f"{path}.memory", memory)
+    if share is not None:
+        memory = None
     return StageConfig(
         name=_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
@@ -325,6 +331,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         devices=check_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
         replicas=as_int(src, f"{path}.replicas", optional(raw, "replicas", 1), 1),
         memory=None if memory is None else check_memory(src, f"{path}.memory", memory),
+        memory_share=share,
         params=as_mapping(src, f"{path}.params", raw.get("params")),
         options=as_mapping(src, f"{path}.options", raw.get("options")),
         final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),

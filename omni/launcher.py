@@ -126,7 +126,8 @@ class EngineGroup:
             device=stage.devices[index % len(stage.devices)], dtype=self.dtype,
             options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"},
             log_level=self.log_level, arena_name=self.arena_name(replica),
-            payload_options=self._payload_options(stage), memory=stage.memory)
+            payload_options=self._payload_options(stage), memory=stage.memory,
+            memory_share=stage.memory_share)
         process = spawn.Process(target=run_engine_process, args=(spec,),
                                 name=f"omni-{self.pipeline.name}-{replica_id}")
         process.start()

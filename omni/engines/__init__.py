@@ -27,17 +27,21 @@ def build_engine(spec: EngineSpec) -> Engine:
         return EchoEngine(spec.stage, spec.options)
     if spec.engine == "ar":
         from omni.engines.ar import AREngine
+        from omni.memory_budget import budget_bytes
+
+        device = resolve_device(spec.device)
+        memory = budget_bytes(spec.memory, spec.memory_share, device)
 
         if spec.model not in (None, "", "hf_causal"):  # e.g. a talker fed by its thinker
             from omni.engines.ar_feedback import build_feedback_engine
 
             return build_feedback_engine(spec.model, spec.model_dir, dtype=spec.dtype,
-                                         device=resolve_device(spec.device),
-                                         options=spec.options, memory_bytes=spec.memory)
+                                         device=device, options=spec.options,
+                                         memory_bytes=memory)
         if not spec.model_dir:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
-        return AREngine(spec.model_dir, dtype=spec.dtype, device=resolve_device(spec.device),
-                        options=spec.options, memory_bytes=spec.memory)
+        return AREngine(spec.model_dir, dtype=spec.dtype, device=device,
+                        options=spec.options, memory_bytes=memory)
     if spec.engine == "generation":
         from omni.engines.generation import build_generation_engine
 

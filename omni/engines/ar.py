@@ -143,6 +143,9 @@ class AREngine(Engine):
                 raise EngineLoadError(
                     f"the stage's memory ({self.memory_bytes / 2**20:.0f} MiB) leaves no room "
                     f"for a KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
+            if self.lm.max_positions:  # no more than every sequence at full length
+                most = self._opt("max_num_seqs", 64) * -(-self.lm.max_positions // block_size)
+                blocks = min(blocks, most)
         elif self.lm.device.type == "cuda" and "kv_cache_mb" not in self.options:
             fraction = float(self.options.get("kv_cache_fraction", 0.85))
             free, _ = torch.cuda.mem_get_info(self.lm.device)

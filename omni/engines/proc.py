@@ -51,6 +51,7 @@ class EngineSpec:
     arena_name: str | None = None  # shared-memory name prefix of this replica's payloads
     payload_options: dict[str, Any] = field(default_factory=dict)  # make_connector kwargs
     memory: int | None = None  # the stage's memory budget in bytes (engines that size caches)
+    memory_share: float | None = None  # or its share of the device (omni/memory_budget.py)
 
 
 class OrchestratorGone(Exception):

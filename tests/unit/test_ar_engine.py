@@ -362,3 +362,7 @@ def test_stage_memory_sizes_the_kv_cache(dirs):
     assert engine.info()["kv_blocks"] == 40
     with pytest.raises(EngineLoadError, match="leaves no room for a KV cache"):
         AREngine(dirs["qwen3"], memory_bytes=weights)
+    # a budget past what the sequences could ever fill is not allocated
+    roomy = AREngine(dirs["qwen3"], memory_bytes=weights + 10**6 * per_block,
+                     options={"max_num_seqs": 3})
+    assert roomy.info()["kv_blocks"] == 3 * -(-roomy.lm.max_positions // 16)
