@@ -235,11 +235,13 @@ class TalkerFeed:
         embeds = torch.stack((hidden, last), dim=1)  # (B, 2, H)
         cache = None
         codes, total = [first], last
+        draws = self._uniforms(states, dev)
+        is_greedy = torch.tensor(greedy, device=dev)
         for group in range(self.num_groups - 1):
             out = cp.model(inputs_embeds=embeds, use_cache=True, **{self.cache_key: cache})
             cache = getattr(out, self.cache_key)
             logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
-            code = self._pick(logits, states, greedy)
+            code = self._pick(logits, draws[:, group], is_greedy)
             codes.append(code)
             embeds = cp.model.get_input_embeddings()[group](code)[:, None]
             total = total + embeds[:, 0]
@@ -247,20 +249,23 @@ class TalkerFeed:
         for i, st in enumerate(states):
             st.codes, st.next_codec = frame[i], total[i]
 
+    def _uniforms(self, states: list[FeedState], dev: torch.device) -> torch.Tensor:
+        """(B, groups-1) uniform draws, one call per request on its own generator (so a
+        seeded request samples the same codes in any batch); the picks are batched."""
+        n = self.num_groups - 1
+        return torch.stack([torch.rand(n, device=dev, generator=st.generator) for st in states])
+
     @staticmethod
-    def _pick(logits: torch.Tensor, states: list[FeedState], greedy: list[bool]) -> torch.Tensor:
-        picks = []
-        for row, st, g in zip(logits, states, greedy, strict=True):
-            if g:
-                picks.append(row.argmax())
-                continue
-            top = row.topk(min(CODE_PREDICTOR_TOP_K, row.numel()))
-            probs = top.values.softmax(-1)
-            keep = probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P
-            probs = probs * keep
-            i = torch.multinomial(probs / probs.sum(), 1, generator=st.generator)
-            picks.append(top.indices[i[0]])
-        return torch.stack(picks)
+    def _pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """One code per row: argmax where greedy, else top-k then top-p sampling by
+        inverse CDF with the row's uniform draw (transformers' generate() warpers)."""
+        top = logits.topk(min(CODE_PREDICTOR_TOP_K, logits.shape[-1]), dim=-1)
+        probs = top.values.softmax(-1)
+        probs = probs * (probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P)
+        cdf = probs.cumsum(-1)
+        index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
+        sampled = top.indices.gather(1, index[:, None])[:, 0]
+        return torch.where(greedy, logits.argmax(-1), sampled)
 
 
 def load_talker(model_dir: str, dtype: str = "auto",

@@ -19,6 +19,7 @@ positions are exact. Images and video need 3-D rotary positions: not supported y
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,21 @@ class ThinkerMedia:
         return {"type": "audio"}
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Any:
+    """transformers at ERROR level for a while: loading the thinker from the combined
+    directory makes it print a table of the other stages' keys (missing thinker keys are
+    checked here instead)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
     import torch
     from transformers import (
@@ -115,9 +131,10 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
         config.enable_audio_output = False  # build the thinker only
         text_config = config.thinker_config.text_config
         torch_dtype = _resolve_dtype(dtype, dev, text_config)
-        model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-            str(path), config=config, dtype=torch_dtype, local_files_only=True,
-            output_loading_info=True)
+        with _quiet_transformers():  # it lists every talker/code2wav key as unexpected
+            model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+                str(path), config=config, dtype=torch_dtype, local_files_only=True,
+                output_loading_info=True)
     except Exception as e:
         raise EngineLoadError(f"model directory {path}: cannot load the Qwen3-Omni thinker: "
                               f"{e}") from e
