@@ -108,7 +108,7 @@ class AsyncOmni:
             info = self._stage_info(stage)
             if info:
                 break
-        if info and "voices" not in info:  # the voice is chosen upstream (e.g. a talker)
+        if info and "voices" not in info:  # the voice is chosen by an upstream stage
             for stage in self.pipeline.route([modality]).stages:
                 voices = self._stage_info(stage).get("voices")
                 if voices:

@@ -32,7 +32,7 @@ def build_engine(spec: EngineSpec) -> Engine:
         device = resolve_device(spec.device)
         memory = budget_bytes(spec.memory, spec.memory_share, device)
 
-        if spec.model not in (None, "", "hf_causal"):  # e.g. a talker fed by its thinker
+        if spec.model not in (None, "", "hf_causal"):  # a model whose inputs its upstream feeds
             from omni.engines.ar_feedback import build_feedback_engine
 
             return build_feedback_engine(spec.model, spec.model_dir, dtype=spec.dtype,

@@ -18,7 +18,7 @@ Hidden-state export: with stage option export_hidden_layers (indices into transf
 hidden_states: 0 = embeddings, i = after decoder layer i, negative from the end), every
 output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens fed
 since the previous output (the whole prompt with the first token, then one per step),
-which a stream edge hands to the next stage (e.g. a talker).
+which a stream edge hands to the next stage (one that reads its hidden states).
 
 KV cache size, first that applies: option kv_cache_blocks; the stage's `memory` (weights +
 cache: the cache gets what the weights leave); option kv_cache_mb; on CUDA

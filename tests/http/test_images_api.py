@@ -165,7 +165,8 @@ def test_client_disconnect_aborts_the_request(server):
     async def body():
         async with server.client(timeout=0.2) as client:
             with pytest.raises(openai.APITimeoutError):
-                await client.images.generate(model="t2i", prompt="x", size="64x64",
+                # three 64x64 images of 100 steps: well past the 0.2 s timeout
+                await client.images.generate(model="t2i", prompt="x", size="64x64", n=3,
                                              extra_body={"num_inference_steps": 100})
         state = await server.wait_idle("t2i", timeout_s=10)
         assert not state["requests"] and not any(state["outstanding"].values())
