@@ -166,6 +166,8 @@ class GenerationEngine(Engine):
             self._fail(request_id, f"{kind} chunk from '{producer}': seq {seq}, expected {want}")
             return
         try:
+            if isinstance(data, Mapping) and last and self.runner.input_key not in data:
+                data = None  # the producer's closing output (e.g. its end token): no frames
             if data is not None:
                 if not isinstance(data, Mapping) or self.runner.input_key not in data:
                     raise ValueError(f"stream chunk needs '{self.runner.input_key}'")

@@ -115,6 +115,23 @@ def test_stream_helper_gets_the_final_audio(server):
     run(body())
 
 
+def test_one_word_answers_are_spoken(server):
+    """A one-token answer: the talker may stop on its end code at once; code2wav ends the
+    stream there (it used to fail on the talker's closing output, which has no codes)."""
+    async def body():
+        async with server.client(timeout=90) as client:
+            for seed in range(3):
+                reply = await client.chat.completions.create(
+                    **speak("pcm16"), max_tokens=1, seed=seed)
+                assert reply.choices[0].message.audio.transcript
+            stream = await client.chat.completions.create(**speak("pcm16"), max_tokens=1,
+                                                          stream=True)
+            assert [c async for c in stream][-1].choices[0].finish_reason == "length"
+            state = await server.wait_idle("omni", timeout_s=10)
+            assert not state["requests"] and not any(state["outstanding"].values())
+    run(body())
+
+
 def test_voices_and_bad_requests(server):
     async def body():
         async with server.session() as session:

@@ -203,6 +203,28 @@ def test_abort_mid_stream_frees_state(c2w):
     assert not engine.has_work()
 
 
+def test_a_closing_chunk_without_frames_ends_the_stream(c2w):
+    """A talker that stops on its end code sends a last output with no codes (only its
+    token and finish reason): the stream ends there, with the frames it had (or none);
+    a chunk without codes that is not the last is still an error."""
+    engine = GenerationEngine(Code2WavRunner(c2w, {"first_chunk_frames": 4, "chunk_frames": 4,
+                                                   "left_context": 2}))
+    closing = {"token_ids": [66], "finish_reason": "stop"}
+    for rid in ("some", "none", "bad"):
+        engine.add(EngineRequest(rid, {"stream": ["talker"]}))
+    engine.append("some", "talker", 0, {"codes": _codes(2, 0).tolist()}, False)
+    engine.append("some", "talker", 1, closing, True)
+    engine.append("none", "talker", 0, closing, True)
+    engine.append("bad", "talker", 0, closing, False)
+    outs = _drain(engine)
+    assert outs["some"][-1].finished and outs["some"][-1].error is None
+    samples = sum(_audio(o.data).shape[-1] for o in outs["some"] if o.data)
+    assert samples == len(c2w.decode_chunk(_codes(2, 0)[None], 0)[0])  # both frames
+    assert outs["none"][-1].finished and outs["none"][-1].error is None
+    assert "needs 'codes'" in outs["bad"][-1].error
+    assert not engine.has_work() and engine.stats()["running"] == 0
+
+
 def test_bad_codes_fail_only_that_request(c2w):
     engine = GenerationEngine(Code2WavRunner(c2w))
     engine.add(EngineRequest("ok", {"codes": _codes(5, 0).tolist()}))
