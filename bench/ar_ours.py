@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ar_report import brief, summarize
-from bench.common import say
+from bench.common import say, sse_events
 
 
 def target_for(model_dir: str, device: str, tmp: Path) -> tuple[str, str]:
@@ -81,25 +81,16 @@ async def http_request(session: Any, url: str, model: str, ids: list[int], new_t
     first = last = None
     text_times: list[float] = []  # arrivals of chunks that carry text
     tokens = None
-    async with session.post(f"{url}/v1/completions", json=body) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            now, event = time.perf_counter(), json.loads(line[5:])
-            if "error" in event:
-                raise RuntimeError(f"stream error: {event['error']}")
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            for choice in event.get("choices") or ():
-                first = first or now
-                if choice.get("text"):
-                    text_times.append(now)
-                    last = now
-                if choice.get("finish_reason"):
-                    last = now  # the final chunk follows the last token at once
+    async for now, event in sse_events(session, f"{url}/v1/completions", body):
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices") or ():
+            first = first or now
+            if choice.get("text"):
+                text_times.append(now)
+                last = now
+            if choice.get("finish_reason"):
+                last = now  # the final chunk follows the last token at once
     if first is None or tokens is None:
         raise RuntimeError("the stream had no choices or no usage")
     itl = (last - first) / (tokens - 1) if tokens > 1 and last else None

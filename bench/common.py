@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from typing import Any
 
 TARGET_US = 150.0
@@ -92,3 +93,22 @@ def hardware() -> dict[str, Any]:
         "msgpack": ".".join(map(str, msgpack.version)),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+async def sse_events(session: Any, url: str, body: dict[str, Any],
+                     clock: Any = time.perf_counter) -> Any:
+    """POST `body` and yield (arrival time by `clock`, event) for each SSE data event up to
+    [DONE]; an HTTP error or an error event raises RuntimeError."""
+    import json
+
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            now, event = clock(), json.loads(line[5:])
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            yield now, event

@@ -8,14 +8,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import say
+from bench.common import say, sse_events
 
 DESCRIPTION = """\
 Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
@@ -134,23 +133,15 @@ async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: i
             "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"},
             "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
     clock, usage = PlaybackClock(start=start), None
-    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            event, now = json.loads(line[5:]), time.monotonic()
-            if "error" in event:
-                raise RuntimeError(f"stream error: {event['error']}")
-            usage = event.get("usage") or usage
-            for choice in event.get("choices") or ():
-                audio = (choice.get("delta") or {}).get("audio") or {}
-                if audio.get("transcript"):
-                    clock.text(now)
-                if audio.get("data"):
-                    clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
+    async for now, event in sse_events(session, f"{url}/v1/chat/completions", body,
+                                       time.monotonic):
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or ():
+            audio = (choice.get("delta") or {}).get("audio") or {}
+            if audio.get("transcript"):
+                clock.text(now)
+            if audio.get("data"):
+                clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
     summary = clock.summary()
     summary.update(audio_s=clock.audio_s, prompt_tokens=(usage or {}).get("prompt_tokens"),
                    completion_tokens=(usage or {}).get("completion_tokens"))

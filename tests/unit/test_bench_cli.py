@@ -12,6 +12,7 @@ import pytest
                                   ["-m", "bench", "startup", "--help"],
                                   ["-m", "bench", "tts", "--help"],
                                   ["-m", "bench", "ar", "--help"],
+                                  ["-m", "bench", "omni", "--help"],
                                   ["-m", "bench.shm_throughput", "--help"],
                                   ["-m", "bench.cuda_ipc", "--help"]])
 def test_bench_help(args: list[str]) -> None:
@@ -46,3 +47,28 @@ def test_ar_roofline_bytes() -> None:
     assert step_bytes(moe, 1, 0, 2)["weights"] == pytest.approx(
         2 * (moe["active_params"] - 151936 * 2048 + 2048))
     assert step_bytes(dense, 4, 191, 2)["kv"] == 4 * 192 * 2 * 36 * 8 * 128 * 2
+
+
+def test_random_omni_builder_writes_the_release_names(tmp_path) -> None:
+    """scripts/build_random_omni.py: the real-size Qwen3-Omni it would write (meta device,
+    no weights) has exactly the tensor names of a save_pretrained of the same class, and
+    the shapes of the 30B-A3B language models."""
+    import math
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import build_random_omni as b
+    from transformers import Qwen3OmniMoeConfig
+
+    tok = b.write_tokenizer(tmp_path)
+    assert tok.convert_tokens_to_ids("<|im_start|>") == 151644  # where the release has it
+    tensors = b.disk_tensors(Qwen3OmniMoeConfig(**b.configs(tok, 2)), torch.bfloat16)
+    b.check_against_tiny(tensors)  # raises on any difference
+    assert tensors["thinker.lm_head.weight"] == (152064, 2048)
+    assert tensors["thinker.model.layers.1.mlp.experts.127.down_proj.weight"] == (2048, 768)
+    assert tensors["talker.model.layers.19.mlp.experts.0.gate_proj.weight"] == (384, 1024)
+    talker = sum(math.prod(s) for n, s in tensors.items() if n.startswith("talker."))
+    assert 3.2e9 < talker < 3.4e9
