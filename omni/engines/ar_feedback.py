@@ -9,7 +9,9 @@ The batching, paged KV cache, scheduling and sampling are AREngine's; a model ad
 - after each sampled token, computes the frame's extra outputs and the next input
   (`feedback`, one batched call per step);
 - says whether decode step g can be fed yet (`ready`); a sequence whose side input has
-  not arrived is held (no placeholder input, no guessed length) and resumes when it does.
+  not arrived is held (no placeholder input, no guessed length) and resumes when it does;
+- may capture its per-step work as CUDA graphs (`use_cuda_graphs`, option
+  feed_cuda_graphs).
 Every fed embedding is kept, so a preempted sequence is recomputed exactly.
 """
 
@@ -56,7 +58,13 @@ class FeedbackAREngine(AREngine):
         return self.lm
 
     def _make_graphs(self) -> Any:
-        return None  # every input is an embedding computed per step: eager decode
+        # every input is an embedding computed per step: the model's decode runs eagerly;
+        # a feed may capture its own per-step work (option feed_cuda_graphs, off until
+        # measured on a GPU: see docs/pipeline.md)
+        use = getattr(self.feed, "use_cuda_graphs", None)
+        if self.options.get("feed_cuda_graphs", False) and use is not None:
+            use(self._opt("max_num_seqs", 64))
+        return None
 
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:

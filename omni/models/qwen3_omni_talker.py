@@ -33,10 +33,10 @@ import torch
 from omni.engines.base import EngineLoadError
 from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
+from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 
 TALKER_PREFIX = "talker."
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
 
 
 def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,6 +119,7 @@ class TalkerFeed:
         self.speakers = speaker_ids
         self.num_groups = int(cfg.num_code_groups)
         self.cache_key = cache_keyword(lm.talker.code_predictor.model.forward)
+        self.graphs: PredictorGraphs | None = None  # use_cuda_graphs
         with torch.inference_mode():
             self.tts_bos, self.tts_eos, self.tts_pad = lm.talker.text_projection(special)
         self.mm_ids = {top.thinker_config.audio_token_id, top.thinker_config.image_token_id,
@@ -229,43 +230,32 @@ class TalkerFeed:
             return
         dev = self.lm.suppressed.device
         first = torch.tensor(tokens, device=dev)
-        cp = self.lm.talker.code_predictor
-        last = self.lm.talker.get_input_embeddings()(first)
+        first_embed = self.lm.talker.get_input_embeddings()(first)
         hidden = self.lm.last_hidden[torch.tensor(rows, dtype=torch.long, device=dev)]
-        embeds = torch.stack((hidden, last), dim=1)  # (B, 2, H)
-        cache = None
-        codes, total = [first], last
         draws = self._uniforms(states, dev)
         is_greedy = torch.tensor(greedy, device=dev)
-        for group in range(self.num_groups - 1):
-            out = cp.model(inputs_embeds=embeds, use_cache=True, **{self.cache_key: cache})
-            cache = getattr(out, self.cache_key)
-            logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
-            code = self._pick(logits, draws[:, group], is_greedy)
-            codes.append(code)
-            embeds = cp.model.get_input_embeddings()[group](code)[:, None]
-            total = total + embeds[:, 0]
-        frame = torch.stack(codes, dim=1).tolist()  # (B, NQ), one device sync per step
+        done = None if self.graphs is None else self.graphs.run(hidden, first_embed, draws,
+                                                                is_greedy)
+        residual, total = done or predict_cached(self.lm.talker.code_predictor, self.cache_key,
+                                                 hidden, first_embed, draws, is_greedy)
+        frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync per step
         for i, st in enumerate(states):
             st.codes, st.next_codec = frame[i], total[i]
+
+    def use_cuda_graphs(self, max_batch: int) -> bool:
+        """Capture the code-predictor loop for batches up to max_batch (CUDA only)."""
+        emb = self.lm.talker.get_input_embeddings().weight
+        if emb.device.type != "cuda":
+            return False
+        self.graphs = make_graphs(self.lm.talker.code_predictor, emb.shape[1],
+                                  self.num_groups, emb.dtype, emb.device, max_batch)
+        return self.graphs is not None
 
     def _uniforms(self, states: list[FeedState], dev: torch.device) -> torch.Tensor:
         """(B, groups-1) uniform draws, one call per request on its own generator (so a
         seeded request samples the same codes in any batch); the picks are batched."""
         n = self.num_groups - 1
         return torch.stack([torch.rand(n, device=dev, generator=st.generator) for st in states])
-
-    @staticmethod
-    def _pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-        """One code per row: argmax where greedy, else top-k then top-p sampling by
-        inverse CDF with the row's uniform draw (transformers' generate() warpers)."""
-        top = logits.topk(min(CODE_PREDICTOR_TOP_K, logits.shape[-1]), dim=-1)
-        probs = top.values.softmax(-1)
-        probs = probs * (probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P)
-        cdf = probs.cumsum(-1)
-        index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
-        sampled = top.indices.gather(1, index[:, None])[:, 0]
-        return torch.where(greedy, logits.argmax(-1), sampled)
 
 
 def load_talker(model_dir: str, dtype: str = "auto",

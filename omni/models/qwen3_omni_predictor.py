@@ -1,0 +1,137 @@
+"""The Qwen3-Omni talker's code predictor: the residual codes of one codec frame.
+
+Per frame the predictor (a small dense LM) runs once per residual code group (15 in the
+release), each pass reading the frame's sequence so far: [talker hidden, first code,
+residual codes ...]. Two ways to run that loop, same math:
+
+  predict_cached    transformers' KV cache, one new position per pass (any batch size)
+  predict_uncached  no cache: each pass re-reads the whole (at most 17-position) sequence.
+                    Every shape is fixed by the batch size alone, so the whole loop,
+                    sampling included, can be captured as one CUDA graph (PredictorGraphs).
+
+On a GPU the loop is bound by per-call overhead, not by arithmetic (H200, release-size
+predictor: 15 passes took ~75 ms a frame at any batch size, bench/results/omni-h200.md);
+one graph replay per step removes the Python and launch cost of ~1,000 small kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger("omni.models.qwen3_omni")
+
+CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
+GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """One code per row: argmax where greedy, else top-k then top-p sampling by inverse
+    CDF with the row's uniform draw (transformers' generate() warpers). No host syncs."""
+    top = logits.topk(min(CODE_PREDICTOR_TOP_K, logits.shape[-1]), dim=-1)
+    probs = top.values.softmax(-1)
+    probs = probs * (probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P)
+    cdf = probs.cumsum(-1)
+    index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    sampled = top.indices.gather(1, index[:, None])[:, 0]
+    return torch.where(greedy, logits.argmax(-1), sampled)
+
+
+def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.Tensor,
+                   draws: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual codes (B, groups-1), sum of the frame's code embeddings (B, H)); `first`:
+    the embedding of each row's first code, `hidden`: the talker's last hidden state."""
+    embeds, cache, codes, total = torch.stack((hidden, first), dim=1), None, [], first
+    for group in range(draws.shape[1]):
+        out = cp.model(inputs_embeds=embeds, use_cache=True, **{cache_key: cache})
+        cache = getattr(out, cache_key)
+        logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
+        code = pick(logits, draws[:, group], greedy)
+        codes.append(code)
+        embeds = cp.model.get_input_embeddings()[group](code)[:, None]
+        total = total + embeds[:, 0]
+    return torch.stack(codes, dim=1), total
+
+
+def predict_uncached(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
+                     greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """predict_cached without a cache (see the module doc)."""
+    seq, codes, total = torch.stack((hidden, first), dim=1), [], first
+    for group in range(draws.shape[1]):
+        out = cp.model(inputs_embeds=seq, use_cache=False)
+        logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
+        code = pick(logits, draws[:, group], greedy)
+        codes.append(code)
+        embed = cp.model.get_input_embeddings()[group](code)
+        total = total + embed
+        seq = torch.cat((seq, embed[:, None]), dim=1)
+    return torch.stack(codes, dim=1), total
+
+
+class PredictorGraphs:
+    """predict_uncached for padded batch sizes (GRAPH_BATCHES), one CUDA graph each.
+
+    capture=False runs the same static buffers eagerly (CPU tests of the padding logic).
+    A batch larger than the largest size returns None: the caller runs predict_cached.
+    """
+
+    def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
+                 device: torch.device, max_batch: int, capture: bool = True) -> None:
+        self.cp, self.capture = cp, capture
+        self.sizes = [b for b in GRAPH_BATCHES if b <= max_batch] or [1]
+        top = self.sizes[-1]
+        self.hidden = torch.zeros(top, hidden_size, dtype=dtype, device=device)
+        self.first = torch.zeros_like(self.hidden)
+        self.draws = torch.zeros(top, groups - 1, device=device)
+        self.greedy = torch.zeros(top, dtype=torch.bool, device=device)
+        self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
+        if capture:
+            self._capture_all()
+
+    def _inputs(self, b: int) -> tuple[torch.Tensor, ...]:
+        return self.hidden[:b], self.first[:b], self.draws[:b], self.greedy[:b]
+
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: lazy inits must not happen in capture
+            for b in self.sizes:
+                predict_uncached(self.cp, *self._inputs(b))
+        torch.cuda.current_stream().wait_stream(side)
+        for b in reversed(self.sizes):  # largest first: the smaller ones reuse its pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = predict_uncached(self.cp, *self._inputs(b))
+            self.graphs[b] = (graph, out)
+
+    def run(self, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
+            greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        n = hidden.shape[0]
+        size = next((b for b in self.sizes if b >= n), None)
+        if size is None:
+            return None
+        for static, value in zip(self._inputs(size), (hidden, first, draws, greedy),
+                                 strict=True):
+            static[:n].copy_(value)
+            static[n:].zero_()  # padding rows: zeros in, ignored out
+        if self.capture:
+            graph, (codes, total) = self.graphs[size]
+            graph.replay()
+        else:
+            codes, total = predict_uncached(self.cp, *self._inputs(size))
+        return codes[:n].clone(), total[:n].clone()
+
+
+def make_graphs(cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
+                device: torch.device, max_batch: int) -> PredictorGraphs | None:
+    """Captured graphs on CUDA, or None (with a warning) when capture fails."""
+    try:
+        return PredictorGraphs(cp, hidden_size, groups, dtype, device, max_batch)
+    except Exception as e:  # e.g. an op in transformers' forward that syncs with the host
+        log.warning("code-predictor CUDA graphs disabled: capture failed (%s: %s); the "
+                    "predictor runs eagerly", type(e).__name__, e)
+        torch.cuda.synchronize(device)
+        return None

@@ -1,0 +1,70 @@
+"""The talker's code-predictor loop (omni/models/qwen3_omni_predictor.py): the cache-free
+form that CUDA graphs capture computes what the cached form does, padding rows included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni.fixtures import ensure_tiny_model
+from omni.models.qwen3_omni_predictor import (
+    PredictorGraphs,
+    pick,
+    predict_cached,
+    predict_uncached,
+)
+from omni.models.qwen3_omni_talker import load_talker
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def talker(tmp_path_factory):
+    d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
+    lm, feed = load_talker(str(d), "auto", "cpu")
+    return lm.model.talker, feed
+
+
+def _inputs(talker, batch: int, seed: int):
+    model, feed = talker
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, model.config.text_config.hidden_size, generator=gen)
+    first = model.get_input_embeddings()(torch.randint(0, 64, (batch,), generator=gen))
+    draws = torch.rand(batch, feed.num_groups - 1, generator=gen)
+    greedy = torch.tensor([i % 2 == 0 for i in range(batch)])
+    return hidden, first, draws, greedy
+
+
+@torch.inference_mode()
+def test_uncached_loop_equals_cached(talker):
+    model, feed = talker
+    args = _inputs(talker, 5, 0)
+    codes, total = predict_cached(model.code_predictor, feed.cache_key, *args)
+    codes2, total2 = predict_uncached(model.code_predictor, *args)
+    assert codes.shape == (5, feed.num_groups - 1)
+    assert torch.equal(codes, codes2)
+    torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_static_buffers_pad_and_fall_back(talker):
+    model, feed = talker
+    graphs = PredictorGraphs(model.code_predictor, model.config.text_config.hidden_size,
+                             feed.num_groups, torch.float32, torch.device("cpu"),
+                             max_batch=8, capture=False)
+    assert graphs.sizes == [1, 2, 4, 8]
+    for batch in (3, 1, 8):  # 3 runs padded to 4; stale rows from a larger batch are zeroed
+        args = _inputs(talker, batch, batch)
+        codes, total = graphs.run(*args)
+        want_codes, want_total = predict_cached(model.code_predictor, feed.cache_key, *args)
+        assert torch.equal(codes, want_codes)
+        torch.testing.assert_close(total, want_total, rtol=1e-4, atol=1e-5)
+    assert graphs.run(*_inputs(talker, 9, 0)) is None  # past the largest: the caller's loop
+
+
+def test_pick_greedy_and_sampled():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 2.9]])
+    greedy = torch.tensor([True, False])
+    # row 1 samples: after top-p 0.8 only ids 0 and 2 remain; a low draw takes id 0
+    assert pick(logits, torch.tensor([0.99, 0.01]), greedy).tolist() == [1, 0]
+    assert pick(logits, torch.tensor([0.0, 0.99]), greedy).tolist() == [1, 2]
