@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="engine dtype (default auto)")
     parser.add_argument("--memory", default="",
                         help="per-stage memory budgets, e.g. thinker=30GiB,talker=12GiB "
-                             "(needed when several AR stages share a GPU)")
+                             "(default: the preset's GPU shares, divided among the sides, "
+                             "whose servers share the GPU)")
     parser.add_argument("--sides", default=",".join(SIDES),
                         help="default stream,full; empty: the critical path only")
     parser.add_argument("--repeats", type=int, default=5,
@@ -102,6 +103,9 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
         stage.update(model_dir=directory, devices=[args.device])
         if stage["name"] in budgets:
             stage["memory"] = budgets[stage["name"]]
+        elif str(stage.get("memory", "")).endswith("%"):  # both servers on one GPU
+            share = float(str(stage["memory"])[:-1]) / max(1, len(args.sides.split(",")))
+            stage["memory"] = f"{share:g}%"
         stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
     for edge in data["edges"]:
         edge["delivery"] = side
