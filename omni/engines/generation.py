@@ -119,7 +119,8 @@ class _Req:
 class GenerationEngine(Engine):
     """Cross-request batched, chunked execution of a runner (see module docstring).
 
-    options: max_batch_size (64): the most chunks in one runner call.
+    options: max_batch_size (64): the most chunks in one runner call; max_batch_frames
+    (default the runner's `batch_frames`, 0 = no limit): the most rows x frames in one call.
     """
 
     def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None) -> None:
@@ -133,6 +134,9 @@ class GenerationEngine(Engine):
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         if self.max_batch_size < 1:
             raise EngineLoadError("max_batch_size must be >= 1")
+        self.max_batch_frames = int(opts.get("max_batch_frames", getattr(runner, "batch_frames", 0)))
+        if self.max_batch_frames < 0:
+            raise EngineLoadError("max_batch_frames must be >= 0 (0: no limit)")
         self._reqs: dict[str, _Req] = {}
         self._failed: list[StepOutput] = []
         self.calls = 0
@@ -210,9 +214,11 @@ class GenerationEngine(Engine):
                 continue
             groups.setdefault(ctx + n, []).append((req, ctx, n))
         for key in sorted(groups):
-            group = groups[key]
-            for i in range(0, len(group), self.max_batch_size):
-                outputs += self._run(group[i:i + self.max_batch_size])
+            group, rows = groups[key], self.max_batch_size
+            if self.max_batch_frames:
+                rows = max(1, min(rows, self.max_batch_frames // key))
+            for i in range(0, len(group), rows):
+                outputs += self._run(group[i:i + rows])
         return outputs
 
     def _step_items(self) -> list[StepOutput]:

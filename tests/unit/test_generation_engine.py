@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from omni.engines.base import EngineRequest
+from omni.engines.base import EngineLoadError, EngineRequest
 from omni.engines.generation import GenerationEngine, build_generation_engine
 from omni.fixtures import ensure_tiny_model
 from omni.models.qwen3_omni import Code2WavRunner, load_code2wav
@@ -67,6 +67,24 @@ def test_complete_inputs_batched_in_one_call(c2w):
         assert _close(got, ref, float(ref.abs().max())) < REL_TOL
     info = engine.info()
     assert info["sample_rate"] == 24000 and info["engine"] == "generation"
+
+
+def test_frames_per_call_are_capped(c2w):
+    """max_batch_frames splits a batch (rows x frames) into calls; the audio is the same.
+    Code2WavRunner sets a CPU default (a big batch is slower per frame there)."""
+    assert Code2WavRunner(c2w).batch_frames == 128  # CPU
+    engine = GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": 40})
+    codes = {f"r{i}": _codes(20, seed=i) for i in range(3)}
+    for rid, c in codes.items():
+        engine.add(EngineRequest(rid, {"codes": c.tolist()}))
+    outs = _drain(engine)
+    st = engine.stats()
+    assert (st["calls"], st["requests_run"], st["max_batch"]) == (2, 3, 2)
+    for rid, c in codes.items():
+        ref = c2w.decode(c[None])[0]
+        assert _close(_audio(outs[rid][0].data), ref, float(ref.abs().max())) < REL_TOL
+    with pytest.raises(EngineLoadError, match="max_batch_frames"):
+        GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": -1})
 
 
 def _stream(engine, rid, codes, rng, outs, producer="talker"):
