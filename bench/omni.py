@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fixture, built on first use)")
     parser.add_argument("--concurrency", default="1,8,32",
                         help="comma-separated concurrencies (default 1,8,32)")
-    parser.add_argument("--bursts", default="4,2,1",
-                        help="bursts per concurrency and side, same order (default 4,2,1)")
+    parser.add_argument("--bursts", default="10,2,1",
+                        help="bursts per concurrency and side, same order (default 10,2,1)")
     parser.add_argument("--prompt-tokens", type=int, default=64,
                         help="user prompt length in tokens (default 64)")
     parser.add_argument("--thinker-tokens", type=int, default=32,

@@ -7,6 +7,8 @@ Runs the thinker (exporting hidden states) for one answer, then the talker engin
 in-process with B requests fed that whole answer, and times each decode step and, with
 CUDA synchronisation around them, its two model parts: the talker's forward (first code)
 and the code predictor (the residual codes, one small forward per code group).
+With --graphs (CUDA) it then captures the code-predictor loop (feed_cuda_graphs), checks
+it against the eager loop on the same inputs, and times the steps again.
 """
 
 from __future__ import annotations
@@ -85,6 +87,27 @@ def profile(talker: FeedbackAREngine, feed: list, batch: int, steps: int) -> dic
     return ms
 
 
+@torch.inference_mode()
+def compare_graphs(talker: FeedbackAREngine, batch: int) -> str:
+    """Greedy and sampled codes of the captured loop against the cached eager loop."""
+    from omni.models.qwen3_omni_predictor import predict_cached
+
+    feed, model = talker.feed, talker.lm.model.talker
+    gen = torch.Generator(device=talker.lm.device).manual_seed(0)
+    emb = model.get_input_embeddings()
+    hidden = torch.randn(batch, emb.weight.shape[1], device=emb.weight.device,
+                         dtype=emb.weight.dtype, generator=gen)
+    first = emb(torch.randint(0, 64, (batch,), device=emb.weight.device, generator=gen))
+    draws = torch.rand(batch, feed.num_groups - 1, device=emb.weight.device, generator=gen)
+    greedy = torch.arange(batch, device=emb.weight.device) % 2 == 0
+    codes, total = feed.graphs.run(hidden, first, draws, greedy)
+    ref_codes, ref_total = predict_cached(model.code_predictor, feed.cache_key, hidden, first,
+                                          draws, greedy)
+    same = (codes == ref_codes).float().mean().item()
+    diff = (total.float() - ref_total.float()).abs().max().item()
+    return f"graphs vs eager at batch {batch}: {same:.1%} codes equal, max |total diff| {diff:.3g}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a Qwen3-Omni release directory")
@@ -93,17 +116,29 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--thinker-memory-gib", type=float, default=36)
     parser.add_argument("--talker-memory-gib", type=float, default=10)
+    parser.add_argument("--graphs", action="store_true",
+                        help="then capture the code-predictor loop (CUDA) and run again")
     args = parser.parse_args()
     feed = thinker_answer(args.model, args.device, int(args.thinker_memory_gib * 2**30),
                           args.steps + 16)
     talker = FeedbackAREngine("qwen3_omni_talker", args.model, device=args.device,
                               memory_bytes=int(args.talker_memory_gib * 2**30))
-    print("batch | step ms | talker forward ms | code predictor ms | other ms | frames/s")
-    for batch in (int(b) for b in args.batch.split(",")):
-        ms = profile(talker, feed, batch, args.steps)
-        print(f"{batch} | {ms['step']:.2f} | {ms['talker_forward']:.2f} | "
-              f"{ms['code_predictor']:.2f} | {ms['other']:.2f} | "
-              f"{1e3 * batch / ms['step']:.1f}", flush=True)
+    batches = [int(b) for b in args.batch.split(",")]
+    rounds = ["eager"] + (["graphs"] if args.graphs else [])
+    for mode in rounds:
+        if mode == "graphs":
+            if not talker.feed.use_cuda_graphs(max(batches)):
+                print("code-predictor graphs unavailable (CPU, or capture failed: see log)")
+                break
+            for batch in batches:
+                print(compare_graphs(talker, batch), flush=True)
+        print(f"[{mode}] batch | step ms | talker forward ms | code predictor ms | other ms | "
+              "frames/s")
+        for batch in batches:
+            ms = profile(talker, feed, batch, args.steps)
+            print(f"{batch} | {ms['step']:.2f} | {ms['talker_forward']:.2f} | "
+                  f"{ms['code_predictor']:.2f} | {ms['other']:.2f} | "
+                  f"{1e3 * batch / ms['step']:.1f}", flush=True)
     return 0
 
 

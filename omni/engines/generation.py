@@ -18,9 +18,8 @@ the context's output. Complete inputs use complete_chunk_frames (one chunk when 
 fit). Streams with several ready chunks emit one chunk per step.
 
 Batching: one runner call per group of ready chunks with the same total (context + new)
-length, so no padding and outputs equal unbatched runs. Padding on the right and trimming
-would be exact for a causal decoder, but is not done: equal lengths are the common case
-(every stream's steady-state chunk is chunk_frames + left_context long).
+length (no padding: outputs equal unbatched runs; a stream's steady-state chunks all have
+chunk_frames + left_context), split by max_batch_size rows and max_batch_frames frames.
 
 Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
 splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
@@ -40,10 +39,10 @@ unless a started request is about to run dry (within two calls' time): then new 
 wait, so an overloaded engine makes clients queue for their first audio rather than
 making every stream stutter.
 
-Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes,
-"sample_rate", "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...).
-finished=True on the last chunk once all input is in; when a stream ends after its last
-chunk was sent, a final empty chunk (frames 0) carries finished=True.
+Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes, "sample_rate",
+"samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...). finished=True on
+the last chunk once all input is in, or on a final empty chunk (frames 0) when a stream
+ends after its last chunk was sent or with a closing output that has no frames.
 """
 
 from __future__ import annotations
