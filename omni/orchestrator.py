@@ -188,7 +188,8 @@ class Orchestrator:
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
                     nbytes: int) -> None:
         self._bytes[replica.stage, "in"] += nbytes
-        now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound") or {}
+        now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
+        inbound = inbound if isinstance(inbound, dict) else {}
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:

@@ -36,6 +36,8 @@ class InboundTimes:
         self.step_ended = time.monotonic()
 
     def received(self, request_id: str, sent_at: float) -> None:
+        if not _is_time(sent_at):
+            return  # a malformed stamp costs its timing, never the request
         now = time.monotonic()
         hop = max(0.0, now - max(sent_at, self.step_ended))
         wait = max(0.0, self.step_ended - sent_at)
@@ -66,14 +68,14 @@ class RequestTransit:
         self._last: dict[str, list[float]] = {}  # stage -> [in hop, in wait, out hop]
 
     def add_output(self, stage: str, sent_at: float | None, now: float) -> None:
-        if sent_at is not None:
+        if _is_time(sent_at):
             hop = max(0.0, now - sent_at)
             self.hop_s += hop
             self.messages += 1
             self._last.setdefault(stage, [0.0, 0.0, 0.0])[2] = hop
 
     def add_inbound(self, stage: str, times: list | None) -> None:
-        if times:
+        if isinstance(times, list) and len(times) == 5 and all(map(_is_time, times)):
             self.hop_s += times[0]
             self.wait_s += times[1]
             self.messages += times[2]
@@ -91,3 +93,7 @@ class RequestTransit:
         return {"hop_s": round(self.hop_s, 6), "step_wait_s": round(self.wait_s, 6),
                 "messages": self.messages, "chain_hop_s": round(self.chain_hop_s, 6),
                 "chain_step_wait_s": round(self.chain_wait_s, 6)}
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

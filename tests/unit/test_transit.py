@@ -55,3 +55,15 @@ def test_request_sums_both_directions_and_the_last_output_chain():
     request.add_inbound("b", None)
     assert request.summary() == {"hop_s": 0.007, "step_wait_s": 0.01, "messages": 5,
                                  "chain_hop_s": 0.005, "chain_step_wait_s": 0.004}
+
+
+def test_malformed_stamps_are_ignored(clock):
+    times = InboundTimes()
+    times.received("r", sent_at="soon")
+    times.received("r", sent_at=None)
+    assert times.take(["r"]) == {}
+    request = RequestTransit()
+    request.add_output("a", sent_at="x", now=1.0)
+    request.add_inbound("a", ["x", 0.0, 1, 0.0, 0.0])
+    request.add_inbound("a", [0.1, 0.2])
+    assert request.summary()["messages"] == 0
