@@ -320,9 +320,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     check_keys(src, path, raw, STAGE_KEYS)
     engine = require(src, path, raw, "engine", "echo")
     memory = raw.get("memory")
-    share = parse_share(src, f"{path}.memory", memory)
-    if share is not None:
-        memory = None
+    share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
     return StageConfig(
         name=_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
@@ -330,7 +328,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         model_dir=_model_dir(src, f"{path}.model_dir", raw.get("model_dir"), base_dir),
         devices=check_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
         replicas=as_int(src, f"{path}.replicas", optional(raw, "replicas", 1), 1),
-        memory=None if memory is None else check_memory(src, f"{path}.memory", memory),
+        memory=None if memory is None or share else check_memory(src, f"{path}.memory", memory),
         memory_share=share,
         params=as_mapping(src, f"{path}.params", raw.get("params")),
         options=as_mapping(src, f"{path}.options", raw.get("options")),

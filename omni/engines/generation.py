@@ -131,16 +131,13 @@ class GenerationEngine(Engine):
         self.batches_units = bool(getattr(runner, "batches_units", True))
         self._call_s: float | None = None  # items mode: running mean of one runner call
         self.max_batch_size = int(opts.get("max_batch_size", 64))
-        if self.max_batch_size < 1:
-            raise EngineLoadError("max_batch_size must be >= 1")
         self.max_batch_frames = int(opts.get("max_batch_frames", getattr(runner, "batch_frames", 0)))
-        if self.max_batch_frames < 0:
-            raise EngineLoadError("max_batch_frames must be >= 0 (0: no limit)")
+        if self.max_batch_size < 1 or self.max_batch_frames < 0:
+            raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
+                                  f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
         self._reqs: dict[str, _Req] = {}
         self._failed: list[StepOutput] = []
-        self.calls = 0
-        self.requests_run = 0
-        self.max_batch = 0
+        self.calls = self.requests_run = self.max_batch = 0
 
     # -- contract ---------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
