@@ -17,9 +17,11 @@ chunk is its next n new frames plus up to left_context earlier frames; the runne
 the context's output. Complete inputs use complete_chunk_frames (one chunk when they
 fit). Streams with several ready chunks emit one chunk per step.
 
-Batching: one runner call per group of ready chunks with the same total (context + new)
+Batching: one runner call per step, over ready chunks of the same total (context + new)
 length (no padding: outputs equal unbatched runs; a stream's steady-state chunks all have
-chunk_frames + left_context), split by max_batch_size rows and max_batch_frames frames.
+chunk_frames + left_context), up to max_batch_size rows and max_batch_frames frames: the
+group and rows whose clients run out of audio first (deadlines as in items mode below), so
+each call's audio leaves at once and new input is taken between calls.
 
 Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
 splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
@@ -94,11 +96,11 @@ class _Req:
     units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
     held: str = ""  # items mode, streamed text: the part whose sentence has not ended
     arrival: float = field(default_factory=time.monotonic)
-    play_start: float | None = None  # items mode: when its first output left
-    played_s: float = 0.0  # items mode: seconds of media sent so far
+    play_start: float | None = None  # when its first output left
+    played_s: float = 0.0  # seconds of media sent so far
 
     def deadline(self) -> float:
-        """Items mode: when the client runs out of media (see module docstring)."""
+        """When the client runs out of media (see module docstring)."""
         return self.arrival if self.play_start is None else self.play_start + self.played_s
 
     def frames(self) -> torch.Tensor:
@@ -209,12 +211,14 @@ class GenerationEngine(Engine):
                 outputs.append(self._output(req, None, 0))
                 continue
             groups.setdefault(ctx + n, []).append((req, ctx, n))
-        for key in sorted(groups):
-            group, rows = groups[key], self.max_batch_size
+        if groups:  # one call per step, for the most urgent chunk (earliest deadline)
+            for group in groups.values():
+                group.sort(key=lambda item: item[0].deadline())
+            key = min(groups, key=lambda k: groups[k][0][0].deadline())
+            rows = self.max_batch_size
             if self.max_batch_frames:
                 rows = max(1, min(rows, self.max_batch_frames // key))
-            for i in range(0, len(group), rows):
-                outputs += self._run(group[i:i + rows])
+            outputs += self._run(groups[key][:rows])
         return outputs
 
     def _step_items(self) -> list[StepOutput]:
@@ -370,7 +374,7 @@ class GenerationEngine(Engine):
         if result is None:
             result = torch.zeros(0)
         data = {**self.runner.pack(result), "frames": n, "index": req.index}
-        if self.items and n:
+        if n:
             req.play_start = time.monotonic() if req.play_start is None else req.play_start
             req.played_s += _media_seconds(data)
         req.done += n
