@@ -23,23 +23,17 @@ chunk_frames + left_context), up to max_batch_size rows and max_batch_frames fra
 group and rows whose clients run out of audio first (deadlines as in items mode below), so
 each call's audio leaves at once and new input is taken between calls.
 
-Items mode (a runner with ``items = True``, e.g. TTS): inputs are not frames; the runner
-splits each input value into opaque units (``split(value, params)``, e.g. sentences), every
-unit is one output with no context. Streamed text (e.g. an LLM stage's tokens over a
-``stream`` edge) goes to ``split_stream(text, params, final) -> (units, held)`` when the
-runner has it: units for the sentences that ended, the rest held until more text comes
-or the stream ends. Per-request params reach the runner here. Each step
-makes one ``run_items(units, params)`` call, for the request whose client runs out of
-media first (earliest deadline first: a request with no output yet is due at its arrival;
-after that, at its first output's time + the seconds of media it has been sent, from the
-outputs' ``samples`` / ``sample_rate``), together with other ready requests of the same
-``group_key(params)`` in deadline order, up to max_batch_size, or alone when the runner
-says ``batches_units = False`` (its calls cost the same per unit batched or not). One
-call per step keeps steps short, so new requests join and outputs leave between units:
-no client waits behind a long request, and a new request's first unit goes first --
-unless a started request is about to run dry (within two calls' time): then new ones
-wait, so an overloaded engine makes clients queue for their first audio rather than
-making every stream stutter.
+Items mode (a runner with ``items = True``, e.g. TTS): the runner splits each input into
+opaque units (``split(value, params)``, e.g. sentences), each one output with no context;
+streamed text goes to ``split_stream(text, params, final) -> (units, held)`` when the
+runner has it (ended sentences out, the rest held). Each step makes one
+``run_items(units, params)`` call for the request whose client runs out of media first
+(deadline: its arrival until its first output, then that output's time + the seconds of
+media sent, from ``samples`` / ``sample_rate``), with other ready requests of the same
+``group_key(params)`` in deadline order up to max_batch_size (alone when the runner says
+``batches_units = False``). Short steps let new requests join and outputs leave between
+units; a new request's first unit goes first unless a started one is within two calls of
+running dry: over capacity, clients queue for their first audio instead of all stuttering.
 
 Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes, "sample_rate",
 "samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...). finished=True on
