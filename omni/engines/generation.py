@@ -17,10 +17,9 @@ chunk is its next n new frames plus up to left_context earlier frames; the runne
 the context's output. Complete inputs use complete_chunk_frames (one chunk when they
 fit). Streams with several ready chunks emit one chunk per step.
 
-Batching: one runner call per step, over ready chunks of the same total (context + new)
-length (no padding: outputs equal unbatched runs; a stream's steady-state chunks all have
-chunk_frames + left_context), up to max_batch_size rows and max_batch_frames frames: the
-group and rows whose clients run out of audio first (deadlines as in items mode below), so
+Batching: one runner call per step over ready chunks of one total (context + new) length
+(no padding: outputs equal unbatched runs), those whose clients run out of audio first
+(deadlines as in items mode below), up to max_batch_size rows and max_batch_frames frames;
 each call's audio leaves at once and new input is taken between calls.
 
 Items mode (a runner with ``items = True``, e.g. TTS): the runner splits each input into
