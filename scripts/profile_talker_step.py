@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Where one step of the Qwen3-Omni talker stage spends its time, at several batch sizes.
+"""Where one step of the Qwen3-Omni talker stage spends its time, at several batch sizes,
+eager and under CUDA graphs.
 
-    python scripts/profile_talker_step.py --model DIR [--batch 1,8,32] [--steps 20]
+    python scripts/profile_talker_step.py --model DIR [--batch 1,8,32] [--steps 20] [--graphs]
 
 Runs the thinker (exporting hidden states) for one answer, then the talker engine
 in-process with B requests fed that whole answer, and times each decode step and, with
 CUDA synchronisation around them, its two model parts: the talker's forward (first code)
 and the code predictor (the residual codes, one small forward per code group).
-With --graphs (CUDA) it then captures the code-predictor loop (feed_cuda_graphs), checks
-it against the eager loop on the same inputs, and times the steps again.
+With --graphs (CUDA) it repeats this for each graph mode (the code-predictor loop
+captured: feed_cuda_graphs; then the talker's decode too: cuda_graphs, with and without
+compile_decode), first checking each mode's greedy frames against the eager engine's.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def profile(talker: FeedbackAREngine, feed: list, batch: int, steps: int) -> dic
     for _ in range(3):  # prefills and the first decodes
         talker.step()
     forward, predictor, step = [], [], []
-    talker.lm.model.forward = timed(forward, talker.lm.model.forward)
+    talker._forward = timed(forward, talker._forward)
     talker.feed.feedback = timed(predictor, talker.feed.feedback)
     for _ in range(steps):
         _sync()
@@ -76,7 +78,7 @@ def profile(talker: FeedbackAREngine, feed: list, batch: int, steps: int) -> dic
         talker.step()
         _sync()
         step.append(time.perf_counter() - start)
-    del talker.lm.model.forward, talker.feed.feedback  # back to the class methods
+    del talker._forward, talker.feed.feedback  # back to the class methods
     talker.abort([f"b{batch}-{i}" for i in range(batch)])
     while talker.has_work():
         talker.step()
@@ -87,25 +89,27 @@ def profile(talker: FeedbackAREngine, feed: list, batch: int, steps: int) -> dic
     return ms
 
 
-@torch.inference_mode()
-def compare_graphs(talker: FeedbackAREngine, batch: int) -> str:
-    """Greedy and sampled codes of the captured loop against the cached eager loop."""
-    from omni.models.qwen3_omni_predictor import predict_cached
+def greedy_frames(talker: FeedbackAREngine, feed: list, steps: int) -> list[list[int]]:
+    """Two greedy requests fed the whole answer: each one's codec frames."""
+    frames: dict[str, list] = {"g0": [], "g1": []}
+    for rid in frames:
+        talker.add(EngineRequest(rid, {"stream": ["thinker"]},
+                                 {"max_tokens": steps, "ignore_eos": True, "temperature": 0}))
+        for seq, (data, last) in enumerate(feed):
+            talker.append(rid, "thinker", seq, data, last)
+    while talker.has_work():
+        for o in talker.step():
+            assert o.error is None, o.error
+            if o.data and o.data.get("codes"):
+                frames[o.request_id].append([c[0] for c in o.data["codes"]])
+    return frames["g0"] + frames["g1"]
 
-    feed, model = talker.feed, talker.lm.model.talker
-    gen = torch.Generator(device=talker.lm.device).manual_seed(0)
-    emb = model.get_input_embeddings()
-    hidden = torch.randn(batch, emb.weight.shape[1], device=emb.weight.device,
-                         dtype=emb.weight.dtype, generator=gen)
-    first = emb(torch.randint(0, 64, (batch,), device=emb.weight.device, generator=gen))
-    draws = torch.rand(batch, feed.num_groups - 1, device=emb.weight.device, generator=gen)
-    greedy = torch.arange(batch, device=emb.weight.device) % 2 == 0
-    codes, total = feed.graphs.run(hidden, first, draws, greedy)
-    ref_codes, ref_total = predict_cached(model.code_predictor, feed.cache_key, hidden, first,
-                                          draws, greedy)
-    same = (codes == ref_codes).float().mean().item()
-    diff = (total.float() - ref_total.float()).abs().max().item()
-    return f"graphs vs eager at batch {batch}: {same:.1%} codes equal, max |total diff| {diff:.3g}"
+
+MODES = {"eager": {"cuda_graphs": False, "feed_cuda_graphs": False},
+         "predictor-graphs": {"cuda_graphs": False, "feed_cuda_graphs": True},
+         "all-graphs": {"cuda_graphs": True, "compile_decode": False, "feed_cuda_graphs": True},
+         "all-graphs-compiled": {"cuda_graphs": True, "compile_decode": True,
+                                 "feed_cuda_graphs": True}}
 
 
 def main() -> int:
@@ -117,21 +121,34 @@ def main() -> int:
     parser.add_argument("--thinker-memory-gib", type=float, default=36)
     parser.add_argument("--talker-memory-gib", type=float, default=10)
     parser.add_argument("--graphs", action="store_true",
-                        help="then capture the code-predictor loop (CUDA) and run again")
+                        help="then the CUDA graph modes (" + ", ".join(list(MODES)[1:]) + ")")
     args = parser.parse_args()
     feed = thinker_answer(args.model, args.device, int(args.thinker_memory_gib * 2**30),
                           args.steps + 16)
     talker = FeedbackAREngine("qwen3_omni_talker", args.model, device=args.device,
                               memory_bytes=int(args.talker_memory_gib * 2**30))
     batches = [int(b) for b in args.batch.split(",")]
-    rounds = ["eager"] + (["graphs"] if args.graphs else [])
-    for mode in rounds:
-        if mode == "graphs":
-            if not talker.feed.use_cuda_graphs(max(batches)):
-                print("code-predictor graphs unavailable (CPU, or capture failed: see log)")
-                break
-            for batch in batches:
-                print(compare_graphs(talker, batch), flush=True)
+    reference = None
+    for mode, options in MODES.items():
+        if mode != "eager" and not args.graphs:
+            break
+        started = time.perf_counter()
+        talker = FeedbackAREngine("qwen3_omni_talker", args.model, device=args.device,
+                                  memory_bytes=int(args.talker_memory_gib * 2**30),
+                                  options={**options, "max_num_seqs": max(batches)})
+        print(f"[{mode}] engine ready in {time.perf_counter() - started:.1f} s; decode "
+              f"graphs {talker.graphs is not None}, predictor graphs "
+              f"{talker.feed.graphs is not None}", flush=True)
+        frames = greedy_frames(talker, feed, 24)
+        if reference is None:
+            reference = frames
+        else:
+            pairs = list(zip(frames, reference, strict=True))
+            same = sum(a == b for x, y in pairs for a, b in zip(x, y, strict=True))
+            total = sum(len(x) for x in reference)
+            first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+            print(f"[{mode}] greedy codes equal to eager: {same}/{total} (first differing "
+                  f"frame: {first})", flush=True)
         print(f"[{mode}] batch | step ms | talker forward ms | code predictor ms | other ms | "
               "frames/s")
         for batch in batches:
@@ -139,6 +156,9 @@ def main() -> int:
             print(f"{batch} | {ms['step']:.2f} | {ms['talker_forward']:.2f} | "
                   f"{ms['code_predictor']:.2f} | {ms['other']:.2f} | "
                   f"{1e3 * batch / ms['step']:.1f}", flush=True)
+        talker.shutdown()
+        del talker
+        torch.cuda.empty_cache()
     return 0
 
 

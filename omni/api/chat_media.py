@@ -5,9 +5,12 @@
 rate the model's text stage reports as ``input_audio_rate``, into float32 samples that
 ride to the engine in the message (``{"type": "input_audio", "input_audio": {"pcm_f32le":
 bytes, "sample_rate": rate}}``). A model that takes no audio, an undecodable clip or one
-longer than MAX_AUDIO_SECONDS is a 400 naming the part. Other parts (image_url, ...) go
-to the engine as they are, if the text stage lists their type in ``input_parts``; else
-they are a 400 naming the part.
+longer than MAX_AUDIO_SECONDS is a 400 naming the part. ``image_url`` parts (data: or
+fetched URLs) of a model that lists them in ``input_parts`` are checked to be a readable
+image of at most MAX_IMAGE_PIXELS and go to the engine as ``{"type": "image", "image":
+{"data": file bytes}}`` (the model's processor resizes them). Other parts go to the
+engine as they are, if the text stage lists their type; else they are a 400 naming the
+part.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from omni.api.app import SETTINGS_KEY
 from omni.api.errors import APIError
 from omni.media import fetch
 from omni.media.audio import decode_audio
+from omni.media.image import image_size
 
 MAX_AUDIO_SECONDS = 300.0
+MAX_IMAGE_PIXELS = 64 * 2**20  # larger files are refused before anything decodes them
 
 
 async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) -> None:
@@ -40,6 +45,9 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
             where = f"messages[{i}].content[{j}]"
             if kind in ("input_audio", "audio_url"):
                 parts[j] = await _audio_part(request, model, part, where)
+            elif kind == "image_url":
+                _check_accepted(model, kind, where)
+                parts[j] = await _image_part(request, part, where)
             elif kind != "text":
                 _check_accepted(model, kind, where)
 
@@ -87,3 +95,17 @@ async def _audio_bytes(request: web.Request, part: dict[str, Any], where: str) -
     except (binascii.Error, ValueError):
         raise APIError(400, f"{where}: input_audio.data is not valid base64",
                        param=where) from None
+
+
+async def _image_part(request: web.Request, part: dict[str, Any], where: str) -> dict[str, Any]:
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    try:
+        data = (await fetch.load(url, request.app[SETTINGS_KEY].media_fetch)).data
+        width, height = image_size(data)
+    except ValueError as e:  # MediaError is one
+        raise APIError(400, f"{where}: {e}", param=where) from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise APIError(400, f"{where}: the image is {width}x{height}; at most "
+                       f"{MAX_IMAGE_PIXELS} pixels are accepted", param=where)
+    return {"type": "image", "image": {"data": data}}

@@ -44,6 +44,7 @@ from omni.engines.ar_inputs import (
     stream_producer,
     take_chunk,
 )
+from omni.engines.ar_media import step_media
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
 from omni.engines.kv_cache import PagedKVCache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
@@ -108,7 +109,8 @@ class AREngine(Engine):
             raise EngineLoadError(f"option {name} must be a positive integer, got {value!r}")
         return value
 
-    def _make_graphs(self) -> Any:
+    def _make_graphs(self, embeds: tuple[int, torch.dtype] | None = None) -> Any:
+        """Decode graphs (CUDA); embeds = (width, dtype) when decode feeds embeddings."""
         if not self.options.get("cuda_graphs", True) or self.export_layers is not None:
             return None
         from omni.engines.decode_graphs import DecodeGraphs
@@ -116,7 +118,7 @@ class AREngine(Engine):
         limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
         graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
                               self.lm.device, bool(self.options.get("compile_decode", True)),
-                              keeps_logits=self.lm.keeps_logits)
+                              keeps_logits=self.lm.keeps_logits, embeds=embeds)
         try:
             graphs.warm()
         except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
@@ -167,7 +169,7 @@ class AREngine(Engine):
             params = SamplingParams.from_dict(request.params or {})
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
-            ids, embeds = ([], None) if producer else encode_prompt(self.lm, inputs)
+            ids, embeds, media = ([], None, None) if producer else encode_prompt(self.lm, inputs)
             capacity = self.cache.pool.num_blocks * self.cache.block_size
             if len(ids) >= capacity:
                 raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
@@ -179,7 +181,8 @@ class AREngine(Engine):
         state = _State(params, SequenceSampler(params, penalized, self.lm.device),
                        IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                        stream_from=producer)
-        seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds)
+        seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
+                       media=media)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
@@ -276,8 +279,9 @@ class AREngine(Engine):
         """Run the packed batch; logits of the sequences that reach their last token."""
         if self._graphable(batch):
             seqs = batch.seqs
-            logits = self.graphs.run([s.tokens[-1] for s in seqs], list(batch.starts),
-                                     [s.blocks.table for s in seqs])
+            logits = self.graphs.run(self._graph_inputs(batch), list(batch.starts),
+                                     [s.blocks.table for s in seqs],
+                                     [s.media.rope_delta if s.media else 0 for s in seqs])
             return seqs, logits
         ids, positions, last, sampled = [], [], [], []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
@@ -290,16 +294,21 @@ class AREngine(Engine):
         layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
                               batch.counts, dev)
         inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev))
-        out = self.lm.model(**inputs,
-                            position_ids=torch.tensor([positions], device=dev),
-                            use_cache=False, omni_batch=layout,
-                            output_hidden_states=self.export_layers is not None,
-                            **self._keep(last))
+        position_ids, media = step_media(self.lm, batch, torch.tensor(positions, device=dev))
+        with media:  # a multimodal prompt's rotary positions and vision features
+            out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
+                                omni_batch=layout,
+                                output_hidden_states=self.export_layers is not None,
+                                **self._keep(last))
         if self.export_layers is not None:
             self._keep_hidden(batch, out.hidden_states)
         if not self.lm.keeps_logits:  # the model returned every position's logits
             return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)]
         return sampled, out.logits[0]
+
+    def _graph_inputs(self, batch: ScheduledBatch) -> Any:
+        """What a graphed decode step feeds: each sequence's last token."""
+        return [s.tokens[-1] for s in batch.seqs]
 
     def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
         """Hook: the step's tokens are sampled and not yet emitted."""
@@ -363,6 +372,7 @@ class AREngine(Engine):
             data["prompt_tokens"] = len(seq.prompt)
             if self.export_layers is not None:  # the consumer needs to know the positions
                 data["prompt_token_ids"] = list(seq.prompt)
+                data.update(seq.media.exports if seq.media else {})
             data["cached_tokens"] = seq.blocks.cached_tokens
         if finish is None:
             return StepOutput(seq.id, data=data)

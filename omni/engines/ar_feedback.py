@@ -4,8 +4,9 @@ stage feeding it).
 
 The batching, paged KV cache, scheduling and sampling are AREngine's; a model adapter
 (omni/models: AR_FEEDBACK_MODELS) supplies a "feed" that
-- takes the producer stage's chunks (`take`) and builds the prompt embeddings once enough
-  has arrived (`prefill`); until then the request waits in the scheduler;
+- takes the producer stage's chunks (`take`) and builds the prompt embeddings (and their
+  PromptLayout, for multi-axis rotary positions) once enough has arrived (`prefill`);
+  until then the request waits in the scheduler;
 - after each sampled token, computes the frame's extra outputs and the next input
   (`feedback`, one batched call per step);
 - says whether decode step g can be fed yet (`ready`); a sequence whose side input has
@@ -58,13 +59,16 @@ class FeedbackAREngine(AREngine):
         return self.lm
 
     def _make_graphs(self) -> Any:
-        # every input is an embedding computed per step: the model's decode runs eagerly;
-        # a feed may capture its own per-step work (option feed_cuda_graphs, off until
-        # measured on a GPU: see docs/pipeline.md)
+        """Decode graphs fed with the feed's input embeddings (cuda_graphs), and the feed's
+        own per-step work (feed_cuda_graphs, e.g. a code predictor), on CUDA."""
+        max_seqs = self._opt("max_num_seqs", 64)
+        reserve = getattr(self.feed, "reserve", None)
+        if reserve is not None:  # static buffers the graphs write, sized once
+            reserve(max_seqs)
         use = getattr(self.feed, "use_cuda_graphs", None)
-        if self.options.get("feed_cuda_graphs", False) and use is not None:
-            use(self._opt("max_num_seqs", 64))
-        return None
+        if self.options.get("feed_cuda_graphs", True) and use is not None:
+            use(max_seqs)
+        return super()._make_graphs(embeds=(self.lm.config.hidden_size, self.lm.dtype))
 
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -119,8 +123,9 @@ class FeedbackAREngine(AREngine):
             self.feed.take(state.feed, data)
             state.feed.closed = last
             if seq.input_open:
-                embeds = self.feed.prefill(state.feed, state.voice)
-                if embeds is not None:
+                prompt = self.feed.prefill(state.feed, state.voice)
+                if prompt is not None:
+                    embeds, seq.media = prompt
                     seq.embeds, seq.prompt, seq.input_open = embeds, [0] * len(embeds), False
                 elif last:  # the producer ended before there was anything to say
                     self._failed.append(self._finish(seq, "stop", ""))
@@ -157,6 +162,9 @@ class FeedbackAREngine(AREngine):
                     state.fed.append(self.feed.decode_input(state.feed, step))
                 rows.append(state.fed[step])
         return {"inputs_embeds": torch.stack(rows)[None].to(self.lm.dtype)}
+
+    def _graph_inputs(self, batch: ScheduledBatch) -> Any:
+        return self._packed_inputs(batch, None)["inputs_embeds"][0]
 
     def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
         eos = self.lm.eos_token_ids

@@ -45,17 +45,17 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     return [int(i) for i in ids]
 
 
-def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], Any]:
-    """(ids, embeddings or None) of an entry request's prompt. Media parts (the model's
-    `media` encoder) and given prompt_embeds come as embeddings; placeholder ids stand
-    for prompt_embeds (never fed: the embeddings are)."""
+def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], Any, Any]:
+    """(ids, embeddings or None, PromptLayout or None) of an entry request's prompt. Media
+    parts (the model's `media` encoder) and given prompt_embeds come as embeddings;
+    placeholder ids stand for prompt_embeds (never fed: the embeddings are)."""
     messages = inputs.get("messages")
     if lm.media is not None and lm.media.wants(messages):
         return lm.media.encode(messages)
     embeds = prompt_embeds(lm, inputs)
     if embeds is not None:
-        return [0] * embeds.shape[0], embeds
-    return prompt_ids(lm, inputs), None
+        return [0] * embeds.shape[0], embeds, None
+    return prompt_ids(lm, inputs), None, None
 
 
 def prompt_embeds(lm: CausalLM, inputs: Mapping[str, Any]) -> torch.Tensor | None:

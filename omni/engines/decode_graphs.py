@@ -36,7 +36,7 @@ class DecodeGraphs:
 
     def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
                  device: torch.device, compile_model: bool = False,
-                 keeps_logits: bool = True) -> None:
+                 keeps_logits: bool = True, embeds: tuple[int, torch.dtype] | None = None) -> None:
         self.model, self.cache, self.device = model, cache, device
         self.keeps_logits = keeps_logits  # forward() takes logits_to_keep
         # torch.compile fuses the many small elementwise kernels of a decode step (norms,
@@ -49,6 +49,9 @@ class DecodeGraphs:
         self.scratch = block * cache.block_size
         b, length = self.batch_buckets[-1], self.context_buckets[-1]
         self.ids = torch.zeros(1, b, dtype=torch.long, device=device)
+        # (width, dtype): the model is fed input embeddings (one row per sequence), not ids
+        self.embeds = None if embeds is None else torch.zeros(1, b, embeds[0], dtype=embeds[1],
+                                                              device=device)
         self.positions = torch.zeros(1, b, dtype=torch.long, device=device)
         self.write = torch.zeros(b, dtype=torch.long, device=device)
         self.slots = torch.zeros(b, length, dtype=torch.long, device=device)
@@ -73,20 +76,24 @@ class DecodeGraphs:
     def fits(self, batch: int, context: int) -> bool:
         return batch <= self.batch_buckets[-1] and context <= self.context_buckets[-1]
 
-    def run(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """Logits (B, V) of one decode step: sequence i feeds tokens[i] at positions[i]."""
+    def run(self, tokens: list[int] | torch.Tensor, positions: list[int],
+            tables: list[list[int]], rope_deltas: list[int] | None = None) -> torch.Tensor:
+        """Logits (B, V) of one decode step: sequence i feeds tokens[i] (a token id, or a
+        row of a (B, width) tensor of input embeddings) at positions[i] (its rotary
+        position shifted by rope_deltas[i]: see omni/engines/ar_media.py)."""
         n = len(tokens)
         b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
         context = max(positions) + 1
         length = self.context_buckets[bisect.bisect_left(self.context_buckets, context)]
-        self._fill(tokens, positions, tables, b, length)
+        self._fill(tokens, positions, tables, b, length, rope_deltas)
         graph, logits = self.graphs.get((b, length)) or self._capture(b, length)
         graph.replay()
         self.replays += 1
         return logits[:n]
 
-    def _fill(self, tokens: list[int], positions: list[int], tables: list[list[int]],
-              b: int, length: int) -> None:
+    def _fill(self, tokens: list[int] | torch.Tensor, positions: list[int],
+              tables: list[list[int]], b: int, length: int,
+              rope_deltas: list[int] | None = None) -> None:
         """Fill the static buffers for b rows (the real ones first) and a context of
         length slots. Vectorised: the per-step host work must stay well under a
         millisecond next to a few-millisecond replay."""
@@ -99,8 +106,13 @@ class DecodeGraphs:
             pad_block=self.scratch // self.cache.block_size)
         pos = torch.tensor(positions + [0] * (b - n), dtype=torch.long)
         write = slots[torch.arange(b), pos]
-        self.ids[0, :b].copy_(torch.tensor(tokens + [0] * (b - n)), non_blocking=True)
-        self.positions[0, :b].copy_(pos, non_blocking=True)
+        if isinstance(tokens, torch.Tensor):  # padding rows keep earlier (finite) values
+            self.embeds[0, :n].copy_(tokens)
+        else:
+            self.ids[0, :b].copy_(torch.tensor(tokens + [0] * (b - n)), non_blocking=True)
+        rope = pos if not any(rope_deltas or ()) else pos + torch.tensor(
+            list(rope_deltas) + [0] * (b - n), dtype=torch.long)
+        self.positions[0, :b].copy_(rope, non_blocking=True)
         self.write[:b].copy_(write, non_blocking=True)
         self.slots[:b, :length].copy_(slots, non_blocking=True)
         self.valid[:b, :length].copy_(valid, non_blocking=True)
@@ -113,7 +125,9 @@ class DecodeGraphs:
 
     def _forward(self, b: int, length: int) -> torch.Tensor:
         keep = {"logits_to_keep": self.keep[:b]} if self.keeps_logits else {}
-        out = self.forward_fn(input_ids=self.ids[:, :b], position_ids=self.positions[:, :b],
+        inputs = ({"input_ids": self.ids[:, :b]} if self.embeds is None
+                  else {"inputs_embeds": self.embeds[:, :b]})
+        out = self.forward_fn(**inputs, position_ids=self.positions[:, :b],
                               use_cache=False, omni_batch=self._layout(b, length), **keep)
         return out.logits[0]
 

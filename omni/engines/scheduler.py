@@ -39,6 +39,7 @@ class Sequence:
     preemptions: int = 0
     input_open: bool = False  # stream input still arriving: sample nothing yet
     embeds: Any = None  # (prompt_len, hidden) prompt embeddings given instead of token ids
+    media: Any = None  # a multimodal prompt's PromptLayout (omni/engines/ar_media.py)
     held: bool = False  # its next input depends on stream input that has not arrived
 
     @property

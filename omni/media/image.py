@@ -69,11 +69,18 @@ def check_mask(mask: bytes, image: bytes) -> None:
 
 
 def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of an image file; ValueError when it is not one."""
+    """(width, height) of an image file (its header only: callers bound the size before
+    anything decodes it); ValueError when it is not one."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                return image.size
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"the image is too large: {e}") from None
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"not an image this server can read ({e})") from None

@@ -44,6 +44,9 @@ class CausalLM:
     # hidden layers a downstream stage of this model reads (export_hidden_layers: auto)
     export_layers: list[int] | None = None
     media: Any = None  # encodes prompts with media parts: wants(messages), encode, info
+    # multi-axis rotary positions (omni/engines/ar_media.py): axes, position_ids(text, axes)
+    rope: Any = None
+    deepstack: Any = None  # adds vision features to early layers: inject((mask, features))
 
     def use_attention(self, name: str) -> None:
         self.model.set_attn_implementation(

@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
+from omni.engines.ar_media import PromptLayout
 from omni.engines.base import EngineLoadError
 from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
+from omni.models.qwen3_omni_vision import TextFirstRope
 
 TALKER_PREFIX = "talker."
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -57,10 +59,32 @@ def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> PromptLayout:
+    """The talker's rotary positions: what the model's get_rope_index gives for the talker
+    sequence (the kept thinker positions `keep`, then `tail` assistant positions). That
+    function makes every text token or media block start one past the largest position
+    before it, so dropping a segment (a system turn) shifts every later position by the
+    same amount: each run of consecutive kept positions keeps its thinker positions, shifted
+    to start one past the talker's largest position so far."""
+    rows, next_pos, prev = [], 0, None
+    for i in keep:
+        if prev is None or i != prev + 1:
+            shift = int(thinker_rope[:, i].min()) - next_pos
+        pos = thinker_rope[:, i] - shift
+        rows.append(pos)
+        next_pos = max(next_pos, int(pos.max()) + 1)
+        prev = i
+    tail_pos = torch.arange(next_pos, next_pos + tail).expand(3, tail)
+    rope = torch.cat((torch.stack(rows, 1) if rows else tail_pos[:, :0], tail_pos), 1)
+    return PromptLayout(rope, rope_delta=next_pos - len(keep))
+
+
 class TalkerLM(torch.nn.Module):
     """The talker as the AR engine calls it: forward(inputs_embeds, position_ids, ...) ->
     logits of the kept rows (first code group, extra ids suppressed); the kept rows'
-    last hidden states stay in `last_hidden` for the code predictor."""
+    last hidden states stay in `last_hidden` for the code predictor: rows of one buffer,
+    so a decode step replayed from a CUDA graph (which runs no Python) leaves them there
+    too."""
 
     def __init__(self, talker: Any) -> None:
         super().__init__()
@@ -71,7 +95,14 @@ class TalkerLM(torch.nn.Module):
         mask[max(0, vocab - 1024):] = True  # generate() suppresses these, except codec_eos
         mask[cfg.codec_eos_token_id] = False
         self.register_buffer("suppressed", mask, persistent=False)
-        self.last_hidden: torch.Tensor | None = None
+        self.last_hidden: torch.Tensor | None = None  # (rows, H), kept rows first
+
+    def reserve(self, rows: int) -> None:
+        """Size the kept-rows buffer once (graphs captured later write into it)."""
+        cfg = self.talker.config.text_config
+        weight = self.talker.codec_head.weight
+        self.last_hidden = torch.zeros(rows, cfg.hidden_size, dtype=weight.dtype,
+                                       device=weight.device)
 
     def get_input_embeddings(self) -> Any:
         return self.talker.get_input_embeddings()
@@ -85,8 +116,11 @@ class TalkerLM(torch.nn.Module):
         kwargs.pop("input_ids", None)
         kwargs.pop("output_hidden_states", None)
         out = self.talker.model(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
-        self.last_hidden = out.last_hidden_state[0, logits_to_keep]
-        logits = self.talker.codec_head(self.last_hidden)
+        kept = out.last_hidden_state[0, logits_to_keep]
+        if self.last_hidden is None or len(self.last_hidden) < len(kept):
+            self.last_hidden = torch.empty_like(kept)  # eager only: graphs reserve first
+        self.last_hidden[:len(kept)].copy_(kept)
+        logits = self.talker.codec_head(kept)
         return _Out(logits.masked_fill(self.suppressed, float("-inf"))[None])  # (1, k, V)
 
 
@@ -102,6 +136,7 @@ class FeedState:
     prompt_ids: list[int] | None = None
     prompt_embeds: torch.Tensor | None = None  # (P, Ht) thinker layer 0
     prompt_hidden: torch.Tensor | None = None  # (P, Ht) thinker accept layer
+    prompt_rope: torch.Tensor | None = None  # (3, P) thinker rotary positions (images)
     answer: list[torch.Tensor] = field(default_factory=list)  # projected answer tokens
     closed: bool = False
     next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
@@ -167,16 +202,23 @@ class TalkerFeed:
                 raise ValueError("the thinker's first output must carry prompt_token_ids for "
                                  "every prompt position it exports")
             st.prompt_ids, st.prompt_embeds, st.prompt_hidden = ids, hidden[:, 0], hidden[:, 1]
+            rope = data.get("prompt_rope_positions")
+            if rope is not None:
+                st.prompt_rope = torch.as_tensor(rope, dtype=torch.long)
+                if st.prompt_rope.shape != (3, len(ids)):
+                    raise ValueError("prompt_rope_positions must be (3, prompt tokens)")
             return
         with torch.inference_mode():
             st.answer += list(self.lm.talker.text_projection(hidden[:, 0]))
 
-    def prefill(self, st: FeedState, speaker: str) -> torch.Tensor | None:
-        """(positions, H) talker prompt once the first answer token is known, else None."""
+    def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, Any] | None:
+        """((positions, H) talker prompt, its PromptLayout or None) once the first answer
+        token is known, else None."""
         if st.prompt_ids is None or not st.answer:
             return None
         ids, p = st.prompt_ids, self.top
-        user = self._user_part(st)
+        keep = self._user_positions(st)
+        user = self._user_part(st, keep)
         starts = [i for i in range(len(ids) - 1)
                   if ids[i] == p.im_start_token_id and ids[i + 1] == p.assistant_token_id]
         if not starts:
@@ -190,9 +232,13 @@ class TalkerFeed:
             codec = self.lm.get_input_embeddings()(
                 torch.tensor(codec_ids, device=head.device))
             text = torch.stack([self.tts_pad] * 4 + [self.tts_bos, st.answer[0]])
-            return torch.cat((user, head, text + codec))
+            embeds = torch.cat((user, head, text + codec))
+        layout = None if st.prompt_rope is None else talker_layout(
+            st.prompt_rope, keep, len(embeds) - len(keep))
+        return embeds, layout
 
-    def _user_part(self, st: FeedState) -> torch.Tensor:
+    def _user_positions(self, st: FeedState) -> list[int]:
+        """The thinker prompt positions of the user turns (what the talker hears)."""
         ids, p = st.prompt_ids, self.top
         role, keep = None, []
         for i, t in enumerate(ids):
@@ -200,6 +246,10 @@ class TalkerFeed:
                 role = ids[i + 1]
             if role == p.user_token_id:
                 keep.append(i)
+        return keep
+
+    def _user_part(self, st: FeedState, keep: list[int]) -> torch.Tensor:
+        ids = st.prompt_ids
         index = torch.tensor(keep, dtype=torch.long, device=st.prompt_embeds.device)
         mm = torch.tensor([ids[i] in self.mm_ids for i in keep], device=index.device)
         with torch.inference_mode():
@@ -241,6 +291,9 @@ class TalkerFeed:
         frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync per step
         for i, st in enumerate(states):
             st.codes, st.next_codec = frame[i], total[i]
+
+    def reserve(self, rows: int) -> None:
+        self.lm.reserve(rows)
 
     def use_cuda_graphs(self, max_batch: int) -> bool:
         """Capture the code-predictor loop for batches up to max_batch (CUDA only)."""
@@ -292,7 +345,7 @@ def load_talker(model_dir: str, dtype: str = "auto",
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,
                   random_weights=_is_random(path), config=cfg.text_config,
-                  cache_kwarg=cache_keyword(talker.model.forward))
+                  cache_kwarg=cache_keyword(talker.model.forward), rope=TextFirstRope())
     return lm, feed
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 
 import av
 import numpy as np
@@ -209,14 +211,62 @@ def test_a_spoken_question_gets_a_spoken_answer(server):
     run(body())
 
 
-def test_image_parts_get_a_clear_error(server):
+def png_url(width: int, height: int) -> str:
+    from PIL import Image
+
+    pixels = (np.random.default_rng(width).random((height, width, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def huge_png_header() -> str:
+    """A PNG whose header claims 10000 x 10000 pixels (no pixel data follows)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    head = struct.pack(">IIBBBBB", 10000, 10000, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_an_image_question_gets_a_spoken_answer(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            question = [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": png_url(96, 64)}},
+                {"type": "text", "text": "What is in the picture?"}]}]
+            chunks = [c async for c in await client.chat.completions.create(
+                model="omni", messages=question, modalities=["text", "audio"],
+                audio={"voice": "ethan", "format": "pcm16"}, stream=True,
+                stream_options={"include_usage": True}, **SEEDED)]
+            pcm = b"".join(base64.b64decode(a["data"]) for a in audio_fields(chunks)
+                           if a.get("data"))
+            assert len(pcm) == 2 * (FRAMES * 1920 - 555)
+            text_only = await client.chat.completions.create(
+                model="omni", messages=[{"role": "user", "content": "What is in the picture?"}],
+                **SEEDED)
+            # 96 x 64 pixels = 6 x 4 patches of 16 = 6 merged 2x2 tokens, + start and end
+            assert chunks[-1].usage.prompt_tokens == text_only.usage.prompt_tokens + 8
+    run(body())
+
+
+def test_bad_media_parts_get_clear_errors(server):
     async def body():
         async with server.client(timeout=30) as client:
-            with pytest.raises(openai.APIStatusError) as info:
-                await client.chat.completions.create(model="omni", messages=[
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {
-                        "url": "data:image/png;base64,AAAA"}}]}], **SEEDED)
-            assert info.value.status_code == 400, info.value
-            assert "does not take 'image_url' content parts" in info.value.message
-            assert "input_audio" in info.value.message
+            for part, needle in (
+                    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                     "not an image this server can read"),
+                    ({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}},
+                     "file URLs are refused"),
+                    ({"type": "image_url", "image_url": {"url": huge_png_header()}},
+                     "10000x10000"),
+                    ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+                     "does not take 'video_url' content parts")):
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.chat.completions.create(model="omni", messages=[
+                        {"role": "user", "content": [part]}], **SEEDED)
+                assert needle in info.value.message, info.value.message
+                assert info.value.body["param"] == "messages[0].content[0]"
     run(body())

@@ -3,6 +3,8 @@ batched greedy decoding equals the thinker run by transformers on its own."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -102,9 +104,71 @@ def test_audio_input_matches_transformers_thinker(omni_dir):
         assert got[rid] == ref[0, len(ids):].tolist(), rid
 
 
-def test_image_parts_are_refused_clearly(omni_dir):
+def _png(width: int, height: int, seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_image_input_matches_transformers_thinker(omni_dir):
+    """Images batched with a text request: the answers and the exported hidden states equal
+    transformers' thinker given the same pixels (its 3-axis rotary positions, deepstack).
+    Leaving out either the positions or deepstack changes these answers."""
+    from PIL import Image
+    from transformers import AutoConfig, Qwen3OmniMoeForConditionalGeneration
+
+    engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
+    assert "image_url" in engine.info()["input_parts"]
+    images = {"one": [_png(64, 64, 1)], "two": [_png(100, 40, 2), _png(48, 80, 3)]}
+    for rid, files in images.items():
+        content = [{"type": "image", "image": {"data": f}} for f in files]
+        engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": content + [
+            {"type": "text", "text": "What is this?"}]}]},
+            {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
+    engine.add(EngineRequest("text", {"prompt": "Hello world"},
+                             {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
+    got: dict[str, list[int]] = {}
+    first: dict[str, dict] = {}
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            got.setdefault(o.request_id, []).extend(o.data["token_ids"])
+            first.setdefault(o.request_id, o.data)
+    assert "prompt_rope_positions" not in first["text"]
+    config = AutoConfig.from_pretrained(str(omni_dir))
+    config.enable_audio_output = False
+    thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(omni_dir), config=config, dtype=torch.float32).thinker.eval()
+    for rid, files in images.items():
+        ids = first[rid]["prompt_token_ids"]
+        pil = [Image.open(io.BytesIO(f)).convert("RGB") for f in files]
+        pixels = engine.lm.media.images(images=pil, return_tensors="pt")
+        assert ids.count(config.thinker_config.image_token_id) == int(
+            pixels["image_grid_thw"].prod(-1).sum()) // 4  # merged 2x2 patches
+        ref = thinker.generate(input_ids=torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                               eos_token_id=None, output_hidden_states=True,
+                               return_dict_in_generate=True, **pixels)
+        assert got[rid] == ref.sequences[0, len(ids):].tolist(), rid
+        prompt_hidden = ref.hidden_states[0]  # the prefill: (embeddings, layer 1, ...)
+        torch.testing.assert_close(first[rid]["hidden_states"][:, 0], prompt_hidden[0][0])
+        torch.testing.assert_close(first[rid]["hidden_states"][:, 1], prompt_hidden[1][0])
+        ids_t = torch.tensor([ids])
+        rope, _ = thinker.model.get_rope_index(ids_t, pixels["image_grid_thw"],
+                                               attention_mask=torch.ones_like(ids_t))
+        assert first[rid]["prompt_rope_positions"] == rope[:, 0].long().tolist()
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_video_and_undecoded_parts_are_refused_clearly(omni_dir):
     engine = AREngine(str(omni_dir))
-    engine.add(EngineRequest("i", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, {}))
-    (out,) = engine.step()
-    assert out.error and "'image_url' content parts are not supported" in out.error
+    for rid, part in (("v", {"type": "video_url", "video_url": {"url": "data:video/mp4,"}}),
+                      ("i", {"type": "image_url", "image_url": {"url": "data:,"}}),
+                      ("bad", {"type": "image", "image": {"data": b"not an image"}})):
+        engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": [part]}]}, {}))
+    errors = {o.request_id: o.error for o in engine.step()}
+    assert "'video_url' content parts are not supported" in errors["v"]
+    assert "'image_url' content parts are not supported" in errors["i"]
+    assert "not an image this server can read" in errors["bad"]

@@ -5,6 +5,9 @@ loads exactly the saved weights."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -40,9 +43,9 @@ def _messages(q: str) -> list[dict]:
     return [{"role": "user", "content": q}]
 
 
-def thinker_outputs(thinker, question: str, max_tokens: int = 8) -> list[dict]:
-    thinker.add(EngineRequest("t", {"messages": _messages(question)},
-                              {**GREEDY, "max_tokens": max_tokens}))
+def thinker_outputs(thinker, question: str | list, max_tokens: int = 8) -> list[dict]:
+    messages = _messages(question) if isinstance(question, str) else question
+    thinker.add(EngineRequest("t", {"messages": messages}, {**GREEDY, "max_tokens": max_tokens}))
     outs = []
     while thinker.has_work():
         for o in thinker.step():
@@ -77,7 +80,8 @@ def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None
     return frames
 
 
-def hf_codes(omni_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int):
+def hf_codes(omni_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int,
+             **media):
     """transformers' composite generate, greedy: (answer ids, codes (NQ, frames))."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
@@ -93,7 +97,7 @@ def hf_codes(omni_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens
     seqs, _ = model.generate(input_ids=torch.tensor([prompt_ids]), return_audio=True,
                              speaker="Ethan", thinker_max_new_tokens=thinker_tokens,
                              thinker_do_sample=False, talker_max_new_tokens=talker_tokens,
-                             talker_do_sample=False, talker_repetition_penalty=1.0)
+                             talker_do_sample=False, talker_repetition_penalty=1.0, **media)
     return seqs[0, len(prompt_ids):].tolist(), captured["codes"][0]
 
 
@@ -112,6 +116,31 @@ def test_talker_frames_equal_transformers_generate(omni_dir, thinker, talker):
     assert ours.shape == (4, 12) and hf.shape == (4, 11)
     assert torch.equal(ours[:, :11], hf)
     assert talker.stats()["kv_blocks_used"] == 0 and talker.stats()["running"] == 0
+
+
+def test_image_prompt_frames_equal_transformers_generate(omni_dir, thinker, talker):
+    """An image in the second user turn (after a system and an assistant turn, which the
+    talker does not hear): the talker's 3-axis positions are rebuilt from the thinker's
+    and the frames equal transformers' composite generate given the same pixels."""
+    from PIL import Image
+
+    from omni.models.qwen3_omni_vision import decode_image
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.default_rng(5).random((72, 96, 3)) * 255).astype("uint8")).save(
+        buf, "PNG")
+    image = {"type": "image", "image": {"data": buf.getvalue()}}
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
+                {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+    outs = thinker_outputs(thinker, messages)
+    prompt_ids = outs[0][0]["prompt_token_ids"]
+    assert "prompt_rope_positions" in outs[0][0]
+    frames = run_talker(talker, {"img": outs}, max_tokens=12)["img"]
+    pixels = thinker.lm.media.images(images=[decode_image(image)], return_tensors="pt")
+    hf_answer, hf = hf_codes(omni_dir, prompt_ids, 8, 12, **pixels)
+    assert [t for data, _ in outs for t in data["token_ids"]] == hf_answer
+    assert torch.equal(torch.tensor(frames).T[:, :11], hf)
 
 
 def test_batched_and_streamed_equal_alone(thinker, talker):

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from omni.engines.base import EngineLoadError
 from omni.fixtures import (
     FIXTURE_MARKER,
+    FIXTURE_VERSION,
     TINY_MODELS,
     build_tiny_qwen3,
     build_tiny_qwen3_moe,
@@ -58,7 +59,7 @@ def test_release_files(dirs):
     assert any(re.search(r"experts\.3\.gate_proj\.weight$", k) for k in index["weight_map"])
     marker = json.loads((q / FIXTURE_MARKER).read_text())
     assert marker["random_weights"] is True and marker["builder"] == "qwen3"
-    assert marker["version"] == 1
+    assert marker["version"] == FIXTURE_VERSION
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
@@ -188,7 +189,7 @@ def test_ensure_tiny_model_builds_once(tmp_path):
     assert any("building tiny qwen3 (random weights)" in m for m in messages)
     marker = json.loads((path / FIXTURE_MARKER).read_text())
     assert marker["random_weights"] is True and marker["builder"] == "qwen3"
-    assert marker["version"] == 1
+    assert marker["version"] == FIXTURE_VERSION
     mtime = (path / "model.safetensors").stat().st_mtime_ns
     messages.clear()
     assert ensure_tiny_model("qwen3", tmp_path, progress=messages.append) == path
