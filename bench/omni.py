@@ -192,7 +192,7 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
                 spoken_answer(session, urls[side], models[side], t, i, start)
                 for i, t in enumerate(batch))))
 
-        for side in urls:  # warm-up (the stages decode eagerly: no shapes to capture)
+        for side in urls:  # warm-up: first-use costs (compiles, allocator growth) off the clock
             await burst(side, 1)
             await burst(side, 1)
         out: dict[str, Any] = {side: {} for side in urls}

@@ -46,17 +46,39 @@ def timed(spent: list[float], fn):
     return wrapper
 
 
-def thinker_answer(model: str, device: str, memory: int, tokens: int) -> list:
+def thinker_answer(model: str, device: str, memory: int, tokens: int,
+                   options: dict | None = None) -> list:
     thinker = AREngine(model, device=device, memory_bytes=memory,
-                       options={"export_hidden_layers": "auto"})
+                       options={"export_hidden_layers": "auto", **(options or {})})
     thinker.add(EngineRequest("t", {"messages": [{"role": "user", "content": "Tell me a story "
                                                   "about the sea and the wind."}]},
                               {"max_tokens": tokens, "ignore_eos": True, "temperature": 0}))
     outs = []
     while thinker.has_work():
         outs += [(o.data, o.finished) for o in thinker.step()]
+    if thinker.graphs is not None:
+        print(f"[thinker] {thinker.graphs.replays} decode steps replayed from graphs")
     thinker.shutdown()
+    del thinker
+    torch.cuda.empty_cache()
     return outs
+
+
+def compare_thinker(args: argparse.Namespace, tokens: int) -> None:
+    """The thinker's tokens and exported hidden states, eager vs graphed decode."""
+    memory = int(args.thinker_memory_gib * 2**30)
+    runs = {name: thinker_answer(args.model, args.device, memory, tokens, options)
+            for name, options in (("eager", {"cuda_graphs": False}),
+                                  ("graphs", {"compile_decode": False}),
+                                  ("graphs-compiled", {}))}
+    ref = runs.pop("eager")
+    for name, outs in runs.items():
+        same = [a[0]["token_ids"] == b[0]["token_ids"] for a, b in zip(outs, ref, strict=True)]
+        diff = max((a[0]["hidden_states"].float() - b[0]["hidden_states"].float()).abs().max()
+                   .item() for a, b in zip(outs, ref, strict=True) if b[0].get("hidden_states")
+                   is not None)
+        print(f"[thinker {name}] tokens equal to eager: {sum(same)}/{len(same)}, exported "
+              f"hidden states max |diff| {diff:.3g}", flush=True)
 
 
 def profile(talker: FeedbackAREngine, feed: list, batch: int, steps: int) -> dict[str, float]:
@@ -120,6 +142,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--thinker-memory-gib", type=float, default=36)
     parser.add_argument("--talker-memory-gib", type=float, default=10)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="talker modes to time (default: all of " + ",".join(MODES) + ")")
     parser.add_argument("--graphs", action="store_true",
                         help="then the CUDA graph modes (" + ", ".join(list(MODES)[1:]) + ")")
     args = parser.parse_args()
@@ -127,11 +151,13 @@ def main() -> int:
                           args.steps + 16)
     talker = FeedbackAREngine("qwen3_omni_talker", args.model, device=args.device,
                               memory_bytes=int(args.talker_memory_gib * 2**30))
+    if args.graphs:
+        compare_thinker(args, args.steps + 16)
     batches = [int(b) for b in args.batch.split(",")]
     reference = None
     for mode, options in MODES.items():
-        if mode != "eager" and not args.graphs:
-            break
+        if (mode != "eager" and not args.graphs) or mode not in args.modes.split(","):
+            continue
         started = time.perf_counter()
         talker = FeedbackAREngine("qwen3_omni_talker", args.model, device=args.device,
                                   memory_bytes=int(args.talker_memory_gib * 2**30),

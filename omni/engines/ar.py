@@ -111,14 +111,15 @@ class AREngine(Engine):
 
     def _make_graphs(self, embeds: tuple[int, torch.dtype] | None = None) -> Any:
         """Decode graphs (CUDA); embeds = (width, dtype) when decode feeds embeddings."""
-        if not self.options.get("cuda_graphs", True) or self.export_layers is not None:
+        if not self.options.get("cuda_graphs", True):
             return None
         from omni.engines.decode_graphs import DecodeGraphs
 
         limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
         graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
                               self.lm.device, bool(self.options.get("compile_decode", True)),
-                              keeps_logits=self.lm.keeps_logits, embeds=embeds)
+                              keeps_logits=self.lm.keeps_logits, embeds=embeds,
+                              export_layers=self.export_layers)
         try:
             graphs.warm()
         except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
@@ -282,6 +283,8 @@ class AREngine(Engine):
             logits = self.graphs.run(self._graph_inputs(batch), list(batch.starts),
                                      [s.blocks.table for s in seqs],
                                      [s.media.rope_delta if s.media else 0 for s in seqs])
+            if self.export_layers is not None:
+                self._keep_hidden(batch, self.graphs.hidden[:len(seqs)])
             return seqs, logits
         ids, positions, last, sampled = [], [], [], []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
@@ -301,7 +304,8 @@ class AREngine(Engine):
                                 output_hidden_states=self.export_layers is not None,
                                 **self._keep(last))
         if self.export_layers is not None:
-            self._keep_hidden(batch, out.hidden_states)
+            self._keep_hidden(batch, torch.stack(
+                [out.hidden_states[i][0] for i in self.export_layers], dim=1))
         if not self.lm.keeps_logits:  # the model returned every position's logits
             return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)]
         return sampled, out.logits[0]
@@ -338,9 +342,8 @@ class AREngine(Engine):
                 and all(s.samples_next and s.pending == 1 for s in batch.seqs)
                 and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
-    def _keep_hidden(self, batch: ScheduledBatch, hidden: tuple[torch.Tensor, ...]) -> None:
+    def _keep_hidden(self, batch: ScheduledBatch, chosen: torch.Tensor) -> None:
         """Each sequence's slice of the chosen layers, held until its next output."""
-        chosen = torch.stack([hidden[i][0] for i in self.export_layers], dim=1)  # (N, k, H)
         offset = 0
         for seq, n in zip(batch.seqs, batch.counts, strict=True):
             state: _State = seq.state

@@ -15,12 +15,16 @@ the common ones), and share one memory pool.
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 from typing import Any
 
 import torch
 
 from omni.engines.kv_cache import PagedKVCache
 from omni.engines.paged_attention import BatchLayout, padded_context_slots
+
+log = logging.getLogger("omni.engines.decode_graphs")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CONTEXT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -36,8 +40,13 @@ class DecodeGraphs:
 
     def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
                  device: torch.device, compile_model: bool = False,
-                 keeps_logits: bool = True, embeds: tuple[int, torch.dtype] | None = None) -> None:
+                 keeps_logits: bool = True, embeds: tuple[int, torch.dtype] | None = None,
+                 export_layers: list[int] | None = None) -> None:
         self.model, self.cache, self.device = model, cache, device
+        # hidden-state indices to keep per step (a stage feeding the next one its hidden
+        # states): captured as graph outputs, `hidden` after each replay
+        self.export_layers = export_layers
+        self.hidden: torch.Tensor | None = None  # (rows, layers, width) of the last replay
         self.keeps_logits = keeps_logits  # forward() takes logits_to_keep
         # torch.compile fuses the many small elementwise kernels of a decode step (norms,
         # rotary, casts) that dominate it at small batch; one dynamic-shape compile serves
@@ -59,7 +68,7 @@ class DecodeGraphs:
         self.lens = torch.zeros(b, dtype=torch.long, device=device)
         self.keep = torch.arange(b, device=device)
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]] = {}
         self.replays = 0
 
     def warm(self, log: Any = None) -> None:
@@ -86,9 +95,10 @@ class DecodeGraphs:
         context = max(positions) + 1
         length = self.context_buckets[bisect.bisect_left(self.context_buckets, context)]
         self._fill(tokens, positions, tables, b, length, rope_deltas)
-        graph, logits = self.graphs.get((b, length)) or self._capture(b, length)
+        graph, logits, hidden = self.graphs.get((b, length)) or self._capture(b, length)
         graph.replay()
         self.replays += 1
+        self.hidden = None if hidden is None else hidden[:n]
         return logits[:n]
 
     def _fill(self, tokens: list[int] | torch.Tensor, positions: list[int],
@@ -123,15 +133,20 @@ class DecodeGraphs:
                            padded_slots=self.slots[:b, :length],
                            padded_valid=self.valid[:b, :length], context_len_t=self.lens[:b])
 
-    def _forward(self, b: int, length: int) -> torch.Tensor:
+    def _forward(self, b: int, length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         keep = {"logits_to_keep": self.keep[:b]} if self.keeps_logits else {}
         inputs = ({"input_ids": self.ids[:, :b]} if self.embeds is None
                   else {"inputs_embeds": self.embeds[:, :b]})
         out = self.forward_fn(**inputs, position_ids=self.positions[:, :b],
-                              use_cache=False, omni_batch=self._layout(b, length), **keep)
-        return out.logits[0]
+                              use_cache=False, omni_batch=self._layout(b, length),
+                              output_hidden_states=self.export_layers is not None, **keep)
+        if self.export_layers is None:
+            return out.logits[0], None
+        return out.logits[0], torch.stack([out.hidden_states[i][0] for i in self.export_layers],
+                                          dim=1)
 
-    def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, b: int, length: int) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+        started = time.perf_counter()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -140,6 +155,9 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(b, length)
-        self.graphs[(b, length)] = (graph, logits)
-        return graph, logits
+            logits, hidden = self._forward(b, length)
+        self.graphs[(b, length)] = (graph, logits, hidden)
+        # a capture while serving stalls every running request of the stage: say how long
+        log.info("captured the decode graph for batch %d, context %d in %.2f s (%d graphs)",
+                 b, length, time.perf_counter() - started, len(self.graphs))
+        return graph, logits, hidden

@@ -170,9 +170,11 @@ def test_auto_routes_cuda_tensors():
     cons = make_connector("auto", name=_name("ac"))
     try:
         assert isinstance(prod, AutoConnector)
-        t = torch.randn(8, device="cuda")
+        t = torch.randn(32768, device="cuda")  # 128 KiB: at or above the inline threshold
         ref = prod.put(t, owner="r")
         assert ref.backend == "cuda_ipc"
+        small = prod.put(torch.randn(8, device="cuda"), owner="r")  # one row: inline
+        assert small.backend == "inline" and cons.get(_over_wire(small)).device.type == "cpu"
         assert torch.equal(cons.get(_over_wire(ref)), t)
         cons.release(_over_wire(ref))
         assert prod.health()["cuda_ipc"]["payloads_in_use"] == 0
