@@ -11,8 +11,10 @@ Inputs (add): {runner.input_key: value} (complete), {"stream": [producer]} (fram
 through append(request_id, producer, seq, {runner.input_key: value}, last)), or, from a
 full-delivery edge, {producer: [{runner.input_key: value}, ...]}.
 
-Chunking: a request is ready when it has >= first_chunk_frames (first chunk) or
-chunk_frames (later) new frames, or when its input is complete and frames remain. A
+Chunking: a request is ready when it has a chunk's worth of new frames (first_chunk_frames,
+times runner.chunk_growth per chunk up to chunk_frames: a player that got the small first
+chunk is not left waiting for a full-size second one), or when its input is complete and
+frames remain. A
 chunk is its next n new frames plus up to left_context earlier frames; the runner drops
 the context's output. Complete inputs use complete_chunk_frames (one chunk when they
 fit). Streams with several ready chunks emit one chunk per step.
@@ -324,7 +326,8 @@ class GenerationEngine(Engine):
         if self.items:  # one unit per output, no context
             return (0, 1) if new else ((0, 0) if req.complete else None)
         if req.stream:
-            size = self.runner.first_chunk_frames if req.index == 0 else self.runner.chunk_frames
+            growth = getattr(self.runner, "chunk_growth", 1) ** min(req.index, 16)
+            size = min(self.runner.first_chunk_frames * growth, self.runner.chunk_frames)
         else:
             size = self.runner.complete_chunk_frames
         if new >= size:

@@ -259,8 +259,9 @@ class Code2WavRunner:
     up to `left_context` earlier frames; its output is the samples after the context plus
     the previous chunk's missing tail (`Code2Wav.context_start`), so chunks join without
     gaps (left_context >= 1 is needed for that). Options: chunk_frames (25), left_context (25),
-    first_chunk_frames (= chunk_frames), complete_chunk_frames (300, chunked_decode's
-    default chunk for requests whose codes arrive complete).
+    first_chunk_frames (= chunk_frames), chunk_growth (2: streamed chunks grow from the
+    first to chunk_frames, e.g. 4, 8, 16, 25, ...), complete_chunk_frames (300,
+    chunked_decode's default chunk for requests whose codes arrive complete).
     """
 
     input_key = "codes"
@@ -270,6 +271,7 @@ class Code2WavRunner:
         self.c2w = code2wav
         self.chunk_frames = _pos_int(opts, "chunk_frames", 25)
         self.first_chunk_frames = _pos_int(opts, "first_chunk_frames", self.chunk_frames)
+        self.chunk_growth = _pos_int(opts, "chunk_growth", 2)
         self.complete_chunk_frames = _pos_int(opts, "complete_chunk_frames", 300)
         self.left_context = _pos_int(opts, "left_context", 25, allow_zero=True)
         self.sample_rate = code2wav.sample_rate
@@ -325,6 +327,7 @@ class Code2WavRunner:
                 "num_quantizers": c.num_quantizers, "codebook_size": c.codebook_size,
                 "receptive_field_frames": c.receptive_field_frames,
                 "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames,
+                "chunk_growth": self.chunk_growth,
                 "left_context": self.left_context, "audio_format": "f32le"}
 
 

@@ -102,22 +102,35 @@ def _stream(engine, rid, codes, rng, outs, producer="talker"):
                 outs.setdefault(o.request_id, []).append(o)
 
 
-def _reference(c2w, codes, first, chunk, ctx):
-    """Chunk/left-context arithmetic of the engine, decoded one chunk at a time."""
+def _sizes(t, first, chunk, growth):
+    """New frames per streamed chunk: first, first * growth, ... capped at chunk."""
+    sizes, k = [], 0
+    while sum(sizes) < t:
+        sizes.append(min(first * growth**k, chunk, t - sum(sizes)))
+        k += 1
+    return sizes
+
+
+def _reference(c2w, codes, first, chunk, ctx, growth=1):
+    """Chunk/left-context arithmetic of the engine, decoded one chunk at a time: chunk k
+    has min(first * growth**k, chunk) new frames."""
     t, start, k, wavs = codes.shape[-1], 0, 0, []
     while start < t:
-        end = min(start + (first if k == 0 else chunk), t)
+        end = min(start + min(first * growth**k, chunk), t)
         c = min(ctx, start)
         wavs.append(c2w.decode_chunk(codes[None, :, start - c:end], c)[0])
         start, k = end, k + 1
     return wavs
 
 
-@pytest.mark.parametrize("first", [8, 3])
-def test_streaming_matches_chunked_decode(c2w, first):
+@pytest.mark.parametrize(("first", "growth"), [(8, 2), (3, 1), (2, 2)])
+def test_streaming_matches_chunked_decode(c2w, first, growth):
+    """Chunks of first, first * growth, ... up to chunk new frames (2, 4, 8, 8, ... for the
+    last case) join into the one-shot decode."""
     chunk, ctx, t = 8, 6, 45
     engine = GenerationEngine(Code2WavRunner(
-        c2w, {"chunk_frames": chunk, "left_context": ctx, "first_chunk_frames": first}))
+        c2w, {"chunk_frames": chunk, "left_context": ctx, "first_chunk_frames": first,
+              "chunk_growth": growth}))
     rng = random.Random(first)
     codes = {"a": _codes(t, 10), "b": _codes(t - 7, 11)}
     outs: dict = {}
@@ -134,7 +147,9 @@ def test_streaming_matches_chunked_decode(c2w, first):
         assert all(o.error is None for o in got)
         assert sum(o.data["frames"] for o in got) == c.shape[-1]
         pieces = [_audio(o.data) for o in got if o.data["frames"]]
-        ref = _reference(c2w, c, first, chunk, ctx)
+        ref = _reference(c2w, c, first, chunk, ctx, growth)
+        assert [o.data["frames"] for o in got if o.data["frames"]] == _sizes(
+            c.shape[-1], first, chunk, growth)
         scale = max(float(w.abs().max()) for w in ref)
         assert len(pieces) == len(ref)
         for p, r in zip(pieces, ref, strict=True):
