@@ -49,13 +49,18 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def start_server(target: tuple[str, str], dtype: str,
-                 timeout: float) -> tuple[subprocess.Popen, str]:
+def start_server(target: tuple[str, str], dtype: str, timeout: float,
+                 log_path: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A server subprocess and its URL once it listens; its log (stderr) goes to
+    log_path when given (e.g. for a GPU run's $OUT), else is drained and dropped."""
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", target[0], target[1],
                              "--port", "0", "--dtype", dtype], stderr=subprocess.PIPE, text=True)
+    log = open(log_path, "w", buffering=1) if log_path else None  # noqa: SIM115 (thread owns it)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     deadline, found = time.monotonic() + timeout, None
     for line in proc.stderr:
+        if log:
+            log.write(line)
         tail.append(line)
         found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
         if found or time.monotonic() > deadline:
@@ -63,9 +68,17 @@ def start_server(target: tuple[str, str], dtype: str,
     if not found:
         proc.kill()
         raise RuntimeError("the server did not start:\n" + "".join(tail))
-    threading.Thread(target=lambda: collections.deque(proc.stderr, maxlen=0),
+    threading.Thread(target=_drain, args=(proc.stderr, log),
                      daemon=True).start()  # keep draining its log so the pipe never fills
     return proc, found.group(1)
+
+
+def _drain(stream: Any, log: Any) -> None:
+    for line in stream:
+        if log:
+            log.write(line)
+    if log:
+        log.close()
 
 
 async def served_id(session: Any, url: str) -> str:

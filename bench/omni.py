@@ -228,8 +228,30 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Namespace,
+                   procs: list[Any]) -> dict[str, str]:
+    """Every side's server, started together (loading and graph capture overlap); each
+    one's log goes to server-<side>[-tag].log next to the report."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from bench.ar_ours import start_server
+
+    started = time.monotonic()
+    say(f"[omni] starting the servers ({', '.join(sides)}) ...")
+
+    def start(side: str) -> str:
+        log = Path(args.out) / f"server-{side}{'-' + args.tag if args.tag else ''}.log"
+        proc, url = start_server(("--pipeline", str(files[side])), args.dtype, args.timeout,
+                                 log_path=log)
+        procs.append(proc)
+        say(f"[omni] {side} server up in {time.monotonic() - started:.1f} s (log: {log})")
+        return url
+
+    with ThreadPoolExecutor(len(sides) or 1) as pool:
+        return dict(zip(sides, pool.map(start, sides), strict=True))
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
     from bench.omni_engines import critical_path
     from bench.omni_report import machine, summarize, write_report
     from omni.presets import load_pipeline
@@ -261,14 +283,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
         level_done({})
         try:
-            urls = {}
-            for side in sides:
-                say(f"[omni] starting the {side} server ...")
-                started = time.monotonic()
-                proc, urls[side] = start_server(("--pipeline", str(files[side])), args.dtype,
-                                                args.timeout)
-                procs.append(proc)
-                say(f"[omni] {side} server up in {time.monotonic() - started:.1f} s")
+            urls = _start_servers(sides, files, args, procs)
             if sides:
                 asyncio.run(_measure(urls, texts, levels, level_done))
         finally:
