@@ -35,6 +35,11 @@ class RequestFailedError(OmniError):
         self.stage = stage
 
 
+class RejectedInputError(RequestFailedError):
+    """A stage found the request's input unusable (e.g. a video it cannot read): the
+    client's to fix, so a 400, unlike other stage failures."""
+
+
 class ReplicaDeadError(RequestFailedError):
     """The replica serving this request died."""
 

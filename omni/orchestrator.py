@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.config import PipelineConfig, Route
+from omni.engines.base import INPUT_ERROR_PREFIX
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
     DuplicateRequestIdError,
     InvalidInputError,
     OmniError,
+    RejectedInputError,
     ReplicaDeadError,
     RequestAbortedError,
     RequestFailedError,
@@ -202,7 +204,12 @@ class Orchestrator:
         now = time.monotonic()
         state.times[stage].setdefault("first_output", now)
         if error is not None:
-            self._finish(state, RequestFailedError(f"stage '{stage}' failed: {error}", stage))
+            if error.startswith(INPUT_ERROR_PREFIX):
+                self._finish(state, RejectedInputError(
+                    f"stage '{stage}' cannot use this input: "
+                    f"{error.removeprefix(INPUT_ERROR_PREFIX)}", stage))
+            else:
+                self._finish(state, RequestFailedError(f"stage '{stage}' failed: {error}", stage))
             return
         if stage in state.route.finals:
             state.first_output = state.first_output or now

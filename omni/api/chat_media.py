@@ -8,7 +8,9 @@ bytes, "sample_rate": rate}}``). A model that takes no audio, an undecodable cli
 longer than MAX_AUDIO_SECONDS is a 400 naming the part. ``image_url`` parts (data: or
 fetched URLs) of a model that lists them in ``input_parts`` are checked to be a readable
 image of at most MAX_IMAGE_PIXELS and go to the engine as ``{"type": "image", "image":
-{"data": file bytes}}`` (the model's processor resizes them). Other parts go to the
+{"data": file bytes}}`` (the model's processor resizes them); ``video_url`` parts alike,
+checked to be a readable video of at most MAX_VIDEO_SECONDS and MAX_IMAGE_PIXELS a frame,
+as ``{"type": "video", "video": {"data": file bytes}}`` (the engine samples the frames). Other parts go to the
 engine as they are, if the text stage lists their type; else they are a 400 naming the
 part.
 """
@@ -27,9 +29,11 @@ from omni.api.errors import APIError
 from omni.media import fetch
 from omni.media.audio import decode_audio
 from omni.media.image import image_size
+from omni.media.video import probe_video
 
 MAX_AUDIO_SECONDS = 300.0
 MAX_IMAGE_PIXELS = 64 * 2**20  # larger files are refused before anything decodes them
+MAX_VIDEO_SECONDS = 600.0
 
 
 async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) -> None:
@@ -45,9 +49,9 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
             where = f"messages[{i}].content[{j}]"
             if kind in ("input_audio", "audio_url"):
                 parts[j] = await _audio_part(request, model, part, where)
-            elif kind == "image_url":
+            elif kind in ("image_url", "video_url"):
                 _check_accepted(model, kind, where)
-                parts[j] = await _image_part(request, part, where)
+                parts[j] = await _visual_part(request, part, kind, where)
             elif kind != "text":
                 _check_accepted(model, kind, where)
 
@@ -97,15 +101,24 @@ async def _audio_bytes(request: web.Request, part: dict[str, Any], where: str) -
                        param=where) from None
 
 
-async def _image_part(request: web.Request, part: dict[str, Any], where: str) -> dict[str, Any]:
-    url = part.get("image_url")
+async def _visual_part(request: web.Request, part: dict[str, Any], kind: str,
+                       where: str) -> dict[str, Any]:
+    """An image_url / video_url part, fetched and checked: an image / video part."""
+    url = part.get(kind)
     url = url.get("url") if isinstance(url, dict) else url
     try:
         data = (await fetch.load(url, request.app[SETTINGS_KEY].media_fetch)).data
-        width, height = image_size(data)
+        if kind == "image_url":
+            width, height = image_size(data)
+        else:
+            width, height, seconds = await asyncio.to_thread(probe_video, data)
+            if seconds > MAX_VIDEO_SECONDS:
+                raise ValueError(f"the video lasts {seconds:.0f} s; at most "
+                                 f"{MAX_VIDEO_SECONDS:.0f} s are accepted")
     except ValueError as e:  # MediaError is one
         raise APIError(400, f"{where}: {e}", param=where) from None
     if width * height > MAX_IMAGE_PIXELS:
-        raise APIError(400, f"{where}: the image is {width}x{height}; at most "
+        raise APIError(400, f"{where}: the {kind[:5]} is {width}x{height}; at most "
                        f"{MAX_IMAGE_PIXELS} pixels are accepted", param=where)
-    return {"type": "image", "image": {"data": data}}
+    out = kind[:5]  # image / video
+    return {"type": out, out: {"data": data}}

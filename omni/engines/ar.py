@@ -44,16 +44,11 @@ from omni.engines.ar_inputs import (
     stream_producer,
     take_chunk,
 )
-from omni.engines.ar_media import step_media
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.ar_media import step_media, whole_delta
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, input_error
 from omni.engines.kv_cache import PagedKVCache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
-from omni.engines.sampling import (
-    IncrementalDetokenizer,
-    SamplingParams,
-    SequenceSampler,
-    sample,
-)
+from omni.engines.sampling import IncrementalDetokenizer, SamplingParams, SequenceSampler, sample
 from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.models.hf_causal import load_causal_lm
 
@@ -176,7 +171,7 @@ class AREngine(Engine):
                 raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
                                  f"{capacity}")
         except Exception as e:  # bad input fails this request only, at the next step
-            self._failed.append(StepOutput(rid, finished=True, error=f"{type(e).__name__}: {e}"))
+            self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
             return
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         state = _State(params, SequenceSampler(params, penalized, self.lm.device),
@@ -282,7 +277,7 @@ class AREngine(Engine):
             seqs = batch.seqs
             logits = self.graphs.run(self._graph_inputs(batch), list(batch.starts),
                                      [s.blocks.table for s in seqs],
-                                     [s.media.rope_delta if s.media else 0 for s in seqs])
+                                     [whole_delta(s.media) for s in seqs])
             if self.export_layers is not None:
                 self._keep_hidden(batch, self.graphs.hidden[:len(seqs)])
             return seqs, logits
@@ -339,7 +334,8 @@ class AREngine(Engine):
     def _graphable(self, batch: ScheduledBatch) -> bool:
         """A decode-only step that a captured graph covers."""
         return (self.graphs is not None and all(n == 1 for n in batch.counts)
-                and all(s.samples_next and s.pending == 1 for s in batch.seqs)
+                and all(s.samples_next and s.pending == 1 and whole_delta(s.media) is not None
+                        for s in batch.seqs)
                 and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
     def _keep_hidden(self, batch: ScheduledBatch, chosen: torch.Tensor) -> None:

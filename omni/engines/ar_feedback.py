@@ -25,7 +25,7 @@ import torch
 
 from omni.engines.ar import AREngine, _State
 from omni.engines.ar_inputs import stream_producer
-from omni.engines.base import EngineLoadError, EngineRequest, StepOutput
+from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, input_error
 from omni.engines.sampling import SamplingParams, SequenceSampler
 from omni.engines.scheduler import ScheduledBatch, Sequence
 
@@ -87,8 +87,8 @@ class FeedbackAREngine(AREngine):
             if producer is None and (len(full) != 1 or not isinstance(next(iter(full.values())),
                                                                      list)):
                 raise ValueError("this stage takes its input from one upstream stage")
-        except Exception as e:
-            self._failed.append(StepOutput(rid, finished=True, error=f"{type(e).__name__}: {e}"))
+        except Exception as e:  # bad input (e.g. an unknown voice) fails this request only
+            self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
             return
         state = _FeedState(sampling, SequenceSampler(sampling, (), self.lm.device),
                            SilentDetokenizer(), stream_from=producer,

@@ -29,8 +29,10 @@ import torch
 class PromptLayout:
     """How a multimodal prompt differs from plain text (made by a model's media encoder)."""
 
-    rope: torch.Tensor  # (axes, prompt_len) long: rotary positions of the prompt tokens
-    rope_delta: int = 0  # after the prompt: rotary position = cache position + rope_delta
+    # (axes, prompt_len): rotary positions of the prompt tokens; float where the model
+    # makes them fractional (e.g. a video's time axis), else any dtype
+    rope: torch.Tensor
+    rope_delta: float = 0  # after the prompt: rotary position = cache position + rope_delta
     visual_mask: torch.Tensor | None = None  # (prompt_len,) bool: tokens taking deepstack
     deepstack: list[torch.Tensor] | None = None  # per layer: (visual tokens, hidden)
     exports: dict[str, Any] = field(default_factory=dict)  # sent downstream with the prompt
@@ -55,7 +57,16 @@ def rotary_positions(layouts: Seq[PromptLayout | None], starts: Seq[int], counts
         inside = pos[pos < prompt_len]
         after = pos[pos >= prompt_len] + layout.rope_delta
         rows.append(torch.cat((layout.rope[:, inside].cpu(), after.expand(axes, len(after))), 1))
-    return torch.cat(rows, 1)
+    return torch.cat(rows, 1)  # float if any layout's positions are
+
+
+def whole_delta(layout: PromptLayout | None) -> int | None:
+    """The layout's rope delta as an int (0 without a layout); None when fractional (a
+    decode graph's position buffer holds integers: such a sequence decodes eagerly)."""
+    if layout is None:
+        return 0
+    delta = float(layout.rope_delta)
+    return int(delta) if delta.is_integer() else None
 
 
 def deepstack_inputs(layouts: Seq[PromptLayout | None], starts: Seq[int],

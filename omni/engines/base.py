@@ -51,6 +51,18 @@ class StepOutput:
     error: str | None = None
 
 
+# An error that starts with this is the request's input at fault (the client's to fix:
+# a 400), not the engine (a 500); see input_error.
+INPUT_ERROR_PREFIX = "rejected input: "
+
+
+def input_error(exc: Exception) -> str:
+    """A StepOutput error for an input the engine refused (ValueError / TypeError while
+    reading it); any other exception is an engine failure."""
+    text = f"{type(exc).__name__}: {exc}"
+    return INPUT_ERROR_PREFIX + text if isinstance(exc, ValueError | TypeError) else text
+
+
 class Engine(abc.ABC):
     """Continuous-batching compute for one stage replica."""
 

@@ -37,3 +37,22 @@ def decode_mp4(data: bytes) -> tuple[np.ndarray, float]:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         return np.stack(frames), float(stream.average_rate or 0)
+
+
+def probe_video(data: bytes) -> tuple[int, int, float]:
+    """(width, height, seconds) of a video file from its headers (nothing is decoded but
+    what a container needs to report them); ValueError when it is not one."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise ValueError("the file has no video stream")
+            stream = container.streams.video[0]
+            seconds = (float(stream.duration * stream.time_base) if stream.duration
+                       else (container.duration or 0) / 1e6)
+            if seconds <= 0:  # e.g. a still image, which FFmpeg also opens
+                raise ValueError("not a video this server can read (it has no duration)")
+            return stream.codec_context.width, stream.codec_context.height, seconds
+    except av.FFmpegError as e:
+        raise ValueError(f"not a video this server can read ({e})") from None

@@ -66,15 +66,15 @@ def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> Pro
     before it, so dropping a segment (a system turn) shifts every later position by the
     same amount: each run of consecutive kept positions keeps its thinker positions, shifted
     to start one past the talker's largest position so far."""
-    rows, next_pos, prev = [], 0, None
+    rows, next_pos, prev = [], 0.0, None
     for i in keep:
         if prev is None or i != prev + 1:
-            shift = int(thinker_rope[:, i].min()) - next_pos
+            shift = float(thinker_rope[:, i].min()) - next_pos
         pos = thinker_rope[:, i] - shift
         rows.append(pos)
-        next_pos = max(next_pos, int(pos.max()) + 1)
+        next_pos = max(next_pos, float(pos.max()) + 1)
         prev = i
-    tail_pos = torch.arange(next_pos, next_pos + tail).expand(3, tail)
+    tail_pos = (torch.arange(tail, dtype=thinker_rope.dtype) + next_pos).expand(3, tail)
     rope = torch.cat((torch.stack(rows, 1) if rows else tail_pos[:, :0], tail_pos), 1)
     return PromptLayout(rope, rope_delta=next_pos - len(keep))
 
@@ -204,7 +204,7 @@ class TalkerFeed:
             st.prompt_ids, st.prompt_embeds, st.prompt_hidden = ids, hidden[:, 0], hidden[:, 1]
             rope = data.get("prompt_rope_positions")
             if rope is not None:
-                st.prompt_rope = torch.as_tensor(rope, dtype=torch.long)
+                st.prompt_rope = torch.as_tensor(rope, dtype=torch.float32)
                 if st.prompt_rope.shape != (3, len(ids)):
                     raise ValueError("prompt_rope_positions must be (3, prompt tokens)")
             return

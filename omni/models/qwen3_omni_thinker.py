@@ -1,4 +1,4 @@
-"""Qwen3-Omni-MoE's thinker for the AR engine: text, audio and images in, text out.
+"""Qwen3-Omni-MoE's thinker for the AR engine: text, audio, images and video in, text out.
 
 Quirks (reference/models.md 2a): a release is one combined checkpoint; loading the
 thinker alone works through ``Qwen3OmniMoeForConditionalGeneration`` with
@@ -8,15 +8,15 @@ expands them to its multimodal rotary layout itself) but not ``logits_to_keep``,
 engine picks the rows it needs from the full logits. Only the text model gets the
 engine's attention; the audio and vision towers keep theirs.
 
-Media input (`ThinkerMedia`): what the release's processor does, without its video
-processor (it needs torchvision): each audio part becomes <|audio_start|>, N x
-<|audio_pad|>, <|audio_end|> with N from the audio encoder's length rule, each image
-<|vision_start|>, M x <|image_pad|>, <|vision_end|> with M from its patch grid
-(omni/models/qwen3_omni_vision.py), and the towers' outputs replace the pads'
-embeddings; the prompt then goes to the engine as embeddings with its real ids (the
-talker reads them). Audio tokens take consecutive rotary positions like text
+Media input (`ThinkerMedia`): what the release's processor does (its video processor,
+which needs torchvision, re-expressed in omni/models/qwen3_omni_vision.py; a video's
+audio track is not used): each audio part becomes <|audio_start|>, N x <|audio_pad|>,
+<|audio_end|> with N from the audio encoder's length rule, each image or video
+<|vision_start|>, M x <|image_pad|> / <|video_pad|>, <|vision_end|> with M from its patch
+grid, and the towers' outputs replace the pads' embeddings; the prompt then goes to the
+engine as embeddings with its real ids (the talker reads them). Audio tokens take consecutive rotary positions like text
 (get_rope_index gives them arange too), so an audio-only prompt keeps 1-D positions; a
-prompt with images gets the model's 3-axis positions and deepstack features
+prompt with images or videos gets the model's 3-axis positions and deepstack features
 (a `PromptLayout`, omni/engines/ar_media.py), and exports its positions to the talker.
 """
 
@@ -33,15 +33,19 @@ from omni.engines.base import EngineLoadError
 from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
+    VIDEO_PARTS,
     TextFirstRope,
     decode_image,
+    decode_video,
     encode_images,
+    encode_videos,
     install_deepstack,
+    joint_deepstack,
     rope_index,
 )
 
 AUDIO_PARTS = ("input_audio",)
-UNSUPPORTED_PARTS = ("video_url", "video", "image_url")  # image_url: the API decodes it
+UNSUPPORTED_PARTS = ("video_url", "image_url")  # the API turns them into video / image
 
 
 class ThinkerMedia:
@@ -53,15 +57,17 @@ class ThinkerMedia:
         self.images = image_processor
         self.audio_id = int(config.thinker_config.audio_token_id)
         self.image_id = int(config.thinker_config.image_token_id)
+        self.video_id = int(config.thinker_config.video_token_id)
         self.n_window = int(config.thinker_config.audio_config.n_window)
 
     def info(self) -> dict[str, Any]:
-        parts = ["text", "input_audio", "audio_url"] + (["image_url"] if self.images else [])
+        parts = ["text", "input_audio", "audio_url"] + (
+            ["image_url", "video_url"] if self.images else [])
         return {"input_audio_rate": int(self.fe.sampling_rate), "input_parts": parts}
 
     @staticmethod
     def wants(messages: Any) -> bool:
-        kinds = AUDIO_PARTS + IMAGE_PARTS + UNSUPPORTED_PARTS
+        kinds = AUDIO_PARTS + IMAGE_PARTS + VIDEO_PARTS + UNSUPPORTED_PARTS
         return isinstance(messages, list) and any(
             isinstance(part, dict) and part.get("type") in kinds
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
@@ -70,45 +76,45 @@ class ThinkerMedia:
     def encode(self, messages: list[dict[str, Any]]) -> tuple[list[int], Any, Any]:
         import torch
 
-        clips: list[np.ndarray] = []
-        images: list[Any] = []
+        media: dict[str, list[Any]] = {"audio": [], "image": [], "video": []}
         rendered = []
         for m in messages:
             content = m.get("content")
             if isinstance(content, list):
-                content = [self._part(p, clips, images) for p in content]
+                content = [self._part(p, media) for p in content]
             rendered.append({**m, "content": content})
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                                   tokenize=False)
         ids = self.tokenizer(text)["input_ids"]
-        audio = self._audio(clips) if clips else None
+        audio = self._audio(media["audio"]) if media["audio"] else None
         with torch.inference_mode():
-            vision = encode_images(self.thinker, self.images, images) if images else None
-        for token, found, want in ((self.audio_id, ids.count(self.audio_id), len(clips)),
-                                   (self.image_id, ids.count(self.image_id), len(images))):
-            if found != want:
-                raise ValueError(f"the chat template placed {found} of token {token} for "
-                                 f"{want} media parts")
-        pads = {self.audio_id: iter(audio["tokens"] if audio else []),
-                self.image_id: iter(vision["tokens"] if vision else [])}
+            images = encode_images(self.thinker, self.images, media["image"]) \
+                if media["image"] else None
+            videos = encode_videos(self.thinker, self.images, media["video"]) \
+                if media["video"] else None
+        towers = {self.audio_id: audio, self.image_id: images, self.video_id: videos}
+        for token, kind in zip(towers, media, strict=True):
+            if ids.count(token) != len(media[kind]):
+                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
+                                 f"placeholders for {len(media[kind])} {kind} parts")
+        pads = {t: iter(out["tokens"] if out else []) for t, out in towers.items()}
         expanded: list[int] = []
         for t in ids:
             expanded += [t] * int(next(pads[t])) if t in pads else [t]
-        dev = self.thinker.device
         with torch.inference_mode():
-            ids_t = torch.tensor(expanded, device=dev)
+            ids_t = torch.tensor(expanded, device=self.thinker.device)
             embeds = self.thinker.get_input_embeddings()(ids_t)
-            if audio:
-                embeds[ids_t == self.audio_id] = audio["embeds"].to(embeds.dtype)
-            if vision:
-                embeds[ids_t == self.image_id] = vision["embeds"].to(embeds.dtype)
-        if not vision:
+            for token, out in towers.items():
+                if out:
+                    embeds[ids_t == token] = out["embeds"].to(embeds.dtype)
+        if not images and not videos:
             return expanded, embeds, None
-        rope, delta = rope_index(self.thinker, expanded, vision["grid"],
+        rope, delta = rope_index(self.thinker, expanded, images, videos,
                                  audio["lengths"] if audio else None)
+        mask, deepstack = joint_deepstack(ids_t, self.image_id, self.video_id, images, videos)
         return expanded, embeds, PromptLayout(
-            rope, delta, visual_mask=(ids_t == self.image_id).cpu(),
-            deepstack=vision["deepstack"], exports={"prompt_rope_positions": rope.tolist()})
+            rope, delta, visual_mask=mask, deepstack=deepstack,
+            exports={"prompt_rope_positions": rope.tolist()})
 
     def _audio(self, clips: list[np.ndarray]) -> dict[str, Any]:
         """The audio tower's embeddings of `clips` and each clip's token count."""
@@ -129,22 +135,22 @@ class ThinkerMedia:
         return {"embeds": embeds, "lengths": lengths,
                 "tokens": _get_feat_extract_output_lengths(lengths, self.n_window).tolist()}
 
-    def _part(self, part: Any, clips: list[np.ndarray], images: list[Any]) -> Any:
+    def _part(self, part: Any, media: dict[str, list[Any]]) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNSUPPORTED_PARTS:
-            raise ValueError(f"'{kind}' content parts are not supported by this model yet "
-                             "(text, audio and images are)")
-        if kind == "image":
+            raise ValueError(f"'{kind}' content parts reach this model decoded by the API "
+                             "(as 'image' / 'video' parts)")
+        if kind in IMAGE_PARTS + VIDEO_PARTS:
             if self.images is None:
                 raise ValueError("this model directory has no image processor config")
-            images.append(decode_image(part))
-            return {"type": "image"}
+            media[kind].append(decode_image(part) if kind == "image" else decode_video(part))
+            return {"type": kind}
         if kind != "input_audio":
             return part
         audio = part.get("input_audio") or {}
         if not isinstance(audio.get("pcm_f32le"), bytes):
             raise ValueError("an input_audio part reached the engine undecoded")
-        clips.append(np.frombuffer(audio["pcm_f32le"], dtype=np.float32))
+        media["audio"].append(np.frombuffer(audio["pcm_f32le"], dtype=np.float32))
         return {"type": "audio"}
 
 

@@ -1,14 +1,20 @@
-"""Qwen3-Omni's image input: what the release's processor and thinker forward do, per
-request, in a form the AR engine's packed steps can use (omni/engines/ar_media.py).
+"""Qwen3-Omni's image and video input: what the release's processors and thinker forward
+do, per request, in a form the AR engine's packed steps can use (omni/engines/ar_media.py).
 
 - Images: the release's Qwen2-VL image processor (its PIL form: the default form needs
   torchvision) turns each image into patches and a (t, h, w) grid; the vision tower
   gives one embedding per merged patch (h * w / merge^2 of them, replacing that many
   <|image_pad|> tokens) plus "deepstack" features from some of its layers.
+- Videos: PyAV decodes the file and keeps VIDEO_FPS frames a second (`decode_video`);
+  `video_patches` cuts them as the Qwen2-VL video processor does (that one needs
+  torchvision), at the image processor's pixel budget, resized with PIL (the video
+  processor resizes with torchvision: pixel values differ slightly from it). Each
+  temporal patch spans temporal_patch_size / rate seconds; the time axis of the rotary
+  positions steps by that x position_id_per_seconds, not always a whole number.
 - Rotary positions: the thinker's text model takes (4, batch, tokens) position ids, a
   text row (the cache position) and the three rotary axes, which the model's own
-  `get_rope_index` computes for the prompt; after the prompt every axis is the cache
-  position + the returned delta.
+  `get_rope_index` computes for the prompt (as floats); after the prompt every axis is
+  the cache position + the returned delta.
 - Deepstack: transformers adds feature i to the visual tokens' hidden states right after
   decoder layer i. A pre-hook on layer i+1 (or on the final norm) does the same here, so
   the hidden states transformers records (layer outputs) stay as its own forward has them.
@@ -24,6 +30,11 @@ from typing import Any
 import torch
 
 IMAGE_PARTS = ("image",)  # {"type": "image", "image": {"data": <image file bytes>}}
+VIDEO_PARTS = ("video",)  # {"type": "video", "video": {"data": <video file bytes>}}
+# Video sampling, as Qwen's own input helper (qwen-omni-utils) does before the processor:
+# 2 frames a second, at least 4 and at most 768 frames, an even count (2 frames per
+# temporal patch); each temporal patch then spans temporal_patch_size / fps seconds.
+VIDEO_FPS, VIDEO_MIN_FRAMES, VIDEO_MAX_FRAMES = 2.0, 4, 768
 
 
 class TextFirstRope:
@@ -93,6 +104,11 @@ def encode_images(thinker: Any, processor: Any, images: list[Any]) -> dict[str, 
     dev = thinker.device
     out = thinker.get_image_features(batch["pixel_values"].to(dev, thinker.dtype),
                                      grid.to(dev))
+    return _features(out, processor, grid)
+
+
+def _features(out: Any, processor: Any, grid: torch.Tensor) -> dict[str, Any]:
+    """A vision tower's output as grid, tokens per item, embeddings, deepstack layers."""
     if isinstance(out, tuple):  # older transformers: (embeddings per image, deepstack)
         embeds, deepstack = out
     else:
@@ -104,13 +120,110 @@ def encode_images(thinker: Any, processor: Any, images: list[Any]) -> dict[str, 
             "deepstack": per_layer}
 
 
-def rope_index(thinker: Any, ids: list[int], grid: torch.Tensor,
+def rope_index(thinker: Any, ids: list[int], images: dict[str, Any] | None,
+               videos: dict[str, Any] | None,
                audio_lengths: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    """(3, len(ids)) rotary positions of a prompt with images, and the delta after it."""
+    """(3, len(ids)) rotary positions of a prompt with images / videos, and the delta
+    after it (the model's own get_rope_index)."""
     owner = thinker.model if hasattr(thinker.model, "get_rope_index") else thinker
     ids_t = torch.tensor([ids])
     positions, delta = owner.get_rope_index(
-        ids_t, image_grid_thw=grid, video_grid_thw=None,
+        ids_t, image_grid_thw=images["grid"] if images else None,
+        video_grid_thw=videos["grid"] if videos else None,
         attention_mask=torch.ones_like(ids_t), use_audio_in_video=False,
-        audio_seqlens=audio_lengths)
-    return positions[:, 0].long().cpu(), int(delta.reshape(-1)[0])
+        audio_seqlens=audio_lengths,
+        second_per_grids=videos["second_per_grid"] if videos else None)
+    # float, as the model computes them: a video's time axis steps by seconds per grid x
+    # position_id_per_seconds, which need not be whole
+    return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
+
+
+def joint_deepstack(ids: torch.Tensor, image_id: int, video_id: int,
+                    images: dict[str, Any] | None,
+                    videos: dict[str, Any] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(visual mask over the prompt, per-layer features of its visual tokens in prompt
+    order): image and video tokens interleave as their parts do."""
+    is_image, is_video = ids == image_id, ids == video_id
+    mask = is_image | is_video
+    layers = (images or videos)["deepstack"]
+    joint = []
+    for i, like in enumerate(layers):
+        rows = like.new_zeros(int(mask.sum()), like.shape[-1])
+        if images:
+            rows[is_image[mask]] = images["deepstack"][i].to(rows.dtype)
+        if videos:
+            rows[is_video[mask]] = videos["deepstack"][i].to(rows.dtype)
+        joint.append(rows)
+    return mask.cpu(), joint
+
+
+def decode_video(part: dict[str, Any]) -> tuple[list[Any], float]:
+    """(sampled RGB frames as PIL images, their rate per second) of an API-checked video
+    part: VIDEO_FPS frames a second by timestamp (more for clips too short to give
+    VIDEO_MIN_FRAMES), at most VIDEO_MAX_FRAMES, an even count; frames between the
+    samples are decoded and dropped, so memory holds only the samples."""
+    import av
+
+    video = part.get("video") or {}
+    if not isinstance(video.get("data"), bytes):
+        raise ValueError("a video part reached the engine undecoded")
+    frames: list[Any] = []
+    try:
+        with av.open(io.BytesIO(video["data"])) as container:
+            stream = container.streams.video[0]
+            seconds = (float(stream.duration * stream.time_base) if stream.duration
+                       else (container.duration or 0) / 1e6)
+            rate = max(VIDEO_FPS, VIDEO_MIN_FRAMES / seconds) if seconds > 0 else VIDEO_FPS
+            for frame in container.decode(stream):
+                if frame.time is not None and frame.time + 1e-6 >= len(frames) / rate:
+                    frames.append(frame.to_image().convert("RGB"))
+                    if len(frames) == VIDEO_MAX_FRAMES:
+                        break
+    except (av.FFmpegError, IndexError, ValueError) as e:
+        raise ValueError(f"not a video this server can read ({e})") from None
+    if len(frames) < 2:
+        raise ValueError(f"the video gave {len(frames)} frame(s) at {rate:g} per second; "
+                         "at least 2 are needed")
+    return frames[:len(frames) // 2 * 2], rate
+
+
+def video_patches(processor: Any, frames: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(patches (grid_t * grid_h * grid_w, C * tp * p * p), grid (1, 3)) of one video's
+    frames, in the layout of the Qwen2-VL processors (their video form needs torchvision):
+    each frame resized to the image processor's pixel budget (a multiple of patch x merge
+    on each side), rescaled, normalised, and every temporal_patch_size frames cut into
+    patches, ordered merge group by merge group. A single image repeated
+    temporal_patch_size times gives exactly the image processor's patches (tested)."""
+    import numpy as np
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    p, m, tp = int(processor.patch_size), int(processor.merge_size), int(
+        processor.temporal_patch_size)
+    width, height = frames[0].size
+    h, w = smart_resize(height, width, factor=p * m, min_pixels=processor.size.shortest_edge,
+                        max_pixels=processor.size.longest_edge)
+    pixels = np.stack([np.asarray(f.resize((w, h), Image.BICUBIC), dtype=np.float32)
+                       for f in frames])  # (T, h, w, C)
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2) * float(processor.rescale_factor)
+    mean = torch.tensor(processor.image_mean).view(1, -1, 1, 1)
+    x = (x - mean) / torch.tensor(processor.image_std).view(1, -1, 1, 1)
+    if pad := -len(x) % tp:
+        x = torch.cat((x, x[-1:].expand(pad, -1, -1, -1)))
+    gt, gh, gw, c = len(x) // tp, h // p, w // p, x.shape[1]
+    x = x.view(gt, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gt * gh * gw, c * tp * p * p), torch.tensor([[gt, gh, gw]])
+
+
+def encode_videos(thinker: Any, processor: Any, videos: list[tuple[list[Any], float]]
+                  ) -> dict[str, Any]:
+    """Like encode_images, for (frames, fps) videos; plus each one's seconds per grid."""
+    pieces = [video_patches(processor, frames) for frames, _ in videos]
+    grid = torch.cat([g for _, g in pieces])
+    dev = thinker.device
+    out = thinker.get_video_features(torch.cat([x for x, _ in pieces]).to(dev, thinker.dtype),
+                                     grid.to(dev))
+    features = _features(out, processor, grid)
+    tp = int(processor.temporal_patch_size)
+    features["second_per_grid"] = torch.tensor([tp / fps for _, fps in videos])
+    return features

@@ -252,7 +252,33 @@ def test_an_image_question_gets_a_spoken_answer(server):
     run(body())
 
 
+def test_a_video_question_gets_a_spoken_answer(server):
+    from omni.media.video import encode_mp4
+
+    frames = (np.random.default_rng(3).random((20, 48, 64, 3)) * 255).astype("uint8")
+    url = "data:video/mp4;base64," + base64.b64encode(encode_mp4(frames, 10)).decode()
+
+    async def body():
+        async with server.client(timeout=90) as client:
+            reply = await client.chat.completions.create(
+                model="omni", modalities=["text", "audio"],
+                audio={"voice": "ethan", "format": "wav"}, messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": url}},
+                    {"type": "text", "text": "What happens?"}]}], **SEEDED)
+            audio = reply.choices[0].message.audio
+            assert audio.transcript and base64.b64decode(audio.data)[:4] == b"RIFF"
+            # 2 s at 2 frames a second: 4 frames = 2 temporal patches of 2 x 2 merged
+            # tokens (64 x 48 -> 64 x 64 pixels), + start and end
+            text_only = await client.chat.completions.create(
+                model="omni", messages=[{"role": "user", "content": "What happens?"}],
+                **SEEDED)
+            assert reply.usage.prompt_tokens == text_only.usage.prompt_tokens + 10
+    run(body())
+
+
 def test_bad_media_parts_get_clear_errors(server):
+    from omni.media.video import encode_mp4
+
     async def body():
         async with server.client(timeout=30) as client:
             for part, needle in (
@@ -263,10 +289,21 @@ def test_bad_media_parts_get_clear_errors(server):
                     ({"type": "image_url", "image_url": {"url": huge_png_header()}},
                      "10000x10000"),
                     ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
-                     "does not take 'video_url' content parts")):
+                     "not a video this server can read"),
+                    ({"type": "video_url", "video_url": {"url": png_url(32, 32)}},
+                     "not a video this server can read")):
                 with pytest.raises(openai.BadRequestError) as info:
                     await client.chat.completions.create(model="omni", messages=[
                         {"role": "user", "content": [part]}], **SEEDED)
                 assert needle in info.value.message, info.value.message
                 assert info.value.body["param"] == "messages[0].content[0]"
+            # readable, but one frame: the thinker refuses it, still a 400
+            one_frame = encode_mp4(np.zeros((1, 48, 64, 3), dtype=np.uint8), 10)
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(model="omni", messages=[
+                    {"role": "user", "content": [{"type": "video_url", "video_url": {
+                        "url": "data:video/mp4;base64," + base64.b64encode(one_frame).decode()}}]}],
+                    **SEEDED)
+            assert "cannot use this input" in info.value.message
+            assert "at least 2 are needed" in info.value.message
     run(body())

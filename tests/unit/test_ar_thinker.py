@@ -162,13 +162,76 @@ def test_image_input_matches_transformers_thinker(omni_dir):
     assert engine.stats()["kv_blocks_used"] == 0
 
 
-def test_video_and_undecoded_parts_are_refused_clearly(omni_dir):
+def _mp4(seconds: float, fps: int, seed: int) -> bytes:
+    from omni.media.video import encode_mp4
+
+    rng = np.random.default_rng(seed)
+    return encode_mp4((rng.random((int(seconds * fps), 48, 64, 3)) * 255).astype("uint8"), fps)
+
+
+def test_video_patches_have_the_image_processors_layout(omni_dir):
+    """One image shown for a whole temporal patch is what the image processor makes of it."""
+    from omni.models.qwen3_omni_vision import decode_image, video_patches
+
+    engine = AREngine(str(omni_dir))
+    image = decode_image({"image": {"data": _png(96, 64, 4)}})
+    patches, grid = video_patches(engine.lm.media.images, [image, image])
+    ref = engine.lm.media.images(images=[image], return_tensors="pt")
+    assert grid.tolist() == ref["image_grid_thw"].tolist()
+    torch.testing.assert_close(patches, ref["pixel_values"])
+
+
+def test_video_input_matches_transformers_thinker(omni_dir):
+    """A 1.5 s clip: sampled at 8/3 frames a second (4 frames, the minimum), so its time
+    axis steps by 18.75 positions; answers, exported hidden states and the (fractional)
+    rotary positions equal transformers' thinker given the same patches."""
+    from transformers import AutoConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from omni.models.qwen3_omni_vision import decode_video, video_patches
+
+    engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
+    clip = _mp4(1.5, 10, 7)
+    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
+        {"type": "video", "video": {"data": clip}}, {"type": "text", "text": "What is it?"}]}]},
+        {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
+    got, first = [], None
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            got += o.data["token_ids"]
+            first = first or o.data
+    frames, rate = decode_video({"video": {"data": clip}})
+    assert (len(frames), rate) == (4, 4 / 1.5)
+    patches, grid = video_patches(engine.lm.media.images, frames)
+    config = AutoConfig.from_pretrained(str(omni_dir))
+    config.enable_audio_output = False
+    thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(omni_dir), config=config, dtype=torch.float32).thinker.eval()
+    ids = first["prompt_token_ids"]
+    video = {"pixel_values_videos": patches, "video_grid_thw": grid,
+             "video_second_per_grid": torch.tensor([2 / rate])}
+    ref = thinker.generate(input_ids=torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                           eos_token_id=None, output_hidden_states=True,
+                           return_dict_in_generate=True, **video)
+    assert got == ref.sequences[0, len(ids):].tolist()
+    torch.testing.assert_close(first["hidden_states"][:, 1], ref.hidden_states[0][1][0])
+    ids_t = torch.tensor([ids])
+    rope, _ = thinker.model.get_rope_index(ids_t, None, grid, torch.ones_like(ids_t),
+                                           second_per_grids=video["video_second_per_grid"])
+    assert first["prompt_rope_positions"] == rope[:, 0].tolist()
+    time_axis = first["prompt_rope_positions"][0]  # the second temporal patch 18.75 later:
+    assert any(b - a == 18.75 for a, b in zip(time_axis[:-1], time_axis[1:], strict=True))
+
+
+def test_undecoded_and_unreadable_parts_are_refused_clearly(omni_dir):
     engine = AREngine(str(omni_dir))
     for rid, part in (("v", {"type": "video_url", "video_url": {"url": "data:video/mp4,"}}),
                       ("i", {"type": "image_url", "image_url": {"url": "data:,"}}),
-                      ("bad", {"type": "image", "image": {"data": b"not an image"}})):
+                      ("bad", {"type": "image", "image": {"data": b"not an image"}}),
+                      ("badv", {"type": "video", "video": {"data": b"not a video"}})):
         engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": [part]}]}, {}))
     errors = {o.request_id: o.error for o in engine.step()}
-    assert "'video_url' content parts are not supported" in errors["v"]
-    assert "'image_url' content parts are not supported" in errors["i"]
+    assert "'video_url' content parts reach this model decoded by the API" in errors["v"]
+    assert "'image_url' content parts reach this model decoded by the API" in errors["i"]
     assert "not an image this server can read" in errors["bad"]
+    assert "not a video this server can read" in errors["badv"]

@@ -118,26 +118,41 @@ def test_talker_frames_equal_transformers_generate(omni_dir, thinker, talker):
     assert talker.stats()["kv_blocks_used"] == 0 and talker.stats()["running"] == 0
 
 
-def test_image_prompt_frames_equal_transformers_generate(omni_dir, thinker, talker):
-    """An image in the second user turn (after a system and an assistant turn, which the
-    talker does not hear): the talker's 3-axis positions are rebuilt from the thinker's
-    and the frames equal transformers' composite generate given the same pixels."""
+def _visual_part(kind: str, processor) -> tuple[dict, dict]:
+    """(an image or video content part, transformers' inputs for the same pixels)."""
     from PIL import Image
 
-    from omni.models.qwen3_omni_vision import decode_image
+    from omni.media.video import encode_mp4
+    from omni.models.qwen3_omni_vision import decode_image, decode_video, video_patches
 
-    buf = io.BytesIO()
-    Image.fromarray((np.random.default_rng(5).random((72, 96, 3)) * 255).astype("uint8")).save(
-        buf, "PNG")
-    image = {"type": "image", "image": {"data": buf.getvalue()}}
+    rng = np.random.default_rng(5)
+    if kind == "image":
+        buf = io.BytesIO()
+        Image.fromarray((rng.random((72, 96, 3)) * 255).astype("uint8")).save(buf, "PNG")
+        part = {"type": "image", "image": {"data": buf.getvalue()}}
+        return part, dict(processor(images=[decode_image(part)], return_tensors="pt"))
+    clip = encode_mp4((rng.random((25, 48, 64, 3)) * 255).astype("uint8"), 10)
+    part = {"type": "video", "video": {"data": clip}}
+    frames, rate = decode_video(part)
+    patches, grid = video_patches(processor, frames)
+    return part, {"pixel_values_videos": patches, "video_grid_thw": grid,
+                  "video_second_per_grid": torch.tensor([2 / rate])}
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_visual_prompt_frames_equal_transformers_generate(omni_dir, thinker, talker, kind):
+    """An image or a 2.5 s video in the second user turn (after a system and an assistant
+    turn, which the talker does not hear): the talker's 3-axis positions are rebuilt from
+    the thinker's and the frames equal transformers' composite generate given the same
+    pixels."""
+    part, pixels = _visual_part(kind, thinker.lm.media.images)
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
-                {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}]
+                {"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}]
     outs = thinker_outputs(thinker, messages)
     prompt_ids = outs[0][0]["prompt_token_ids"]
     assert "prompt_rope_positions" in outs[0][0]
-    frames = run_talker(talker, {"img": outs}, max_tokens=12)["img"]
-    pixels = thinker.lm.media.images(images=[decode_image(image)], return_tensors="pt")
+    frames = run_talker(talker, {kind: outs}, max_tokens=12)[kind]
     hf_answer, hf = hf_codes(omni_dir, prompt_ids, 8, 12, **pixels)
     assert [t for data, _ in outs for t in data["token_ids"]] == hf_answer
     assert torch.equal(torch.tensor(frames).T[:, :11], hf)
