@@ -7,7 +7,10 @@ Engines see tensors and never a connector: `resolve` turns every PayloadRef in i
 inputs into a tensor (a zero-copy view for shared memory), `publish` turns every tensor
 an engine puts in its outputs into a ref. Lifetimes, all per request:
 - views a request received stay valid until the request finishes here (`done`), then
-  their blocks are released to their producers;
+  their blocks are released to their producers; except CUDA IPC payloads, which are
+  copied on receipt and released at once: a device copy takes microseconds, while a
+  block held for a request's whole life is what runs a producer's (1 GiB) pool dry when
+  many long requests each hold their prompt's hidden states (2500 tokens: 20 MB each);
 - on abort or failure (`drop`), this process frees every payload it produced for the
   request (the orchestrator dropped the refs still on their way) and forgets, without
   releasing, what it received: the orchestrator aborts the request at its producers too,
@@ -59,6 +62,10 @@ class PayloadPlane:
 
         ref = PayloadRef.from_wire(wire)
         payload = self.connector.get(ref)
+        if ref.backend == "cuda_ipc":  # see the module doc
+            owned = payload.clone()
+            self.connector.release(ref)  # waits for the copy, then frees the block
+            return owned
         self._held.setdefault(request_id, []).append(ref)
         return payload
 

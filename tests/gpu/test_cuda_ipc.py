@@ -190,6 +190,31 @@ def test_auto_routes_cuda_tensors():
     direct.close()
 
 
+def test_payload_plane_copies_cuda_payloads_and_frees_them_at_once():
+    """An engine process owns a copy of what it receives over CUDA IPC, and the
+    producer's block is free before the request ends (its pool never fills up with
+    payloads held by long requests)."""
+    from omni.payloads import PayloadPlane
+
+    prod = make_connector("auto", name=_name("pp"))
+    plane = PayloadPlane(_name("pc"))
+    try:
+        t = torch.randn(64, 1024, device="cuda")  # 256 KiB: over the inline threshold
+        ref = prod.put(t, owner="r")
+        assert ref.backend == "cuda_ipc"
+        got = plane.get("r", _over_wire(ref).to_wire())
+        assert torch.equal(got, t)
+        assert prod.health()["cuda_ipc"]["payloads_in_use"] == 0
+        reuse = prod.put(torch.ones(64, 1024, device="cuda"), owner="r2")  # first fit:
+        assert reuse.location[BLOCK] == ref.location[BLOCK]  # the block it came in
+        torch.cuda.synchronize()
+        assert torch.equal(got, t)  # the copy is not that block
+        plane.done("r")  # nothing held: a no-op
+    finally:
+        plane.close()
+        prod.close()
+
+
 # -- across processes ----------------------------------------------------------------------
 
 def _consumer(conn) -> None:
