@@ -10,7 +10,10 @@ fetched URLs) of a model that lists them in ``input_parts`` are checked to be a 
 image of at most MAX_IMAGE_PIXELS and go to the engine as ``{"type": "image", "image":
 {"data": file bytes}}`` (the model's processor resizes them); ``video_url`` parts alike,
 checked to be a readable video of at most MAX_VIDEO_SECONDS and MAX_IMAGE_PIXELS a frame,
-as ``{"type": "video", "video": {"data": file bytes}}`` (the engine samples the frames). Other parts go to the
+as ``{"type": "video", "video": {"data": file bytes}}`` (the engine samples the frames);
+with ``"use_audio_in_video": true`` in the request, each video's audio track is decoded
+like input_audio and rides along (``"pcm_f32le"``, ``"sample_rate"``), for a model that
+hears it with the picture (Qwen3-Omni); a video without one is then a 400. Other parts go to the
 engine as they are, if the text stage lists their type; else they are a 400 naming the
 part.
 """
@@ -40,6 +43,10 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
     messages = body.get("messages")
     if not isinstance(messages, list):
         return
+    with_audio = body.get("use_audio_in_video", False)
+    if not isinstance(with_audio, bool):
+        raise APIError(400, "use_audio_in_video must be true or false",
+                       param="use_audio_in_video")
     for i, message in enumerate(messages):
         parts = message.get("content") if isinstance(message, dict) else None
         if not isinstance(parts, list):
@@ -52,6 +59,8 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
             elif kind in ("image_url", "video_url"):
                 _check_accepted(model, kind, where)
                 parts[j] = await _visual_part(request, part, kind, where)
+                if kind == "video_url" and with_audio:
+                    await _video_audio(model, parts[j]["video"], where)
             elif kind != "text":
                 _check_accepted(model, kind, where)
 
@@ -122,3 +131,17 @@ async def _visual_part(request: web.Request, part: dict[str, Any], kind: str,
                        f"{MAX_IMAGE_PIXELS} pixels are accepted", param=where)
     out = kind[:5]  # image / video
     return {"type": out, out: {"data": data}}
+
+
+async def _video_audio(model: Any, video: dict[str, Any], where: str) -> None:
+    """Add a video's audio track, decoded at the model's input rate."""
+    rate = model.omni.output_info("text").get("input_audio_rate")
+    if not rate:
+        raise APIError(400, f"model '{model.id}' does not take audio input",
+                       param="use_audio_in_video")
+    try:
+        samples = await asyncio.to_thread(decode_audio, video["data"], int(rate),
+                                          MAX_VIDEO_SECONDS)
+    except ValueError as e:
+        raise APIError(400, f"{where}: use_audio_in_video: {e}", param=where) from None
+    video.update(pcm_f32le=samples.tobytes(), sample_rate=int(rate))

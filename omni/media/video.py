@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 
 
-def encode_mp4(frames: Any, fps: int, crf: int = 18) -> bytes:
-    """uint8 (F, H, W, 3) frames -> MP4 bytes (H.264, yuv420p, plays in browsers).
-    yuv420p needs even sides: an odd last row/column is dropped."""
+def encode_mp4(frames: Any, fps: int, crf: int = 18, audio: Any = None,
+               audio_rate: int = 24000) -> bytes:
+    """uint8 (F, H, W, 3) frames (+ optional float32 mono audio at audio_rate, as AAC) ->
+    MP4 bytes (H.264, yuv420p, plays in browsers). yuv420p needs even sides: an odd last
+    row/column is dropped."""
     import av
 
     video = np.asarray(frames, dtype=np.uint8)
@@ -22,10 +24,22 @@ def encode_mp4(frames: Any, fps: int, crf: int = 18) -> bytes:
         stream = container.add_stream("libx264", rate=int(fps))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"crf": str(crf), "preset": "veryfast"}
+        sound = None if audio is None else container.add_stream("aac", rate=audio_rate)
+        if sound is not None:
+            sound.layout = "mono"  # before the first mux opens the codecs
         for frame in video[:, :height, :width]:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(
                 np.ascontiguousarray(frame), format="rgb24")))
         container.mux(stream.encode(None))
+        if sound is not None:
+            samples = np.asarray(audio, dtype=np.float32).reshape(1, -1)
+            for start in range(0, samples.shape[1], 1024):
+                piece = av.AudioFrame.from_ndarray(
+                    np.ascontiguousarray(samples[:, start:start + 1024]), format="flt",
+                    layout="mono")
+                piece.sample_rate = audio_rate
+                container.mux(sound.encode(piece))
+            container.mux(sound.encode(None))
     return out.getvalue()
 
 

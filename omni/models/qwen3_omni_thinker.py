@@ -10,7 +10,7 @@ engine's attention; the audio and vision towers keep theirs.
 
 Media input (`ThinkerMedia`): what the release's processor does (its video processor,
 which needs torchvision, re-expressed in omni/models/qwen3_omni_vision.py; a video's
-audio track is not used): each audio part becomes <|audio_start|>, N x <|audio_pad|>,
+audio track, when the API sends it, interleaves with its frames): each audio part becomes <|audio_start|>, N x <|audio_pad|>,
 <|audio_end|> with N from the audio encoder's length rule, each image or video
 <|vision_start|>, M x <|image_pad|> / <|video_pad|>, <|vision_end|> with M from its patch
 grid, and the towers' outputs replace the pads' embeddings; the prompt then goes to the
@@ -40,8 +40,10 @@ from omni.models.qwen3_omni_vision import (
     encode_images,
     encode_videos,
     install_deepstack,
+    interleaved_video,
     joint_deepstack,
     rope_index,
+    video_audio_tokens,
 )
 
 AUDIO_PARTS = ("input_audio",)
@@ -59,6 +61,8 @@ class ThinkerMedia:
         self.image_id = int(config.thinker_config.image_token_id)
         self.video_id = int(config.thinker_config.video_token_id)
         self.n_window = int(config.thinker_config.audio_config.n_window)
+        self.tokens = video_audio_tokens(config.thinker_config, int(image_processor.merge_size)) \
+            if image_processor is not None else None
 
     def info(self) -> dict[str, Any]:
         parts = ["text", "input_audio", "audio_url"] + (
@@ -76,7 +80,9 @@ class ThinkerMedia:
     def encode(self, messages: list[dict[str, Any]]) -> tuple[list[int], Any, Any]:
         import torch
 
-        media: dict[str, list[Any]] = {"audio": [], "image": [], "video": []}
+        # audio: every clip in prompt order, standalone or a video's track (heard[i]: the
+        # i-th video brings its track, interleaved with its frames by time)
+        media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
         rendered = []
         for m in messages:
             content = m.get("content")
@@ -92,29 +98,52 @@ class ThinkerMedia:
                 if media["image"] else None
             videos = encode_videos(self.thinker, self.images, media["video"]) \
                 if media["video"] else None
-        towers = {self.audio_id: audio, self.image_id: images, self.video_id: videos}
-        for token, kind in zip(towers, media, strict=True):
-            if ids.count(token) != len(media[kind]):
-                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
-                                 f"placeholders for {len(media[kind])} {kind} parts")
-        pads = {t: iter(out["tokens"] if out else []) for t, out in towers.items()}
-        expanded: list[int] = []
-        for t in ids:
-            expanded += [t] * int(next(pads[t])) if t in pads else [t]
+        expanded = self._expand(ids, media, audio, images, videos)
         with torch.inference_mode():
             ids_t = torch.tensor(expanded, device=self.thinker.device)
             embeds = self.thinker.get_input_embeddings()(ids_t)
-            for token, out in towers.items():
+            for token, out in ((self.audio_id, audio), (self.image_id, images),
+                               (self.video_id, videos)):
                 if out:
                     embeds[ids_t == token] = out["embeds"].to(embeds.dtype)
         if not images and not videos:
             return expanded, embeds, None
         rope, delta = rope_index(self.thinker, expanded, images, videos,
-                                 audio["lengths"] if audio else None)
+                                 audio["lengths"] if audio else None, any(media["heard"]))
         mask, deepstack = joint_deepstack(ids_t, self.image_id, self.video_id, images, videos)
         return expanded, embeds, PromptLayout(
             rope, delta, visual_mask=mask, deepstack=deepstack,
             exports={"prompt_rope_positions": rope.tolist()})
+
+    def _expand(self, ids: list[int], media: dict[str, list[Any]], audio: Any, images: Any,
+                videos: Any) -> list[int]:
+        """The template's ids with each media placeholder grown to its token count."""
+        heard = media["heard"]
+        standalone = len(media["audio"]) - sum(heard)
+        for token, want, kind in ((self.audio_id, standalone, "audio"),
+                                  (self.image_id, len(media["image"]), "image"),
+                                  (self.video_id, len(media["video"]), "video")):
+            if ids.count(token) != want:
+                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
+                                 f"placeholders for {want} {kind} parts")
+        if any(heard) and not all(heard):
+            raise ValueError("use_audio_in_video needs every video to have an audio track")
+        clips = iter(audio["tokens"] if audio else [])
+        shots = iter(range(len(media["video"])))
+        image_tokens = iter(images["tokens"] if images else [])
+        expanded: list[int] = []
+        for t in ids:
+            if t == self.audio_id:
+                expanded += [t] * int(next(clips))
+            elif t == self.image_id:
+                expanded += [t] * int(next(image_tokens))
+            elif t == self.video_id:
+                v = next(shots)
+                expanded += interleaved_video(self.tokens, videos, v, next(clips)) \
+                    if heard[v] else [t] * int(videos["tokens"][v])
+            else:
+                expanded.append(t)
+        return expanded
 
     def _audio(self, clips: list[np.ndarray]) -> dict[str, Any]:
         """The audio tower's embeddings of `clips` and each clip's token count."""
@@ -143,15 +172,25 @@ class ThinkerMedia:
         if kind in IMAGE_PARTS + VIDEO_PARTS:
             if self.images is None:
                 raise ValueError("this model directory has no image processor config")
-            media[kind].append(decode_image(part) if kind == "image" else decode_video(part))
+            if kind == "image":
+                media["image"].append(decode_image(part))
+                return {"type": kind}
+            media["video"].append(decode_video(part))
+            track = (part.get("video") or {}).get("pcm_f32le")
+            media["heard"].append(track is not None)
+            if track is not None:
+                media["audio"].append(_samples(track))
             return {"type": kind}
         if kind != "input_audio":
             return part
-        audio = part.get("input_audio") or {}
-        if not isinstance(audio.get("pcm_f32le"), bytes):
-            raise ValueError("an input_audio part reached the engine undecoded")
-        media["audio"].append(np.frombuffer(audio["pcm_f32le"], dtype=np.float32))
+        media["audio"].append(_samples((part.get("input_audio") or {}).get("pcm_f32le")))
         return {"type": "audio"}
+
+
+def _samples(pcm: Any) -> np.ndarray:
+    if not isinstance(pcm, bytes):
+        raise ValueError("an audio part or track reached the engine undecoded")
+    return np.frombuffer(pcm, dtype=np.float32)
 
 
 @contextlib.contextmanager

@@ -121,8 +121,8 @@ def _features(out: Any, processor: Any, grid: torch.Tensor) -> dict[str, Any]:
 
 
 def rope_index(thinker: Any, ids: list[int], images: dict[str, Any] | None,
-               videos: dict[str, Any] | None,
-               audio_lengths: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+               videos: dict[str, Any] | None, audio_lengths: torch.Tensor | None,
+               audio_in_video: bool = False) -> tuple[torch.Tensor, float]:
     """(3, len(ids)) rotary positions of a prompt with images / videos, and the delta
     after it (the model's own get_rope_index)."""
     owner = thinker.model if hasattr(thinker.model, "get_rope_index") else thinker
@@ -130,12 +130,40 @@ def rope_index(thinker: Any, ids: list[int], images: dict[str, Any] | None,
     positions, delta = owner.get_rope_index(
         ids_t, image_grid_thw=images["grid"] if images else None,
         video_grid_thw=videos["grid"] if videos else None,
-        attention_mask=torch.ones_like(ids_t), use_audio_in_video=False,
+        attention_mask=torch.ones_like(ids_t), use_audio_in_video=audio_in_video,
         audio_seqlens=audio_lengths,
         second_per_grids=videos["second_per_grid"] if videos else None)
     # float, as the model computes them: a video's time axis steps by seconds per grid x
     # position_id_per_seconds, which need not be whole
     return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
+
+
+def video_audio_tokens(config: Any, merge: int) -> dict[str, int]:
+    """The ids and rates that lay out a video heard with its audio track."""
+    return {"video": int(config.video_token_id), "audio": int(config.audio_token_id),
+            "start": int(config.audio_start_token_id), "end": int(config.audio_end_token_id),
+            "per_second": int(config.position_id_per_seconds), "merge": merge}
+
+
+def interleaved_video(tokens: dict[str, int], videos: dict[str, Any], index: int,
+                      audio_count: int) -> list[int]:
+    """A video heard with its track, as the release's processor lays it out: between
+    <|audio_start|> and <|audio_end|>, each temporal patch's tokens at its start time (in
+    positions: seconds x position_id_per_seconds) and the audio tokens (audio token j at
+    position j) in that order between them; a patch goes before audio of the same time."""
+    t, h, w = (int(x) for x in videos["grid"][index])
+    per_patch = (h // tokens["merge"]) * (w // tokens["merge"])
+    step = float(videos["second_per_grid"][index]) * tokens["per_second"]
+    out, patch, heard = [tokens["start"]], 0, 0
+    while patch < t and heard < audio_count:
+        if patch * step <= heard:
+            out += [tokens["video"]] * per_patch
+            patch += 1
+        else:
+            out.append(tokens["audio"])
+            heard += 1
+    out += [tokens["video"]] * per_patch * (t - patch) + [tokens["audio"]] * (audio_count - heard)
+    return out + [tokens["end"]]
 
 
 def joint_deepstack(ids: torch.Tensor, image_id: int, video_id: int,

@@ -276,6 +276,39 @@ def test_a_video_question_gets_a_spoken_answer(server):
     run(body())
 
 
+def test_a_video_is_heard_with_its_sound_when_asked(server):
+    from omni.media.video import encode_mp4
+
+    frames = (np.random.default_rng(4).random((20, 48, 64, 3)) * 255).astype("uint8")
+    tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 24000)
+    loud = encode_mp4(frames, 10, audio=tone, audio_rate=24000)
+    silent = encode_mp4(frames, 10)
+
+    def ask(data: bytes) -> list[dict]:
+        return [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {
+                "url": "data:video/mp4;base64," + base64.b64encode(data).decode()}},
+            {"type": "text", "text": "What do you hear?"}]}]
+
+    async def body():
+        async with server.client(timeout=90) as client:
+            seen = await client.chat.completions.create(model="omni", messages=ask(loud),
+                                                        **SEEDED)
+            heard = await client.chat.completions.create(
+                model="omni", messages=ask(loud),
+                **{**SEEDED, "extra_body": {**SEEDED["extra_body"], "use_audio_in_video": True}})
+            # the track's 2 s add its audio tokens (27 at the tiny encoder) + start and end
+            assert heard.usage.prompt_tokens > seen.usage.prompt_tokens + 20
+            for data, flag, needle in ((silent, True, "has no audio stream"),
+                                       (loud, "yes", "must be true or false")):
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.chat.completions.create(
+                        model="omni", messages=ask(data),
+                        **{**SEEDED, "extra_body": {"use_audio_in_video": flag}})
+                assert needle in info.value.message, info.value.message
+    run(body())
+
+
 def test_bad_media_parts_get_clear_errors(server):
     from omni.media.video import encode_mp4
 

@@ -223,6 +223,83 @@ def test_video_input_matches_transformers_thinker(omni_dir):
     assert any(b - a == 18.75 for a, b in zip(time_axis[:-1], time_axis[1:], strict=True))
 
 
+@pytest.mark.parametrize(("grid", "seconds", "heard"), [
+    ((2, 4, 4), 1.0, 28), ((4, 2, 4), 0.75, 30), ((3, 2, 2), 1.0, 5)])
+def test_heard_video_layout_is_the_processors(grid, seconds, heard):
+    """A video heard with its track interleaves as transformers' Qwen3-Omni processor lays
+    it out (its method, called with the few attributes it reads)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+        Qwen3OmniMoeProcessor,
+    )
+
+    from omni.models.qwen3_omni_vision import interleaved_video
+
+    names = {"video": "V", "audio": "A", "start": "S", "end": "E"}
+    fake = SimpleNamespace(video_processor=SimpleNamespace(merge_size=2), audio_bos_token="S",
+                           audio_eos_token="E", video_token="V", audio_token="A")
+    ref = Qwen3OmniMoeProcessor.replace_video_with_audio_token(
+        fake, {"video_grid_thw": np.array([grid]), "video_second_per_grid": [seconds]}, 0,
+        {"num_audio_tokens": [heard]}, 0, position_id_per_seconds=25)
+    tokens = {**{k: i for i, k in enumerate(names)}, "per_second": 25, "merge": 2}
+    mine = interleaved_video(tokens, {"grid": torch.tensor([grid]),
+                                      "second_per_grid": torch.tensor([seconds])}, 0, heard)
+    assert "".join(names[list(names)[t]] for t in mine) == ref
+
+
+def test_video_heard_with_its_track_matches_transformers_thinker(omni_dir):
+    """use_audio_in_video: the track's audio tokens interleave with the frames' and the
+    answer, hidden states and positions equal transformers' thinker given the same
+    patches and features."""
+    from transformers import AutoConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from omni.media.audio import decode_audio
+    from omni.media.video import encode_mp4
+    from omni.models.qwen3_omni_vision import decode_video, video_patches
+
+    rng = np.random.default_rng(9)
+    tone = 0.3 * np.sin(2 * np.pi * 330 * np.arange(32000) / 16000)
+    clip = encode_mp4((rng.random((20, 48, 64, 3)) * 255).astype("uint8"), 10, audio=tone,
+                      audio_rate=16000)
+    track = decode_audio(clip, 16000, 60)
+    part = {"type": "video", "video": {"data": clip, "pcm_f32le": track.tobytes()}}
+    engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
+    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
+        part, {"type": "text", "text": "What is it?"}]}]},
+        {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
+    got, first = [], None
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            got += o.data["token_ids"]
+            first = first or o.data
+    config = AutoConfig.from_pretrained(str(omni_dir))
+    config.enable_audio_output = False
+    thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(omni_dir), config=config, dtype=torch.float32).thinker.eval()
+    ids = first["prompt_token_ids"]
+    assert ids.count(config.thinker_config.audio_token_id) > 20  # 2.1 s of track
+    frames, rate = decode_video(part)
+    patches, grid = video_patches(engine.lm.media.images, frames)
+    feats = engine.lm.media.fe([track], sampling_rate=16000, return_attention_mask=True,
+                               return_tensors="pt")
+    inputs = {"pixel_values_videos": patches, "video_grid_thw": grid,
+              "video_second_per_grid": torch.tensor([2 / rate]),
+              "input_features": feats["input_features"],
+              "feature_attention_mask": feats["attention_mask"], "use_audio_in_video": True}
+    ref = thinker.generate(input_ids=torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                           eos_token_id=None, output_hidden_states=True,
+                           return_dict_in_generate=True, **inputs)
+    assert got == ref.sequences[0, len(ids):].tolist()
+    torch.testing.assert_close(first["hidden_states"][:, 1], ref.hidden_states[0][1][0])
+    ids_t = torch.tensor([ids])
+    rope, _ = thinker.model.get_rope_index(ids_t, None, grid, torch.ones_like(ids_t), True,
+                                           feats["attention_mask"].sum(-1),
+                                           inputs["video_second_per_grid"])
+    assert first["prompt_rope_positions"] == rope[:, 0].tolist()
+
+
 def test_undecoded_and_unreadable_parts_are_refused_clearly(omni_dir):
     engine = AREngine(str(omni_dir))
     for rid, part in (("v", {"type": "video_url", "video_url": {"url": "data:video/mp4,"}}),
