@@ -169,6 +169,20 @@ def _mp4(seconds: float, fps: int, seed: int) -> bytes:
     return encode_mp4((rng.random((int(seconds * fps), 48, 64, 3)) * 255).astype("uint8"), fps)
 
 
+def _ask(engine: AREngine, part: dict) -> tuple[list[int], dict]:
+    """Greedy answer (6 tokens) to one media part + a question, and the first output."""
+    engine.add(EngineRequest("q", {"messages": [{"role": "user", "content": [
+        part, {"type": "text", "text": "What is it?"}]}]},
+        {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
+    got, first = [], None
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            got += o.data["token_ids"]
+            first = first or o.data
+    return got, first
+
+
 def test_video_patches_have_the_image_processors_layout(omni_dir):
     """One image shown for a whole temporal patch is what the image processor makes of it."""
     from omni.models.qwen3_omni_vision import decode_image, video_patches
@@ -191,15 +205,7 @@ def test_video_input_matches_transformers_thinker(omni_dir):
 
     engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
     clip = _mp4(1.5, 10, 7)
-    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
-        {"type": "video", "video": {"data": clip}}, {"type": "text", "text": "What is it?"}]}]},
-        {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
-    got, first = [], None
-    while engine.has_work():
-        for o in engine.step():
-            assert o.error is None, o.error
-            got += o.data["token_ids"]
-            first = first or o.data
+    got, first = _ask(engine, {"type": "video", "video": {"data": clip}})
     frames, rate = decode_video({"video": {"data": clip}})
     assert (len(frames), rate) == (4, 4 / 1.5)
     patches, grid = video_patches(engine.lm.media.images, frames)
@@ -265,15 +271,7 @@ def test_video_heard_with_its_track_matches_transformers_thinker(omni_dir):
     track = decode_audio(clip, 16000, 60)
     part = {"type": "video", "video": {"data": clip, "pcm_f32le": track.tobytes()}}
     engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
-    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
-        part, {"type": "text", "text": "What is it?"}]}]},
-        {"temperature": 0, "max_tokens": 6, "ignore_eos": True}))
-    got, first = [], None
-    while engine.has_work():
-        for o in engine.step():
-            assert o.error is None, o.error
-            got += o.data["token_ids"]
-            first = first or o.data
+    got, first = _ask(engine, part)
     config = AutoConfig.from_pretrained(str(omni_dir))
     config.enable_audio_output = False
     thinker = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
