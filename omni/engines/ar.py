@@ -20,10 +20,10 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (one that reads its hidden states).
 
-KV cache size, first that applies: option kv_cache_blocks; the stage's `memory` (weights +
-cache: the cache gets what the weights leave); option kv_cache_mb; on CUDA
-kv_cache_fraction (0.85) of the memory free after loading; else 256 MiB. Other options
-(docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens, prefix_caching,
+Media prompts (images, video, audio) are encoded on a worker thread
+(omni/engines/ar_encoder.py) and prefilled with their rotary layout and vision features
+(omni/engines/ar_media.py). KV cache size: omni/engines/kv_cache.sized_cache. Other
+options (docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens, prefix_caching,
 cuda_graphs + compile_decode + max_graph_context (omni/engines/decode_graphs.py).
 """
 
@@ -37,16 +37,18 @@ from typing import Any
 
 import torch
 
+from omni.engines.ar_encoder import PromptEncoder
 from omni.engines.ar_inputs import (
     encode_prompt,
     export_layers,
     logprobs_entry,
     stream_producer,
     take_chunk,
+    wants_media,
 )
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, input_error
-from omni.engines.kv_cache import PagedKVCache
+from omni.engines.kv_cache import PagedKVCache, sized_cache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
 from omni.engines.sampling import IncrementalDetokenizer, SamplingParams, SequenceSampler, sample
 from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
@@ -91,6 +93,7 @@ class AREngine(Engine):
         self.graphs = self._make_graphs() if cuda else None
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
+        self._encoder = PromptEncoder()  # media prompts (omni/engines/ar_encoder.py)
         self.steps = 0
         self.step_time_s = 0.0
 
@@ -126,53 +129,31 @@ class AREngine(Engine):
         return graphs
 
     def _make_cache(self) -> PagedKVCache:
-        cfg = self.lm.config
-        layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        block_size = self._opt("block_size", 16)
-        per_block = PagedKVCache.bytes_per_block(layers, kv_heads, head_dim, block_size,
-                                                 self.lm.dtype)
-        if "kv_cache_blocks" in self.options:
-            blocks = self._opt("kv_cache_blocks", 1)
-        elif self.memory_bytes is not None:  # what the weights leave of the stage's budget
-            weights = sum(p.numel() * p.element_size() for p in self.lm.model.parameters())
-            blocks = (self.memory_bytes - weights) // per_block
-            if blocks < 2:
-                raise EngineLoadError(
-                    f"the stage's memory ({self.memory_bytes / 2**20:.0f} MiB) leaves no room "
-                    f"for a KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
-            if self.lm.max_positions:  # no more than every sequence at full length
-                most = self._opt("max_num_seqs", 64) * -(-self.lm.max_positions // block_size)
-                blocks = min(blocks, most)
-        elif self.lm.device.type == "cuda" and "kv_cache_mb" not in self.options:
-            fraction = float(self.options.get("kv_cache_fraction", 0.85))
-            free, _ = torch.cuda.mem_get_info(self.lm.device)
-            blocks = int(free * fraction) // per_block
-        else:
-            blocks = self._opt("kv_cache_mb", 256) * 2**20 // per_block
-        if blocks < 2:
-            raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
-                                  "tokens; give the stage more memory")
-        return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, self.lm.dtype,
-                            self.lm.device)
+        return sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
 
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
         rid = request.request_id
         try:
-            if rid in self._seqs:
+            if rid in self._seqs or rid in self._encoder:
                 raise ValueError(f"request id {rid!r} is already running")
             params = SamplingParams.from_dict(request.params or {})
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
-            ids, embeds, media = ([], None, None) if producer else encode_prompt(self.lm, inputs)
-            capacity = self.cache.pool.num_blocks * self.cache.block_size
-            if len(ids) >= capacity:
-                raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
-                                 f"{capacity}")
+            if producer is None and wants_media(self.lm, inputs):  # off the step loop
+                self._encoder.submit(rid, params, encode_prompt, self.lm, inputs)
+                return
+            prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
+            self._admit(rid, params, producer, *prompt)
         except Exception as e:  # bad input fails this request only, at the next step
             self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
-            return
+
+    def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
+               embeds: Any, media: Any) -> None:
+        capacity = self.cache.pool.num_blocks * self.cache.block_size
+        if len(ids) >= capacity:
+            raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
+                             f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         state = _State(params, SequenceSampler(params, penalized, self.lm.device),
                        IncrementalDetokenizer(self.lm.tokenizer, params.stop),
@@ -181,6 +162,17 @@ class AREngine(Engine):
                        media=media)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
+
+    def _admit_encoded(self) -> None:
+        """Requests whose media finished encoding join (waits briefly if idle)."""
+        idle = not self._failed and not self.scheduler.has_work()
+        for rid, params, prompt, error in self._encoder.finished(wait=idle):
+            try:
+                if error is not None:
+                    raise error
+                self._admit(rid, params, None, *prompt)
+            except Exception as e:
+                self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
 
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -211,6 +203,7 @@ class AREngine(Engine):
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
+        self._encoder.drop(ids)
         for rid in ids:
             seq = self._seqs.pop(rid, None)
             if seq is not None:
@@ -218,10 +211,12 @@ class AREngine(Engine):
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
-        return bool(self._failed) or self.scheduler.has_work()
+        return bool(self._failed) or bool(self._encoder) or self.scheduler.has_work()
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        if self._encoder:
+            self._admit_encoded()
         outputs, self._failed = self._failed, []
         batch = self.scheduler.schedule()
         for seq in batch.overflowed:
@@ -265,6 +260,7 @@ class AREngine(Engine):
                 "steps": self.steps}
 
     def shutdown(self) -> None:
+        self._encoder.shutdown()
         for seq in list(self._seqs.values()):
             self.scheduler.remove(seq)
         self._seqs.clear()

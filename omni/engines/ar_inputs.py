@@ -45,13 +45,17 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     return [int(i) for i in ids]
 
 
+def wants_media(lm: CausalLM, inputs: Mapping[str, Any]) -> bool:
+    """The prompt holds parts for the model's media encoder (slow: encoded off the loop)."""
+    return lm.media is not None and lm.media.wants(inputs.get("messages"))
+
+
 def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], Any, Any]:
     """(ids, embeddings or None, PromptLayout or None) of an entry request's prompt. Media
     parts (the model's `media` encoder) and given prompt_embeds come as embeddings;
     placeholder ids stand for prompt_embeds (never fed: the embeddings are)."""
-    messages = inputs.get("messages")
-    if lm.media is not None and lm.media.wants(messages):
-        return lm.media.encode(messages)
+    if wants_media(lm, inputs):
+        return lm.media.encode(inputs["messages"])
     embeds = prompt_embeds(lm, inputs)
     if embeds is not None:
         return [0] * embeds.shape[0], embeds, None

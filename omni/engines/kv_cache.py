@@ -16,10 +16,13 @@ Blocks are reference counted: a prefix shared by many running sequences is store
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from omni.engines.base import EngineLoadError
 
 
 class OutOfBlocksError(RuntimeError):
@@ -170,3 +173,35 @@ class PagedKVCache:
             self.pool.release(block)
         seq.table.clear()
         seq.hashes.clear()
+
+
+def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
+                opt: Callable[[str, int], int]) -> PagedKVCache:
+    """The KV cache of an AR stage, sized by (first that applies) option kv_cache_blocks;
+    the stage's `memory` (what the weights leave, at most every sequence at full length);
+    option kv_cache_mb; on CUDA kv_cache_fraction of the free memory; else 256 MiB."""
+    cfg = lm.config
+    layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    block_size = opt("block_size", 16)
+    per_block = PagedKVCache.bytes_per_block(layers, kv_heads, head_dim, block_size, lm.dtype)
+    if "kv_cache_blocks" in options:
+        blocks = opt("kv_cache_blocks", 1)
+    elif memory_bytes is not None:  # what the weights leave of the stage's budget
+        weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+        blocks = (memory_bytes - weights) // per_block
+        if blocks < 2:
+            raise EngineLoadError(
+                f"the stage's memory ({memory_bytes / 2**20:.0f} MiB) leaves no room "
+                f"for a KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
+        if lm.max_positions:  # no more than every sequence at full length
+            blocks = min(blocks, opt("max_num_seqs", 64) * -(-lm.max_positions // block_size))
+    elif lm.device.type == "cuda" and "kv_cache_mb" not in options:
+        free, _ = torch.cuda.mem_get_info(lm.device)
+        blocks = int(free * float(options.get("kv_cache_fraction", 0.85))) // per_block
+    else:
+        blocks = opt("kv_cache_mb", 256) * 2**20 // per_block
+    if blocks < 2:
+        raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
+                              "tokens; give the stage more memory")
+    return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device)

@@ -23,6 +23,7 @@ prompt with images or videos gets the model's 3-axis positions and deepstack fea
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,10 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
     media = None
     if (path / "preprocessor_config.json").is_file():  # the audio and image processors
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
-        media = ThinkerMedia(thinker, tokenizer, fe, _image_processor(path), config)
+        # its own tokenizer: it encodes on a worker thread (omni/engines/ar_encoder.py)
+        # while the step loop detokenizes, and a fast tokenizer is not safe to share
+        media = ThinkerMedia(thinker, copy.deepcopy(tokenizer), fe, _image_processor(path),
+                             config)
     return CausalLM(model=thinker, tokenizer=tokenizer,
                     eos_token_ids=eos_ids(path, text_config, tokenizer), model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path),

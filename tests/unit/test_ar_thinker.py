@@ -305,8 +305,48 @@ def test_undecoded_and_unreadable_parts_are_refused_clearly(omni_dir):
                       ("bad", {"type": "image", "image": {"data": b"not an image"}}),
                       ("badv", {"type": "video", "video": {"data": b"not a video"}})):
         engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": [part]}]}, {}))
-    errors = {o.request_id: o.error for o in engine.step()}
+    errors = {}
+    while engine.has_work():  # media prompts are read on the encoder thread
+        errors.update({o.request_id: o.error for o in engine.step()})
     assert "'video_url' content parts reach this model decoded by the API" in errors["v"]
     assert "'image_url' content parts reach this model decoded by the API" in errors["i"]
     assert "not an image this server can read" in errors["bad"]
     assert "not a video this server can read" in errors["badv"]
+
+
+def test_media_prompts_encode_off_the_step_loop(omni_dir):
+    """While a media prompt is being encoded, other requests keep decoding; an encoding
+    aborted meanwhile never enters the batch."""
+    import threading
+
+    engine = AREngine(str(omni_dir))
+    gate = threading.Event()
+    encode = engine.lm.media.encode
+
+    def gated(messages):  # the real encoder, once the test lets it run
+        gate.wait(30)
+        return encode(messages)
+
+    engine.lm.media.encode = gated
+    image = {"type": "image", "image": {"data": _png(64, 64, 1)}}
+    for rid in ("seen", "dropped"):
+        engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": [image]}]},
+                                 {"temperature": 0, "max_tokens": 3, "ignore_eos": True}))
+    engine.add(EngineRequest("text", {"prompt": "Hello world"},
+                             {"temperature": 0, "max_tokens": 5, "ignore_eos": True}))
+    done: dict[str, list] = {}
+    while "text" not in done:  # the encodings are still waiting at the gate
+        for o in engine.step():
+            assert o.error is None, o.error
+            if o.finished:
+                done[o.request_id] = [o]
+    assert set(done) == {"text"}
+    engine.abort(["dropped"])
+    gate.set()
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            if o.finished:
+                done[o.request_id] = [o]
+    assert set(done) == {"text", "seen"}
+    assert engine.stats()["kv_blocks_used"] == 0 and engine.stats()["running"] == 0
