@@ -13,7 +13,7 @@ checked to be a readable video of at most MAX_VIDEO_SECONDS and MAX_IMAGE_PIXELS
 as ``{"type": "video", "video": {"data": file bytes}}`` (the engine samples the frames);
 with ``"use_audio_in_video": true`` in the request, each video's audio track is decoded
 like input_audio and rides along (``"pcm_f32le"``, ``"sample_rate"``), for a model that
-hears it with the picture (Qwen3-Omni); a video without one is then a 400. Other parts go to the
+hears it with the picture; a video without one is then a 400. Other parts go to the
 engine as they are, if the text stage lists their type; else they are a 400 naming the
 part.
 """

@@ -1,13 +1,11 @@
 """Autoregressive engine: continuous batching over a paged KV cache.
 
-Each step() is ONE forward call of the transformers model over a packed batch: the
-next prompt chunk of every prefilling sequence and the last sampled token of every
-decoding sequence (omni/engines/scheduler.py decides who and how much). Attention reads
-and writes the paged cache through the attention function of
-omni/engines/paged_attention.py, so any decoder architecture transformers defines and
-that calls its attention interface runs unchanged (the dense and MoE fixtures are tested).
-Sequences whose last fed token ends their known tokens are sampled together
-(omni/engines/sampling.py); a request joins at the next step and leaves when it ends.
+Each step() is ONE forward call of the transformers model over a packed batch: every
+prefilling sequence's next prompt chunk and every decoding sequence's last token
+(scheduler.py decides who and how much). Attention uses the paged cache through
+paged_attention.py's attention function, so any transformers decoder runs unchanged (the
+dense and MoE fixtures are tested). Sequences whose last fed token ends their known
+tokens are sampled together (sampling.py); a request joins at the next step.
 
 Stream input: a request added with inputs {"stream": [producer]} waits in the scheduler
 and takes its prompt from APPEND chunks ({"token_ids": [...]} or {"text": "..."}); token
@@ -20,11 +18,10 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (one that reads its hidden states).
 
-Media prompts (images, video, audio) are encoded on a worker thread
-(omni/engines/ar_encoder.py) and prefilled with their rotary layout and vision features
-(omni/engines/ar_media.py). KV cache size: omni/engines/kv_cache.sized_cache. Other
-options (docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens, prefix_caching,
-cuda_graphs + compile_decode + max_graph_context (omni/engines/decode_graphs.py).
+Media prompts are encoded on a worker thread (ar_encoder.py) and prefilled with their
+rotary layout and vision features (ar_media.py). KV cache size: kv_cache.sized_cache.
+Other options (docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens,
+prefix_caching, cuda_graphs + compile_decode + max_graph_context (decode_graphs.py).
 """
 
 from __future__ import annotations
@@ -97,7 +94,6 @@ class AREngine(Engine):
         self.steps = 0
         self.step_time_s = 0.0
 
-    # -- set-up ---------------------------------------------------------------------------
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         return load_causal_lm(model_dir, dtype=dtype, device=device)
 

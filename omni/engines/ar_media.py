@@ -1,7 +1,7 @@
 """Multimodal prompts in the AR engine's packed forward: rotary positions and deepstack.
 
-A prompt with images is not a plain token sequence: vision-language models in the
-Qwen-VL line give its tokens multi-axis rotary positions (time, height, width: an image's
+A prompt with images is not a plain token sequence: many vision-language models give its
+tokens multi-axis rotary positions (time, height, width: an image's
 tokens share a time and spread over a grid), and some add vision features to the hidden
 states of their first layers at the image tokens ("deepstack"). The model's media
 encoder describes this in a `PromptLayout`; here the engine slices it per step, since a

@@ -11,13 +11,11 @@ Inputs (add): {runner.input_key: value} (complete), {"stream": [producer]} (fram
 through append(request_id, producer, seq, {runner.input_key: value}, last)), or, from a
 full-delivery edge, {producer: [{runner.input_key: value}, ...]}.
 
-Chunking: a request is ready when it has a chunk's worth of new frames (first_chunk_frames,
-times runner.chunk_growth per chunk up to chunk_frames: a player that got the small first
-chunk is not left waiting for a full-size second one), or when its input is complete and
-frames remain. A
-chunk is its next n new frames plus up to left_context earlier frames; the runner drops
-the context's output. Complete inputs use complete_chunk_frames (one chunk when they
-fit). Streams with several ready chunks emit one chunk per step.
+Chunking: a request is ready with a chunk's worth of new frames (first_chunk_frames, times
+runner.chunk_growth per chunk up to chunk_frames, so a player is not left waiting for a
+full-size second chunk) or when its input is complete and frames remain. A chunk is its
+next n new frames plus up to left_context earlier ones (their output dropped). Complete
+inputs use complete_chunk_frames. Streams emit one chunk per step.
 
 Batching: one runner call per step over ready chunks of one total (context + new) length
 (no padding: outputs equal unbatched runs), those whose clients run out of audio first
@@ -36,10 +34,9 @@ media sent, from ``samples`` / ``sample_rate``), with other ready requests of th
 units; a new request's first unit goes first unless a started one is within two calls of
 running dry: over capacity, clients queue for their first audio instead of all stuttering.
 
-Outputs, one per chunk: runner.pack(wav) fields (for audio: "audio" bytes, "sample_rate",
-"samples") + "frames" (new frames in the chunk) + "index" (0, 1, ...). finished=True on
-the last chunk once all input is in, or on a final empty chunk (frames 0) when a stream
-ends after its last chunk was sent or with a closing output that has no frames.
+Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
++ "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
+input is in, or on a final empty chunk (frames 0) when a stream ends after it.
 """
 
 from __future__ import annotations
