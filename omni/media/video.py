@@ -63,10 +63,17 @@ def probe_video(data: bytes) -> tuple[int, int, float]:
             if not container.streams.video:
                 raise ValueError("the file has no video stream")
             stream = container.streams.video[0]
-            seconds = (float(stream.duration * stream.time_base) if stream.duration
-                       else (container.duration or 0) / 1e6)
+            seconds = stream_seconds(container, stream)
             if seconds <= 0:  # e.g. a still image, which FFmpeg also opens
                 raise ValueError("not a video this server can read (it has no duration)")
             return stream.codec_context.width, stream.codec_context.height, seconds
     except av.FFmpegError as e:
         raise ValueError(f"not a video this server can read ({e})") from None
+
+
+def stream_seconds(container: Any, stream: Any) -> float:
+    """A PyAV stream's duration in seconds (the container's when the stream has none;
+    0 when neither is known, as for a still image)."""
+    if stream.duration:
+        return float(stream.duration * stream.time_base)
+    return (container.duration or 0) / 1e6

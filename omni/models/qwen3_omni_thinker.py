@@ -176,7 +176,7 @@ class ThinkerMedia:
             if kind == "image":
                 media["image"].append(decode_image(part))
                 return {"type": kind}
-            media["video"].append(decode_video(part))
+            media["video"].append(decode_video(part, self.images))
             track = (part.get("video") or {}).get("pcm_f32le")
             media["heard"].append(track is not None)
             if track is not None:

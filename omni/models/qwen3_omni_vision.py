@@ -7,7 +7,8 @@ do, per request, in a form the AR engine's packed steps can use (omni/engines/ar
   <|image_pad|> tokens) plus "deepstack" features from some of its layers.
 - Videos: PyAV decodes the file and keeps VIDEO_FPS frames a second (`decode_video`);
   `video_patches` cuts them as the Qwen2-VL video processor does (that one needs
-  torchvision), at the image processor's pixel budget, resized with PIL (the video
+  torchvision), at the image processor's pixel budget capped at the video processor's
+  default (VIDEO_MAX_PIXELS), resized with PIL as decoded (the video
   processor resizes with torchvision: pixel values differ slightly from it). Each
   temporal patch spans temporal_patch_size / rate seconds; the time axis of the rotary
   positions steps by that x position_id_per_seconds, not always a whole number.
@@ -35,6 +36,10 @@ VIDEO_PARTS = ("video",)  # {"type": "video", "video": {"data": <video file byte
 # 2 frames a second, at least 4 and at most 768 frames, an even count (2 frames per
 # temporal patch); each temporal patch then spans temporal_patch_size / fps seconds.
 VIDEO_FPS, VIDEO_MIN_FRAMES, VIDEO_MAX_FRAMES = 2.0, 4, 768
+# Pixels per video frame at most: the Qwen2-VL video processor's default (28 * 28 * 768);
+# the image processor's budget (up to ~12.8 M pixels in a release) would make a long
+# video far more tokens than any cache holds.
+VIDEO_MAX_PIXELS = 28 * 28 * 768
 
 
 class TextFirstRope:
@@ -185,12 +190,27 @@ def joint_deepstack(ids: torch.Tensor, image_id: int, video_id: int,
     return mask.cpu(), joint
 
 
-def decode_video(part: dict[str, Any]) -> tuple[list[Any], float]:
-    """(sampled RGB frames as PIL images, their rate per second) of an API-checked video
-    part: VIDEO_FPS frames a second by timestamp (more for clips too short to give
-    VIDEO_MIN_FRAMES), at most VIDEO_MAX_FRAMES, an even count; frames between the
-    samples are decoded and dropped, so memory holds only the samples."""
+def frame_size(processor: Any, width: int, height: int) -> tuple[int, int]:
+    """(width, height) a video frame is resized to: sides a multiple of patch x merge,
+    within the image processor's pixel range capped at VIDEO_MAX_PIXELS."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    factor = int(processor.patch_size) * int(processor.merge_size)
+    h, w = smart_resize(height, width, factor=factor, min_pixels=processor.size.shortest_edge,
+                        max_pixels=min(processor.size.longest_edge, VIDEO_MAX_PIXELS))
+    return w, h
+
+
+def decode_video(part: dict[str, Any], processor: Any) -> tuple[list[Any], float]:
+    """(sampled RGB frames as PIL images at their patch-grid size, their rate per second)
+    of an API-checked video part: VIDEO_FPS frames a second by timestamp (more for clips
+    too short to give VIDEO_MIN_FRAMES), at most VIDEO_MAX_FRAMES, an even count. Frames
+    between the samples are dropped and samples are resized as they are decoded, so
+    memory holds only small samples."""
     import av
+    from PIL import Image
+
+    from omni.media.video import stream_seconds
 
     video = part.get("video") or {}
     if not isinstance(video.get("data"), bytes):
@@ -199,12 +219,13 @@ def decode_video(part: dict[str, Any]) -> tuple[list[Any], float]:
     try:
         with av.open(io.BytesIO(video["data"])) as container:
             stream = container.streams.video[0]
-            seconds = (float(stream.duration * stream.time_base) if stream.duration
-                       else (container.duration or 0) / 1e6)
+            seconds = stream_seconds(container, stream)
             rate = max(VIDEO_FPS, VIDEO_MIN_FRAMES / seconds) if seconds > 0 else VIDEO_FPS
             for frame in container.decode(stream):
                 if frame.time is not None and frame.time + 1e-6 >= len(frames) / rate:
-                    frames.append(frame.to_image().convert("RGB"))
+                    image = frame.to_image().convert("RGB")
+                    size = frame_size(processor, *image.size)
+                    frames.append(image.resize(size, Image.BICUBIC))
                     if len(frames) == VIDEO_MAX_FRAMES:
                         break
     except (av.FFmpegError, IndexError, ValueError) as e:
@@ -218,19 +239,16 @@ def decode_video(part: dict[str, Any]) -> tuple[list[Any], float]:
 def video_patches(processor: Any, frames: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(patches (grid_t * grid_h * grid_w, C * tp * p * p), grid (1, 3)) of one video's
     frames, in the layout of the Qwen2-VL processors (their video form needs torchvision):
-    each frame resized to the image processor's pixel budget (a multiple of patch x merge
-    on each side), rescaled, normalised, and every temporal_patch_size frames cut into
-    patches, ordered merge group by merge group. A single image repeated
-    temporal_patch_size times gives exactly the image processor's patches (tested)."""
+    each frame resized to `frame_size` (a no-op for decode_video's frames), rescaled,
+    normalised, and every temporal_patch_size frames cut into patches, ordered merge
+    group by merge group. A single image repeated temporal_patch_size times gives exactly
+    the image processor's patches (tested)."""
     import numpy as np
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     p, m, tp = int(processor.patch_size), int(processor.merge_size), int(
         processor.temporal_patch_size)
-    width, height = frames[0].size
-    h, w = smart_resize(height, width, factor=p * m, min_pixels=processor.size.shortest_edge,
-                        max_pixels=processor.size.longest_edge)
+    w, h = frame_size(processor, *frames[0].size)
     pixels = np.stack([np.asarray(f.resize((w, h), Image.BICUBIC), dtype=np.float32)
                        for f in frames])  # (T, h, w, C)
     x = torch.from_numpy(pixels).permute(0, 3, 1, 2) * float(processor.rescale_factor)

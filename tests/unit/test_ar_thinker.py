@@ -195,6 +195,20 @@ def test_video_patches_have_the_image_processors_layout(omni_dir):
     torch.testing.assert_close(patches, ref["pixel_values"])
 
 
+def test_video_frames_keep_to_the_video_pixel_budget():
+    """A release's image budget (12.8 M pixels) is not a video frame's: HD frames are cut
+    to at most VIDEO_MAX_PIXELS, sides a multiple of patch x merge."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from omni.models.qwen3_omni_vision import VIDEO_MAX_PIXELS, frame_size
+
+    release = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, min_pixels=65536,
+                                       max_pixels=16777216)
+    w, h = frame_size(release, 1920, 1080)
+    assert w * h <= VIDEO_MAX_PIXELS and w % 32 == 0 and h % 32 == 0 and w > h
+    assert frame_size(release, 64, 48) == (320, 224)  # grown to the minimum, like images
+
+
 def test_video_input_matches_transformers_thinker(omni_dir):
     """A 1.5 s clip: sampled at 8/3 frames a second (4 frames, the minimum), so its time
     axis steps by 18.75 positions; answers, exported hidden states and the (fractional)
@@ -206,8 +220,9 @@ def test_video_input_matches_transformers_thinker(omni_dir):
     engine = AREngine(str(omni_dir), options={"export_hidden_layers": "auto"})
     clip = _mp4(1.5, 10, 7)
     got, first = _ask(engine, {"type": "video", "video": {"data": clip}})
-    frames, rate = decode_video({"video": {"data": clip}})
+    frames, rate = decode_video({"video": {"data": clip}}, engine.lm.media.images)
     assert (len(frames), rate) == (4, 4 / 1.5)
+    assert {f.size for f in frames} == {(64, 64)}  # resized as decoded: 64 x 48 -> 2 x 2 x 32
     patches, grid = video_patches(engine.lm.media.images, frames)
     config = AutoConfig.from_pretrained(str(omni_dir))
     config.enable_audio_output = False
@@ -278,7 +293,7 @@ def test_video_heard_with_its_track_matches_transformers_thinker(omni_dir):
         str(omni_dir), config=config, dtype=torch.float32).thinker.eval()
     ids = first["prompt_token_ids"]
     assert ids.count(config.thinker_config.audio_token_id) > 20  # 2.1 s of track
-    frames, rate = decode_video(part)
+    frames, rate = decode_video(part, engine.lm.media.images)
     patches, grid = video_patches(engine.lm.media.images, frames)
     feats = engine.lm.media.fe([track], sampling_rate=16000, return_attention_mask=True,
                                return_tensors="pt")

@@ -133,7 +133,7 @@ def _visual_part(kind: str, processor) -> tuple[dict, dict]:
         return part, dict(processor(images=[decode_image(part)], return_tensors="pt"))
     clip = encode_mp4((rng.random((25, 48, 64, 3)) * 255).astype("uint8"), 10)
     part = {"type": "video", "video": {"data": clip}}
-    frames, rate = decode_video(part)
+    frames, rate = decode_video(part, processor)
     patches, grid = video_patches(processor, frames)
     return part, {"pixel_values_videos": patches, "video_grid_thw": grid,
                   "video_second_per_grid": torch.tensor([2 / rate])}
