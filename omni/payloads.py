@@ -126,7 +126,11 @@ class ClientPayloads:
         for key, value in data.items():
             if isinstance(value, list) and value and value[0] == REF_MARKER:
                 payload = self.plane.get("client", value)
-                taken[key] = payload.clone() if hasattr(payload, "clone") else bytes(payload)
+                if _backend(value) == "cuda_ipc":  # get copied it already
+                    taken[key] = payload
+                else:
+                    taken[key] = payload.clone() if hasattr(payload, "clone") \
+                        else bytes(payload)
             else:
                 taken[key] = value
         self.plane.done("client")
@@ -143,6 +147,12 @@ class ClientPayloads:
 
     def close(self) -> None:
         self.plane.close()
+
+
+def _backend(wire: list) -> str:
+    from omni.connector import PayloadRef
+
+    return PayloadRef.from_wire(wire).backend
 
 
 def _has_ref(data: dict[str, Any]) -> bool:

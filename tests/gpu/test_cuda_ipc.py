@@ -210,6 +210,14 @@ def test_payload_plane_copies_cuda_payloads_and_frees_them_at_once():
         torch.cuda.synchronize()
         assert torch.equal(got, t)  # the copy is not that block
         plane.done("r")  # nothing held: a no-op
+        from omni.payloads import ClientPayloads
+
+        client = ClientPayloads(_name("cl"))  # the front end: one copy, block freed
+        final = prod.put(t, owner="f")
+        taken = client.take({"audio": _over_wire(final).to_wire()})
+        assert torch.equal(taken["audio"], t)
+        assert prod.health()["cuda_ipc"]["payloads_in_use"] == 1  # only r2's
+        client.close()
     finally:
         plane.close()
         prod.close()
