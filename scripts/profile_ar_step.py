@@ -66,12 +66,27 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40, help="decode steps timed (default 40)")
     p.add_argument("--no-graphs", action="store_true", help="eager forwards, no CUDA graphs")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode forward")
+    p.add_argument("--attention-kernel", default="auto", choices=("auto", "triton", "sdpa"),
+                   help="decode attention kernel (engine option attention_kernel)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also list the N kernels with the most GPU time over the timed "
+                        "steps (torch.profiler)")
     args = p.parse_args()
     engine = AREngine(args.model, device="cuda", dtype="bfloat16",
                       options={"cuda_graphs": not args.no_graphs,
-                               "compile_decode": args.compile})
+                               "compile_decode": args.compile,
+                               "attention_kernel": args.attention_kernel})
     for b in (int(x) for x in args.batch.split(",")):
-        print(f"batch {b}: median ms per phase {profile(engine, b, args.steps)}", flush=True)
+        if not args.kernels:
+            print(f"batch {b}: median ms per phase {profile(engine, b, args.steps)}", flush=True)
+            continue
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            phases = profile(engine, b, args.steps)
+        print(f"batch {b}: median ms per phase {phases}", flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.kernels))
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -78,7 +79,12 @@ class DecodeGraphs:
         for b in self.batch_buckets:
             if (b, length) not in self.graphs:
                 self._fill([], [], [], b, length)
-                self._capture(b, length)
+                try:
+                    self._capture(b, length)
+                except Exception as e:  # say where: the fix is usually in that layer's code
+                    frame = traceback.extract_tb(e.__traceback__)[-1]
+                    raise RuntimeError(f"{type(e).__name__}: {e} (raised at {frame.filename}:"
+                                       f"{frame.lineno} in {frame.name})") from e
             if log:
                 log(f"captured the decode graph for batch {b}")
 

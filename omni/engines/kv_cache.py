@@ -124,6 +124,7 @@ class PagedKVCache:
         shape = (num_blocks * block_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.decode_kernel = "sdpa"  # or "triton": see paged_attention._decode
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int,
@@ -204,4 +205,23 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
     if blocks < 2:
         raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
                               "tokens; give the stage more memory")
-    return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device)
+    cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device)
+    cache.decode_kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device)
+    return cache
+
+
+def decode_kernel(choice: str, device: torch.device) -> str:
+    """The decode attention kernel: "triton" (reads the paged cache in place; the default
+    on CUDA when Triton imports) or "sdpa" (gather + one SDPA call; CPU and CUDA)."""
+    from omni.engines import paged_decode_kernel
+
+    if choice not in ("auto", "triton", "sdpa"):
+        raise EngineLoadError(f"option attention_kernel must be auto, triton or sdpa, "
+                              f"got {choice!r}")
+    on_cuda = device.type == "cuda" and paged_decode_kernel.available()
+    if choice == "auto":
+        return "triton" if on_cuda else "sdpa"
+    # on CPU only under Triton's interpreter (TRITON_INTERPRET=1): tests, not serving
+    if choice == "triton" and not (on_cuda or paged_decode_kernel.interpreted()):
+        raise EngineLoadError("attention_kernel: triton needs CUDA and the triton package")
+    return choice

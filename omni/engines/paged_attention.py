@@ -15,9 +15,11 @@ packed batch costs nothing extra there. The batch layout travels to this functio
 the ``omni_batch`` keyword argument of the model call (transformers passes unknown
 keyword arguments down to the attention function).
 
-Kernels: a decode-only step (every sequence adds one token) gathers the contexts into one
-padded tensor and makes one ``scaled_dot_product_attention`` call; a step with prefills
-makes one call per sequence. Both are plain torch, so they run on CPU and CUDA alike.
+Kernels: a decode-only step (every sequence adds one token) runs the Triton kernel of
+``paged_decode_kernel`` where the cache says so (CUDA by default), which reads the cached
+rows in place; otherwise it gathers the contexts into one padded tensor and makes one
+``scaled_dot_product_attention`` call. A step with prefills makes one SDPA call per
+sequence. The SDPA paths are plain torch, so they run on CPU and CUDA alike.
 """
 
 from __future__ import annotations
@@ -100,32 +102,65 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         raise RuntimeError(f"attention '{ATTN_NAME}' needs the engine's batch layout")
     layer = module.layer_idx
     k_cache, v_cache = omni_batch.cache.k[layer], omni_batch.cache.v[layer]
-    k_cache.index_copy_(0, omni_batch.write_slots, key[0].transpose(0, 1).to(k_cache.dtype))
-    v_cache.index_copy_(0, omni_batch.write_slots, value[0].transpose(0, 1).to(v_cache.dtype))
     if omni_batch.decode_only:
-        out = _decode(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
-    else:
-        out = _per_sequence(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
+        lens = omni_batch.context_len_t
+        if lens is None:
+            lens = torch.tensor(omni_batch.context_lens, device=query.device)
+        out = torch.ops.omni.paged_decode(
+            query, key, value, k_cache, v_cache, omni_batch.write_slots,
+            omni_batch.padded_slots, omni_batch.padded_valid, lens, scaling,
+            sliding_window or 0, omni_batch.cache.decode_kernel)
+        return out.unsqueeze(0), None
+    _write(key, value, k_cache, v_cache, omni_batch.write_slots)
+    out = _per_sequence(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
     return out.unsqueeze(0), None
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            layout: BatchLayout, scale: float | None, window: int | None) -> torch.Tensor:
+def _write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, write_slots: torch.Tensor) -> None:
+    k_cache.index_copy_(0, write_slots, key[0].transpose(0, 1).to(k_cache.dtype))
+    v_cache.index_copy_(0, write_slots, value[0].transpose(0, 1).to(v_cache.dtype))
+
+
+# One opaque operator for a decode step's attention (cache write + attention): under
+# torch.compile the model's whole decode forward then traces as ONE graph. Called as a
+# plain function, the Triton launch would break the graph in every layer, and dynamo would
+# compile each layer's remainder separately (a recompile per layer and per context bucket:
+# seconds of stall when a new bucket is first captured while serving).
+@torch.library.custom_op("omni::paged_decode", mutates_args=("k_cache", "v_cache"))
+def paged_decode_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, write_slots: torch.Tensor,
+                    slots: torch.Tensor, valid: torch.Tensor, lens: torch.Tensor,
+                    scale: float | None, window: int, kernel: str) -> torch.Tensor:
+    """query (1, H, B, D), key/value (1, KVH, B, D) -> (B, H, D)."""
+    _write(key, value, k_cache, v_cache, write_slots)
+    q = query[0]
+    if kernel == "triton":
+        from omni.engines.paged_decode_kernel import paged_decode
+
+        return paged_decode(q, k_cache, v_cache, slots, lens, scale, window or None)
+    return _sdpa_decode(q, k_cache, v_cache, slots, valid, lens, scale, window)
+
+
+@paged_decode_op.register_fake
+def _paged_decode_shape(query: torch.Tensor, *_: Any) -> torch.Tensor:
+    return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
+
+
+def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slots: torch.Tensor, valid: torch.Tensor, lens: torch.Tensor,
+                 scale: float | None, window: int) -> torch.Tensor:
     """q (H, B, D): one query per sequence, all contexts padded to the longest."""
-    slots, valid = layout.padded_slots, layout.padded_valid
     k = k_cache[slots].permute(0, 2, 1, 3)  # (B, KVH, L, D)
     v = v_cache[slots].permute(0, 2, 1, 3)
     mask = valid
     if window:
-        lens = layout.context_len_t
-        if lens is None:
-            lens = torch.tensor(layout.context_lens, device=valid.device)
         mask = mask & (torch.arange(valid.shape[1], device=valid.device)
                        >= lens.unsqueeze(1) - window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(2), k, v,
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=k.shape[1] != q.shape[0])
-    return out.squeeze(2)  # (B, H, D) = (N, H, D)
+    return out.squeeze(2).contiguous()  # (B, H, D) = (N, H, D)
 
 
 def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

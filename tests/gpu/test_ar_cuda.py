@@ -64,3 +64,42 @@ def test_qwen3_omni_thinker_graphs_match_eager(tmp_path_factory):
     graphed = AREngine(omni_dir, device="cuda", dtype="float32")
     eager = AREngine(omni_dir, device="cuda", dtype="float32", options={"cuda_graphs": False})
     assert _greedy(graphed, 12) == _greedy(eager, 12)
+
+
+def test_triton_decode_kernel_matches_sdpa_bf16():
+    from omni.engines.paged_attention import padded_context_slots
+    from omni.engines.paged_decode_kernel import paged_decode
+
+    torch.manual_seed(0)
+    bs, blocks, heads, kv_heads, dim = 16, 1024, 32, 8, 128
+    k = torch.randn(blocks * bs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = [1, 17, 200, 3000, 4096, 129, 64, 555]
+    order = torch.randperm(blocks).tolist()
+    tables, used = [], 0
+    for n in lens:
+        tables.append(order[used:used + -(-n // bs)])
+        used += len(tables[-1])
+    slots, valid = padded_context_slots(tables, lens, bs, 4096)
+    slots, valid = slots.cuda(), valid.cuda()
+    q = torch.randn(heads, len(lens), dim, device="cuda", dtype=torch.bfloat16)
+    for window in (None, 1000):
+        out = paged_decode(q, k, v, slots, torch.tensor(lens, device="cuda"), None, window)
+        mask = valid
+        if window:
+            mask = mask & (torch.arange(4096, device="cuda")
+                           >= torch.tensor(lens, device="cuda").unsqueeze(1) - window)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(2).float(), k[slots].permute(0, 2, 1, 3).float(),
+            v[slots].permute(0, 2, 1, 3).float(), attn_mask=mask[:, None, None, :],
+            enable_gqa=True).squeeze(2)
+        assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+def test_graphed_triton_decode_matches_eager_sdpa(model_dir):
+    graphed = AREngine(model_dir, device="cuda", dtype="float32",
+                       options={"attention_kernel": "triton"})
+    eager = AREngine(model_dir, device="cuda", dtype="float32",
+                     options={"cuda_graphs": False, "attention_kernel": "sdpa"})
+    assert graphed.cache.decode_kernel == "triton" and graphed.graphs is not None
+    assert _greedy(graphed, 24) == _greedy(eager, 24)
