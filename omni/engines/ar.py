@@ -20,8 +20,7 @@ which a stream edge hands to the next stage (one that reads its hidden states).
 
 Media prompts are encoded on a worker thread (ar_encoder.py) and prefilled with their
 rotary layout and vision features (ar_media.py). KV cache size: kv_cache.sized_cache.
-Other options (docs/pipeline.md): block_size, max_num_seqs, max_batched_tokens,
-prefix_caching, cuda_graphs + compile_decode + max_graph_context (decode_graphs.py).
+Options: docs/pipeline.md (graphs: decode_graphs.py; attention: paged_attention.py).
 """
 
 from __future__ import annotations
@@ -45,9 +44,10 @@ from omni.engines.ar_inputs import (
 )
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, input_error
+from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.kv_cache import PagedKVCache, sized_cache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
-from omni.engines.sampling import IncrementalDetokenizer, SamplingParams, SequenceSampler, sample
+from omni.engines.sampling import SamplingParams, SequenceSampler, sample
 from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.models.hf_causal import load_causal_lm
 

@@ -17,8 +17,8 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
+from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.sampling import (
-    IncrementalDetokenizer,
     SamplingParams,
     SequenceSampler,
     processed_logits,
@@ -179,6 +179,20 @@ def test_min_tokens_masks_eos_and_stop_ids():
     s.append(0)
     s.append(0)
     assert sample(logits[:1], [s], {7})[0].token == 7  # min_tokens reached
+
+
+def test_plain_greedy_batch_is_the_argmax_of_the_processed_logits():
+    """All-greedy batches without penalties take a one-argmax path; a row with a penalty
+    or an active min_tokens sends the batch through the full processing."""
+    torch.manual_seed(3)
+    logits = torch.randn(6, V, dtype=torch.bfloat16)
+    plain = [seq(temperature=0) for _ in range(6)]
+    want = processed_logits(logits.float(), plain).argmax(dim=-1).tolist()
+    assert [x.token for x in sample(logits, plain)] == want
+    assert all(x.logprobs is None for x in sample(logits, plain))
+    mixed = plain[:5] + [seq(outputs=(int(want[5]),), temperature=0, repetition_penalty=5.0)]
+    tokens = [x.token for x in sample(logits.float(), mixed)]
+    assert tokens[:5] == want[:5] and tokens[5] != want[5]  # the penalty applied
 
 
 @pytest.mark.parametrize("batch", [1, 8])
