@@ -132,3 +132,30 @@ def test_decode_forward_traces_as_one_graph_with_the_attention_operator(tmp_path
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
         explained.break_reasons
     engine.shutdown()
+
+
+def test_new_batch_and_context_buckets_do_not_recompile(tmp_path):
+    """Decode graphs are captured per (batch, context) bucket, some lazily while serving:
+    a compiled forward must take a new bucket without recompiling (batch 1 is
+    specialised by dynamo; every other shape shares one dynamic graph)."""
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    from omni.engines.ar import AREngine
+    from omni.engines.paged_attention import BatchLayout, padded_context_slots
+    from omni.fixtures import build_tiny_qwen3
+
+    engine = AREngine(str(build_tiny_qwen3(tmp_path / "qwen3")))
+    counter = CompileCounter()
+    forward = torch.compile(engine.lm.model, dynamic=True, backend=counter)
+    for batch, width in ((1, 256), (2, 256), (8, 256), (1, 512), (2, 1024), (16, 4096)):
+        tables = [[1 + i] * (width // 16) for i in range(batch)]
+        slots, valid = padded_context_slots(tables, [5] * batch, 16, width)
+        layout = BatchLayout(engine.cache, slots[:, 4].clone(), [1] * batch, [], [], True,
+                             padded_slots=slots, padded_valid=valid,
+                             context_len_t=torch.full((batch,), 5))
+        forward(input_ids=torch.zeros(1, batch, dtype=torch.long), use_cache=False,
+                position_ids=torch.full((1, batch), 4), omni_batch=layout,
+                logits_to_keep=torch.arange(batch))
+    assert counter.frame_count == 2
+    engine.shutdown()
