@@ -369,8 +369,15 @@ def _check_rows(body: list, replica: Replica) -> None:
         raise ProtocolError(f"OUTPUTS from {replica.replica_id} names {body[0]!r}")
     rows, stats = body[1], body[2]
     if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
-            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str) for r in rows):
-        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays")
+            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
+            and (r[3] is None or _is_error(r[3])) for r in rows):
+        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays, "
+                            "error null or [kind, message]")
+
+
+def _is_error(error: Any) -> bool:
+    return (isinstance(error, list) and len(error) == 2
+            and all(isinstance(x, str) for x in error))
 
 
 def _describe_exit(replica: Replica) -> str:

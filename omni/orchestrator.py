@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.config import PipelineConfig, Route
-from omni.engines.base import INPUT_ERROR_PREFIX
+from omni.engines.base import INPUT_FAULT
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
@@ -200,16 +200,17 @@ class Orchestrator:
                 self._on_stage_output(state, replica.stage, data, finished, error)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
-                         finished: bool, error: str | None) -> None:
+                         finished: bool, error: list[str] | None) -> None:
         now = time.monotonic()
         state.times[stage].setdefault("first_output", now)
         if error is not None:
-            if error.startswith(INPUT_ERROR_PREFIX):
+            kind, message = error
+            if kind == INPUT_FAULT:
                 self._finish(state, RejectedInputError(
-                    f"stage '{stage}' cannot use this input: "
-                    f"{error.removeprefix(INPUT_ERROR_PREFIX)}", stage))
+                    f"stage '{stage}' cannot use this input: {message}", stage))
             else:
-                self._finish(state, RequestFailedError(f"stage '{stage}' failed: {error}", stage))
+                self._finish(state, RequestFailedError(f"stage '{stage}' failed: {message}",
+                                                       stage))
             return
         if stage in state.route.finals:
             state.first_output = state.first_output or now

@@ -31,7 +31,7 @@ class Msg(enum.IntEnum):
     APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
     # engine -> orchestrator
     READY = 10  # [replica_id, info]   the first message on a connection names the replica
-    OUTPUTS = 11  # [replica_id, [[rid, data, finished, error], ...], stats]
+    OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
     # sent_at / stats["sent_at"]: the sender's time.monotonic() (one clock for every
     # process of a host), so each side can time the hop it received (omni/transit.py)
     DEAD = 12  # [replica_id, reason]   the last message of a dying engine

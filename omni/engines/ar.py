@@ -43,7 +43,7 @@ from omni.engines.ar_inputs import (
     wants_media,
 )
 from omni.engines.ar_media import step_media, whole_delta
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, input_error
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.kv_cache import PagedKVCache, sized_cache
 from omni.engines.paged_attention import ATTN_NAME, build_layout, register
@@ -142,7 +142,7 @@ class AREngine(Engine):
             prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
             self._admit(rid, params, producer, *prompt)
         except Exception as e:  # bad input fails this request only, at the next step
-            self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
+            self._failed.append(failed_output(rid, e))
 
     def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
                embeds: Any, media: Any) -> None:
@@ -168,7 +168,7 @@ class AREngine(Engine):
                     raise error
                 self._admit(rid, params, None, *prompt)
             except Exception as e:
-                self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
+                self._failed.append(failed_output(rid, e))
 
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from omni.engines.ar import AREngine, _State
 from omni.engines.ar_inputs import stream_producer
-from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, input_error
+from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.sampling import SamplingParams, SequenceSampler
 from omni.engines.scheduler import ScheduledBatch, Sequence
 
@@ -88,7 +88,7 @@ class FeedbackAREngine(AREngine):
                                                                      list)):
                 raise ValueError("this stage takes its input from one upstream stage")
         except Exception as e:  # bad input (e.g. an unknown voice) fails this request only
-            self._failed.append(StepOutput(rid, finished=True, error=input_error(e)))
+            self._failed.append(failed_output(rid, e))
             return
         state = _FeedState(sampling, SequenceSampler(sampling, (), self.lm.device),
                            SilentDetokenizer(), stream_from=producer,

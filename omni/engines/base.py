@@ -43,24 +43,26 @@ class StepOutput:
         through a connector and ride here as PayloadRefs (Runtime core II).
     finished: the request is done at this stage (no more outputs will come).
     error: set when the request failed at this stage; implies finished.
+    error_kind: whose fault the error is: ENGINE_FAULT (the API answers 500) or
+        INPUT_FAULT (the request's input, which the client must fix: a 400).
     """
 
     request_id: str
     data: dict[str, Any] | None = None
     finished: bool = False
     error: str | None = None
+    error_kind: str = "engine"
 
 
-# An error that starts with this is the request's input at fault (the client's to fix:
-# a 400), not the engine (a 500); see input_error.
-INPUT_ERROR_PREFIX = "rejected input: "
+ENGINE_FAULT, INPUT_FAULT = "engine", "input"
 
 
-def input_error(exc: Exception) -> str:
-    """A StepOutput error for an input the engine refused (ValueError / TypeError while
-    reading it); any other exception is an engine failure."""
-    text = f"{type(exc).__name__}: {exc}"
-    return INPUT_ERROR_PREFIX + text if isinstance(exc, ValueError | TypeError) else text
+def failed_output(request_id: str, exc: Exception) -> StepOutput:
+    """The output of a request the engine could not take: a ValueError / TypeError while
+    reading its inputs is the input's fault; any other exception is the engine's."""
+    kind = INPUT_FAULT if isinstance(exc, ValueError | TypeError) else ENGINE_FAULT
+    return StepOutput(request_id, finished=True, error=f"{type(exc).__name__}: {exc}",
+                      error_kind=kind)
 
 
 class Engine(abc.ABC):

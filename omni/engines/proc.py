@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.engines.base import Engine, EngineRequest
+from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
 from omni.payloads import PayloadPlane
 from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
 from omni.transit import InboundTimes
@@ -142,7 +142,7 @@ class EngineLoop:
         self.payloads.drop(request_id)
         self.inbound.drop(request_id)
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
-                                 [[request_id, None, True, str(exc)]],
+                                 [[request_id, None, True, [ENGINE_FAULT, str(exc)]]],
                                  {"sent_at": time.monotonic()}))
 
     def _abort(self, body: list[Any]) -> None:
@@ -174,8 +174,9 @@ class EngineLoop:
         except Exception as exc:  # e.g. the arena stayed full: this request fails alone
             self.engine.abort([out.request_id])
             self.payloads.drop(out.request_id)
-            return [out.request_id, None, True, f"cannot publish output: {exc}"]
-        return [out.request_id, data, out.finished, out.error]
+            return [out.request_id, None, True, [ENGINE_FAULT, f"cannot publish output: {exc}"]]
+        error = None if out.error is None else [out.error_kind, out.error]
+        return [out.request_id, data, out.finished, error]
 
 
 class _TailHandler(logging.Handler):

@@ -26,7 +26,7 @@ ROUND_TRIPS = [
     (Msg.SHUTDOWN, []),
     (Msg.READY, ["a/0", {"engine": "echo", "pid": 1234, "memory": 2**40}]),
     (Msg.OUTPUTS, ["a/0", [["r1", {"text": "x", "index": 0, "trace": ["a"]}, False, None],
-                           ["r2", None, True, "boom"]], {"running": 1}]),
+                           ["r2", None, True, ["engine", "boom"]]], {"running": 1}]),
     (Msg.DEAD, ["a/0", "a/0 died: RuntimeError: x\n-- last log lines --\n..."]),
     (Msg.OUTPUTS, ["b/1", [["r", {"blob": b"\x00\x01\xff" * 100, "f": -1.5, "n": None,
                                   "big": -(2**63), "nested": {"1": [1, [2, [3]]]}},
