@@ -339,4 +339,5 @@ def test_bad_media_parts_get_clear_errors(server):
                     **SEEDED)
             assert "cannot use this input" in info.value.message
             assert "at least 2 are needed" in info.value.message
+            assert info.value.code == "invalid_input"
     run(body())
