@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add this run's sides to the existing ar[-TAG].json in --out (same "
                              "model, lengths, device, dtype, seed; e.g. a slow side run in a "
                              "second command, or at fewer concurrencies)")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option for our engine's stages (repeatable; the value is "
+                             "read as YAML), e.g. attention_kernel=sdpa or cuda_graphs=false: "
+                             "our sides then load a copy of the preset with it")
     parser.add_argument("--out", default="bench/results",
                         help="directory for the report and the JSON (default bench/results)")
 
@@ -188,6 +192,18 @@ def _merged(old: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _engine_options(pairs: list[str]) -> dict[str, Any]:
+    import yaml
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-option wants KEY=VALUE, got {pair!r}")
+        options[key] = yaml.safe_load(value)
+    return options
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from omni.fixtures.tiny_models import ensure_tiny_model
 
@@ -196,6 +212,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(SIDES)}")
     sides = [s for s in SIDES if s in sides]
     plan = _plan(args)
+    engine_options = _engine_options(args.engine_option)
     out = Path(args.out)
     stem = f"ar-{args.tag}" if args.tag else "ar"
     device = args.device or ("cuda" if cuda_available() else "cpu")
@@ -206,7 +223,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "command": "python -m bench " + " ".join(argv), "hardware": hardware(),
         "model_dir": model_dir, "settings": {
             "sides": sides, "plan": plan, "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens, "device": device, "dtype": dtype, "seed": args.seed},
+            "new_tokens": args.new_tokens, "device": device, "dtype": dtype, "seed": args.seed,
+            "engine_options": engine_options},
         "results": {}}
     base = _merge_base(out / f"{stem}.json", result) if args.merge else None
     say(f"[ar] {model_dir} on {device} ({dtype}); sides {', '.join(sides)}; "
@@ -214,7 +232,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     import uvloop
 
     with tempfile.TemporaryDirectory() as tmp:
-        target = target_for(model_dir, device, Path(tmp))
+        target = target_for(model_dir, device, Path(tmp), engine_options)
         for side in (s for s in sides if s.startswith("ours")):
             result["results"][side], info = uvloop.run(measure(
                 side, target, dtype, args.server_timeout, plan, prompts, args.new_tokens))

@@ -200,7 +200,7 @@ def report(r: dict[str, Any]) -> str:
         f"parameters ({_count(m['active_params'])} active per token).  ",
         f"Run: {s['device']}, {s['dtype']}; prompts of {s['prompt_len']} random token ids, "
         f"exactly {s['new_tokens']} new tokens each (greedy, ignore_eos); (concurrency, "
-        f"bursts) {s['plan']}.  ",
+        f"bursts) {s['plan']}; our engine options: {s.get('engine_options') or 'preset'}.  ",
         f"Copy bandwidth (same run): {bw['gb_per_s']} GB/s ({bw['tensor_gib']:g} GiB "
         f"tensor on {bw['device']}, bytes read + written / time).  ",
         f"Our engine at load: {_engine(r.get('engine_info'))}.  ",

@@ -72,3 +72,22 @@ def test_random_omni_builder_writes_the_release_names(tmp_path) -> None:
     assert tensors["talker.model.layers.19.mlp.experts.0.gate_proj.weight"] == (384, 1024)
     talker = sum(math.prod(s) for n, s in tensors.items() if n.startswith("talker."))
     assert 3.2e9 < talker < 3.4e9
+
+
+def test_ar_engine_options_go_into_a_preset_copy(tmp_path) -> None:
+    import yaml
+
+    from bench.ar import _engine_options
+    from bench.ar_ours import target_for
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    options = _engine_options(["attention_kernel=sdpa", "cuda_graphs=false", "max_num_seqs=8"])
+    assert options == {"attention_kernel": "sdpa", "cuda_graphs": False, "max_num_seqs": 8}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        _engine_options(["attention_kernel"])
+    model = str(ensure_tiny_model("qwen3", tmp_path / "models"))
+    flag, path = target_for(model, "cpu", tmp_path, options)
+    stage = yaml.safe_load(open(path))["stages"][0]
+    assert flag == "--pipeline" and stage["options"] == options
+    assert stage["model_dir"] == model and stage["devices"] == ["cpu"]
+    assert target_for(model, "cpu", tmp_path) == ("--model", model)
