@@ -31,6 +31,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CONTEXT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
+class CaptureError(RuntimeError):
+    """A decode forward could not be captured; says where it raised."""
+
+
 def _buckets(options: tuple[int, ...], limit: int) -> list[int]:
     chosen = [b for b in options if b < limit]
     return chosen + [limit]
@@ -83,8 +87,8 @@ class DecodeGraphs:
                     self._capture(b, length)
                 except Exception as e:  # say where: the fix is usually in that layer's code
                     frame = traceback.extract_tb(e.__traceback__)[-1]
-                    raise RuntimeError(f"{type(e).__name__}: {e} (raised at {frame.filename}:"
-                                       f"{frame.lineno} in {frame.name})") from e
+                    raise CaptureError(f"{type(e).__name__} at {frame.filename}:{frame.lineno}"
+                                       f" in {frame.name}: {e}") from e
             if log:
                 log(f"captured the decode graph for batch {b}")
 

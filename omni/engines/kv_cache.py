@@ -124,7 +124,7 @@ class PagedKVCache:
         shape = (num_blocks * block_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.decode_kernel = "sdpa"  # or "triton": see paged_attention._decode
+        self.decode_kernel = "sdpa"  # or "triton": see paged_attention.decode_step
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int,
