@@ -33,6 +33,10 @@ except ImportError:  # the engine falls back to the SDPA path
     triton = None
 
 BLOCK_N = 64  # context tokens per tile (4 cache blocks of 16)
+# The split count is a runtime argument (not a compile-time constant), so the kernels
+# compile once per model and dtype, at warm-up, rather than again for each new split
+# count while serving (each compile would stall a lazy graph capture).
+MAX_SPLITS = 32
 
 
 def available() -> bool:
@@ -46,13 +50,13 @@ def interpreted() -> bool:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def _split_kernel(Q, K, V, Slots, Lens, Out, Acc, M, L,
                       stride_qb, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
-                      stride_sb, scale, window, split_len,
+                      stride_sb, scale, window, split_len, splits,
                       NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                       HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK: tl.constexpr,
-                      SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                      SINGLE: tl.constexpr, IEEE: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -94,28 +98,28 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        if SPLITS == 1:
+        if SINGLE:
             out = acc / l_i[:, None]
             dst = Out + (b * NUM_HEADS + heads[:, None]) * HEAD_DIM + d[None, :]
             tl.store(dst, out.to(Out.dtype.element_ty), mask=qmask)
         else:
-            row = (b * NUM_HEADS + heads) * SPLITS + split  # (GROUP_PAD,)
+            row = (b * NUM_HEADS + heads) * splits + split  # (GROUP_PAD,)
             gmask = g < GROUP
             tl.store(M + row, m_i, mask=gmask)
             tl.store(L + row, l_i, mask=gmask)
             tl.store(Acc + row[:, None] * DIM_PAD + d[None, :], acc, mask=gmask[:, None])
 
-    @triton.jit
-    def _merge_kernel(Out, Acc, M, L, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                      SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    @triton.jit(do_not_specialize=["splits"])
+    def _merge_kernel(Out, Acc, M, L, splits, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                      SPLITS_PAD: tl.constexpr):
         row = tl.program_id(0)  # b * NUM_HEADS + head
         s = tl.arange(0, SPLITS_PAD)
-        smask = s < SPLITS
+        smask = s < splits
         d = tl.arange(0, DIM_PAD)
-        m = tl.load(M + row * SPLITS + s, mask=smask, other=float("-inf"))
+        m = tl.load(M + row * splits + s, mask=smask, other=float("-inf"))
         weight = tl.where(smask, tl.exp(m - tl.max(m, 0)), 0.0)  # empty splits: exp(-inf)=0
-        denom = tl.sum(weight * tl.load(L + row * SPLITS + s, mask=smask, other=0.0), 0)
-        acc = tl.load(Acc + (row * SPLITS + s[:, None]) * DIM_PAD + d[None, :],
+        denom = tl.sum(weight * tl.load(L + row * splits + s, mask=smask, other=0.0), 0)
+        acc = tl.load(Acc + (row * splits + s[:, None]) * DIM_PAD + d[None, :],
                       mask=smask[:, None], other=0.0)
         out = tl.sum(acc * weight[:, None], 0) / denom
         tl.store(Out + row * HEAD_DIM + d, out.to(Out.dtype.element_ty), mask=d < HEAD_DIM)
@@ -140,7 +144,7 @@ def plan_splits(batch: int, kv_heads: int, width: int, processors: int) -> tuple
     batch, width = _pow2(batch, 1), _pow2(width, 256)
     tiles = width // BLOCK_N
     want = -(-2 * processors // (batch * kv_heads))
-    splits = max(1, min(want, tiles // 2))
+    splits = max(1, min(want, tiles // 2, MAX_SPLITS))
     split_len = -(-tiles // splits) * BLOCK_N
     return -(-width // split_len), split_len
 
@@ -164,15 +168,15 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         m = torch.empty(batch * heads * splits, dtype=torch.float32, device=q.device)
         partial_l = torch.empty_like(m)
     else:
-        acc = m = partial_l = out  # unused by the kernel when SPLITS == 1
+        acc = m = partial_l = out  # unused by the kernel when SINGLE
     _split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, slots, lens, out, acc, m, partial_l,
         q.stride(1), q.stride(0), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), slots.stride(0), float(scale),
-        int(window or 0), split_len,
+        int(window or 0), split_len, splits,
         NUM_HEADS=heads, GROUP=group, GROUP_PAD=_pow2(group), HEAD_DIM=dim, DIM_PAD=dim_pad,
-        BLOCK=BLOCK_N, SPLITS=splits, IEEE=k_cache.dtype == torch.float32, num_warps=4)
+        BLOCK=BLOCK_N, SINGLE=splits == 1, IEEE=k_cache.dtype == torch.float32, num_warps=4)
     if splits > 1:
-        _merge_kernel[(batch * heads,)](out, acc, m, partial_l, HEAD_DIM=dim, DIM_PAD=dim_pad,
-                                        SPLITS=splits, SPLITS_PAD=_pow2(splits, 2))
+        _merge_kernel[(batch * heads,)](out, acc, m, partial_l, splits, HEAD_DIM=dim,
+                                        DIM_PAD=dim_pad, SPLITS_PAD=MAX_SPLITS)
     return out

@@ -159,3 +159,14 @@ def test_new_batch_and_context_buckets_do_not_recompile(tmp_path):
                 logits_to_keep=torch.arange(batch))
     assert counter.frame_count == 2
     engine.shutdown()
+
+
+def test_split_plan_is_bounded_and_covers_the_width():
+    from omni.engines.paged_decode_kernel import BLOCK_N, MAX_SPLITS, plan_splits
+
+    for batch in (1, 3, 8, 32, 64):
+        for kv_heads in (1, 4, 8):
+            for width in (1, 255, 256, 4096, 32768):
+                splits, split_len = plan_splits(batch, kv_heads, width, 132)
+                assert 1 <= splits <= MAX_SPLITS and split_len % BLOCK_N == 0
+                assert splits * split_len >= width  # every context token is in a split
