@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU-box session step, time-boxed so its output comes back within a 10-minute call.
+#
+#   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
+#   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, Triton kernel vs SDPA
+#   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
+#                                        # lengths, stream vs full at concurrency C (default 8)
+#
+# Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
+# are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in tests|ar|omni) ;; *) sed -n 2,12p "$0"; exit 2 ;; esac
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+t0=$(date +%s)
+say() { echo "[gpu_run $(( $(date +%s) - t0 )) s] $*"; }
+
+case "${1:-}" in
+  tests)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu --tb=short 2>&1 | tail -30
+    ;;
+  ar)
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    say "model ready"
+    for kernel in triton sdpa; do
+      timeout 240 python3 -m bench ar --model /tmp/m/q8 --sides ours-inproc \
+        --engine-option attention_kernel=$kernel --tag "qwen3-8b-${2:-h200}-$kernel" \
+        --out "$OUT" 2>&1 | grep -E "^\[ar\]" | tail -6
+      say "ar $kernel done"
+    done
+    ;;
+  omni)
+    [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
+      --thinker-layers 24 --device cuda 2>&1 | tail -1
+    say "model ready"
+    timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
+      --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
+      --talker-frames 450 --concurrency "${2:-8}" --bursts 1 --repeats 1 \
+      --tag "h200-c${2:-8}" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
+    grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
+    ;;
+esac
+say "done"
