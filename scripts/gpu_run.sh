@@ -10,7 +10,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|omni) ;; *) sed -n 2,9p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|omni) ;; *) sed -n 2,10p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
