@@ -61,13 +61,24 @@ class PayloadPlane:
         from omni.connector import PayloadRef
 
         ref = PayloadRef.from_wire(wire)
-        payload = self.connector.get(ref)
         if ref.backend == "cuda_ipc":  # see the module doc
-            owned = payload.clone()
-            self.connector.release(ref)  # waits for the copy, then frees the block
-            return owned
+            return self._owned(ref)
+        payload = self.connector.get(ref)
         self._held.setdefault(request_id, []).append(ref)
         return payload
+
+    def take(self, wire: list) -> Any:
+        """An owned copy of one wire ref's payload; its block goes back at once."""
+        from omni.connector import PayloadRef
+
+        return self._owned(PayloadRef.from_wire(wire))
+
+    def _owned(self, ref: Any) -> Any:
+        payload = self.connector.get(ref)
+        try:
+            return payload.clone() if hasattr(payload, "clone") else bytes(payload)
+        finally:  # after the copy (a CUDA release waits for it), or if it failed
+            self.connector.release(ref)
 
     def publish(self, request_id: str, data: dict[str, Any] | None) -> dict[str, Any] | None:
         """``data`` with each tensor value put into the connector (owned by the request)."""
@@ -122,19 +133,9 @@ class ClientPayloads:
     def take(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
         if data is None or not _has_ref(data):
             return data
-        taken = {}
-        for key, value in data.items():
-            if isinstance(value, list) and value and value[0] == REF_MARKER:
-                payload = self.plane.get("client", value)
-                if _backend(value) == "cuda_ipc":  # get copied it already
-                    taken[key] = payload
-                else:
-                    taken[key] = payload.clone() if hasattr(payload, "clone") \
-                        else bytes(payload)
-            else:
-                taken[key] = value
-        self.plane.done("client")
-        return taken
+        return {key: self.plane.take(value)
+                if isinstance(value, list) and value and value[0] == REF_MARKER else value
+                for key, value in data.items()}
 
     def discard(self, data: dict[str, Any] | None) -> None:
         """An output nobody will read: give its payloads back unread."""
@@ -147,12 +148,6 @@ class ClientPayloads:
 
     def close(self) -> None:
         self.plane.close()
-
-
-def _backend(wire: list) -> str:
-    from omni.connector import PayloadRef
-
-    return PayloadRef.from_wire(wire).backend
 
 
 def _has_ref(data: dict[str, Any]) -> bool:
