@@ -118,13 +118,14 @@ class PagedKVCache:
     """The cache tensors plus the block bookkeeping of every sequence."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 block_size: int, dtype: torch.dtype, device: torch.device,
+                 decode_kernel: str = "sdpa") -> None:
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         shape = (num_blocks * block_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.decode_kernel = "sdpa"  # or "triton": see paged_attention.decode_step
+        self.decode_kernel = decode_kernel  # "sdpa" or "triton": paged_attention.decode_step
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int,
@@ -205,9 +206,9 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
     if blocks < 2:
         raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
                               "tokens; give the stage more memory")
-    cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device)
-    cache.decode_kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device)
-    return cache
+    kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device)
+    return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device,
+                        kernel)
 
 
 def decode_kernel(choice: str, device: torch.device) -> str:
