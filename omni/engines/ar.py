@@ -18,9 +18,8 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (one that reads its hidden states).
 
-Media prompts are encoded on a worker thread (ar_encoder.py) and prefilled with their
-rotary layout and vision features (ar_media.py). KV cache size: kv_cache.sized_cache.
-Options: docs/pipeline.md (graphs: decode_graphs.py; attention: paged_attention.py).
+Media prompts: ar_encoder.py (a worker thread) and ar_media.py (rotary layout, vision
+features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -45,8 +44,8 @@ from omni.engines.ar_inputs import (
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.detokenizer import IncrementalDetokenizer
-from omni.engines.kv_cache import PagedKVCache, sized_cache
-from omni.engines.paged_attention import ATTN_NAME, build_layout, register
+from omni.engines.kv_cache import sized_cache
+from omni.engines.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.sampling import SamplingParams, SequenceSampler, sample
 from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.models.hf_causal import load_causal_lm
@@ -78,7 +77,8 @@ class AREngine(Engine):
         self.lm = self._load(model_dir, dtype, device)
         register()
         self.lm.use_attention(ATTN_NAME)
-        self.cache = self._make_cache()
+        self.cache = sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
+        self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # a cached prefix is not recomputed, so its hidden states could not be exported
@@ -110,8 +110,9 @@ class AREngine(Engine):
         from omni.engines.decode_graphs import DecodeGraphs
 
         limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
+        compiled = self.blocks if self.options.get("compile_decode", True) else None
         graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
-                              self.lm.device, bool(self.options.get("compile_decode", True)),
+                              self.lm.device, compiled,
                               keeps_logits=self.lm.keeps_logits, embeds=embeds,
                               export_layers=self.export_layers)
         try:
@@ -123,9 +124,6 @@ class AREngine(Engine):
             torch.cuda.synchronize(self.lm.device)
             return None
         return graphs
-
-    def _make_cache(self) -> PagedKVCache:
-        return sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
 
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:

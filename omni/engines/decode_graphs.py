@@ -15,9 +15,11 @@ the common ones), and share one memory pool.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,7 +46,7 @@ class DecodeGraphs:
     """Captured decode forwards of one model over one PagedKVCache."""
 
     def __init__(self, model: Any, cache: PagedKVCache, max_batch: int, max_context: int,
-                 device: torch.device, compile_model: bool = False,
+                 device: torch.device, compile_blocks: list[torch.nn.Module] | None = None,
                  keeps_logits: bool = True, embeds: tuple[int, torch.dtype] | None = None,
                  export_layers: list[int] | None = None) -> None:
         self.model, self.cache, self.device = model, cache, device
@@ -54,9 +56,13 @@ class DecodeGraphs:
         self.hidden: torch.Tensor | None = None  # (rows, layers, width) of the last replay
         self.keeps_logits = keeps_logits  # forward() takes logits_to_keep
         # torch.compile fuses the many small elementwise kernels of a decode step (norms,
-        # rotary, casts) that dominate it at small batch; one dynamic-shape compile serves
-        # every bucket, and the buckets' graphs are captured around the compiled code
-        self.forward_fn = torch.compile(model, dynamic=True) if compile_model else model
+        # rotary, casts) that dominate it at small batch. Regional compilation: the decoder
+        # layers (paged_attention.bind_cache) share one compiled graph, traced once, so a
+        # 36-layer model compiles in seconds, not minutes; one dynamic-shape compile serves
+        # every bucket (batch 1 is specialised), and the graphs are captured around it.
+        # Only captures run the compiled layers: eager (prefill) steps keep the plain ones.
+        self.blocks = compile_blocks or []
+        self.compiled = [torch.compile(block.forward, dynamic=True) for block in self.blocks]
         self.batch_buckets = _buckets(BATCH_BUCKETS, max_batch)
         self.context_buckets = _buckets(CONTEXT_BUCKETS, max_context)
         block = cache.pool.allocate()  # never released: the padding rows' scratch block
@@ -147,13 +153,24 @@ class DecodeGraphs:
         keep = {"logits_to_keep": self.keep[:b]} if self.keeps_logits else {}
         inputs = ({"input_ids": self.ids[:, :b]} if self.embeds is None
                   else {"inputs_embeds": self.embeds[:, :b]})
-        out = self.forward_fn(**inputs, position_ids=self.positions[:, :b],
-                              use_cache=False, omni_batch=self._layout(b, length),
-                              output_hidden_states=self.export_layers is not None, **keep)
+        with self._compiled_blocks():
+            out = self.model(**inputs, position_ids=self.positions[:, :b],
+                             use_cache=False, omni_batch=self._layout(b, length),
+                             output_hidden_states=self.export_layers is not None, **keep)
         if self.export_layers is None:
             return out.logits[0], None
         return out.logits[0], torch.stack([out.hidden_states[i][0] for i in self.export_layers],
                                           dim=1)
+
+    @contextlib.contextmanager
+    def _compiled_blocks(self) -> Iterator[None]:
+        for block, forward in zip(self.blocks, self.compiled, strict=True):
+            block.forward = forward  # an instance attribute shadows the class's forward
+        try:
+            yield
+        finally:
+            for block in self.blocks:
+                del block.forward
 
     def _capture(self, b: int, length: int) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         started = time.perf_counter()

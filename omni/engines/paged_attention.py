@@ -50,6 +50,30 @@ class BatchLayout:
     context_len_t: torch.Tensor | None = None  # decode: (B,) context lengths on the device
 
 
+def bind_cache(model: torch.nn.Module, cache: PagedKVCache) -> list[torch.nn.Module]:
+    """Give every attention module that runs this file's attention its layer's cache
+    tensors (non-persistent buffers; the same storage, no copy); returns the decoder
+    layers that hold them, the repeated blocks a decode step runs.
+
+    Why buffers, not ``cache.k[module.layer_idx]``: a compiled layer then reads no
+    per-layer integer, so torch.compile traces ONE decoder layer and reuses it for every
+    layer (each layer's buffers are inputs of the same graph). Indexing by layer_idx
+    made dynamo specialise on it: a compile per layer, or one graph the size of the
+    whole model, which took minutes to compile for a 36-layer model."""
+    bound = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        layer = getattr(module, "layer_idx", None)
+        if isinstance(layer, int) and getattr(config, "_attn_implementation", None) == ATTN_NAME:
+            module.register_buffer("omni_k_cache", cache.k[layer], persistent=False)
+            module.register_buffer("omni_v_cache", cache.v[layer], persistent=False)
+            bound.add(id(module))
+    if not bound:
+        raise RuntimeError(f"no attention module of the model uses '{ATTN_NAME}'")
+    return [block for stack in model.modules() if isinstance(stack, torch.nn.ModuleList)
+            for block in stack if any(id(m) in bound for m in block.modules())]
+
+
 def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
                  query_lens: list[int], device: torch.device) -> BatchLayout:
     """Layout for sequences whose new tokens sit at positions [start, start + n)."""
@@ -100,8 +124,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     returns (1, N, H, D) as transformers' own implementations do."""
     if omni_batch is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs the engine's batch layout")
-    layer = module.layer_idx
-    k_cache, v_cache = omni_batch.cache.k[layer], omni_batch.cache.v[layer]
+    k_cache, v_cache = module.omni_k_cache, module.omni_v_cache  # see bind_cache
     if omni_batch.decode_only:
         lens = omni_batch.context_len_t
         if lens is None:

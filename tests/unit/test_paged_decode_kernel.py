@@ -134,9 +134,11 @@ def test_decode_forward_traces_as_one_graph_with_the_attention_operator(tmp_path
     engine.shutdown()
 
 
-def test_new_batch_and_context_buckets_do_not_recompile(tmp_path):
-    """Decode graphs are captured per (batch, context) bucket, some lazily while serving:
-    a compiled forward must take a new bucket without recompiling (batch 1 is
+def test_decoder_layers_share_one_compile_over_every_bucket(tmp_path):
+    """Decode graphs compile the decoder layers (regional compilation) and are captured
+    per (batch, context) bucket, some lazily while serving. Every layer must reuse ONE
+    compiled graph (a per-layer compile, or a whole-model graph, took minutes for a
+    36-layer model on an H200 box), and a new bucket must not recompile (batch 1 is
     specialised by dynamo; every other shape shares one dynamic graph)."""
     import torch
     from torch._dynamo.testing import CompileCounter
@@ -146,18 +148,22 @@ def test_new_batch_and_context_buckets_do_not_recompile(tmp_path):
     from omni.fixtures import build_tiny_qwen3
 
     engine = AREngine(str(build_tiny_qwen3(tmp_path / "qwen3")))
+    assert len(engine.blocks) == engine.lm.config.num_hidden_layers > 1
     counter = CompileCounter()
-    forward = torch.compile(engine.lm.model, dynamic=True, backend=counter)
-    for batch, width in ((1, 256), (2, 256), (8, 256), (1, 512), (2, 1024), (16, 4096)):
+    for block in engine.blocks:
+        block.forward = torch.compile(block.forward, dynamic=True, backend=counter)
+    frames = []
+    for batch, width in ((1, 256), (2, 256), (8, 256), (1, 512), (3, 1024), (16, 4096)):
         tables = [[1 + i] * (width // 16) for i in range(batch)]
         slots, valid = padded_context_slots(tables, [5] * batch, 16, width)
         layout = BatchLayout(engine.cache, slots[:, 4].clone(), [1] * batch, [], [], True,
                              padded_slots=slots, padded_valid=valid,
                              context_len_t=torch.full((batch,), 5))
-        forward(input_ids=torch.zeros(1, batch, dtype=torch.long), use_cache=False,
-                position_ids=torch.full((1, batch), 4), omni_batch=layout,
-                logits_to_keep=torch.arange(batch))
-    assert counter.frame_count == 2
+        engine.lm.model(input_ids=torch.zeros(1, batch, dtype=torch.long), use_cache=False,
+                        position_ids=torch.full((1, batch), 4), omni_batch=layout,
+                        logits_to_keep=torch.arange(batch))
+        frames.append(counter.frame_count)
+    assert frames == [1, 2, 2, 2, 2, 2], frames
     engine.shutdown()
 
 
