@@ -8,8 +8,9 @@ positions, the cache slot each new token is written to, and each sequence's cont
 slots padded to the context bucket. Padding rows write to a scratch slot that no
 sequence owns and attend to it alone, so they cannot disturb real rows.
 
-Graphs are captured lazily, the first time a shape is needed (a warm-up request covers
-the common ones), and share one memory pool.
+Every (batch, context) bucket is captured when the engine loads, and the graphs share
+one memory pool: a capture while serving stalls every running request of the stage (on
+an H200, the first capture of a new context bucket took 10 to 11 s mid-benchmark).
 """
 
 from __future__ import annotations
@@ -81,13 +82,16 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]] = {}
         self.replays = 0
+        self.warmed = False  # every bucket captured: a capture now would stall requests
 
-    def warm(self, log: Any = None) -> None:
-        """Capture every batch bucket at the smallest context bucket now (all rows are
-        padding rows), so the first requests do not pay for compiling and capturing."""
-        length = self.context_buckets[0]
-        for b in self.batch_buckets:
-            if (b, length) not in self.graphs:
+    def warm(self) -> None:
+        """Capture every batch bucket at every context bucket (all rows are padding rows),
+        so no request waits on a compile or a capture."""
+        for length in self.context_buckets:
+            started = time.perf_counter()
+            for b in self.batch_buckets:
+                if (b, length) in self.graphs:
+                    continue
                 self._fill([], [], [], b, length)
                 try:
                     self._capture(b, length)
@@ -95,8 +99,10 @@ class DecodeGraphs:
                     frame = traceback.extract_tb(e.__traceback__)[-1]
                     raise CaptureError(f"{type(e).__name__} at {frame.filename}:{frame.lineno}"
                                        f" in {frame.name}: {e}") from e
-            if log:
-                log(f"captured the decode graph for batch {b}")
+            log.info("captured the decode graphs for context %d (batch %d to %d) in %.1f s",
+                     length, self.batch_buckets[0], self.batch_buckets[-1],
+                     time.perf_counter() - started)
+        self.warmed = True
 
     def fits(self, batch: int, context: int) -> bool:
         return batch <= self.batch_buckets[-1] and context <= self.context_buckets[-1]
@@ -185,6 +191,7 @@ class DecodeGraphs:
             logits, hidden = self._forward(b, length)
         self.graphs[(b, length)] = (graph, logits, hidden)
         # a capture while serving stalls every running request of the stage: say how long
-        log.info("captured the decode graph for batch %d, context %d in %.2f s (%d graphs)",
-                 b, length, time.perf_counter() - started, len(self.graphs))
+        (log.warning if self.warmed else log.debug)(
+            "captured the decode graph for batch %d, context %d in %.2f s (%d graphs)",
+            b, length, time.perf_counter() - started, len(self.graphs))
         return graph, logits, hidden

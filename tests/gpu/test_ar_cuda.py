@@ -37,8 +37,10 @@ def test_cuda_greedy_matches_generate_and_graphs_match_eager(model_dir):
     graphed = AREngine(model_dir, device="cuda", dtype="float32")
     eager = AREngine(model_dir, device="cuda", dtype="float32",
                      options={"cuda_graphs": False})
+    captured = len(graphed.graphs.graphs)  # every bucket, at load: none while serving
+    assert captured == len(graphed.graphs.batch_buckets) * len(graphed.graphs.context_buckets)
     got = _greedy(graphed)
-    assert graphed.graphs is not None and graphed.graphs.replays > 0
+    assert graphed.graphs.replays > 0 and len(graphed.graphs.graphs) == captured
     assert got == _greedy(eager)
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
     tok = graphed.lm.tokenizer
