@@ -228,9 +228,28 @@ def test_top_k_one_is_greedy_and_empty_batch():
 
 # -- incremental detokenization -------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(ensure_tiny_model("qwen3", tmp_path_factory.mktemp("m")))
+class WithoutBackend:
+    """The same tokenizer seen without its Rust backend (as a slow tokenizer is): the
+    detokenizer then re-decodes a window instead of using tokenizers' DecodeStream."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        if name == "backend_tokenizer":
+            raise AttributeError(name)
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+
+@pytest.fixture(scope="module", params=["decode_stream", "window"])
+def tok(tmp_path_factory, request):
+    loaded = AutoTokenizer.from_pretrained(
+        ensure_tiny_model("qwen3", tmp_path_factory.mktemp("m")))
+    assert loaded.backend_tokenizer is not None
+    return loaded if request.param == "decode_stream" else WithoutBackend(loaded)
 
 
 def stream(tok, ids, stop=(), final_with_last=True):
