@@ -24,6 +24,7 @@ say() { echo "[gpu_run $(( $(date +%s) - t0 )) s] $*"; }
 case "${1:-}" in
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu --tb=short 2>&1 | tail -30
+    timeout 60 python3 -m bench.decode_fill --device cuda --out "$OUT" 2>&1 | tail -6
     ;;
   ar)
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
