@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
 #   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, Triton kernel vs SDPA
+#   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar, transformers'
+#                                        # grouped_mm vs batched_mm experts kernels
 #   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
 #                                        # lengths, stream vs full at concurrency C (default 8)
 #
@@ -10,7 +12,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|omni) ;; *) sed -n 2,10p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|moe|omni) ;; *) sed -n 2,12p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -35,6 +37,17 @@ case "${1:-}" in
         --engine-option attention_kernel=$kernel --tag "qwen3-8b-${2:-h200}-$kernel" \
         --out "$OUT" 2>&1 | grep -E "^\[ar\]" | tail -6
       say "ar $kernel done"
+    done
+    ;;
+  moe)
+    [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \
+      --layers 12 --out /tmp/m/q30 --device cuda 2>&1 | tail -1
+    say "model ready"
+    for experts in grouped_mm batched_mm; do
+      timeout 200 python3 -m bench ar --model /tmp/m/q30 --sides ours-inproc \
+        --engine-option experts_implementation=$experts --tag "qwen3-30b-a3b-${2:-h200}-$experts" \
+        --out "$OUT" 2>&1 | grep -E "^\[ar\]" | tail -6
+      say "moe $experts done"
     done
     ;;
   omni)

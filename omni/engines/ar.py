@@ -77,6 +77,8 @@ class AREngine(Engine):
         self.lm = self._load(model_dir, dtype, device)
         register()
         self.lm.use_attention(ATTN_NAME)
+        if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
+            self.lm.use_experts(str(self.options["experts_implementation"]))
         self.cache = sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
         self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
         cuda = self.lm.device.type == "cuda"

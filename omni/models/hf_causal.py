@@ -52,6 +52,18 @@ class CausalLM:
         self.model.set_attn_implementation(
             {self.attn_subconfig: name} if self.attn_subconfig else name)
 
+    def use_experts(self, name: str) -> None:
+        """transformers' MoE experts kernel (eager, grouped_mm, batched_mm, ...); the
+        EngineLoadError names the valid ones."""
+        setter = getattr(self.model, "set_experts_implementation", None)
+        if setter is None:
+            raise EngineLoadError(f"{self.model_dir}: this model has no choice of experts "
+                                  "implementation (option experts_implementation)")
+        try:
+            setter({self.attn_subconfig: name} if self.attn_subconfig else name)
+        except ValueError as e:
+            raise EngineLoadError(f"option experts_implementation: {e}") from e
+
     def new_cache(self):
         """An empty per-request KV cache for this model."""
         from transformers import DynamicCache

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omni.engines.ar import AREngine
-from omni.engines.base import EngineRequest, StepOutput
+from omni.engines.base import EngineLoadError, EngineRequest, StepOutput
 from omni.fixtures import build_tiny_qwen3, build_tiny_qwen3_moe
 
 torch.set_num_threads(1)
@@ -93,6 +93,19 @@ def test_batched_greedy_equals_alone_and_transformers_generate(engines, name):
         alone = greedy_batch(engine, [p])["g0"]
         assert together[f"g{i}"] == alone == hf_greedy(engine, p, 12), p
     assert engine.stats()["running"] == 0 and engine.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("kernel", ["eager", "batched_mm"])
+def test_moe_experts_implementation_option(engines, dirs, kernel):
+    """`experts_implementation` picks transformers' MoE kernel (the default, grouped_mm,
+    is what the shared engine runs): same greedy tokens; a bad name is a load error."""
+    engine = AREngine(dirs["qwen3_moe"], options={"experts_implementation": kernel})
+    assert engine.lm.model.get_experts_implementation() == {"": kernel}
+    assert engines["qwen3_moe"].lm.model.get_experts_implementation() == {"": "grouped_mm"}
+    assert greedy_batch(engine, PROMPTS[:3]) == greedy_batch(engines["qwen3_moe"], PROMPTS[:3])
+    engine.shutdown()
+    with pytest.raises(EngineLoadError, match="experts_implementation.*grouped_mm"):
+        AREngine(dirs["qwen3_moe"], options={"experts_implementation": "fastest"})
 
 
 def test_requests_join_and_leave_every_step(moe):
