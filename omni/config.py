@@ -53,7 +53,7 @@ __all__ = [
     "parse_pipeline",
 ]
 
-ENGINE_KINDS = ("ar", "generation", "diffusion", "policy", "echo")
+ENGINE_KINDS = ("ar", "vllm", "generation", "diffusion", "policy", "echo")
 DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 

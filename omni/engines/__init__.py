@@ -42,6 +42,10 @@ def build_engine(spec: EngineSpec) -> Engine:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'ar' needs a model_dir")
         return AREngine(spec.model_dir, dtype=spec.dtype, device=device,
                         options=spec.options, memory_bytes=memory)
+    if spec.engine == "vllm":
+        from omni.engines.vllm_engine import build_vllm_engine
+
+        return build_vllm_engine(spec)
     if spec.engine == "generation":
         from omni.engines.generation import build_generation_engine
 
@@ -60,4 +64,4 @@ def build_engine(spec: EngineSpec) -> Engine:
                                       spec.dtype, spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
-        "(available: ar, diffusion, echo, generation)")
+        "(available: ar, diffusion, echo, generation, vllm)")
