@@ -282,7 +282,7 @@ def test_unknown_engine(tmp_path: Path) -> None:
     text = stages_yaml("{name: a, engine: echo, final_output: text}", "{name: b, engine: ehco}")
     text += "edges: [{from: b, to: a}]\n"
     msg = error(tmp_path, text, "stages[1].engine: unknown engine 'ehco'")
-    assert msg.endswith("Did you mean 'echo'? Valid: ar, diffusion, echo, generation, policy")
+    assert msg.endswith("Did you mean 'echo'? Valid: ar, diffusion, echo, generation, policy, vllm")
 
 
 def test_duplicate_stage_name(tmp_path: Path) -> None:
