@@ -22,6 +22,16 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 t0=$(date +%s)
 say() { echo "[gpu_run $(( $(date +%s) - t0 )) s] $*"; }
+# bench ar, in-process, once per value of one engine option: MODEL OPTION TAG VALUE...
+bench_ar_option() {
+  local model=$1 option=$2 tag=$3; shift 3
+  for value in "$@"; do
+    timeout 240 python3 -m bench ar --model "$model" --sides ours-inproc \
+      --engine-option "$option=$value" --tag "$tag-$value" --out "$OUT" 2>&1 \
+      | grep -E "^\[ar\]" | tail -6
+    say "$tag $value done"
+  done
+}
 
 case "${1:-}" in
   tests)
@@ -32,23 +42,14 @@ case "${1:-}" in
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
-    for kernel in triton sdpa; do
-      timeout 240 python3 -m bench ar --model /tmp/m/q8 --sides ours-inproc \
-        --engine-option attention_kernel=$kernel --tag "qwen3-8b-${2:-h200}-$kernel" \
-        --out "$OUT" 2>&1 | grep -E "^\[ar\]" | tail -6
-      say "ar $kernel done"
-    done
+    bench_ar_option /tmp/m/q8 attention_kernel "qwen3-8b-${2:-h200}" triton sdpa
     ;;
   moe)
     [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \
       --layers 12 --out /tmp/m/q30 --device cuda 2>&1 | tail -1
     say "model ready"
-    for experts in grouped_mm batched_mm; do
-      timeout 200 python3 -m bench ar --model /tmp/m/q30 --sides ours-inproc \
-        --engine-option experts_implementation=$experts --tag "qwen3-30b-a3b-${2:-h200}-$experts" \
-        --out "$OUT" 2>&1 | grep -E "^\[ar\]" | tail -6
-      say "moe $experts done"
-    done
+    bench_ar_option /tmp/m/q30 experts_implementation "qwen3-30b-a3b-${2:-h200}" grouped_mm \
+      batched_mm
     ;;
   omni)
     [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
