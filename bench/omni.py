@@ -25,6 +25,8 @@ preset and model directory:
   stream  both edges `delivery: stream` (the preset): the talker starts on the first
           thinker tokens, code2wav on the first codec frames
   full    both edges `delivery: full`: each stage starts when the one before has finished
+  stream-nice0, full-nice0   the same without the preset's stage priorities (`nice`: the
+          thinker yields the CPU to the talker and code2wav), to measure what they buy
 
 Requests: streaming chat completions (openai's wire format) with modalities [text, audio],
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
@@ -43,6 +45,7 @@ code2wav's time for that chunk, each measured on its own engine in this process
 """
 
 SIDES = ("stream", "full")
+NICE0 = "-nice0"  # side-name suffix: every stage at the default CPU priority
 PCM_RATE = 24_000
 FILLER = ("river stone light window garden music paper winter orange table yellow "
           "mountain quiet simple morning").split()
@@ -108,7 +111,10 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
             stage["memory"] = f"{share:g}%"
         stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
     for edge in data["edges"]:
-        edge["delivery"] = side
+        edge["delivery"] = side.removesuffix(NICE0)
+    if side.endswith(NICE0):
+        for stage in data["stages"]:
+            stage.get("options", {}).pop("nice", None)
     data["max_inflight"] = 256
     path = tmp / f"omni-{side}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -164,6 +170,8 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
                                   ("chain_step_wait", "omni_request_step_wait_seconds_sum",
                                    "chain"),
                                   ("latency", "omni_request_latency_seconds_sum", None),
+                                  ("server_ttfp", "omni_ttfp_seconds_sum", None),
+                                  ("server_ttfp_n", "omni_ttfp_seconds_count", None),
                                   ("requests", "omni_request_latency_seconds_count", None)):
         label = f'[^}}]*messages="{messages}"[^}}]*' if messages else "[^}]*"
         found = re.search(rf"^{metric}{{{label}}} ([0-9.e+-]+)$", text, re.M)

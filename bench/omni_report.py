@@ -47,6 +47,12 @@ def summarize(level: dict[str, Any]) -> dict[str, Any]:
     latency = transit.get("latency") or float("nan")
     for key in ("hop", "step_wait", "chain_hop", "chain_step_wait"):
         out[f"{key}_share"] = transit.get(key, 0.0) / latency
+    # the server's own TTFP (request arrival to the first audio packet written), beside
+    # the client's: the difference is the connection, HTTP and the client's parsing
+    out["server_ttfp_mean"] = transit.get("server_ttfp", 0.0) / (transit.get("server_ttfp_n")
+                                                                 or float("nan"))
+    client = [r["ttfp_s"] for r in runs if r.get("ttfp_s") is not None]
+    out["client_ttfp_mean"] = sum(client) / len(client) if client else float("nan")
     out["transit"] = transit
     return out
 
@@ -88,6 +94,9 @@ def targets(data: dict[str, Any]) -> list[str]:
                        f"{_ms(bound)} ms: {'met' if ttfp <= bound else 'missed'}")
     for side, levels in data["results"].items():
         for c, s in levels.items():
+            out.append(f"- {side} c={c}: TTFP mean at the client {_ms(s['client_ttfp_mean'])} ms, "
+                       f"in the server (arrival to first audio packet written) "
+                       f"{_ms(s['server_ttfp_mean'])} ms")
             share = s["chain_hop_share"] + s["chain_step_wait_share"]
             out.append(f"- {side} c={c}: queues and hops on the last-output chain "
                        f"{100 * share:.2f} % of E2EL (hops {100 * s['chain_hop_share']:.2f} %, "

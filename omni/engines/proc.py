@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
+from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
 from omni.payloads import PayloadPlane
 from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
 from omni.transit import InboundTimes
@@ -232,10 +232,23 @@ def run_engine_process(spec: EngineSpec) -> None:
     os._exit(code)
 
 
+def _lower_priority(nice: Any) -> None:
+    """Stage option `nice` (0 to 19): this engine process yields the CPU to the others when
+    both could run. On a machine with fewer cores than busy stages, an upstream stage that
+    keeps generating (a thinker) otherwise takes the CPU from the stages that make the first
+    packet (talker, vocoder): bench/results/omni.md. Work-conserving: a stage waiting for
+    its input leaves the CPU to the one that feeds it, whatever their priorities."""
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise EngineLoadError(f"option nice must be an integer from 0 to 19, got {nice!r}")
+    if nice:
+        os.nice(nice)
+
+
 def _serve(spec: EngineSpec, channel: Channel) -> None:
     from omni.engines import build_engine
 
     log.info("loading %s engine for stage '%s'", spec.engine, spec.stage)
+    _lower_priority(spec.options.get("nice", 0))
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
                             spec.payload_options)

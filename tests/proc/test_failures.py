@@ -253,3 +253,22 @@ def test_load_failure_is_fast_while_a_sibling_is_still_loading():
         _assert_no_children(omni)
         assert time.monotonic() - started < 3.0
     run(body(), timeout_s=15)
+
+
+def test_stage_nice_lowers_only_that_stage_and_a_bad_value_fails_its_load():
+    """`nice`: the stage's engine process yields the CPU (the omni preset's thinker)."""
+    async def body():
+        pipeline = make_pipeline("prio", [echo_stage("low", nice=7),
+                                          echo_stage("out", final="text")], [("low", "out")])
+        async with serving(pipeline) as omni:
+            group = omni.orchestrator.engines
+            base = os.getpriority(os.PRIO_PROCESS, 0)
+            low, out = (group.pools[s].replicas[0].process.pid for s in ("low", "out"))
+            assert os.getpriority(os.PRIO_PROCESS, low) == min(19, base + 7)
+            assert os.getpriority(os.PRIO_PROCESS, out) == base
+        bad = make_pipeline("prio", [echo_stage("low", final="text", nice="high")])
+        omni = AsyncOmni(bad, log_level=ENGINE_LOG_LEVEL)
+        with pytest.raises(StartupError, match=r"nice must be an integer from 0 to 19"):
+            await omni.start()
+        _assert_no_children(omni)
+    run(body(), timeout_s=30)
