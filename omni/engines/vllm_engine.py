@@ -129,13 +129,16 @@ class VLLMEngine(Engine):
 
     def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
                last: bool) -> None:
+        if request_id not in self._counts:
+            return  # aborted or failed: late chunks in flight are dropped
+        self.abort([request_id])
         self._failed.append(StepOutput(request_id, finished=True, error_kind="input",
                                        error="a vllm stage takes no stream input"))
-        self.abort([request_id])
 
     def abort(self, request_ids: list[str]) -> None:
         live = [rid for rid in request_ids if self._counts.pop(rid, None) is not None]
         self._started.difference_update(request_ids)
+        self._failed = [o for o in self._failed if o.request_id not in request_ids]
         for rid in request_ids:
             self._top.pop(rid, None)
         if live:

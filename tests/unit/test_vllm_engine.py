@@ -117,3 +117,7 @@ def test_bad_requests_fail_alone_and_abort_frees(engines):
     vllm.step()
     vllm.abort(["long"])
     assert not vllm.has_work() and vllm.stats()["running"] == 0
+    vllm.add(EngineRequest("doomed", {"prompt": "x"}, {"temperature": -1}))
+    vllm.abort(["doomed"])  # its pending failure goes with it
+    vllm.append("long", "thinker", 0, {"text": "late"}, True)  # a late chunk: dropped
+    assert not vllm.has_work() and vllm.step() == []
