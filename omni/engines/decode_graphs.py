@@ -87,7 +87,9 @@ class DecodeGraphs:
 
     def warm(self) -> None:
         """Capture every batch bucket at every context bucket (all rows are padding rows),
-        so no request waits on a compile or a capture."""
+        so no request waits on a compile or a capture. The graphs' memory (their pool:
+        outputs and scratch) is outside the stage's KV budget: the log says how much."""
+        reserved = torch.cuda.memory_reserved(self.device)
         for length in self.context_buckets:
             started = time.perf_counter()
             for b in self.batch_buckets:
@@ -103,6 +105,8 @@ class DecodeGraphs:
             log.info("captured the decode graphs for context %d (batch %d to %d) in %.1f s",
                      length, self.batch_buckets[0], self.batch_buckets[-1],
                      time.perf_counter() - started)
+        log.info("%d decode graphs hold %.0f MiB", len(self.graphs),
+                 (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
         self.warmed = True
 
     def fits(self, batch: int, context: int) -> bool:
