@@ -6,7 +6,8 @@
 #   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar, transformers'
 #                                        # grouped_mm vs batched_mm experts kernels
 #   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
-#                                        # lengths, stream vs full at concurrency C (default 8)
+#                                        # lengths, stream vs full at concurrency C (default 8;
+#                                        # a list, e.g. 8,32, runs both on one server start)
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
@@ -58,7 +59,7 @@ case "${1:-}" in
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
       --talker-frames 450 --concurrency "${2:-8}" --bursts 1 --repeats 1 \
-      --tag "h200-c${2:-8}" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
+      --tag "h200-c$(echo "${2:-8}" | tr , -)" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
     ;;
 esac
