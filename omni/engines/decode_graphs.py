@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from omni.engines.kv_cache import PagedKVCache
-from omni.engines.paged_attention import BatchLayout, block_table, table_slots
+from omni.engines.paged_attention import BatchLayout, block_table, table_slots, token_slots
 
 log = logging.getLogger("omni.engines.decode_graphs")
 
@@ -141,7 +141,7 @@ class DecodeGraphs:
         # to the scratch slot only
         table = block_table(tables + [[]] * (b - n), self.cache.blocks_for(length),
                             pad_block=scratch_block)
-        write = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+        write = token_slots(tables, positions, bs)
         pos = torch.tensor(positions + [0] * (b - n), dtype=torch.long)
         if isinstance(tokens, torch.Tensor):  # padding rows keep earlier (finite) values
             self.embeds[0, :n].copy_(tokens)

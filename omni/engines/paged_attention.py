@@ -103,6 +103,12 @@ def block_table(tables: list[list[int]], blocks: int, pad_block: int = 0) -> tor
     return torch.from_numpy(out)
 
 
+def token_slots(tables: list[list[int]], positions: list[int], block_size: int) -> list[int]:
+    """The cache slot of sequence i's token at positions[i]."""
+    return [t[p // block_size] * block_size + p % block_size
+            for t, p in zip(tables, positions, strict=True)]
+
+
 def table_slots(table: torch.Tensor, lens: torch.Tensor, block_size: int,
                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every sequence's context slots as one (B, width) tensor plus its (B, width)
@@ -128,8 +134,7 @@ def _decode_layout(cache: PagedKVCache, tables: list[list[int]], lens: list[int]
     bs, width = cache.block_size, max(lens)
     table = block_table(tables, -(-width // bs)).to(device)
     length = torch.tensor(lens, dtype=torch.long).to(device)
-    write = torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens, strict=True)],
-                         dtype=torch.long)
+    write = torch.tensor(token_slots(tables, [n - 1 for n in lens], bs), dtype=torch.long)
     slots, valid = table_slots(table, length, bs, width)
     return BatchLayout(cache, write.to(device), [1] * len(lens), lens, [], True,
                        padded_slots=slots, padded_valid=valid, context_len_t=length)
