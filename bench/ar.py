@@ -31,6 +31,8 @@ several concurrencies, for these sides, on the same model and prompts in one run
                  max_new_tokens = N) called for one request after another
   hf-batched     one generate() call over all c prompts of a burst (equal lengths, so no
                  padding is needed)
+  vllm-inproc    (not run by default) as ours-inproc, with the preset's stages on
+                 `engine: vllm` (where vllm is installed: scripts/install_vllm_env.sh)
 
 Prompts are deterministic random token ids (seeded, different for every request, drawn
 below the tokenizer's special ids), --prompt-len long; every request gets exactly
@@ -71,6 +73,9 @@ random weights is meaningless: use them for speed only.
 
 WARMUP_TOKENS = 8  # the transformers sides' warm-up generations
 SIDES = ("ours-http", "ours-inproc", "hf-sequential", "hf-batched")
+# not run by default: vllm (where installed) serving the same preset with `engine: vllm`,
+# in-process through AsyncOmni like ours-inproc
+VLLM_SIDE = "vllm-inproc"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +186,7 @@ def _merge_base(path: Path, result: dict[str, Any]) -> dict[str, Any]:
 
 def _merged(old: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     results = {**old["results"], **result["results"]}  # this run's sides replace the same
-    result["results"] = {s: results[s] for s in SIDES if s in results}
+    result["results"] = {s: results[s] for s in (*SIDES, VLLM_SIDE) if s in results}
     result["settings"]["sides"] = list(result["results"])
     plan = dict(map(tuple, old["settings"]["plan"])) | dict(result["settings"]["plan"])
     result["settings"]["plan"] = sorted(plan.items())
@@ -208,9 +213,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from omni.fixtures.tiny_models import ensure_tiny_model
 
     sides = [s for s in args.sides.split(",") if s]
-    if unknown := set(sides) - set(SIDES):
-        raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(SIDES)}")
-    sides = [s for s in SIDES if s in sides]
+    known = (*SIDES, VLLM_SIDE)
+    if unknown := set(sides) - set(known):
+        raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(known)}")
+    sides = [s for s in known if s in sides]
     plan = _plan(args)
     engine_options = _engine_options(args.engine_option)
     out = Path(args.out)
@@ -233,10 +239,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         target = target_for(model_dir, device, Path(tmp), engine_options)
-        for side in (s for s in sides if s.startswith("ours")):
+        for side in (s for s in sides if s.startswith("ours") or s == VLLM_SIDE):
+            side_target = target if side != VLLM_SIDE else target_for(
+                model_dir, device, Path(tmp), None, engine="vllm")
             result["results"][side], info = uvloop.run(measure(
-                side, target, dtype, args.server_timeout, plan, prompts, args.new_tokens))
-            if info:
+                side, side_target, dtype, args.server_timeout, plan, prompts, args.new_tokens))
+            if info and side != VLLM_SIDE:
                 result["engine_info"] = info
     from bench.ar_hf import copy_bandwidth
     from bench.ar_report import environment, report

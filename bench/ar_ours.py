@@ -24,23 +24,27 @@ from bench.common import say, sse_events
 
 
 def target_for(model_dir: str, device: str, tmp: Path,
-               options: dict[str, Any] | None = None) -> tuple[str, str]:
+               options: dict[str, Any] | None = None,
+               engine: str | None = None) -> tuple[str, str]:
     """What the server and AsyncOmni load: the directory itself when its preset's `auto`
     device is the one asked for and no engine option is set, else a copy of the preset
-    pinned to `device`, with `options` added to every stage's."""
+    pinned to `device`, with `options` added to every stage's (and every stage's engine
+    kind replaced by `engine`, e.g. vllm)."""
     import yaml
 
     from omni.presets import PRESET_BY_MODEL_TYPE, PRESET_DIR
 
     auto = "cuda" if cuda_available() else "cpu"
-    if device == auto and not options:
+    if device == auto and not options and not engine:
         return "--model", model_dir
     model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
     data = yaml.safe_load((PRESET_DIR / PRESET_BY_MODEL_TYPE[model_type]).read_text())
     for stage in data["stages"]:
         stage.update(model_dir=model_dir, devices=[device])
         stage["options"] = {**(stage.get("options") or {}), **(options or {})}
-    path = tmp / "pipeline.yaml"
+        if engine:
+            stage["engine"] = engine
+    path = tmp / f"pipeline-{engine or 'ours'}.yaml"
     path.write_text(yaml.safe_dump(data))
     return "--pipeline", str(path)
 
