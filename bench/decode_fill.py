@@ -40,15 +40,8 @@ BLOCK = 16
 
 def _graphs(batch: int, width: int, device: torch.device) -> DecodeGraphs:
     """DecodeGraphs' static buffers and fill, without a model or a capture."""
-    graphs = DecodeGraphs.__new__(DecodeGraphs)
-    graphs.cache = PagedKVCache(1, 1, 8, batch * width // BLOCK + 2, BLOCK, torch.float32,
-                                device)
-    graphs.scratch = graphs.cache.pool.allocate() * BLOCK
-    graphs.embeds = None
-    for name, shape in (("ids", (1, batch)), ("positions", (1, batch)), ("write", (batch,)),
-                        ("tables", (batch, width // BLOCK)), ("lens", (batch,))):
-        setattr(graphs, name, torch.zeros(shape, dtype=torch.long, device=device))
-    return graphs
+    cache = PagedKVCache(1, 1, 8, batch * width // BLOCK + 2, BLOCK, torch.float32, device)
+    return DecodeGraphs(None, cache, batch, width, device)
 
 
 def _host_slots(graphs: DecodeGraphs, slots_buf: torch.Tensor, valid_buf: torch.Tensor,

@@ -80,7 +80,7 @@ class DecodeGraphs:
         self.tables = torch.zeros(b, cache.blocks_for(length), dtype=torch.long, device=device)
         self.lens = torch.zeros(b, dtype=torch.long, device=device)
         self.keep = torch.arange(b, device=device)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool: Any = None  # the graphs' shared memory pool, made at the first capture
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]] = {}
         self.replays = 0
         self.warmed = False  # every bucket captured: a capture now would stall requests
@@ -185,6 +185,8 @@ class DecodeGraphs:
 
     def _capture(self, b: int, length: int) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         started = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):

@@ -10,16 +10,9 @@ from omni.engines.kv_cache import PagedKVCache
 
 
 def _graphs_without_cuda(batch: int, length: int) -> DecodeGraphs:
+    """Only the static buffers (on the CPU): the graph pool is made at the first capture."""
     cache = PagedKVCache(1, 1, 4, 64, 4, torch.float32, torch.device("cpu"))
-    graphs = DecodeGraphs.__new__(DecodeGraphs)  # only the buffers, no CUDA pool
-    graphs.cache, graphs.scratch = cache, cache.pool.allocate() * cache.block_size
-    for name, shape, dtype in (("ids", (1, batch), torch.long),
-                               ("positions", (1, batch), torch.long),
-                               ("write", (batch,), torch.long),
-                               ("tables", (batch, cache.blocks_for(length)), torch.long),
-                               ("lens", (batch,), torch.long)):
-        setattr(graphs, name, torch.zeros(shape, dtype=dtype))
-    return graphs
+    return DecodeGraphs(None, cache, batch, length, torch.device("cpu"))
 
 
 def test_fill_matches_per_row_slots_and_pads_with_scratch():
