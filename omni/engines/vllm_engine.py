@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,15 @@ if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
 
 UNSUPPORTED_INPUTS = ("stream", "prompt_embeds")
+
+
+@dataclass
+class _Running:
+    """What the engine keeps of a request while vllm runs it."""
+
+    top: int  # logprobs alternatives asked for
+    generated: int = 0
+    started: bool = False  # its first output (with the prompt's usage) was sent
 
 
 def build_vllm_engine(spec: EngineSpec) -> VLLMEngine:
@@ -104,9 +114,7 @@ class VLLMEngine(Engine):
                                              vocab_size=config.get_vocab_size(),
                                              max_positions=config.max_model_len)
         self._warm_up()
-        self._started: set[str] = set()
-        self._counts: dict[str, int] = {}  # tokens generated, per running request
-        self._top: dict[str, int] = {}  # alternatives asked for (logprobs), per request
+        self._running: dict[str, _Running] = {}
         self._failed: list[StepOutput] = []
 
     def _warm_up(self) -> None:
@@ -128,7 +136,7 @@ class VLLMEngine(Engine):
     def add(self, request: EngineRequest) -> None:
         rid = request.request_id
         try:
-            if rid in self._counts:
+            if rid in self._running:
                 raise ValueError(f"request id {rid!r} is already running")
             inputs = request.inputs or {}
             refused = [k for k in UNSUPPORTED_INPUTS if k in inputs]
@@ -139,24 +147,20 @@ class VLLMEngine(Engine):
         except Exception as e:  # a bad request fails alone, as the ar engine's do
             self._failed.append(failed_output(rid, e))
             return
-        self._counts[rid] = 0
-        self._top[rid] = params.logprobs or 0
+        self._running[rid] = _Running(top=params.logprobs or 0)
         self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
 
     def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
                last: bool) -> None:
-        if request_id not in self._counts:
+        if request_id not in self._running:
             return  # aborted or failed: late chunks in flight are dropped
         self.abort([request_id])
         self._failed.append(StepOutput(request_id, finished=True, error_kind="input",
                                        error="a vllm stage takes no stream input"))
 
     def abort(self, request_ids: list[str]) -> None:
-        live = [rid for rid in request_ids if self._counts.pop(rid, None) is not None]
-        self._started.difference_update(request_ids)
+        live = [rid for rid in request_ids if self._running.pop(rid, None) is not None]
         self._failed = [o for o in self._failed if o.request_id not in request_ids]
-        for rid in request_ids:
-            self._top.pop(rid, None)
         if live:
             self.engine.abort_request(live)
 
@@ -167,7 +171,7 @@ class VLLMEngine(Engine):
         outputs, self._failed = self._failed, []
         if self.engine.has_unfinished_requests():
             outputs += [self._output(o) for o in self.engine.step()
-                        if o.request_id in self._counts]
+                        if o.request_id in self._running]
         return outputs
 
     def info(self) -> dict[str, Any]:
@@ -176,10 +180,10 @@ class VLLMEngine(Engine):
                 "vocab_size": config.get_vocab_size(), "max_model_len": config.max_model_len}
 
     def stats(self) -> dict[str, Any]:
-        return {"running": len(self._counts)}
+        return {"running": len(self._running)}
 
     def shutdown(self) -> None:
-        self.abort(list(self._counts))
+        self.abort(list(self._running))
 
     # -- helpers ------------------------------------------------------------------------------
     def _sampling(self, p: SamplingParams) -> Any:
@@ -196,21 +200,21 @@ class VLLMEngine(Engine):
 
     def _output(self, out: Any) -> StepOutput:
         rid, choice = out.request_id, out.outputs[0]
-        self._counts[rid] += len(choice.token_ids)
+        state = self._running[rid]
+        state.generated += len(choice.token_ids)
         data: dict[str, Any] = {"token_ids": list(choice.token_ids), "text": choice.text,
                                 "finish_reason": choice.finish_reason if out.finished else None}
         if choice.logprobs is not None:
-            data["logprobs"] = [self._logprobs_entry(t, lp, self._top[rid])
+            data["logprobs"] = [self._logprobs_entry(t, lp, state.top)
                                 for t, lp in zip(choice.token_ids, choice.logprobs, strict=True)]
-        if rid not in self._started:
-            self._started.add(rid)
+        if not state.started:
+            state.started = True
             data["prompt_tokens"] = len(out.prompt_token_ids or ())
             data["cached_tokens"] = out.num_cached_tokens or 0
         if not out.finished:
             return StepOutput(rid, data=data)
-        data["completion_tokens"] = self._counts.pop(rid)
-        self._started.discard(rid)
-        self._top.pop(rid, None)
+        data["completion_tokens"] = state.generated
+        del self._running[rid]
         return StepOutput(rid, data=data, finished=True)
 
     def _logprobs_entry(self, token: int, ranked: Mapping[int, Any], k: int) -> dict[str, Any]:
