@@ -236,7 +236,7 @@ def _lower_priority(nice: Any) -> None:
     """Stage option `nice` (0 to 19): this engine process yields the CPU to the others when
     both could run. On a machine with fewer cores than busy stages, an upstream stage that
     keeps generating (a thinker) otherwise takes the CPU from the stages that make the first
-    packet (talker, vocoder): bench/results/omni.md. Work-conserving: a stage waiting for
+    packet (talker, vocoder): bench/results/omni-cpu-nice*.md. Work-conserving: a stage waiting for
     its input leaves the CPU to the one that feeds it, whatever their priorities."""
     if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
         raise EngineLoadError(f"option nice must be an integer from 0 to 19, got {nice!r}")
