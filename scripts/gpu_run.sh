@@ -56,10 +56,12 @@ case "${1:-}" in
     [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
       --thinker-layers 24 --device cuda 2>&1 | tail -1
     say "model ready"
+    levels=${2:-8}
+    bursts=$(echo "$levels" | sed 's/[0-9]\+/1/g')  # one burst per level
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
-      --talker-frames 450 --concurrency "${2:-8}" --bursts 1 --repeats 1 \
-      --tag "h200-c$(echo "${2:-8}" | tr , -)" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
+      --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 1 \
+      --tag "h200-c$(echo "$levels" | tr , -)" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
     ;;
 esac

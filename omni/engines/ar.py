@@ -18,6 +18,12 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (one that reads its hidden states).
 
+Overlap: step() first samples the step the previous call launched (waiting for the GPU),
+records its tokens, schedules and launches the next step, and only then detokenizes and
+builds the outputs of the first; the engine loop publishes them while the GPU computes. On
+an H200 that host work was 0.5 to 1.1 ms of every 6 to 8 ms decode step
+(bench/results/ar-step-*.md). A stop string found while emitting costs one discarded row.
+
 Media prompts: ar_encoder.py (a worker thread) and ar_media.py (rotary layout, vision
 features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
 """
@@ -27,7 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,12 +41,12 @@ from omni.engines.ar_encoder import PromptEncoder
 from omni.engines.ar_inputs import (
     encode_prompt,
     export_layers,
-    logprobs_entry,
     stream_producer,
     take_chunk,
     wants_media,
 )
 from omni.engines.ar_media import step_media, whole_delta
+from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.kv_cache import sized_cache
@@ -51,20 +56,6 @@ from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.models.hf_causal import load_causal_lm
 
 log = logging.getLogger("omni.engines.ar")
-
-
-@dataclass
-class _State:
-    """Per-request data the scheduler carries but does not look at."""
-
-    params: SamplingParams
-    sampler: SequenceSampler
-    detok: IncrementalDetokenizer
-    started: bool = False
-    stream_from: str | None = None  # the producer stage feeding this request's prompt
-    stream_seq: int = 0  # next chunk number expected from it
-    stream_text: str = ""  # text chunks, tokenized together when the stream ends
-    hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
 
 
 class AREngine(Engine):
@@ -93,6 +84,10 @@ class AREngine(Engine):
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar_encoder.py)
+        self._inflight: Flight | None = None  # launched by the last step(), not sampled
+        # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
+        # forward is synchronous: overlapping would only hold the outputs a call longer
+        self.overlap = bool(self.options.get("overlap_steps", cuda))
         self.steps = 0
         self.step_time_s = 0.0
 
@@ -151,7 +146,7 @@ class AREngine(Engine):
             raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
-        state = _State(params, SequenceSampler(params, penalized, self.lm.device),
+        state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
                        IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                        stream_from=producer)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
@@ -161,7 +156,7 @@ class AREngine(Engine):
 
     def _admit_encoded(self) -> None:
         """Requests whose media finished encoding join (waits briefly if idle)."""
-        idle = not self._failed and not self.scheduler.has_work()
+        idle = not self._failed and self._inflight is None and not self.scheduler.has_work()
         for rid, params, prompt, error in self._encoder.finished(wait=idle):
             try:
                 if error is not None:
@@ -175,7 +170,7 @@ class AREngine(Engine):
         seq = self._seqs.get(request_id)
         if seq is None:
             return  # aborted or failed: late chunks in flight are dropped
-        state: _State = seq.state
+        state: RequestState = seq.state
         try:
             if producer != state.stream_from or not seq.input_open:
                 raise ValueError(f"unexpected stream input from '{producer}'")
@@ -189,7 +184,7 @@ class AREngine(Engine):
             self._failed.append(self._fail(seq, f"bad stream input: {e}"))
 
     def _close_input(self, seq: Sequence) -> None:
-        state: _State = seq.state
+        state: RequestState = seq.state
         if state.stream_text:
             seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
         if not seq.prompt:
@@ -207,37 +202,74 @@ class AREngine(Engine):
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
-        return bool(self._failed) or bool(self._encoder) or self.scheduler.has_work()
+        return (bool(self._failed) or bool(self._encoder) or self._inflight is not None
+                or self.scheduler.has_work())
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         if self._encoder:
             self._admit_encoded()
         outputs, self._failed = self._failed, []
-        batch = self.scheduler.schedule()
-        for seq in batch.overflowed:
-            outputs.append(self._finish(seq, "length", None))
-        if not batch.seqs:
-            return outputs
-        started = time.perf_counter()
-        try:
-            sampled_seqs, logits = self._forward(batch)
-            self.scheduler.finish_step(batch)
-            results = sample(logits.float(), [s.state.sampler for s in sampled_seqs],
-                             self._stop_ids()) if sampled_seqs else []
-        except Exception as e:  # the whole step failed: fail its requests, keep the rest
-            for seq in batch.seqs:
-                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
-            return outputs
-        self._sampled(sampled_seqs, results)
-        for seq, result in zip(sampled_seqs, results, strict=True):
+        ready = self._collect(outputs)  # the step the previous call launched (overlap)
+        self._before_launch()
+        self._launch(outputs)
+        if not self.overlap:
+            ready += self._collect(outputs)
+        for seq, result in ready:  # with overlap, while the GPU runs the step just launched
             try:
                 outputs.append(self._emit(seq, result))
             except Exception as e:  # e.g. its detokenizer failed: only it fails
                 outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
-        self.steps += 1
-        self.step_time_s += time.perf_counter() - started
         return outputs
+
+    def _launch(self, outputs: list[StepOutput]) -> None:
+        """Schedule the next step and start its forward (on CUDA the host does not wait)."""
+        batch = self.scheduler.schedule()
+        for seq in batch.overflowed:
+            outputs.append(self._finish(seq, "length", None))
+        if not batch.seqs:
+            return
+        started = time.perf_counter()
+        try:
+            sampled, logits, hidden = self._forward(batch)
+            self.scheduler.finish_step(batch)
+        except Exception as e:  # the whole step failed: fail its requests, keep the rest
+            for seq in batch.seqs:
+                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
+            return
+        self._inflight = Flight(batch.seqs, hidden, sampled, logits, started)
+
+    def _collect(self, outputs: list[StepOutput]) -> list[tuple[Sequence, Any]]:
+        """Sample the launched step (waits for its forward) and record the tokens, so the
+        next schedule sees them. Rows of requests that ended meanwhile (aborted, or stopped
+        by a stop string at the previous emit) are dropped: their KV blocks are already
+        free, and nothing can reuse them before this sync."""
+        flight, self._inflight = self._inflight, None
+        if flight is None:
+            return []
+        try:
+            results = sample(flight.logits.float(), [s.state.sampler for s in flight.sampled],
+                             self._stop_ids()) if flight.sampled else []
+        except Exception as e:
+            outputs += [self._fail(s, f"{type(e).__name__}: {e}") for s in flight.seqs
+                        if self._alive(s)]
+            return []
+        for seq, rows in zip(flight.seqs, flight.hidden or [], strict=False):
+            if self._alive(seq):
+                seq.state.hidden = (seq.state.hidden or []) + [rows]
+        ready = [(s, r) for s, r in zip(flight.sampled, results, strict=True) if self._alive(s)]
+        self._sampled([s for s, _ in ready], [r for _, r in ready])
+        for seq, result in ready:
+            self._record(seq, result.token)
+        self.steps += 1
+        self.step_time_s += time.perf_counter() - flight.started
+        return ready
+
+    def _alive(self, seq: Sequence) -> bool:
+        return self._seqs.get(seq.id) is seq
+
+    def _before_launch(self) -> None:
+        """Hook: the last step's tokens are recorded; the next step is not scheduled yet."""
 
     def info(self) -> dict[str, Any]:
         return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
@@ -257,25 +289,27 @@ class AREngine(Engine):
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
+        self._inflight = None
         for seq in list(self._seqs.values()):
             self.scheduler.remove(seq)
         self._seqs.clear()
         self._failed.clear()
 
     # -- one step -----------------------------------------------------------------------------
-    def _forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
-        """Run the packed batch; logits of the sequences that reach their last token."""
+    def _forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor, Any]:
+        """Run the packed batch: the sequences that reach their last token, their logits,
+        and (export_hidden_layers) each sequence's rows of the chosen layers."""
         if self._graphable(batch):
             seqs = batch.seqs
             logits = self.graphs.run(self._graph_inputs(batch), list(batch.starts),
                                      [s.blocks.table for s in seqs],
                                      [whole_delta(s.media) for s in seqs])
-            if self.export_layers is not None:
-                self._keep_hidden(batch, self.graphs.hidden[:len(seqs)])
-            return seqs, logits
+            hidden = None if self.export_layers is None else split_rows(
+                batch.counts, self.graphs.hidden[:len(seqs)])
+            return seqs, logits, hidden
         ids, positions, last, sampled = [], [], [], []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
-            ids += seq.tokens[start:start + n]
+            ids += seq.token_slice(start, start + n)
             positions += range(start, start + n)
             if start + n == len(seq.prompt) + len(seq.output):
                 last.append(len(ids) - 1)
@@ -290,16 +324,15 @@ class AREngine(Engine):
                                 omni_batch=layout,
                                 output_hidden_states=self.export_layers is not None,
                                 **self._keep(last))
-        if self.export_layers is not None:
-            self._keep_hidden(batch, torch.stack(
-                [out.hidden_states[i][0] for i in self.export_layers], dim=1))
+        hidden = None if self.export_layers is None else split_rows(batch.counts, torch.stack(
+            [out.hidden_states[i][0] for i in self.export_layers], dim=1))
         if not self.lm.keeps_logits:  # the model returned every position's logits
-            return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)]
-        return sampled, out.logits[0]
+            return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)], hidden
+        return sampled, out.logits[0], hidden
 
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         """What a graphed decode step feeds: each sequence's last token."""
-        return [s.tokens[-1] for s in batch.seqs]
+        return [s.last_token for s in batch.seqs]
 
     def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
         """Hook: the step's tokens are sampled and not yet emitted."""
@@ -330,60 +363,33 @@ class AREngine(Engine):
                         for s in batch.seqs)
                 and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
-    def _keep_hidden(self, batch: ScheduledBatch, chosen: torch.Tensor) -> None:
-        """Each sequence's slice of the chosen layers, held until its next output."""
-        offset = 0
-        for seq, n in zip(batch.seqs, batch.counts, strict=True):
-            state: _State = seq.state
-            state.hidden = (state.hidden or []) + [chosen[offset:offset + n].clone()]
-            offset += n
-
     def _stop_ids(self) -> set[int]:
         return set(self.lm.eos_token_ids)
 
-    def _emit(self, seq: Sequence, result: Any) -> StepOutput:
-        state: _State = seq.state
-        p = state.params
-        token = result.token
+    def _record(self, seq: Sequence, token: int) -> None:
+        """A sampled token joins the sequence; a token that ends it (end token, length)
+        takes it out of the scheduler at once, before its output is built."""
         seq.output.append(token)
-        state.sampler.append(token)
-        finish = self._finish_reason(seq, token)
-        text, stopped = state.detok.push([token], final=finish is not None)
+        seq.state.sampler.append(token)
+        seq.state.finish = finish_reason(seq, token, self.lm.eos_token_ids,
+                                         self.lm.max_positions)
+        if seq.state.finish is not None:
+            self.scheduler.remove(seq)
+
+    def _emit(self, seq: Sequence, result: Any) -> StepOutput:
+        state: RequestState = seq.state
+        finish = state.finish
+        text, stopped = state.detok.push([result.token], final=finish is not None)
         if stopped:
             finish = "stop"
             text += state.detok.push([], final=True)[0]
-        data: dict[str, Any] = {"token_ids": [token], "text": text, "finish_reason": finish}
-        if p.logprobs is not None:
-            data["logprobs"] = [logprobs_entry(self.lm.tokenizer, result.logprobs)]
-        if state.hidden:
-            data["hidden_states"] = torch.cat(state.hidden)
-            state.hidden = None
-        if not state.started:
-            state.started = True
-            data["prompt_tokens"] = len(seq.prompt)
-            if self.export_layers is not None:  # the consumer needs to know the positions
-                data["prompt_token_ids"] = list(seq.prompt)
-                data.update(seq.media.exports if seq.media else {})
-            data["cached_tokens"] = seq.blocks.cached_tokens
+        data = token_output(seq, result, text, finish, self.lm.tokenizer,
+                            self.export_layers is not None)
         if finish is None:
             return StepOutput(seq.id, data=data)
-        data["completion_tokens"] = len(seq.output)
         self._seqs.pop(seq.id, None)
         self.scheduler.remove(seq)
         return StepOutput(seq.id, data=data, finished=True)
-
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p: SamplingParams = seq.state.params
-        n = len(seq.output)
-        if n >= p.min_tokens and (token in p.stop_token_ids or (
-                not p.ignore_eos and token in self.lm.eos_token_ids)):
-            return "stop"
-        if n >= p.max_tokens:
-            return "length"
-        limit = self.lm.max_positions
-        if limit is not None and len(seq.prompt) + n >= limit:
-            return "length"
-        return None
 
     def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput:
         self._seqs.pop(seq.id, None)

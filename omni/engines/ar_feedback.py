@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar import AREngine, _State
+from omni.engines.ar import AREngine
 from omni.engines.ar_inputs import stream_producer
+from omni.engines.ar_state import RequestState
 from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.sampling import SamplingParams, SequenceSampler
 from omni.engines.scheduler import ScheduledBatch, Sequence
@@ -41,7 +42,7 @@ class SilentDetokenizer:
 
 
 @dataclass
-class _FeedState(_State):
+class _FeedState(RequestState):
     feed: Any = None  # the model feed's per-request state
     voice: str = ""
     fed: list[torch.Tensor] | None = None  # decode inputs fed so far (recompute on preemption)
@@ -139,11 +140,9 @@ class FeedbackAREngine(AREngine):
         decoding = seq.output and seq.computed >= len(seq.prompt) + len(seq.output) - 1
         seq.held = bool(decoding) and not self.feed.ready(seq.state.feed, len(seq.output) - 1)
 
-    def step(self) -> list[StepOutput]:
-        outputs = super().step()
-        for seq in self._seqs.values():
+    def _before_launch(self) -> None:
+        for seq in self._seqs.values():  # the step just recorded may need the next input
             self._hold(seq)
-        return outputs
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), **self.feed.info()}

@@ -46,6 +46,20 @@ class Sequence:
     def tokens(self) -> list[int]:
         return self.prompt + self.output if self.output else self.prompt
 
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """tokens[start:stop] without building the whole list."""
+        p = len(self.prompt)
+        if stop <= p:
+            return self.prompt[start:stop]
+        if start >= p:
+            return self.output[start - p:stop - p]
+        return self.prompt[start:] + self.output[:stop - p]
+
+    @property
+    def last_token(self) -> int:
+        """The last known token (tokens[-1] without building the whole list)."""
+        return self.output[-1] if self.output else self.prompt[-1]
+
     @property
     def pending(self) -> int:
         """Tokens to feed now: the prompt left (while input is still arriving, all but
@@ -186,5 +200,8 @@ class Scheduler:
         """The step ran: its tokens' KV is written; full blocks become shareable."""
         for seq, n in zip(batch.seqs, batch.counts, strict=True):
             seq.computed += n
-            if self.salt is not None and seq.embeds is None:  # ids of embeds say nothing
+            # ids of embeds say nothing; and most decode steps fill no block: skip building
+            # the token list then (it costs O(context) per sequence per step)
+            if (self.salt is not None and seq.embeds is None
+                    and seq.computed // self.cache.block_size > len(seq.blocks.hashes)):
                 self.cache.publish_full(seq.blocks, seq.tokens[:seq.computed], self.salt)

@@ -167,7 +167,10 @@ def test_batched_and_streamed_equal_alone(thinker, talker):
         assert together[rid] == alone[rid] and len(alone[rid]) >= 5
 
 
-def test_talker_waits_for_words_not_yet_written(thinker, talker):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_talker_waits_for_words_not_yet_written(omni_dir, thinker, talker, overlap):
+    if overlap:
+        talker = FeedbackAREngine(TALKER, omni_dir, options={"overlap_steps": True})
     outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=8)
     talker.add(EngineRequest("w", {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 40}))
     talker.append("w", "thinker", 0, outs[0][0], False)
@@ -229,3 +232,12 @@ def test_loaded_talker_weights_equal_saved(omni_dir):
     for key, value in fused.items():
         assert torch.equal(state[key].to(value.dtype), value), key
     assert [v["id"] for v in feed.info()["voices"]] == ["ethan"]
+
+
+def test_overlapped_steps_give_the_same_frames(omni_dir, thinker, talker):
+    over = FeedbackAREngine(TALKER, omni_dir, options={"overlap_steps": True})
+    feeds = {f"q{i}": thinker_outputs(thinker, q, max_tokens=6 + 4 * i)
+             for i, q in enumerate(QUESTIONS)}
+    got = run_talker(over, feeds, max_tokens=10)
+    assert got == run_talker(talker, feeds, max_tokens=10) and len(got["q0"]) >= 5
+    assert not over.has_work() and over.stats()["kv_blocks_used"] == 0

@@ -1,0 +1,213 @@
+"""Where one decode step of the AR engine goes: the host's phases vs the GPU's replay.
+
+``python -m bench.ar_step --model DIR [--device cuda] [--batch 1,8,32] [--steps 50]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import omni.engines.ar as ar_module
+from bench.common import hardware, say
+from omni.engines.ar import AREngine
+from omni.engines.base import EngineRequest
+
+METHOD = """The engine (omni/engines/ar.py) is loaded in this process and fed `batch`
+requests of 128 random prompt token ids each (greedy, ignore_eos). Once every request has
+its first token, `steps` consecutive decode steps are timed one by one (`step` = one
+AREngine.step() call; back to back, so with overlap on it is the steady period), and inside
+each, the engine's own phases, by wrapping its methods. Each batch is measured with the
+engine option overlap_steps off (each step finishes before the next is scheduled) and on
+(the outputs of one step are built while the GPU runs the next), same engine:
+
+- `schedule`: Scheduler.schedule (who runs, KV blocks for the new tokens);
+- `forward`: AREngine._forward: on CUDA with graphs, filling the graph's static inputs
+  and launching its replay (the host does not wait for the GPU here);
+- `sample`: sampling.sample, which waits for the GPU to finish the forward, then picks
+  the tokens (the host's own share of it is small: the greedy path is one argmax); with
+  overlap on, it samples the step launched by the previous call;
+- `emit`: AREngine._emit over the batch (detokenizing, stop strings, the output dicts);
+- `rest`: the step minus those (finish_step, bookkeeping).
+
+`replay` is the GPU's time for the same decode graph replayed back to back (synchronized
+once at the end), with the last step's inputs: the step's time with no host work at all.
+`step - replay` is the time the GPU waits on the host each step. Not in `step`: the
+engine process's loop (reading messages, publishing outputs), which a served request also
+pays; compare with `step p50` in bench ar's report."""
+
+PHASES = ("schedule", "forward", "sample", "emit")
+
+
+class _PhaseTimer:
+    """Accumulates the wall time of wrapped callables for the current step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[name] += time.perf_counter() - started
+        return timed
+
+    def take(self) -> dict[str, float]:
+        taken, self.current = dict(self.current), defaultdict(float)
+        return taken
+
+
+def _instrument(engine: AREngine, timer: _PhaseTimer) -> Callable[[], None]:
+    """Wrap the engine's phases (instance attributes shadow the methods); returns undo."""
+    engine.scheduler.schedule = timer.wrap("schedule", engine.scheduler.schedule)
+    engine._forward = timer.wrap("forward", engine._forward)
+    engine._emit = timer.wrap("emit", engine._emit)
+    original = ar_module.sample
+    ar_module.sample = timer.wrap("sample", original)
+
+    def undo() -> None:
+        del engine.scheduler.schedule, engine._forward, engine._emit
+        ar_module.sample = original
+    return undo
+
+
+def _sync(engine: AREngine) -> None:
+    if engine.lm.device.type == "cuda":
+        torch.cuda.synchronize(engine.lm.device)
+
+
+def _replay_ms(engine: AREngine, rounds: int) -> float | None:
+    """GPU time of the last replayed decode graph, replayed back to back."""
+    graphs = engine.graphs
+    if graphs is None or not graphs.replays:
+        return None
+    n = len(engine.scheduler.running)
+    positions = [len(s.tokens) - 1 for s in engine.scheduler.running]
+    key = next((b, c) for b, c in sorted(graphs.graphs)
+               if b >= n and c >= max(positions) + 1)
+    graph = graphs.graphs[key][0]
+    _sync(engine)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        graph.replay()
+    _sync(engine)
+    return (time.perf_counter() - started) / rounds * 1e3
+
+
+def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
+                  overlap: bool) -> dict[str, Any]:
+    engine.overlap = overlap
+    rng = random.Random(batch)
+    vocab = engine.lm.vocab_size
+    ids = [f"b{batch}-{overlap}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add(EngineRequest(rid, {"prompt_token_ids": [rng.randrange(100, vocab - 100)
+                                                            for _ in range(prompt_len)]},
+                                 {"temperature": 0, "ignore_eos": True, "max_tokens": 100_000}))
+    started: set[str] = set()
+    while len(started) < batch:  # prefill, then a few decode steps before timing
+        started |= {o.request_id for o in engine.step() if o.data and o.data.get("token_ids")}
+    for _ in range(5):
+        engine.step()
+    timer = _PhaseTimer()
+    undo = _instrument(engine, timer)
+    rows = []
+    try:
+        for _ in range(steps):
+            begun = time.perf_counter()
+            outputs = engine.step()
+            total = time.perf_counter() - begun
+            assert len(outputs) == batch, f"{len(outputs)} outputs for {batch} requests"
+            phases = timer.take()
+            phases["step"] = total
+            phases["rest"] = total - sum(phases.get(p, 0.0) for p in PHASES)
+            rows.append(phases)
+    finally:
+        undo()
+    replay = _replay_ms(engine, max(steps, 20))
+    engine.abort(ids)
+    result = {name: round(statistics.median(r.get(name, 0.0) for r in rows) * 1e3, 3)
+              for name in (*PHASES, "rest", "step")}
+    result.update(batch=batch, overlap=overlap, replay=None if replay is None else round(replay, 3),
+                  graphed=engine.graphs is not None and engine.graphs.replays > 0)
+    say(f"[ar_step] batch {batch}, overlap {overlap}: " + ", ".join(
+        f"{k} {result[k]} ms" for k in (*PHASES, "rest", "step", "replay")))
+    return result
+
+
+def render(data: dict[str, Any]) -> str:
+    m, info = data["machine"], data["engine"]
+    gpu = torch.cuda.get_device_name() if info["device"].startswith("cuda") else "none"
+    lines = ["# Where an AR decode step goes: host phases vs the GPU's replay", "",
+             f"Command: `{data['command']}`  ",
+             f"Machine: {m['cpu_model']}, {m['cores']} cores; GPU {gpu}; torch "
+             f"{torch.__version__}  ",
+             f"Model: `{info['model_dir']}` ({info['dtype']} on {info['device']}, random "
+             f"weights {info['random_weights']}); prompts {data['prompt_len']} tokens", "",
+             "| batch | overlap | schedule | forward (fill + launch) | sample (waits for GPU) | "
+             "emit | rest | **step** | replay (GPU only) | GPU waits on host | graphed |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in data["rows"]:
+        wait = "-" if r["replay"] is None else f"{r['step'] - r['replay']:.3f}"
+        lines.append(f"| {r['batch']} | {'on' if r['overlap'] else 'off'} | {r['schedule']} | {r['forward']} | {r['sample']} | "
+                     f"{r['emit']} | {r['rest']} | **{r['step']}** | {r['replay'] or '-'} | "
+                     f"{wait} | {r['graphed']} |")
+    lines += ["", "All times in ms, median over the timed steps. Method: " + METHOD]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ar_step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=METHOD)
+    parser.add_argument("--model", required=True, help="HF-format model directory")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--dtype", default="auto", help="model dtype (default auto)")
+    parser.add_argument("--batch", default="1,8,32", help="batch sizes (default 1,8,32)")
+    parser.add_argument("--steps", type=int, default=50, help="decode steps timed per batch")
+    parser.add_argument("--overlap", default="off,on", choices=["off,on", "off", "on", "on,off"],
+                        help="overlap_steps modes measured per batch, on the same engine")
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="K=V",
+                        help="an AR engine option (integers parsed), repeatable")
+    parser.add_argument("--tag", default="", help="report name suffix")
+    parser.add_argument("--out", default="bench/results", help="directory for the report")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    options: dict[str, Any] = {"max_graph_context": 1024}  # 128 + steps fit: quicker load
+    for item in args.engine_option:
+        key, _, value = item.partition("=")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    say(f"[ar_step] loading {args.model} on {args.device} ...")
+    engine = AREngine(args.model, dtype=args.dtype, device=args.device, options=options)
+    modes = [{"off": False, "on": True}[m] for m in args.overlap.split(",")]
+    rows = [measure_batch(engine, int(b), args.steps, args.prompt_len, overlap)
+            for b in args.batch.split(",") for overlap in modes]
+    argv_used = argv if argv is not None else sys.argv[1:]
+    data = {"command": "python -m bench.ar_step " + " ".join(argv_used),
+            "machine": hardware(), "engine": engine.info(), "prompt_len": args.prompt_len,
+            "options": options, "rows": rows}
+    engine.shutdown()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "ar-step" + (f"-{args.tag}" if args.tag else "")
+    (out / f"{name}.md").write_text(render(data))
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    say(f"[ar_step] wrote {out / f'{name}.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

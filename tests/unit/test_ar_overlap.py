@@ -1,0 +1,134 @@
+"""Overlapped steps (AR option overlap_steps, on by default on CUDA): step() builds the
+outputs of one step while the next runs. On a CPU the forward is synchronous, so these
+tests check the bookkeeping, not the speed: every output equals the engine's that finishes
+each step before scheduling the next."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni.engines.ar import AREngine
+from omni.engines.base import EngineRequest, StepOutput
+from omni.fixtures import build_tiny_qwen3
+
+torch.set_num_threads(1)
+
+PROMPTS = ["Hello world, this is", "Tell me a story about a robot who", "One",
+           "The quick brown fox jumps over the lazy dog and then runs far away into"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("overlap") / "qwen3"))
+
+
+def engines(model_dir: str, **options) -> tuple[AREngine, AREngine]:
+    """(one step at a time, overlapped) on the same model."""
+    return (AREngine(model_dir, options={**options, "overlap_steps": False}),
+            AREngine(model_dir, options={**options, "overlap_steps": True}))
+
+
+def drive(engine: AREngine, requests: list[tuple[int, str, dict, dict]],
+          abort: tuple[int, str] | None = None) -> dict[str, list[StepOutput]]:
+    """Add each (call number, id, inputs, params) before that step() call; abort one id
+    before a given call; run until idle. Outputs per request, checked for order."""
+    outs: dict[str, list[StepOutput]] = {}
+    call = 0
+    while call < 500:
+        for at, rid, inputs, params in requests:
+            if at == call:
+                engine.add(EngineRequest(rid, inputs, params))
+        if abort and abort[0] == call:
+            engine.abort([abort[1]])
+        if call > max(at for at, *_ in requests) and not engine.has_work():
+            return outs
+        for o in engine.step():
+            assert o.error is None, o.error
+            assert not outs.get(o.request_id) or not outs[o.request_id][-1].finished, o
+            outs.setdefault(o.request_id, []).append(o)
+        call += 1
+    raise AssertionError("engine did not finish")
+
+
+def merged(outs: list[StepOutput]) -> dict:
+    """A request's outputs as one record: everything the API would send for it."""
+    hidden = [o.data["hidden_states"] for o in outs if "hidden_states" in o.data]
+    return {"tokens": [t for o in outs for t in o.data["token_ids"]],
+            "text": "".join(o.data["text"] for o in outs),
+            "finish": outs[-1].data["finish_reason"], "finished": outs[-1].finished,
+            "usage": (outs[0].data.get("prompt_tokens"), outs[-1].data.get("completion_tokens")),
+            "logprobs": [e for o in outs for e in o.data.get("logprobs", [])],
+            "hidden": torch.cat(hidden) if hidden else None}
+
+
+def assert_same(a: dict[str, list[StepOutput]], b: dict[str, list[StepOutput]]) -> None:
+    assert set(a) == set(b)
+    for rid in a:
+        x, y = merged(a[rid]), merged(b[rid])
+        hx, hy = x.pop("hidden"), y.pop("hidden")
+        assert x == y, rid
+        assert (hx is None) == (hy is None) and (hx is None or torch.equal(hx, hy)), rid
+
+
+def test_overlapped_outputs_equal_step_by_step(model_dir):
+    plain, over = engines(model_dir)
+    full = merged(drive(plain, [(0, "r", {"prompt": PROMPTS[1]},
+                                 {"temperature": 0, "max_tokens": 24, "ignore_eos": True})])["r"])
+    stop = next(full["text"][k:k + 3] for k in range(8, len(full["text"]) - 3)
+                if "\ufffd" not in full["text"][k:k + 3] and full["text"][k:k + 3].strip())
+    requests = [
+        (0, "greedy", {"prompt": PROMPTS[0]}, {"temperature": 0, "max_tokens": 12,
+                                               "ignore_eos": True}),
+        (0, "seeded", {"prompt": PROMPTS[2]}, {"temperature": 1.0, "top_p": 0.9, "seed": 3,
+                                               "max_tokens": 10, "ignore_eos": True}),
+        (1, "stop", {"prompt": PROMPTS[1]}, {"temperature": 0, "max_tokens": 24,
+                                             "ignore_eos": True, "stop": [stop]}),
+        (2, "penalties", {"prompt": PROMPTS[3]}, {"temperature": 0, "max_tokens": 9,
+                                                  "repetition_penalty": 1.3,
+                                                  "presence_penalty": 0.5, "ignore_eos": True}),
+        (4, "logprobs", {"prompt": PROMPTS[0]}, {"temperature": 0, "max_tokens": 5,
+                                                 "logprobs": 2, "ignore_eos": True}),
+    ]
+    want, got = drive(plain, requests), drive(over, requests)
+    assert_same(want, got)
+    # the stop string ended that request while its next row was already running
+    assert merged(got["stop"])["finish"] == "stop" and len(merged(got["stop"])["tokens"]) < 24
+    for engine in (plain, over):
+        assert not engine.has_work() and engine.stats()["kv_blocks_used"] == 0
+
+
+def test_tokens_come_one_call_later(model_dir):
+    plain, over = engines(model_dir)
+    for engine in (plain, over):
+        engine.add(EngineRequest("r", {"prompt": PROMPTS[0]}, {"temperature": 0,
+                                                                "max_tokens": 3}))
+    assert [o.request_id for o in plain.step()] == ["r"]
+    assert over.step() == [] and over.has_work()  # launched, sampled at the next call
+    assert [o.request_id for o in over.step()] == ["r"]
+    for engine in (plain, over):
+        engine.abort(["r"])
+        assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_abort_while_a_step_is_in_flight(model_dir):
+    plain, over = engines(model_dir)
+    params = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
+    requests = [(0, "keep", {"prompt": PROMPTS[0]}, params),
+                (0, "drop", {"prompt": PROMPTS[1]}, params)]
+    got = drive(over, requests, abort=(4, "drop"))
+    assert len(merged(got["drop"])["tokens"]) == 3  # the row in flight at the abort: dropped
+    assert merged(got["keep"]) == merged(drive(plain, requests[:1])["keep"])
+    assert not over.has_work() and over.stats()["kv_blocks_used"] == 0
+
+
+def test_hidden_state_export_overlapped(model_dir):
+    plain, over = engines(model_dir, export_hidden_layers=[0, -1], max_batched_tokens=6)
+    params = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
+    requests = [(0, "a", {"prompt": PROMPTS[3]}, params), (1, "b", {"prompt": PROMPTS[0]},
+                                                            {**params, "max_tokens": 6})]
+    want, got = drive(plain, requests), drive(over, requests)
+    assert_same(want, got)
+    ids = plain.lm.tokenizer(PROMPTS[3])["input_ids"]
+    shapes = [tuple(o.data["hidden_states"].shape)[:2] for o in got["a"]]
+    assert shapes == [(len(ids), 2)] + [(1, 2)] * 3  # each output: the tokens fed since
