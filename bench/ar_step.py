@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-import omni.engines.ar as ar_module
 from bench.common import hardware, say
 from omni.engines.ar import AREngine
 from omni.engines.base import EngineRequest
@@ -28,17 +27,21 @@ requests of 128 random prompt token ids each (greedy, ignore_eos). Once every re
 its first token, `steps` consecutive decode steps are timed one by one (`step` = one
 AREngine.step() call; back to back, so with overlap on it is the steady period), and inside
 each, the engine's own phases, by wrapping its methods. Each batch is measured with the
-engine option overlap_steps off (each step finishes before the next is scheduled) and on
-(the outputs of one step are built while the GPU runs the next), same engine:
+engine's step order `off` (each step finishes before the next is scheduled), `on`
+(overlap_steps: the outputs of one step are built while the GPU runs the next) and `chain`
+(overlap_steps + chain_decode: a greedy decode step is launched on the tokens the device
+picked, before the host reads them; omni/engines/ar_steps.py), same engine:
 
 - `schedule`: Scheduler.schedule (who runs, KV blocks for the new tokens);
 - `forward`: AREngine._forward: on CUDA with graphs, filling the graph's static inputs
   and launching its replay (the host does not wait for the GPU here);
-- `sample`: sampling.sample, which waits for the GPU to finish the forward, then picks
-  the tokens (the host's own share of it is small: the greedy path is one argmax); with
-  overlap on, it samples the step launched by the previous call;
+- `collect`: AREngine._collect: waits for the GPU to finish the step, picks the tokens
+  (sampling.sample; chain: reads the ones picked on the device) and records them; with
+  overlap on, for the step launched by the previous call;
 - `emit`: AREngine._emit over the batch (detokenizing, stop strings, the output dicts);
 - `rest`: the step minus those (finish_step, bookkeeping).
+
+With chain, `forward` includes the chained launch, made before `collect` waits.
 
 `replay` is the GPU's time for the same decode graph replayed back to back (synchronized
 once at the end), with the last step's inputs: the step's time with no host work at all.
@@ -46,7 +49,7 @@ once at the end), with the last step's inputs: the step's time with no host work
 engine process's loop (reading messages, publishing outputs), which a served request also
 pays; compare with `step p50` in bench ar's report."""
 
-PHASES = ("schedule", "forward", "sample", "emit")
+PHASES = ("schedule", "forward", "collect", "emit")
 
 
 class _PhaseTimer:
@@ -74,12 +77,10 @@ def _instrument(engine: AREngine, timer: _PhaseTimer) -> Callable[[], None]:
     engine.scheduler.schedule = timer.wrap("schedule", engine.scheduler.schedule)
     engine._forward = timer.wrap("forward", engine._forward)
     engine._emit = timer.wrap("emit", engine._emit)
-    original = ar_module.sample
-    ar_module.sample = timer.wrap("sample", original)
+    engine._collect = timer.wrap("collect", engine._collect)
 
     def undo() -> None:
-        del engine.scheduler.schedule, engine._forward, engine._emit
-        ar_module.sample = original
+        del engine.scheduler.schedule, engine._forward, engine._emit, engine._collect
     return undo
 
 
@@ -88,11 +89,12 @@ def _sync(engine: AREngine) -> None:
         torch.cuda.synchronize(engine.lm.device)
 
 
-def _replay_ms(engine: AREngine, rounds: int) -> float | None:
-    """GPU time of the last replayed decode graph, replayed back to back."""
+def _replay_ms(engine: AREngine, rounds: int, kernels: int = 0) -> tuple[float | None, str]:
+    """GPU time of the last replayed decode graph, replayed back to back; with kernels > 0,
+    also torch.profiler's table of the kernels with the most GPU time in those replays."""
     graphs = engine.graphs
     if graphs is None or not graphs.replays:
-        return None
+        return None, ""
     n = len(engine.scheduler.running)
     positions = [len(s.tokens) - 1 for s in engine.scheduler.running]
     key = next((b, c) for b, c in sorted(graphs.graphs)
@@ -103,15 +105,24 @@ def _replay_ms(engine: AREngine, rounds: int) -> float | None:
     for _ in range(rounds):
         graph.replay()
     _sync(engine)
-    return (time.perf_counter() - started) / rounds * 1e3
+    elapsed = (time.perf_counter() - started) / rounds * 1e3
+    if not kernels:
+        return elapsed, ""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            graph.replay()
+        _sync(engine)
+    return elapsed, prof.key_averages().table(sort_by="cuda_time_total", row_limit=kernels)
 
 
 def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
-                  overlap: bool) -> dict[str, Any]:
-    engine.overlap = overlap
+                  mode: str, kernels: int = 0) -> dict[str, Any]:
+    engine.overlap, engine.chain = mode != "off", mode == "chain"
     rng = random.Random(batch)
     vocab = engine.lm.vocab_size
-    ids = [f"b{batch}-{overlap}-{i}" for i in range(batch)]
+    ids = [f"b{batch}-{mode}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add(EngineRequest(rid, {"prompt_token_ids": [rng.randrange(100, vocab - 100)
                                                             for _ in range(prompt_len)]},
@@ -136,13 +147,14 @@ def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
             rows.append(phases)
     finally:
         undo()
-    replay = _replay_ms(engine, max(steps, 20))
+    replay, table = _replay_ms(engine, max(steps, 20), kernels)
     engine.abort(ids)
     result = {name: round(statistics.median(r.get(name, 0.0) for r in rows) * 1e3, 3)
               for name in (*PHASES, "rest", "step")}
-    result.update(batch=batch, overlap=overlap, replay=None if replay is None else round(replay, 3),
+    result.update(batch=batch, mode=mode, kernels=table,
+                  replay=None if replay is None else round(replay, 3),
                   graphed=engine.graphs is not None and engine.graphs.replays > 0)
-    say(f"[ar_step] batch {batch}, overlap {overlap}: " + ", ".join(
+    say(f"[ar_step] batch {batch}, {mode}: " + ", ".join(
         f"{k} {result[k]} ms" for k in (*PHASES, "rest", "step", "replay")))
     return result
 
@@ -156,15 +168,19 @@ def render(data: dict[str, Any]) -> str:
              f"{torch.__version__}  ",
              f"Model: `{info['model_dir']}` ({info['dtype']} on {info['device']}, random "
              f"weights {info['random_weights']}); prompts {data['prompt_len']} tokens", "",
-             "| batch | overlap | schedule | forward (fill + launch) | sample (waits for GPU) | "
+             "| batch | mode | schedule | forward (fill + launch) | collect (waits for GPU) | "
              "emit | rest | **step** | replay (GPU only) | GPU waits on host | graphed |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in data["rows"]:
         wait = "-" if r["replay"] is None else f"{r['step'] - r['replay']:.3f}"
-        lines.append(f"| {r['batch']} | {'on' if r['overlap'] else 'off'} | {r['schedule']} | {r['forward']} | {r['sample']} | "
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['schedule']} | {r['forward']} | {r['collect']} | "
                      f"{r['emit']} | {r['rest']} | **{r['step']}** | {r['replay'] or '-'} | "
                      f"{wait} | {r['graphed']} |")
     lines += ["", "All times in ms, median over the timed steps. Method: " + METHOD]
+    for r in data["rows"]:
+        if r.get("kernels"):
+            lines += ["", f"Kernels of the batch-{r['batch']} replays (torch.profiler):", "",
+                      "```", r["kernels"].rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -177,11 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     parser.add_argument("--batch", default="1,8,32", help="batch sizes (default 1,8,32)")
     parser.add_argument("--steps", type=int, default=50, help="decode steps timed per batch")
-    parser.add_argument("--overlap", default="off,on", choices=["off,on", "off", "on", "on,off"],
-                        help="overlap_steps modes measured per batch, on the same engine")
+    parser.add_argument("--modes", default="off,on,chain",
+                        help="step orders measured per batch, on the same engine: off (each "
+                        "step finishes first), on (overlap_steps), chain (overlap_steps + "
+                        "chain_decode); default off,on,chain")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens")
     parser.add_argument("--engine-option", action="append", default=[], metavar="K=V",
                         help="an AR engine option (integers parsed), repeatable")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also list the N kernels with the most GPU time in the replays "
+                        "(torch.profiler), once per batch")
     parser.add_argument("--tag", default="", help="report name suffix")
     parser.add_argument("--out", default="bench/results", help="directory for the report")
     args = parser.parse_args(argv)
@@ -192,9 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         options[key] = int(value) if value.lstrip("-").isdigit() else value
     say(f"[ar_step] loading {args.model} on {args.device} ...")
     engine = AREngine(args.model, dtype=args.dtype, device=args.device, options=options)
-    modes = [{"off": False, "on": True}[m] for m in args.overlap.split(",")]
-    rows = [measure_batch(engine, int(b), args.steps, args.prompt_len, overlap)
-            for b in args.batch.split(",") for overlap in modes]
+    modes = args.modes.split(",")
+    if not set(modes) <= {"off", "on", "chain"}:
+        parser.error(f"--modes takes off, on, chain; got {args.modes!r}")
+    rows = [measure_batch(engine, int(b), args.steps, args.prompt_len, mode,
+                          args.kernels if mode == modes[-1] else 0)
+            for b in args.batch.split(",") for mode in modes]
     argv_used = argv if argv is not None else sys.argv[1:]
     data = {"command": "python -m bench.ar_step " + " ".join(argv_used),
             "machine": hardware(), "engine": engine.info(), "prompt_len": args.prompt_len,

@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
 #   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, Triton kernel vs SDPA
+#   bash scripts/gpu_run.sh step [TAG]   # Qwen3-8B shape: bench.ar_step (host phases vs the GPU's
+#                                        # replay; step orders off, on, chain; top kernels)
 #   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar, transformers'
 #                                        # grouped_mm vs batched_mm experts kernels
 #   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
@@ -13,7 +15,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|moe|omni) ;; *) sed -n 2,13p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni) ;; *) sed -n 2,15p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -44,6 +46,13 @@ case "${1:-}" in
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 attention_kernel "qwen3-8b-${2:-h200}" triton sdpa
+    ;;
+  step)
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    timeout 240 python3 -m bench.ar_step --model /tmp/m/q8 --device cuda --batch 1,32 \
+      --kernels 20 --engine-option attention_kernel=triton --engine-option max_graph_context=512 \
+      --tag "qwen3-8b-${2:-h200}" --out "$OUT" 2>&1 | grep "^\[ar_step\]"
     ;;
   moe)
     [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \

@@ -18,11 +18,8 @@ output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens
 since the previous output (the whole prompt with the first token, then one per step),
 which a stream edge hands to the next stage (one that reads its hidden states).
 
-Overlap: step() first samples the step the previous call launched (waiting for the GPU),
-records its tokens, schedules and launches the next step, and only then detokenizes and
-builds the outputs of the first; the engine loop publishes them while the GPU computes. On
-an H200 that host work was 0.5 to 1.1 ms of every 6 to 8 ms decode step
-(bench/results/ar-step-*.md). A stop string found while emitting costs one discarded row.
+The order of work inside one step() call, overlapped with the GPU (options overlap_steps
+and chain_decode): ar_steps.py.
 
 Media prompts: ar_encoder.py (a worker thread) and ar_media.py (rotary layout, vision
 features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
@@ -31,7 +28,6 @@ features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,18 +43,19 @@ from omni.engines.ar_inputs import (
 )
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
+from omni.engines.ar_steps import StepOrder
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
 from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.kv_cache import sized_cache
 from omni.engines.paged_attention import ATTN_NAME, bind_cache, build_layout, register
-from omni.engines.sampling import SamplingParams, SequenceSampler, sample
+from omni.engines.sampling import SamplingParams, SequenceSampler
 from omni.engines.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.models.hf_causal import load_causal_lm
 
 log = logging.getLogger("omni.engines.ar")
 
 
-class AREngine(Engine):
+class AREngine(StepOrder, Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
@@ -88,6 +85,7 @@ class AREngine(Engine):
         # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
         self.overlap = bool(self.options.get("overlap_steps", cuda))
+        self.chain = bool(self.options.get("chain_decode", False))  # ar_steps.py
         self.steps = 0
         self.step_time_s = 0.0
 
@@ -205,72 +203,6 @@ class AREngine(Engine):
         return (bool(self._failed) or bool(self._encoder) or self._inflight is not None
                 or self.scheduler.has_work())
 
-    @torch.inference_mode()
-    def step(self) -> list[StepOutput]:
-        if self._encoder:
-            self._admit_encoded()
-        outputs, self._failed = self._failed, []
-        ready = self._collect(outputs)  # the step the previous call launched (overlap)
-        self._before_launch()
-        self._launch(outputs)
-        if not self.overlap:
-            ready += self._collect(outputs)
-        for seq, result in ready:  # with overlap, while the GPU runs the step just launched
-            try:
-                outputs.append(self._emit(seq, result))
-            except Exception as e:  # e.g. its detokenizer failed: only it fails
-                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
-        return outputs
-
-    def _launch(self, outputs: list[StepOutput]) -> None:
-        """Schedule the next step and start its forward (on CUDA the host does not wait)."""
-        batch = self.scheduler.schedule()
-        for seq in batch.overflowed:
-            outputs.append(self._finish(seq, "length", None))
-        if not batch.seqs:
-            return
-        started = time.perf_counter()
-        try:
-            sampled, logits, hidden = self._forward(batch)
-            self.scheduler.finish_step(batch)
-        except Exception as e:  # the whole step failed: fail its requests, keep the rest
-            for seq in batch.seqs:
-                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
-            return
-        self._inflight = Flight(batch.seqs, hidden, sampled, logits, started)
-
-    def _collect(self, outputs: list[StepOutput]) -> list[tuple[Sequence, Any]]:
-        """Sample the launched step (waits for its forward) and record the tokens, so the
-        next schedule sees them. Rows of requests that ended meanwhile (aborted, or stopped
-        by a stop string at the previous emit) are dropped: their KV blocks are already
-        free, and nothing can reuse them before this sync."""
-        flight, self._inflight = self._inflight, None
-        if flight is None:
-            return []
-        try:
-            results = sample(flight.logits.float(), [s.state.sampler for s in flight.sampled],
-                             self._stop_ids()) if flight.sampled else []
-        except Exception as e:
-            outputs += [self._fail(s, f"{type(e).__name__}: {e}") for s in flight.seqs
-                        if self._alive(s)]
-            return []
-        for seq, rows in zip(flight.seqs, flight.hidden or [], strict=False):
-            if self._alive(seq):
-                seq.state.hidden = (seq.state.hidden or []) + [rows]
-        ready = [(s, r) for s, r in zip(flight.sampled, results, strict=True) if self._alive(s)]
-        self._sampled([s for s, _ in ready], [r for _, r in ready])
-        for seq, result in ready:
-            self._record(seq, result.token)
-        self.steps += 1
-        self.step_time_s += time.perf_counter() - flight.started
-        return ready
-
-    def _alive(self, seq: Sequence) -> bool:
-        return self._seqs.get(seq.id) is seq
-
-    def _before_launch(self) -> None:
-        """Hook: the last step's tokens are recorded; the next step is not scheduled yet."""
-
     def info(self) -> dict[str, Any]:
         return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
                 "dtype": str(self.lm.dtype).removeprefix("torch."), "device": str(self.lm.device),
@@ -285,7 +217,7 @@ class AREngine(Engine):
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
                 "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
-                "steps": self.steps}
+                "steps": self.steps, "chained_steps": self.chained_steps}
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
@@ -296,12 +228,15 @@ class AREngine(Engine):
         self._failed.clear()
 
     # -- one step -----------------------------------------------------------------------------
-    def _forward(self, batch: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor, Any]:
+    def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
+                 ) -> tuple[list[Sequence], torch.Tensor, Any]:
         """Run the packed batch: the sequences that reach their last token, their logits,
-        and (export_hidden_layers) each sequence's rows of the chosen layers."""
-        if self._graphable(batch):
+        and (export_hidden_layers) each sequence's rows of the chosen layers. fed: a
+        chained decode step's token ids, on the device, one per sequence (ar_steps.py)."""
+        if self._graphable(batch, chained=fed is not None):
             seqs = batch.seqs
-            logits = self.graphs.run(self._graph_inputs(batch), list(batch.starts),
+            inputs = self._graph_inputs(batch) if fed is None else fed
+            logits = self.graphs.run(inputs, list(batch.starts),
                                      [s.blocks.table for s in seqs],
                                      [whole_delta(s.media) for s in seqs])
             hidden = None if self.export_layers is None else split_rows(
@@ -311,13 +246,14 @@ class AREngine(Engine):
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
             ids += seq.token_slice(start, start + n)
             positions += range(start, start + n)
-            if start + n == len(seq.prompt) + len(seq.output):
-                last.append(len(ids) - 1)
+            if fed is not None or start + n == len(seq.prompt) + len(seq.output):
+                last.append(len(positions) - 1)
                 sampled.append(seq)
         dev = self.lm.device
         layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
                               batch.counts, dev)
-        inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev))
+        inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev) if fed is None
+                                     else fed[None])
         position_ids, media = step_media(self.lm, batch, torch.tensor(positions, device=dev))
         with media:  # a multimodal prompt's rotary positions and vision features
             out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
@@ -356,11 +292,11 @@ class AREngine(Engine):
             offset += n
         return {"inputs_embeds": embeds.unsqueeze(0)}
 
-    def _graphable(self, batch: ScheduledBatch) -> bool:
-        """A decode-only step that a captured graph covers."""
+    def _graphable(self, batch: ScheduledBatch, chained: bool = False) -> bool:
+        """A decode-only step that a captured graph covers (a chained step is one)."""
         return (self.graphs is not None and all(n == 1 for n in batch.counts)
-                and all(s.samples_next and s.pending == 1 and whole_delta(s.media) is not None
-                        for s in batch.seqs)
+                and all((chained or (s.samples_next and s.pending == 1))
+                        and whole_delta(s.media) is not None for s in batch.seqs)
                 and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
     def _stop_ids(self) -> set[int]:

@@ -38,6 +38,10 @@ class Flight:
     sampled: list[Sequence]  # the rows of logits
     logits: torch.Tensor
     started: float
+    settle: Any = None  # a chained step's batch, counted as computed once its input is known
+    next_ids: torch.Tensor | None = None  # greedy tokens picked on the device (chainable)
+    host_ids: torch.Tensor | None = None  # their copy on the host
+    event: Any = None  # recorded after that copy (CUDA)
 
 
 def split_rows(counts: list[int], chosen: torch.Tensor) -> list[torch.Tensor]:

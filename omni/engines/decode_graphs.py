@@ -114,8 +114,9 @@ class DecodeGraphs:
 
     def run(self, tokens: list[int] | torch.Tensor, positions: list[int],
             tables: list[list[int]], rope_deltas: list[int] | None = None) -> torch.Tensor:
-        """Logits (B, V) of one decode step: sequence i feeds tokens[i] (a token id, or a
-        row of a (B, width) tensor of input embeddings) at positions[i] (its rotary
+        """Logits (B, V) of one decode step: sequence i feeds tokens[i] (a token id, an
+        element of a (B,) tensor of ids on the device, or a row of a (B, width) tensor of
+        input embeddings) at positions[i] (its rotary
         position shifted by rope_deltas[i]: see omni/engines/ar_media.py)."""
         n = len(tokens)
         b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
@@ -143,7 +144,9 @@ class DecodeGraphs:
                             pad_block=scratch_block)
         write = token_slots(tables, positions, bs)
         pos = torch.tensor(positions + [0] * (b - n), dtype=torch.long)
-        if isinstance(tokens, torch.Tensor):  # padding rows keep earlier (finite) values
+        if isinstance(tokens, torch.Tensor) and tokens.dim() == 1:  # ids already on the device
+            self.ids[0, :n].copy_(tokens)  # padding rows keep earlier (valid) ids
+        elif isinstance(tokens, torch.Tensor):  # padding rows keep earlier (finite) values
             self.embeds[0, :n].copy_(tokens)
         else:
             self.ids[0, :b].copy_(torch.tensor(tokens + [0] * (b - n)), non_blocking=True)

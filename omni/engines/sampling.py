@@ -321,7 +321,7 @@ def _logprobs(raw: torch.Tensor, seqs: Sequence[SequenceSampler],
     return out
 
 
-def _plain_greedy(s: SequenceSampler) -> bool:
+def plain_greedy(s: SequenceSampler) -> bool:
     """A row whose token is the argmax of its raw logits: the usual batch-wide case,
     taken without the float copy, the per-rule passes and the index round trips."""
     p = s.params
@@ -335,7 +335,7 @@ def sample(logits: torch.Tensor, seqs: Sequence[SequenceSampler],
     """One token per row of (B, V) logits; the caller then calls seqs[i].append(token)."""
     if not seqs:
         return []
-    if all(_plain_greedy(s) for s in seqs):  # no penalty, filter or logprobs: one argmax
+    if all(plain_greedy(s) for s in seqs):  # no penalty, filter or logprobs: one argmax
         return [Sampled(t, None) for t in logits.argmax(dim=-1).tolist()]
     eos_ids = tuple(eos_ids)
     tokens = _draw(processed_logits(logits, seqs, eos_ids), seqs)

@@ -136,3 +136,17 @@ def test_overlapped_steps_equal_step_by_step_with_graphs(model_dir):
     assert len(got["s1"]) == len(want["s1"]) - 1  # its in-flight row was dropped
     assert got["s1"] == want["s1"][:len(got["s1"])]
     assert over.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block
+
+
+def test_chained_decode_equals_step_by_step_with_graphs(tmp_path_factory):
+    """chain_decode: graphed decode steps fed the tokens picked on the device (the host
+    copy behind an event) give the step-by-step engine's greedy tokens."""
+    varied = str(build_tiny_qwen3(tmp_path_factory.mktemp("chain") / "qwen3",
+                                  initializer_range=0.5))
+    chained = AREngine(varied, device="cuda", dtype="float32",
+                       options={"chain_decode": True, "block_size": 4})
+    plain = AREngine(varied, device="cuda", dtype="float32", options={"overlap_steps": False})
+    got, want = _greedy(chained, 40), _greedy(plain, 40)
+    assert got == want and len(set(got["g0"])) > 5
+    assert chained.stats()["chained_steps"] > 20 and chained.graphs.replays > 20
+    assert chained.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block

@@ -20,13 +20,16 @@ PROMPTS = ["Hello world, this is", "Tell me a story about a robot who", "One",
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return str(build_tiny_qwen3(tmp_path_factory.mktemp("overlap") / "qwen3"))
+    # a larger init than the default: greedy answers that vary, so order and positions count
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("overlap") / "qwen3",
+                                initializer_range=0.5))
 
 
-def engines(model_dir: str, **options) -> tuple[AREngine, AREngine]:
-    """(one step at a time, overlapped) on the same model."""
+def engines(model_dir: str, chain: bool = False, **options) -> tuple[AREngine, AREngine]:
+    """(one step at a time, overlapped (and chained)) on the same model."""
     return (AREngine(model_dir, options={**options, "overlap_steps": False}),
-            AREngine(model_dir, options={**options, "overlap_steps": True}))
+            AREngine(model_dir, options={**options, "overlap_steps": True,
+                                         "chain_decode": chain}))
 
 
 def drive(engine: AREngine, requests: list[tuple[int, str, dict, dict]],
@@ -71,8 +74,9 @@ def assert_same(a: dict[str, list[StepOutput]], b: dict[str, list[StepOutput]]) 
         assert (hx is None) == (hy is None) and (hx is None or torch.equal(hx, hy)), rid
 
 
-def test_overlapped_outputs_equal_step_by_step(model_dir):
-    plain, over = engines(model_dir)
+@pytest.mark.parametrize("chain", [False, True])
+def test_overlapped_outputs_equal_step_by_step(model_dir, chain):
+    plain, over = engines(model_dir, chain)
     full = merged(drive(plain, [(0, "r", {"prompt": PROMPTS[1]},
                                  {"temperature": 0, "max_tokens": 24, "ignore_eos": True})])["r"])
     stop = next(full["text"][k:k + 3] for k in range(8, len(full["text"]) - 3)
@@ -111,8 +115,9 @@ def test_tokens_come_one_call_later(model_dir):
         assert engine.stats()["kv_blocks_used"] == 0
 
 
-def test_abort_while_a_step_is_in_flight(model_dir):
-    plain, over = engines(model_dir)
+@pytest.mark.parametrize("chain", [False, True])
+def test_abort_while_a_step_is_in_flight(model_dir, chain):
+    plain, over = engines(model_dir, chain)
     params = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
     requests = [(0, "keep", {"prompt": PROMPTS[0]}, params),
                 (0, "drop", {"prompt": PROMPTS[1]}, params)]
@@ -132,3 +137,50 @@ def test_hidden_state_export_overlapped(model_dir):
     ids = plain.lm.tokenizer(PROMPTS[3])["input_ids"]
     shapes = [tuple(o.data["hidden_states"].shape)[:2] for o in got["a"]]
     assert shapes == [(len(ids), 2)] + [(1, 2)] * 3  # each output: the tokens fed since
+
+
+def test_chained_greedy_decode(model_dir, caplog):
+    """Greedy rows chain (each step fed the token the device picked before the host reads
+    it); requests ending by length, stop token, stop string and abort break the chain and
+    lose only their in-flight row; the blocks published meanwhile serve a later prefix."""
+    plain, chained = engines(model_dir, chain=True, block_size=4)
+    greedy = {"temperature": 0, "ignore_eos": True}
+    probe = merged(drive(plain, [(0, "p", {"prompt": PROMPTS[2]}, {**greedy, "max_tokens": 12})])["p"])
+    requests = [(0, "long", {"prompt": PROMPTS[0]}, {**greedy, "max_tokens": 30}),
+                (0, "short", {"prompt": PROMPTS[1]}, {**greedy, "max_tokens": 7}),
+                (0, "token", {"prompt": PROMPTS[2]}, {**greedy, "max_tokens": 20,
+                                                      "stop_token_ids": [probe["tokens"][5]]}),
+                (0, "string", {"prompt": PROMPTS[2]}, {**greedy, "max_tokens": 20,
+                                                       "stop": [probe["text"][-6:-2]]}),
+                (0, "aborted", {"prompt": PROMPTS[3]}, {**greedy, "max_tokens": 30})]
+    want = drive(plain, requests, abort=(15, "aborted"))
+    got = drive(chained, requests, abort=(15, "aborted"))
+    assert chained.stats()["chained_steps"] >= 10
+    assert "chained decode step failed" not in caplog.text
+    aborted = merged(got.pop("aborted"))["tokens"]
+    assert aborted == merged(want.pop("aborted"))["tokens"][:len(aborted)]
+    assert_same(want, got)
+    assert merged(got["token"])["finish"] == merged(got["string"])["finish"] == "stop"
+    assert not chained.has_work() and chained.stats()["kv_blocks_used"] == 0
+    # the prompt + answer of "long" as a new prompt: its blocks, published by chained
+    # steps, are reused and must hold that text's KV
+    ids = chained.lm.tokenizer(PROMPTS[0])["input_ids"] + merged(got["long"])["tokens"]
+    again = [(0, "again", {"prompt_token_ids": ids}, {**greedy, "max_tokens": 8})]
+    hits = chained.stats()["prefix_cache_hits"]
+    assert merged(drive(chained, again)["again"]) == merged(drive(plain, again)["again"])
+    assert chained.stats()["prefix_cache_hits"] > hits
+
+
+def test_chain_waits_for_sampling_rows_and_new_requests(model_dir):
+    _, chained = engines(model_dir, chain=True)
+    requests = [(0, "g", {"prompt": PROMPTS[0]}, {"temperature": 0, "max_tokens": 6,
+                                                  "ignore_eos": True}),
+                (0, "s", {"prompt": PROMPTS[1]}, {"temperature": 1.0, "seed": 1,
+                                                  "max_tokens": 6, "ignore_eos": True})]
+    drive(chained, requests)
+    assert chained.stats()["chained_steps"] == 0  # a sampled row is picked on the host
+    drive(chained, [(0, "a", {"prompt": PROMPTS[0]}, {"temperature": 0, "max_tokens": 8,
+                                                      "ignore_eos": True}),
+                    (3, "b", {"prompt": PROMPTS[1]}, {"temperature": 0, "max_tokens": 8,
+                                                      "ignore_eos": True})])
+    assert chained.stats()["chained_steps"] > 0 and chained.stats()["kv_blocks_used"] == 0
