@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 from httputil import (  # noqa: E402
     MAIN_MAX_REQUEST_BYTES,
     MAIN_PIPELINES,
+    START_TIMEOUT_S,
     Server,
     ServerSettings,
     write_pipeline,
@@ -28,11 +29,12 @@ def start_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     servers: list[Server] = []
     directory = tmp_path_factory.mktemp("pipelines")
 
-    def start(pipelines: dict[str, str], settings: ServerSettings | None = None) -> Server:
+    def start(pipelines: dict[str, str], settings: ServerSettings | None = None,
+              start_timeout_s: float = START_TIMEOUT_S) -> Server:
         targets: dict[str, str | Path] = {}
         for name, value in pipelines.items():
             targets[name] = write_pipeline(directory, name, value) if "\n" in value else value
-        server = Server(targets, settings)
+        server = Server(targets, settings, start_timeout_s)
         servers.append(server)
         return server.start()
 

@@ -62,8 +62,10 @@ class Server:
     """An omni HTTP server on 127.0.0.1:<free port>, served from a background loop thread."""
 
     def __init__(self, pipelines: dict[str, str | Path],
-                 settings: ServerSettings | None = None) -> None:
+                 settings: ServerSettings | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.pipelines = pipelines
+        self.start_timeout_s = start_timeout_s
         # a short drain keeps teardown quick even if a test leaves a request behind
         self.settings = settings or ServerSettings(drain_timeout_s=2.0)
         self.metrics = Metrics()
@@ -78,7 +80,7 @@ class Server:
     def start(self) -> Server:
         self.thread.start()
         try:
-            self.call(self._start(), timeout=START_TIMEOUT_S)
+            self.call(self._start(), timeout=self.start_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -30,8 +30,10 @@ def server(start_server, tmp_path_factory):
     from omni.fixtures import build_tiny_qwen3
 
     model_dir = build_tiny_qwen3(tmp_path_factory.mktemp("m") / "q64", head_dim=64)
+    # vllm compiles its model at load (44 s on a 2-core machine with a cold compile cache,
+    # next to the ar stage loading): more than the default start timeout
     return start_server({name: PIPELINE.format(name=name, engine=name, model_dir=model_dir)
-                         for name in ("vllm", "ar")})
+                         for name in ("vllm", "ar")}, start_timeout_s=300.0)
 
 
 def test_chat_and_completions_equal_the_ar_stage(server):
