@@ -28,7 +28,9 @@ def engines(tmp_path_factory):
     from omni.engines.vllm_engine import VLLMEngine
     from omni.fixtures import build_tiny_qwen3
 
-    model_dir = str(build_tiny_qwen3(tmp_path_factory.mktemp("m") / "q64", head_dim=64))
+    # initializer_range 0.5: greedy answers that vary (the default init repeats one token)
+    model_dir = str(build_tiny_qwen3(tmp_path_factory.mktemp("m") / "q64", head_dim=64,
+                                     initializer_range=0.5))
     vllm = VLLMEngine(model_dir, dtype="float32", options={"vllm_args": {"max_model_len": 512}},
                       kv_cache_bytes=64 << 20)  # float32: as the ar engine on CPU
     ours = AREngine(model_dir)
