@@ -176,6 +176,15 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
         label = f'[^}}]*messages="{messages}"[^}}]*' if messages else "[^}]*"
         found = re.search(rf"^{metric}{{{label}}} ([0-9.e+-]+)$", text, re.M)
         out[key] = float(found.group(1)) if found else 0.0
+    # per stage: its engine's step durations, and how long each request's last input to it
+    # waited behind a running step (keys "step_sum:<stage>", ...)
+    for key, metric in (("step_sum", "omni_engine_step_seconds_sum"),
+                        ("step_count", "omni_engine_step_seconds_count"),
+                        ("wait_sum", "omni_stage_step_wait_seconds_sum"),
+                        ("wait_count", "omni_stage_step_wait_seconds_count")):
+        for found in re.finditer(rf'^{metric}{{[^}}]*stage="([^"]+)"[^}}]*}} ([0-9.e+-]+)$',
+                                 text, re.M):
+            out[f"{key}:{found.group(1)}"] = float(found.group(2))
     return out
 
 
@@ -215,7 +224,7 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
                 say(f"[omni] c={c}: burst {b + 1}/{bursts} done")
             for side in urls:
                 after = await scrape(session, urls[side])
-                delta = {k: hops[side][k] + after[k] for k in after}
+                delta = {k: hops[side].get(k, 0.0) + after[k] for k in after}
                 out[side][str(c)] = {"runs": runs[side], "transit": delta}
                 p50 = {k: sorted(r[k] for r in runs[side])[len(runs[side]) // 2]
                        for k in ("ttft_s", "ttfp_s", "e2el_s")}

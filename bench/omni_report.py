@@ -34,6 +34,22 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per stage over the level: engine steps (count, mean s) and its last input's wait
+    behind a running step (mean s per request, and the sum as a share of summed E2EL)."""
+    stages = sorted({k.split(":", 1)[1] for k in transit if ":" in k})
+    latency = transit.get("latency") or float("nan")
+    out = {}
+    for stage in stages:
+        steps, waits = transit.get(f"step_count:{stage}", 0.0), transit.get(
+            f"wait_count:{stage}", 0.0)
+        out[stage] = {"steps": steps,
+                      "step_mean_s": transit.get(f"step_sum:{stage}", 0.0) / (steps or float("nan")),
+                      "wait_mean_s": transit.get(f"wait_sum:{stage}", 0.0) / (waits or float("nan")),
+                      "wait_share": transit.get(f"wait_sum:{stage}", 0.0) / latency}
+    return out
+
+
 def summarize(level: dict[str, Any]) -> dict[str, Any]:
     runs, transit = level["runs"], level["transit"]
     out: dict[str, Any] = {"requests": len(runs)}
@@ -42,6 +58,7 @@ def summarize(level: dict[str, Any]) -> dict[str, Any]:
         out[key] = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
                     "n": len(values)}
     out["audio_s"] = sum(r["audio_s"] for r in runs) / max(1, len(runs))
+    out["stages"] = _per_stage(transit)
     out["prompt_tokens"] = sorted({r["prompt_tokens"] for r in runs})
     out["completion_tokens"] = sorted({r["completion_tokens"] for r in runs})
     latency = transit.get("latency") or float("nan")
@@ -102,6 +119,12 @@ def targets(data: dict[str, Any]) -> list[str]:
                        f"{100 * share:.2f} % of E2EL (hops {100 * s['chain_hop_share']:.2f} %, "
                        f"step wait {100 * s['chain_step_wait_share']:.2f} %; target <= 2 %: "
                        f"{'met' if share <= 0.02 else 'missed'})")
+            if s.get("stages"):
+                out.append(f"- {side} c={c}: per stage, engine step mean (steps) / last "
+                           "input's wait behind a running step, mean per request (% of E2EL): "
+                           + "; ".join(f"{st} {_ms(v['step_mean_s'])} ms ({v['steps']:.0f}) / "
+                                       f"{_ms(v['wait_mean_s'])} ms ({100 * v['wait_share']:.2f} %)"
+                                       for st, v in s["stages"].items()))
     return out
 
 

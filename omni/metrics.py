@@ -50,6 +50,13 @@ class Metrics:
                                    "inputs waited behind an engine step already running",
                                    ["pipeline", "messages"], buckets=(0,) + LATENCY_BUCKETS,
                                    registry=r)
+        self.stage_step_wait = Histogram(
+            "omni_stage_step_wait_seconds", "Per request and stage: how long the stage's last "
+            "input for it waited behind an engine step already running",
+            ["pipeline", "stage"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
+        self.engine_step = Histogram("omni_engine_step_seconds", "Duration of one engine step",
+                                     ["pipeline", "stage"], buckets=(0,) + LATENCY_BUCKETS,
+                                     registry=r)
         self.gauges = _GaugeCollector()
         r.register(self.gauges)
 
@@ -66,6 +73,8 @@ class Metrics:
         self.hop.labels(pipeline, "chain").observe(transit.chain_hop_s)
         self.step_wait.labels(pipeline, "all").observe(transit.wait_s)
         self.step_wait.labels(pipeline, "chain").observe(transit.chain_wait_s)
+        for stage, wait in transit.chain_wait_by_stage().items():
+            self.stage_step_wait.labels(pipeline, stage).observe(wait)
 
     def watch(self, source: Callable[[], Iterable[Sample]]) -> None:
         """Register a scrape-time source yielding (kind, name, help, labels, value).

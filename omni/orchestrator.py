@@ -192,12 +192,20 @@ class Orchestrator:
         self._bytes[replica.stage, "in"] += nbytes
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
+        self._observe_steps(replica.stage, stats.get("step_s"))
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
                 state.transit.add_output(replica.stage, sent_at, now)
                 state.transit.add_inbound(replica.stage, inbound.get(engine_id))
                 self._on_stage_output(state, replica.stage, data, finished, error)
+
+    def _observe_steps(self, stage: str, durations: Any) -> None:
+        if isinstance(durations, list):
+            histogram = self.metrics.engine_step.labels(self.pipeline.name, stage)
+            for seconds in durations:
+                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                    histogram.observe(seconds)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
                          finished: bool, error: list[str] | None) -> None:

@@ -24,16 +24,27 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+MAX_STEP_TIMES = 256  # step durations kept between two reports (the rest are dropped)
+
 
 class InboundTimes:
-    """Engine side: per request [hop sum, wait sum, count, last hop, last wait]."""
+    """Engine side: per request [hop sum, wait sum, count, last hop, last wait]; and the
+    durations of the engine's steps, so that a long wait can be told from a long step."""
 
     def __init__(self) -> None:
         self.step_ended = 0.0
         self._pending: dict[str, list] = {}
+        self._steps: list[float] = []
 
-    def step_done(self) -> None:
+    def step_done(self, started: float | None = None) -> None:
         self.step_ended = time.monotonic()
+        if started is not None and len(self._steps) < MAX_STEP_TIMES:
+            self._steps.append(round(self.step_ended - started, 6))
+
+    def take_steps(self) -> list[float]:
+        """Step durations (s) since the last call."""
+        steps, self._steps = self._steps, []
+        return steps
 
     def received(self, request_id: str, sent_at: float) -> None:
         if not _is_time(sent_at):
@@ -88,6 +99,10 @@ class RequestTransit:
     @property
     def chain_wait_s(self) -> float:
         return sum(last[1] for last in self._last.values())
+
+    def chain_wait_by_stage(self) -> dict[str, float]:
+        """Per stage: how long its last input waited behind a step already running."""
+        return {stage: last[1] for stage, last in self._last.items()}
 
     def summary(self) -> dict[str, float | int]:
         return {"hop_s": round(self.hop_s, 6), "step_wait_s": round(self.wait_s, 6),

@@ -103,8 +103,9 @@ class EngineLoop:
             for message in self.channel.receive(block=not self.engine.has_work()):
                 self._handle(message)
             if self.running and self.engine.has_work():
+                started = time.monotonic()
                 outputs = self.engine.step()
-                self.inbound.step_done()
+                self.inbound.step_done(started)
                 self._publish(outputs)
 
     def _handle(self, message: bytes) -> None:
@@ -165,6 +166,7 @@ class EngineLoop:
         stats = self.engine.stats()
         stats.update(self.payloads.stats())
         stats["inbound"] = self.inbound.take(row[0] for row in rows)
+        stats["step_s"] = self.inbound.take_steps()
         stats["sent_at"] = time.monotonic()
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
 

@@ -88,6 +88,15 @@ def test_metrics_prometheus_text(main_server):
                            stage=stage, direction=direction)
             assert value is not None and value > 0, (pipeline, stage, direction)
     assert _value(samples, "omni_requests_in_flight", pipeline="echo") == 0
+    # engine step durations and each stage's last-input wait, per (pipeline, stage)
+    for pipeline, stage in [("echo", "echo"), ("chain", "a"), ("chain", "b"), ("chain", "c")]:
+        steps = _value(samples, "omni_engine_step_seconds_count", pipeline=pipeline,
+                       stage=stage)
+        took = _value(samples, "omni_engine_step_seconds_sum", pipeline=pipeline, stage=stage)
+        assert steps is not None and steps >= 2 and took is not None and took > 0, stage
+        waits = _value(samples, "omni_stage_step_wait_seconds_count", pipeline=pipeline,
+                       stage=stage)
+        assert waits is not None and waits >= 2, (pipeline, stage)
     # every replica reported its loaded host memory in READY
     rss = {(s.labels["pipeline"], s.labels["stage"]) for s in samples["omni_replica_memory_bytes"]
            if s.labels["kind"] == "host" and s.value > 10 * 2**20}

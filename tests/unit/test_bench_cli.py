@@ -14,7 +14,9 @@ import pytest
                                   ["-m", "bench", "ar", "--help"],
                                   ["-m", "bench", "omni", "--help"],
                                   ["-m", "bench.shm_throughput", "--help"],
-                                  ["-m", "bench.cuda_ipc", "--help"]])
+                                  ["-m", "bench.cuda_ipc", "--help"],
+                                  ["-m", "bench.ar_step", "--help"],
+                                  ["-m", "bench.decode_fill", "--help"]])
 def test_bench_help(args: list[str]) -> None:
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -91,3 +93,34 @@ def test_ar_engine_options_go_into_a_preset_copy(tmp_path) -> None:
     assert flag == "--pipeline" and stage["options"] == options
     assert stage["model_dir"] == model and stage["devices"] == ["cpu"]
     assert target_for(model, "cpu", tmp_path) == ("--model", model)
+
+
+def test_ar_step_measures_every_step_order(tmp_path) -> None:
+    """bench.ar_step on the tiny model (CPU): one row per (batch, step order), each with
+    its phases; the chained order really chains."""
+    import json
+
+    from bench.ar_step import main
+    from omni.fixtures import build_tiny_qwen3
+
+    model = build_tiny_qwen3(tmp_path / "q", initializer_range=0.5)
+    assert main(["--model", str(model), "--batch", "1,3", "--steps", "4",
+                 "--prompt-len", "16", "--out", str(tmp_path), "--tag", "t"]) == 0
+    data = json.loads((tmp_path / "ar-step-t.json").read_text())
+    assert [(r["batch"], r["mode"]) for r in data["rows"]] == [
+        (b, m) for b in (1, 3) for m in ("off", "on", "chain")]
+    for row in data["rows"]:
+        assert row["step"] > 0 and row["forward"] > 0 and row["replay"] is None
+        assert row["schedule"] == 0 if row["mode"] == "chain" else row["schedule"] > 0
+    assert "| 3 | chain |" in (tmp_path / "ar-step-t.md").read_text()
+
+
+def test_omni_report_splits_waits_and_steps_by_stage() -> None:
+    from bench.omni_report import _per_stage
+
+    stages = _per_stage({"latency": 10.0, "step_sum:talker": 0.5, "step_count:talker": 50,
+                         "wait_sum:talker": 0.2, "wait_count:talker": 4,
+                         "step_sum:code2wav": 2.0, "step_count:code2wav": 10})
+    assert stages["talker"] == {"steps": 50, "step_mean_s": 0.01, "wait_mean_s": 0.05,
+                                "wait_share": 0.02}
+    assert stages["code2wav"]["step_mean_s"] == 0.2 and stages["code2wav"]["wait_share"] == 0

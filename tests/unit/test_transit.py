@@ -67,3 +67,25 @@ def test_malformed_stamps_are_ignored(clock):
     request.add_inbound("a", ["x", 0.0, 1, 0.0, 0.0])
     request.add_inbound("a", [0.1, 0.2])
     assert request.summary()["messages"] == 0
+
+
+def test_step_durations_are_reported_once_and_bounded(clock):
+    times = InboundTimes()
+    clock[0] = 100.25
+    times.step_done(started=100.0)
+    clock[0] = 101.0
+    times.step_done(started=100.5)
+    times.step_done()  # no start: counts for waits only
+    assert times.take_steps() == [0.25, 0.5]
+    assert times.take_steps() == []
+    for _ in range(transit.MAX_STEP_TIMES + 10):
+        times.step_done(started=100.0)
+    assert len(times.take_steps()) == transit.MAX_STEP_TIMES
+
+
+def test_chain_wait_by_stage():
+    request = RequestTransit()
+    request.add_inbound("a", [0.002, 0.010, 2, 0.001, 0.004])
+    request.add_inbound("b", [0.001, 0.3, 1, 0.001, 0.3])
+    request.add_inbound("b", [0.001, 0.0, 1, 0.001, 0.02])  # the last input counts
+    assert request.chain_wait_by_stage() == {"a": 0.004, "b": 0.02}
