@@ -25,13 +25,18 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 t0=$(date +%s)
 say() { echo "[gpu_run $(( $(date +%s) - t0 )) s] $*"; }
+# the box's 64 GiB disk holds one real-size model at a time: drop the others
+only_model() { mkdir -p /tmp/m; find /tmp/m -mindepth 1 -maxdepth 1 ! -name "$1" -exec rm -rf {} +; }
 # bench ar, in-process, once per value of one engine option: MODEL OPTION TAG VALUE...
 bench_ar_option() {
   local model=$1 option=$2 tag=$3; shift 3
   for value in "$@"; do
+    # the whole log comes back in $OUT (a failure's traceback too); the summary is printed
     timeout 240 python3 -m bench ar --model "$model" --sides ours-inproc \
-      --engine-option "$option=$value" --tag "$tag-$value" --out "$OUT" 2>&1 \
-      | grep -E "^\[ar\]" | tail -6
+      --engine-option "$option=$value" --tag "$tag-$value" --out "$OUT" \
+      > "$OUT/bench-ar-$tag-$value.log" 2>&1
+    grep -E "^\[ar\]" "$OUT/bench-ar-$tag-$value.log" | tail -6
+    grep -E "Error|error:" "$OUT/bench-ar-$tag-$value.log" | tail -3
     say "$tag $value done"
   done
 }
@@ -42,12 +47,14 @@ case "${1:-}" in
     timeout 60 python3 -m bench.decode_fill --device cuda --out "$OUT" 2>&1 | tail -6
     ;;
   ar)
+    only_model q8
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 attention_kernel "qwen3-8b-${2:-h200}" triton sdpa
     ;;
   step)
+    only_model q8
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     timeout 240 python3 -m bench.ar_step --model /tmp/m/q8 --device cuda --batch 1,32 \
@@ -55,6 +62,7 @@ case "${1:-}" in
       --tag "qwen3-8b-${2:-h200}" --out "$OUT" 2>&1 | grep "^\[ar_step\]"
     ;;
   moe)
+    only_model q30
     [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \
       --layers 12 --out /tmp/m/q30 --device cuda 2>&1 | tail -1
     say "model ready"
@@ -62,6 +70,7 @@ case "${1:-}" in
       batched_mm
     ;;
   omni)
+    only_model omni
     [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
       --thinker-layers 24 --device cuda 2>&1 | tail -1
     say "model ready"
