@@ -145,8 +145,8 @@ class AREngine(StepOrder, Engine):
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
-                       IncrementalDetokenizer(self.lm.tokenizer, params.stop),
-                       stream_from=producer)
+                             IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+                             stream_from=producer)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
                        media=media)
         self._seqs[rid] = seq
