@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from bench.common import hardware, say
 from omni.engines.ar import AREngine
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         "chain_decode); default off,on,chain")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens")
     parser.add_argument("--engine-option", action="append", default=[], metavar="K=V",
-                        help="an AR engine option (integers parsed), repeatable")
+                        help="an AR engine option (the value read as YAML), repeatable")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also list the N kernels with the most GPU time in the replays "
                         "(torch.profiler), once per batch")
@@ -208,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     options: dict[str, Any] = {"max_graph_context": 1024}  # 128 + steps fit: quicker load
-    for item in args.engine_option:
+    for item in args.engine_option:  # values as YAML: 8, true, triton
         key, _, value = item.partition("=")
-        options[key] = int(value) if value.lstrip("-").isdigit() else value
+        options[key] = yaml.safe_load(value)
     say(f"[ar_step] loading {args.model} on {args.device} ...")
     engine = AREngine(args.model, dtype=args.dtype, device=args.device, options=options)
     modes = args.modes.split(",")
