@@ -44,7 +44,14 @@ from omni.engines.ar_inputs import (
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
 from omni.engines.ar_steps import StepOrder
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
+from omni.engines.base import (
+    PROCESS_OPTIONS,
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    failed_output,
+)
 from omni.engines.detokenizer import IncrementalDetokenizer
 from omni.engines.kv_cache import sized_cache
 from omni.engines.paged_attention import ATTN_NAME, bind_cache, build_layout, register
@@ -54,6 +61,13 @@ from omni.models.hf_causal import load_causal_lm
 
 log = logging.getLogger("omni.engines.ar")
 
+# every option an ar stage reads (docs/pipeline.md); any other is a typo: a load error
+AR_OPTIONS = frozenset({
+    "block_size", "kv_cache_blocks", "kv_cache_mb", "kv_cache_fraction", "max_num_seqs",
+    "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
+    "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
+    "export_hidden_layers", "feed_cuda_graphs"})
+
 
 class AREngine(StepOrder, Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
@@ -61,6 +75,10 @@ class AREngine(StepOrder, Engine):
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
                  options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
         self.options = dict(options or {})
+        unknown = sorted(set(self.options) - AR_OPTIONS - PROCESS_OPTIONS)
+        if unknown:
+            raise EngineLoadError(f"unknown ar engine option(s) {', '.join(unknown)}; the "
+                                  f"options are {', '.join(sorted(AR_OPTIONS | PROCESS_OPTIONS))}")
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
         register()

@@ -20,6 +20,11 @@ class EngineLoadError(Exception):
     """The engine cannot start (bad model directory, bad options); fails the launch."""
 
 
+# stage options read for the engine's process, whatever the engine: its CPU priority
+# (proc.py) and its payload arena (launcher.py)
+PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb"})
+
+
 @dataclass
 class EngineRequest:
     """One request as an engine sees it.

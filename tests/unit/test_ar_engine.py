@@ -381,3 +381,11 @@ def test_stage_memory_sizes_the_kv_cache(dirs):
     roomy = AREngine(dirs["qwen3"], memory_bytes=weights + 10**6 * per_block,
                      options={"max_num_seqs": 3})
     assert roomy.info()["kv_blocks"] == 3 * -(-roomy.lm.max_positions // 16)
+
+
+def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(dirs):
+    with pytest.raises(EngineLoadError, match="unknown ar engine option.*max_num_seq\\b.*"
+                                             "the options are .*max_num_seqs"):
+        AREngine(dirs["qwen3"], options={"max_num_seq": 8})  # a typo of max_num_seqs
+    engine = AREngine(dirs["qwen3"], options={"nice": 0, "overlap_steps": False})  # proc's
+    engine.shutdown()
