@@ -19,8 +19,9 @@ stages:
     model_dir: {model_dir}
     memory: 256MiB
     final_output: text
-    options: {{vllm_args: {{max_model_len: 512}}}}
+    options: {options}
 """
+OPTIONS = {"vllm": "{vllm_args: {max_model_len: 512}}", "ar": "{}"}  # vllm_args: vllm's alone
 HELLO = [{"role": "user", "content": "Tell me a story"}]
 FIXED = {"temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
@@ -33,7 +34,8 @@ def server(start_server, tmp_path_factory):
                                  initializer_range=0.5)  # greedy answers that vary
     # vllm compiles its model at load (44 s on a 2-core machine with a cold compile cache,
     # next to the ar stage loading): more than the default start timeout
-    return start_server({name: PIPELINE.format(name=name, engine=name, model_dir=model_dir)
+    return start_server({name: PIPELINE.format(name=name, engine=name, model_dir=model_dir,
+                                               options=OPTIONS[name])
                          for name in ("vllm", "ar")}, start_timeout_s=300.0)
 
 
