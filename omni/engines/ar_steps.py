@@ -5,7 +5,7 @@ Without overlap, a call schedules a step, runs its forward, samples (waiting for
 records the tokens and builds the outputs. With overlap (on by default on CUDA), a call
 first samples the step the previous call launched, records its tokens, schedules and
 launches the next step, and only then detokenizes and builds the outputs of the first:
-the engine loop publishes them while the GPU computes. On an H200 (Qwen3-8B shape) that
+the engine loop publishes them while the GPU computes. On an H200 (an 8B dense shape) that
 host work was 0.5 ms of a 6.3 ms decode step at batch 1 and 1.1 ms of 7.6 ms at batch 32;
 overlap took the batch-32 step from 7.75 to 7.29 ms (bench/results/ar-step-*.md). A
 request that a stop string ends while its next row already runs loses that row only.
