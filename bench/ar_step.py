@@ -96,11 +96,8 @@ def _replay_ms(engine: AREngine, rounds: int, kernels: int = 0) -> tuple[float |
     graphs = engine.graphs
     if graphs is None or not graphs.replays:
         return None, ""
-    n = len(engine.scheduler.running)
-    positions = [len(s.tokens) - 1 for s in engine.scheduler.running]
-    key = next((b, c) for b, c in sorted(graphs.graphs)
-               if b >= n and c >= max(positions) + 1)
-    graph = graphs.graphs[key][0]
+    running = engine.scheduler.running
+    graph = graphs.graphs[graphs.bucket(len(running), max(s.computed for s in running))][0]
     _sync(engine)
     started = time.perf_counter()
     for _ in range(rounds):

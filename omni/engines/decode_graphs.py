@@ -109,6 +109,11 @@ class DecodeGraphs:
                  (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
         self.warmed = True
 
+    def bucket(self, batch: int, context: int) -> tuple[int, int]:
+        """The (batch, context) bucket whose graph runs a step of this size."""
+        return (self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)],
+                self.context_buckets[bisect.bisect_left(self.context_buckets, context)])
+
     def fits(self, batch: int, context: int) -> bool:
         return batch <= self.batch_buckets[-1] and context <= self.context_buckets[-1]
 
@@ -116,12 +121,10 @@ class DecodeGraphs:
             tables: list[list[int]], rope_deltas: list[int] | None = None) -> torch.Tensor:
         """Logits (B, V) of one decode step: sequence i feeds tokens[i] (a token id, an
         element of a (B,) tensor of ids on the device, or a row of a (B, width) tensor of
-        input embeddings) at positions[i] (its rotary
-        position shifted by rope_deltas[i]: see omni/engines/ar_media.py)."""
+        input embeddings) at positions[i] (its rotary position shifted by rope_deltas[i]:
+        see omni/engines/ar_media.py)."""
         n = len(tokens)
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, n)]
-        context = max(positions) + 1
-        length = self.context_buckets[bisect.bisect_left(self.context_buckets, context)]
+        b, length = self.bucket(n, max(positions) + 1)
         self._fill(tokens, positions, tables, b, length, rope_deltas)
         graph, logits, hidden = self.graphs.get((b, length)) or self._capture(b, length)
         graph.replay()
