@@ -53,6 +53,7 @@ from omni.engines.base import (
     failed_output,
 )
 from omni.engines.detokenizer import IncrementalDetokenizer
+from omni.engines.fused_projections import fuse_projections
 from omni.engines.kv_cache import sized_cache
 from omni.engines.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.sampling import SamplingParams, SequenceSampler
@@ -66,7 +67,7 @@ AR_OPTIONS = frozenset({
     "block_size", "kv_cache_blocks", "kv_cache_mb", "kv_cache_fraction", "max_num_seqs",
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
-    "export_hidden_layers", "feed_cuda_graphs"})
+    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections"})
 
 
 class AREngine(StepOrder, Engine):
@@ -81,6 +82,8 @@ class AREngine(StepOrder, Engine):
                                   f"options are {', '.join(sorted(AR_OPTIONS | PROCESS_OPTIONS))}")
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
+        if self.options.get("fuse_projections", True):  # q/k/v and gate/up: one matmul each
+            fuse_projections(self.lm.model)
         register()
         self.lm.use_attention(ATTN_NAME)
         if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
@@ -103,7 +106,7 @@ class AREngine(StepOrder, Engine):
         # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
         self.overlap = bool(self.options.get("overlap_steps", cuda))
-        self.chain = bool(self.options.get("chain_decode", False))  # ar_steps.py
+        self.chain = bool(self.options.get("chain_decode", cuda))  # ar_steps.py
         self.steps = 0
         self.step_time_s = 0.0
 

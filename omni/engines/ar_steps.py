@@ -10,13 +10,16 @@ host work was 0.5 ms of a 6.3 ms decode step at batch 1 and 1.1 ms of 7.6 ms at 
 overlap took the batch-32 step from 7.75 to 7.29 ms (bench/results/ar-step-*.md). A
 request that a stop string ends while its next row already runs loses that row only.
 
-Chained decode (chain_decode, off by default until measured on a GPU; needs overlap):
+Chained decode (chain_decode, on by default on CUDA; needs overlap):
 when the launched step was a one-token-per-row step of plain greedy rows (no penalties,
 logprobs, min_tokens left, media or hidden-state export) and nobody else is running or
 waiting, the next call launches the following step BEFORE reading the tokens: each row is
 fed the token the device picked (argmax; the copy to the host is queued right behind it,
 with an event), so scheduling and filling the next step also overlap the GPU. Then it
 waits for that copy only. A row whose request ended with the token it was fed is dropped.
+On the H200 (8B dense shape, bench.ar_step) the step went from 7.51 (overlap alone) to
+6.49 ms at batch 32 and 6.39 to 5.94 ms at batch 1: the GPU's own replay of the same
+graph takes 6.47 and 5.93 ms, so the host no longer holds it back.
 """
 
 from __future__ import annotations
