@@ -2,11 +2,11 @@
 # One GPU-box session step, time-boxed so its output comes back within a 10-minute call.
 #
 #   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
-#   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, chain_decode off vs on
+#   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, fuse_projections off vs on
 #   bash scripts/gpu_run.sh step [TAG]   # Qwen3-8B shape: bench.ar_step (host phases vs the GPU's
 #                                        # replay; step orders off, on, chain; top kernels)
-#   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar, chain_decode
-#                                        # off vs on (grouped_mm experts)
+#   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar,
+#                                        # fuse_projections off vs on (grouped_mm experts)
 #   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
 #                                        # lengths, stream vs full at concurrency C (default 8;
 #                                        # a list, e.g. 8,32, runs both on one server start)
@@ -51,14 +51,15 @@ case "${1:-}" in
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
-    bench_ar_option /tmp/m/q8 chain_decode "qwen3-8b-${2:-h200}-chain" false true
+    bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" false true
     ;;
   step)
     only_model q8
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     timeout 240 python3 -m bench.ar_step --model /tmp/m/q8 --device cuda --batch 1,32 \
-      --kernels 20 --engine-option attention_kernel=triton --engine-option max_graph_context=512 \
+      --kernels 20 --modes "${MODES:-off,on,chain}" --engine-option attention_kernel=triton \
+      --engine-option max_graph_context=512 \
       --tag "qwen3-8b-${2:-h200}" --out "$OUT" 2>&1 | grep "^\[ar_step\]"
     ;;
   moe)
@@ -66,7 +67,7 @@ case "${1:-}" in
     [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \
       --layers 12 --out /tmp/m/q30 --device cuda 2>&1 | tail -1
     say "model ready"
-    bench_ar_option /tmp/m/q30 chain_decode "qwen3-30b-a3b-${2:-h200}-chain" false true
+    bench_ar_option /tmp/m/q30 fuse_projections "qwen3-30b-a3b-${2:-h200}-fuse" false true
     ;;
   omni)
     only_model omni
