@@ -9,6 +9,8 @@ the engine loop publishes them while the GPU computes. On an H200 (an 8B dense s
 host work was 0.5 ms of a 6.3 ms decode step at batch 1 and 1.1 ms of 7.6 ms at batch 32;
 overlap took the batch-32 step from 7.75 to 7.29 ms (bench/results/ar-step-*.md). A
 request that a stop string ends while its next row already runs loses that row only.
+When the next step would feed prompt tokens, the call returns its outputs first and the
+next call launches it: an eager prefill can hold the host as long as the GPU runs it.
 
 Chained decode (chain_decode, on by default on CUDA; needs overlap):
 when the launched step was a one-token-per-row step of plain greedy rows (no penalties,
@@ -58,6 +60,8 @@ class StepOrder:
         if chained is not None:
             self._settle(chained)
             self._inflight = chained
+        elif ready and self.overlap and self._prompt_next():
+            pass  # these outputs go out first; the next call launches (see _prompt_next)
         else:
             self._before_launch()
             self._inflight = self._launch(outputs)
@@ -157,6 +161,13 @@ class StepOrder:
         self.steps += 1
         self.step_time_s += time.perf_counter() - flight.started
         return ready
+
+    def _prompt_next(self) -> bool:
+        """Whether the next step feeds prompt tokens (a request waits, or a prompt chunk
+        is left). Its eager forward can hold the host for as long as the GPU takes (a
+        data-dependent MoE routing syncs), so overlapping it would hold back the outputs
+        in hand, often first tokens, by a whole prefill step: they are published first."""
+        return bool(self.scheduler.waiting) or any(s.pending > 1 for s in self.scheduler.running)
 
     def _alive(self, seq: Sequence) -> bool:
         return self._seqs.get(seq.id) is seq

@@ -115,6 +115,27 @@ def test_tokens_come_one_call_later(model_dir):
         assert engine.stats()["kv_blocks_used"] == 0
 
 
+def test_outputs_go_out_before_a_prompt_step_is_launched(model_dir):
+    """A prefill's eager forward can hold the host for the whole step (a MoE's routing
+    syncs): the outputs in hand, here a's first token, are returned before it starts."""
+    plain, over = engines(model_dir)
+    params = {"temperature": 0, "max_tokens": 5, "ignore_eos": True}
+    over.add(EngineRequest("a", {"prompt": PROMPTS[0]}, params))
+    assert over.step() == []  # a's prefill launched
+    over.add(EngineRequest("b", {"prompt": PROMPTS[1]}, params))
+    assert [o.request_id for o in over.step()] == ["a"]
+    assert over._inflight is None  # b's prefill (with a's decode) waits for the next call
+    assert over.step() == [] and over._inflight is not None
+    rest: dict[str, list[int]] = {}
+    while over.has_work():
+        for o in over.step():
+            rest.setdefault(o.request_id, []).extend(o.data["token_ids"])
+    want = drive(plain, [(0, "a", {"prompt": PROMPTS[0]}, params),
+                         (1, "b", {"prompt": PROMPTS[1]}, params)])
+    assert rest["a"] == merged(want["a"])["tokens"][1:]
+    assert rest["b"] == merged(want["b"])["tokens"]
+
+
 @pytest.mark.parametrize("chain", [False, True])
 def test_abort_while_a_step_is_in_flight(model_dir, chain):
     plain, over = engines(model_dir, chain)
