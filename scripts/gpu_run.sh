@@ -7,9 +7,11 @@
 #                                        # replay; step orders off, on, chain; top kernels)
 #   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar,
 #                                        # fuse_projections off vs on (grouped_mm experts)
-#   bash scripts/gpu_run.sh omni [C]     # Qwen3-Omni shapes (24-layer thinker), the issue's
-#                                        # lengths, stream vs full at concurrency C (default 8;
-#                                        # a list, e.g. 8,32, runs both on one server start)
+#   bash scripts/gpu_run.sh omni [C] [S] # Qwen3-Omni shapes (24-layer thinker), the issue's
+#                                        # lengths, sides S (default stream,full) at concurrency
+#                                        # C (default 8; a list, e.g. 8,32, runs both on one
+#                                        # server start; 8,32 with both sides outlasts a call:
+#                                        # run c=32 one side at a time)
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
@@ -74,12 +76,13 @@ case "${1:-}" in
     [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
       --thinker-layers 24 --device cuda 2>&1 | tail -1
     say "model ready"
-    levels=${2:-8}
+    levels=${2:-8} sides=${3:-stream,full}
     bursts=$(echo "$levels" | sed 's/[0-9]\+/1/g')  # one burst per level
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
       --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 1 \
-      --tag "h200-c$(echo "$levels" | tr , -)" --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
+      --sides "$sides" --tag "h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)" \
+      --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
     ;;
 esac
