@@ -138,11 +138,16 @@ def test_overlapped_steps_equal_step_by_step_with_graphs(model_dir):
     assert over.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block
 
 
-def test_chained_decode_equals_step_by_step_with_graphs(tmp_path_factory):
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory):
+    # a larger init: greedy answers that vary, so order and positions count
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("varied") / "qwen3",
+                                initializer_range=0.5))
+
+
+def test_chained_decode_equals_step_by_step_with_graphs(varied):
     """chain_decode: graphed decode steps fed the tokens picked on the device (the host
     copy behind an event) give the step-by-step engine's greedy tokens."""
-    varied = str(build_tiny_qwen3(tmp_path_factory.mktemp("chain") / "qwen3",
-                                  initializer_range=0.5))
     chained = AREngine(varied, device="cuda", dtype="float32",
                        options={"chain_decode": True, "block_size": 4})
     plain = AREngine(varied, device="cuda", dtype="float32", options={"overlap_steps": False})
@@ -150,3 +155,18 @@ def test_chained_decode_equals_step_by_step_with_graphs(tmp_path_factory):
     assert got == want and len(set(got["g0"])) > 5
     assert chained.stats()["chained_steps"] > 20 and chained.graphs.replays > 20
     assert chained.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block
+
+
+def test_fused_projections_equal_unfused_with_graphs(varied):
+    """fuse_projections (on by default): the compiled, graphed decode takes the fused
+    matmuls and gives the unfused engine's greedy tokens."""
+    from omni.engines.fused_projections import ProjectionSlice
+
+    fused = AREngine(varied, device="cuda", dtype="float32")
+    plain = AREngine(varied, device="cuda", dtype="float32",
+                     options={"fuse_projections": False})
+    assert isinstance(fused.lm.model.model.layers[0].self_attn.q_proj, ProjectionSlice)
+    assert not isinstance(plain.lm.model.model.layers[0].mlp.gate_proj, ProjectionSlice)
+    got, want = _greedy(fused, 40), _greedy(plain, 40)
+    assert got == want and len(set(got["g0"])) > 5
+    assert fused.graphs.replays > 20
