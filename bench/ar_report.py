@@ -50,8 +50,9 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def model_summary(config: dict[str, Any]) -> dict[str, Any]:
-    """Shapes and parameter counts of a decoder-only config.json (Qwen3 dense / MoE)."""
-    c = config.get("text_config") or config
+    """Shapes and parameter counts of a decoder-only config.json (Qwen3 dense / MoE), or
+    of the text decoder nested in a multimodal one (its text_config)."""
+    c = _decoder_config(config) or config
     hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     heads = c["num_attention_heads"]
     kv_heads = c.get("num_key_value_heads") or heads
@@ -78,6 +79,23 @@ def model_summary(config: dict[str, Any]) -> dict[str, Any]:
     out["params"] = body + vocab * hidden * (1 if tied else 2)
     out["active_params"] = active + vocab * hidden * (1 if tied else 2)
     return out
+
+
+def _decoder_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The config of the text decoder: the top level, or for a multimodal release the
+    nested decoder config (text_config, possibly inside another *_config) with the largest
+    vocabulary: a speech decoder nested beside it has a codebook, far smaller."""
+    found = []
+
+    def walk(c: dict[str, Any]) -> None:
+        if all(k in c for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+            found.append(c)
+        for key, sub in c.items():
+            if key.endswith("_config") and isinstance(sub, dict):
+                walk(sub)
+
+    walk(config)
+    return max(found, key=lambda c: c["vocab_size"]) if found else None
 
 
 def distinct_experts(experts: int, per_token: int, batch: int) -> float:

@@ -49,6 +49,13 @@ def test_ar_roofline_bytes() -> None:
     assert step_bytes(moe, 1, 0, 2)["weights"] == pytest.approx(
         2 * (moe["active_params"] - 151936 * 2048 + 2048))
     assert step_bytes(dense, 4, 191, 2)["kv"] == 4 * 192 * 2 * 36 * 8 * 128 * 2
+    # a multimodal release: the text decoder nested beside a speech decoder (smaller vocab)
+    text = {**base, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "intermediate_size": 6144}
+    speech = {**text, "vocab_size": 3072, "num_hidden_layers": 20}
+    nested = model_summary({"model_type": "omni", "a_config": {"text_config": speech},
+                            "b_config": {"text_config": text, "audio_config": {}}})
+    assert (nested["layers"], nested["vocab"]) == (48, 151936)
 
 
 def test_random_omni_builder_writes_the_release_names(tmp_path) -> None:
