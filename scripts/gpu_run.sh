@@ -12,12 +12,15 @@
 #                                        # C (default 8; a list, e.g. 8,32, runs both on one
 #                                        # server start; 8,32 with both sides outlasts a call:
 #                                        # run c=32 one side at a time)
+#   bash scripts/gpu_run.sh thinker      # the same Qwen3-Omni model, text only (the thinker
+#                                        # alone): bench ar, 2500-token prompts, c=1,8,32: its
+#                                        # TTFT without the talker and code2wav beside it
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni) ;; *) sed -n 2,15p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,19p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -71,11 +74,18 @@ case "${1:-}" in
     say "model ready"
     bench_ar_option /tmp/m/q30 fuse_projections "qwen3-30b-a3b-${2:-h200}-fuse" false true
     ;;
-  omni)
+  omni|thinker)
     only_model omni
     [ -d /tmp/m/omni ] || timeout 120 python3 scripts/build_random_omni.py --out /tmp/m/omni \
       --thinker-layers 24 --device cuda 2>&1 | tail -1
     say "model ready"
+    if [ "$1" = thinker ]; then
+      timeout 400 python3 -m bench ar --model /tmp/m/omni --sides ours-inproc \
+        --prompt-len 2500 --new-tokens 64 --concurrency 1,8,32 --bursts 2,1,1 \
+        --tag "omni-thinker-${2:-h200}" --out "$OUT" > "$OUT/bench-ar-thinker.log" 2>&1
+      grep -E "^\[ar\]|Error" "$OUT/bench-ar-thinker.log" | tail -8
+      say "done"; exit 0
+    fi
     levels=${2:-8} sides=${3:-stream,full}
     bursts=$(echo "$levels" | sed 's/[0-9]\+/1/g')  # one burst per level
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
