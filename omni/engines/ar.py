@@ -45,11 +45,11 @@ from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
 from omni.engines.ar_steps import StepOrder
 from omni.engines.base import (
-    PROCESS_OPTIONS,
     Engine,
     EngineLoadError,
     EngineRequest,
     StepOutput,
+    check_options,
     failed_output,
 )
 from omni.engines.detokenizer import IncrementalDetokenizer
@@ -76,10 +76,7 @@ class AREngine(StepOrder, Engine):
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
                  options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
         self.options = dict(options or {})
-        unknown = sorted(set(self.options) - AR_OPTIONS - PROCESS_OPTIONS)
-        if unknown:
-            raise EngineLoadError(f"unknown ar engine option(s) {', '.join(unknown)}; the "
-                                  f"options are {', '.join(sorted(AR_OPTIONS | PROCESS_OPTIONS))}")
+        check_options("ar engine", self.options, AR_OPTIONS)
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
         if self.options.get("fuse_projections", True):  # q/k/v and gate/up: one matmul each

@@ -8,6 +8,7 @@ loop calls add/abort/step from one thread only.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,16 @@ class EngineLoadError(Exception):
 # stage options read for the engine's process, whatever the engine: its CPU priority
 # (proc.py) and its payload arena (launcher.py)
 PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb"})
+
+
+def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[str]) -> None:
+    """A stage's ``options`` must all be read by its engine (or its process): a typo is a
+    load error that names the valid ones, never a setting silently ignored."""
+    valid = frozenset(known) | PROCESS_OPTIONS
+    unknown = sorted(set(options or {}) - valid)
+    if unknown:
+        raise EngineLoadError(f"unknown {kind} option(s) {', '.join(unknown)}; the options "
+                              f"are {', '.join(sorted(valid))}")
 
 
 @dataclass

@@ -46,7 +46,13 @@ from typing import Any, Protocol
 
 import torch
 
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.base import (
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    check_options,
+)
 
 log = logging.getLogger("omni.engine.diffusion")
 
@@ -144,7 +150,10 @@ class DiffusionEngine(Engine):
     options: max_batch_rows (16): the most transformer rows in one call;
     max_admit_per_step (8): requests encoded per step;
     step_cache (off): the default step-cache threshold (see the module docstring).
+    A denoiser lists the options it reads in its OPTIONS.
     """
+
+    OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache"})
 
     def __init__(self, denoiser: Denoiser, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -339,4 +348,7 @@ def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype
     """The diffusion engine for a stage's `model` (adapters: omni/models/__init__.py)."""
     from omni.models import build_denoiser
 
-    return DiffusionEngine(build_denoiser(model, model_dir, device, dtype, options), options)
+    denoiser = build_denoiser(model, model_dir, device, dtype, options)
+    check_options(f"diffusion engine ({model})", options,
+                  DiffusionEngine.OPTIONS | getattr(denoiser, "OPTIONS", frozenset()))
+    return DiffusionEngine(denoiser, options)

@@ -21,7 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.engines.base import Engine, EngineError, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.base import (
+    Engine,
+    EngineError,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    check_options,
+)
 
 
 @dataclass
@@ -42,6 +49,7 @@ class EchoEngine(Engine):
 
     def __init__(self, stage: str, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
+        check_options(f"echo engine (stage '{stage}')", options, {"fail_load", "chunks", "delay_ms"})
         if "fail_load" in options:
             raise EngineLoadError(f"echo stage '{stage}': {options['fail_load']}")
         self.stage = stage

@@ -48,7 +48,13 @@ from typing import Any, Protocol
 
 import torch
 
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.base import (
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    check_options,
+)
 
 
 class Runner(Protocol):
@@ -114,7 +120,10 @@ class GenerationEngine(Engine):
 
     options: max_batch_size (64): the most chunks in one runner call; max_batch_frames
     (default the runner's `batch_frames`, 0 = no limit): the most rows x frames in one call.
+    A runner lists the options it reads in its OPTIONS.
     """
+
+    OPTIONS = frozenset({"max_batch_size", "max_batch_frames"})
 
     def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -397,4 +406,7 @@ def build_generation_engine(model: str, model_dir: str | None, device: str, dtyp
     """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
     from omni.models import build_runner
 
-    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options)
+    runner = build_runner(model, model_dir, device, dtype, options)
+    check_options(f"generation engine ({model})", options,
+                  GenerationEngine.OPTIONS | getattr(runner, "OPTIONS", frozenset()))
+    return GenerationEngine(runner, options)

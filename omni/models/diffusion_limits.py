@@ -97,6 +97,9 @@ def seed_of(params: Mapping[str, Any]) -> int:
 
 
 
+LIMIT_OPTIONS = frozenset(Limits.__dataclass_fields__)  # stage options that set a limit
+
+
 def from_info(info: Mapping[str, Any]) -> Limits:
     """The limits a stage reported in READY."""
     return Limits(**{k: info[k] for k in Limits.__dataclass_fields__ if k in info})

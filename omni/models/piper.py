@@ -239,6 +239,7 @@ class PiperRunner:
 
     items = True
     input_key = "text"
+    OPTIONS = frozenset({"intra_op_threads", "max_phonemes", "openai_voices"})  # PiperTTS's
     # onnxruntime runs one sentence per call: the engine schedules one unit per step
     batches_units = False
 

@@ -265,6 +265,8 @@ class Code2WavRunner:
     """
 
     input_key = "codes"
+    OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
+                         "complete_chunk_frames", "left_context"})
 
     def __init__(self, code2wav: Code2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})

@@ -64,6 +64,7 @@ def load_vl_processor(path: str) -> Any:
 
 class QwenImageDenoiser:
     output = "image"
+    OPTIONS = common.LIMIT_OPTIONS | {"edit_area", "max_sequence_length"}
 
     def __init__(self, pipe: Any, device: str, options: Mapping[str, Any]) -> None:
         """``pipe``: a loaded QwenImagePipeline or QwenImageEditPipeline on ``device``."""

@@ -257,6 +257,8 @@ class VitsRunner:
 
     items = True
     input_key = "text"
+    OPTIONS = frozenset({"batch", "max_chars", "noise_scale", "noise_scale_duration",
+                         "voice_id", "language", "openai_voices"})  # here and VitsTTS's
 
     def __init__(self, tts: VitsTTS, batch: bool | None = None) -> None:
         self.tts = tts

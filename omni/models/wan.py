@@ -47,6 +47,7 @@ def frames_for(seconds: float, fps: int, temporal: int) -> int:
 
 class WanDenoiser:
     output = "video"
+    OPTIONS = common.LIMIT_OPTIONS | {"max_sequence_length"}
 
     def __init__(self, pipe: Any, device: str, options: Mapping[str, Any]) -> None:
         """``pipe``: a loaded WanPipeline or WanImageToVideoPipeline on ``device``."""

@@ -259,6 +259,21 @@ def test_a_burst_is_admitted_a_few_requests_per_step(models):
     assert sorted(results) == [f"r{i}" for i in range(5)] and not errors
 
 
+@pytest.mark.parametrize("family, name, typo, valid", [
+    ("qwen_image", "qwen_image", "max_step", "max_steps"),  # a limit
+    ("wan", "wan_t2v", "max_batch_row", "max_batch_rows")])  # the engine's
+def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(models, family, name,
+                                                                   typo, valid):
+    from omni.engines.base import EngineLoadError
+    from omni.engines.diffusion import build_diffusion_engine
+
+    with pytest.raises(EngineLoadError, match=rf"unknown diffusion engine \({family}\) "
+                       rf"option\(s\) {typo};.*\b{valid}\b"):
+        build_diffusion_engine(family, models(name), "cpu", "auto", {typo: 4})
+    eng = build_diffusion_engine(family, models(name), "cpu", "auto", {valid: 4, "nice": 1})
+    assert eng.max_batch_rows == 4 or eng.denoiser.limits.max_steps == 4
+
+
 def test_a_failing_transformer_call_fails_its_requests_and_the_engine_goes_on(models):
     eng = engine(models, "qwen_image", "qwen_image")
     predict, calls = eng.denoiser.predict, []

@@ -87,6 +87,20 @@ def test_frames_per_call_are_capped(c2w):
         GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": -1})
 
 
+def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(tmp_path_factory):
+    """A typo in a stage's options (here of the runner's first_chunk_frames) is a load
+    error listing the engine's, the runner's and the process's options."""
+    d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
+    with pytest.raises(EngineLoadError, match=r"unknown generation engine \(qwen3_omni_code2wav"
+                       r"\) option\(s\) first_chunk_frame; the options are .*"
+                       r"first_chunk_frames.*max_batch_size.*nice"):
+        build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "float32",
+                                {"first_chunk_frame": 4, "nice": 5})
+    engine = build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "float32",
+                                     {"first_chunk_frames": 4, "max_batch_size": 8, "nice": 5})
+    assert engine.runner.first_chunk_frames == 4 and engine.max_batch_size == 8
+
+
 def _stream(engine, rid, codes, rng, outs, producer="talker"):
     """Feed codes in random-size appends, stepping in between."""
     t, seq = codes.shape[-1], 0

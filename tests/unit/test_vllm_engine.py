@@ -139,3 +139,12 @@ def test_a_model_vllm_loads_but_cannot_run_fails_the_load(tmp_path):
     with pytest.raises(EngineLoadError, match="could not run it.*head_dim=16"):
         VLLMEngine(str(build_tiny_qwen3(tmp_path / "q16")), dtype="float32",
                    options={"vllm_args": {"max_model_len": 512}}, kv_cache_bytes=64 << 20)
+
+
+@needs_vllm
+def test_an_unknown_option_fails_the_load_before_vllm_starts(tmp_path):
+    from omni.engines.vllm_engine import VLLMEngine
+
+    with pytest.raises(EngineLoadError, match=r"unknown vllm engine option\(s\) vllm_arg; "
+                                              r"the options are nice, payload_arena_mb, vllm_args"):
+        VLLMEngine(str(tmp_path), options={"vllm_arg": {"max_model_len": 512}})
