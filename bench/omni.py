@@ -27,6 +27,9 @@ preset and model directory:
   full    both edges `delivery: full`: each stage starts when the one before has finished
   stream-nice0, full-nice0   the same without the preset's stage priorities (`nice`: the
           thinker yields the CPU to the talker and code2wav), to measure what they buy
+  SIDE+STAGE.OPTION=VALUE    any side with a stage option changed (repeatable, VALUE read
+          as YAML), to measure a setting side by side with the preset's, e.g.
+          --sides stream,stream+code2wav.max_batch_frames=128
 
 Requests: streaming chat completions (openai's wire format) with modalities [text, audio],
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
@@ -91,14 +94,40 @@ def model_dir(args: argparse.Namespace) -> str:
     return str(ensure_tiny_model("qwen3_omni"))
 
 
+def side_settings(side: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A side's base name (stream, full, ...-nice0) and its stage-option changes."""
+    import yaml
+
+    base, *changes = side.split("+")
+    if base.removesuffix(NICE0) not in SIDES:
+        raise SystemExit(f"bench omni: side {side!r} must start with stream or full")
+    options: dict[str, dict[str, Any]] = {}
+    for change in changes:
+        key, eq, value = change.partition("=")
+        stage, dot, option = key.partition(".")
+        if not (eq and dot and stage and option):
+            raise SystemExit(f"bench omni: {change!r} in side {side!r} is not STAGE.OPTION=VALUE")
+        options.setdefault(stage, {})[option] = yaml.safe_load(value)
+    return base, options
+
+
+def file_safe(side: str) -> str:
+    """A side's name in file names (the GPU box returns plain names only)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", side)
+
+
 def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path) -> Path:
-    """The qwen3_omni preset pointed at `directory`, with this side's delivery, fixed
-    lengths, and the device and budgets asked for."""
+    """The qwen3_omni preset pointed at `directory`, with this side's delivery and option
+    changes, fixed lengths, and the device and budgets asked for."""
     import yaml
 
     from omni.presets import preset_path
 
+    base, changes = side_settings(side)
     data = yaml.safe_load(Path(preset_path("qwen3_omni")).read_text())
+    unknown = set(changes) - {stage["name"] for stage in data["stages"]}
+    if unknown:
+        raise SystemExit(f"bench omni: side {side!r} changes unknown stage(s) {sorted(unknown)}")
     budgets = dict(kv.split("=", 1) for kv in args.memory.split(",") if kv)
     fixed = {"thinker": {"max_tokens": args.thinker_tokens, "ignore_eos": True},
              "talker": {"max_tokens": args.talker_frames, "ignore_eos": True}}
@@ -110,13 +139,14 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
             share = float(str(stage["memory"])[:-1]) / max(1, len(args.sides.split(",")))
             stage["memory"] = f"{share:g}%"
         stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
+        stage.setdefault("options", {}).update(changes.get(stage["name"], {}))
     for edge in data["edges"]:
-        edge["delivery"] = side.removesuffix(NICE0)
-    if side.endswith(NICE0):
+        edge["delivery"] = base.removesuffix(NICE0)
+    if base.endswith(NICE0):
         for stage in data["stages"]:
             stage.get("options", {}).pop("nice", None)
     data["max_inflight"] = 256
-    path = tmp / f"omni-{side}.yaml"
+    path = tmp / f"omni-{file_safe(side)}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -257,7 +287,7 @@ def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Name
     say(f"[omni] starting the servers ({', '.join(sides)}) ...")
 
     def start(side: str) -> str:
-        log = Path(args.out) / f"server-{side}{'-' + args.tag if args.tag else ''}.log"
+        log = Path(args.out) / f"server-{file_safe(side)}{'-' + args.tag if args.tag else ''}.log"
         proc, url = start_server(("--pipeline", str(files[side])), args.dtype, args.timeout,
                                  log_path=log)
         procs.append(proc)

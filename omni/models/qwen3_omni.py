@@ -280,8 +280,12 @@ class Code2WavRunner:
         # frames per decode call (GenerationEngine max_batch_frames). On CPU a big batch
         # is slower per frame: the activations (1920 samples x decoder_dim per frame)
         # outgrow the caches. Tiny model, 2-core VM, 48-frame rows: 1582 frames/s at 1
-        # row, 1503 at 2, 1338 at 4, 740 at 16, 413 at 32. On a GPU: no limit.
-        self.batch_frames = 0 if code2wav.device.type == "cuda" else 128
+        # row, 1503 at 2, 1338 at 4, 740 at 16, 413 at 32. 64 frames is one full chunk
+        # with its left context: short calls, so a request's next input waits less behind
+        # a running one. Against 128 in one run (bench/results/omni-cpu-code2wav-batch-
+        # frames.md, stream c=8): queues on the last-output chain 3.9% vs 7.5% of E2EL,
+        # TTFP and E2EL within the run's noise. On a GPU: no limit.
+        self.batch_frames = 0 if code2wav.device.type == "cuda" else 64
 
     def parse(self, value: Any) -> torch.Tensor:
         """Nested list or integer tensor (NQ, t) -> int64 tensor; ValueError naming the problem."""

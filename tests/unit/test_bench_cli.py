@@ -131,3 +131,26 @@ def test_omni_report_splits_waits_and_steps_by_stage() -> None:
     assert stages["talker"] == {"steps": 50, "step_mean_s": 0.01, "wait_mean_s": 0.05,
                                 "wait_share": 0.02}
     assert stages["code2wav"]["step_mean_s"] == 0.2 and stages["code2wav"]["wait_share"] == 0
+
+
+def test_omni_sides_change_stage_options(tmp_path) -> None:
+    """bench omni --sides stream+STAGE.OPTION=VALUE: the side's pipeline file is the
+    preset's with that option set (YAML value), its files get plain names, bad ones exit."""
+    import argparse
+
+    import yaml
+
+    from bench.omni import file_safe, pipeline_file
+
+    args = argparse.Namespace(memory="", sides="stream,full", device="cpu", thinker_tokens=4,
+                              talker_frames=8)
+    side = "full+code2wav.max_batch_frames=128+talker.cuda_graphs=false"
+    data = yaml.safe_load(pipeline_file("/m", side, args, tmp_path).read_text())
+    stages = {s["name"]: s for s in data["stages"]}
+    assert stages["code2wav"]["options"]["max_batch_frames"] == 128
+    assert stages["talker"]["options"]["cuda_graphs"] is False
+    assert {e["delivery"] for e in data["edges"]} == {"full"}
+    assert file_safe(side) == "full_code2wav.max_batch_frames_128_talker.cuda_graphs_false"
+    for bad in ("stream+code2wav.max_batch_frames", "stream+vocoder.x=1", "fast"):
+        with pytest.raises(SystemExit):
+            pipeline_file("/m", bad, args, tmp_path)

@@ -72,7 +72,7 @@ def test_complete_inputs_batched_in_one_call(c2w):
 def test_frames_per_call_are_capped(c2w):
     """max_batch_frames splits a batch (rows x frames) into calls; the audio is the same.
     Code2WavRunner sets a CPU default (a big batch is slower per frame there)."""
-    assert Code2WavRunner(c2w).batch_frames == 128  # CPU
+    assert Code2WavRunner(c2w).batch_frames == 64  # CPU
     engine = GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": 40})
     codes = {f"r{i}": _codes(20, seed=i) for i in range(3)}
     for rid, c in codes.items():
