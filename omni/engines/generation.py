@@ -48,13 +48,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omni.engines.base import (
-    Engine,
-    EngineLoadError,
-    EngineRequest,
-    StepOutput,
-    check_options,
-)
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, check_options
 
 
 class Runner(Protocol):
