@@ -18,8 +18,12 @@ keyword arguments down to the attention function).
 Kernels: a decode-only step (every sequence adds one token) runs the Triton kernel of
 ``paged_decode_kernel`` where the cache says so (CUDA by default), which reads the cached
 rows in place; otherwise it gathers the contexts into one padded tensor and makes one
-``scaled_dot_product_attention`` call. A step with prefills makes one SDPA call per
-sequence. The SDPA paths are plain torch, so they run on CPU and CUDA alike.
+``scaled_dot_product_attention`` call. A step with prefills pads its sequences' queries
+and contexts into one batch and makes one SDPA call per layer, when padding at most
+doubles the work (e.g. a burst of similar prompts); otherwise (say one long prompt chunk
+beside many decodes) one SDPA call per sequence. Per sequence, 32 prompts cost 32 calls of
+about ten small ops in each layer: host time that a GPU waits on. The SDPA paths are plain
+torch, so they run on CPU and CUDA alike.
 """
 
 from __future__ import annotations
@@ -37,6 +41,17 @@ ATTN_NAME = "omni_paged"
 
 
 @dataclass
+class PaddedPrefill:
+    """A step's sequences as one padded batch of queries (B, Lq) over contexts (B, Lk)."""
+
+    rows: torch.Tensor  # (B, Lq) packed row of each query; padding repeats the last row
+    valid: torch.Tensor  # (B, Lq) bool: a real query (its output is kept)
+    query_pos: torch.Tensor  # (B, Lq, 1) position of each query
+    key_pos: torch.Tensor  # (Lk,)
+    mask: torch.Tensor  # (B, 1, Lq, Lk) bool: causal and within the context
+
+
+@dataclass
 class BatchLayout:
     """Where the packed tokens of one step go, and what each sequence attends to."""
 
@@ -46,8 +61,9 @@ class BatchLayout:
     context_lens: list[int]  # cached + new tokens per sequence
     context_slots: list[torch.Tensor]  # per sequence: (context_len,) slots, in order
     decode_only: bool  # every query_len is 1
-    padded_slots: torch.Tensor | None = None  # decode: (B, Lmax) slots, 0 where padding
+    padded_slots: torch.Tensor | None = None  # decode, padded prefill: (B, Lmax) slots
     padded_valid: torch.Tensor | None = None  # decode: (B, Lmax) bool
+    prefill: PaddedPrefill | None = None  # a prefill step batched by padding
     context_len_t: torch.Tensor | None = None  # decode: (B,) context lengths on the device
 
 
@@ -81,6 +97,8 @@ def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int]
     lens = [s + n for s, n in zip(starts, query_lens, strict=True)]
     if all(n == 1 for n in query_lens):
         return _decode_layout(cache, tables, lens, device)
+    if _pads_cheaply(query_lens, lens):
+        return _padded_layout(cache, tables, starts, query_lens, lens, device)
     bs = cache.block_size
     context_slots, write = [], []
     for table, start, length in zip(tables, starts, lens, strict=True):
@@ -90,6 +108,40 @@ def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int]
         write.append(slots[start:])
     return BatchLayout(cache, torch.cat(write).to(device), list(query_lens), lens,
                        context_slots, False)
+
+
+# the most query x key pairs of a padded prefill call: SDPA with a mask may take its math
+# path, whose scores are pairs x heads floats (2**23 pairs x 32 heads: 1 GiB). Long prompts
+# are compute-bound anyway; padding is for many short ones (32 x 128 tokens: 2**19 pairs).
+PAD_PAIRS_LIMIT = 1 << 23
+
+
+def _pads_cheaply(query_lens: list[int], lens: list[int]) -> bool:
+    """Padding every sequence to the longest query and context at most doubles the
+    attention's work (query x key pairs), within PAD_PAIRS_LIMIT."""
+    exact = sum(n * length for n, length in zip(query_lens, lens, strict=True))
+    padded = len(lens) * max(query_lens) * max(lens)
+    return len(lens) > 1 and padded <= 2 * exact and padded <= PAD_PAIRS_LIMIT
+
+
+def _padded_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
+                   query_lens: list[int], lens: list[int], device: torch.device) -> BatchLayout:
+    """A prefill step as one padded batch (PaddedPrefill). A padding query repeats its
+    sequence's last query (same position, so it sees real keys only; its output is
+    dropped), which keeps every row of the mask non-empty."""
+    slots, key_valid = padded_context_slots(tables, lens, cache.block_size, max(lens))
+    n = torch.tensor(query_lens, dtype=torch.long).unsqueeze(1)
+    step = torch.minimum(torch.arange(max(query_lens)).unsqueeze(0), n - 1)  # (B, Lq)
+    valid = torch.arange(max(query_lens)).unsqueeze(0) < n
+    query_pos = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + step
+    rows = (torch.cumsum(n, 0) - n) + step
+    key_pos = torch.arange(max(lens))
+    mask = (key_pos <= query_pos.unsqueeze(2)) & key_valid.unsqueeze(1)
+    write = torch.gather(slots, 1, query_pos)[valid]  # packed order: sequence, then position
+    prefill = PaddedPrefill(rows.to(device), valid.to(device), query_pos.unsqueeze(2).to(device),
+                            key_pos.to(device), mask.unsqueeze(1).to(device))
+    return BatchLayout(cache, write.to(device), list(query_lens), lens, [], False,
+                       padded_slots=slots.to(device), prefill=prefill)
 
 
 def block_table(tables: list[list[int]], blocks: int, pad_block: int = 0) -> torch.Tensor:
@@ -162,7 +214,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             sliding_window or 0, omni_batch.cache.decode_kernel)
         return out.unsqueeze(0), None
     _write(key, value, k_cache, v_cache, omni_batch.write_slots)
-    out = _per_sequence(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
+    attend = _padded_prefill if omni_batch.prefill is not None else _per_sequence
+    out = attend(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
     return out.unsqueeze(0), None
 
 
@@ -215,6 +268,21 @@ def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=k.shape[1] != q.shape[0])
     return out.squeeze(2).contiguous()  # (B, H, D) = (N, H, D)
+
+
+def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    layout: BatchLayout, scale: float | None, window: int | None) -> torch.Tensor:
+    """q (H, N, D): every sequence's queries in one SDPA call over the padded batch."""
+    pad = layout.prefill
+    qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
+    k = k_cache[layout.padded_slots].transpose(1, 2)  # (B, KVH, Lk, D)
+    v = v_cache[layout.padded_slots].transpose(1, 2)
+    mask = pad.mask
+    if window:
+        mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
+    out = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=k.shape[1] != qb.shape[1])
+    return out.transpose(1, 2)[pad.valid]  # (N, H, D), packed order
 
 
 def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
