@@ -163,11 +163,14 @@ class StepOrder:
         return ready
 
     def _prompt_next(self) -> bool:
-        """Whether the next step feeds prompt tokens (a request waits, or a prompt chunk
-        is left). Its eager forward can hold the host for as long as the GPU takes (a
-        data-dependent MoE routing syncs), so overlapping it would hold back the outputs
-        in hand, often first tokens, by a whole prefill step: they are published first."""
-        return bool(self.scheduler.waiting) or any(s.pending > 1 for s in self.scheduler.running)
+        """Whether the next step feeds prompt tokens (a request waits with a free row, or
+        a prompt chunk is left). Its eager forward can hold the host for as long as the
+        GPU takes (a data-dependent MoE routing syncs), so overlapping it would hold back
+        the outputs in hand, often first tokens, by a whole prefill step: they are
+        published first."""
+        sched = self.scheduler
+        return ((bool(sched.waiting) and len(sched.running) < sched.max_num_seqs)
+                or any(s.pending > 1 for s in sched.running))
 
     def _alive(self, seq: Sequence) -> bool:
         return self._seqs.get(seq.id) is seq

@@ -136,6 +136,20 @@ def test_outputs_go_out_before_a_prompt_step_is_launched(model_dir):
     assert rest["b"] == merged(want["b"])["tokens"]
 
 
+def test_a_request_without_a_free_row_does_not_stop_the_overlap(model_dir):
+    """Only a waiting request that the next step can admit holds the launch back."""
+    _, over = engines(model_dir, max_num_seqs=1)
+    params = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
+    over.add(EngineRequest("a", {"prompt": PROMPTS[0]}, params))
+    assert over.step() == []
+    over.add(EngineRequest("b", {"prompt": PROMPTS[1]}, params))  # no row for it yet
+    assert [o.request_id for o in over.step()] == ["a"] and over._inflight is not None
+    done = set()
+    while over.has_work():
+        done |= {o.request_id for o in over.step() if o.finished}
+    assert done == {"a", "b"} and over.stats()["kv_blocks_used"] == 0
+
+
 @pytest.mark.parametrize("chain", [False, True])
 def test_abort_while_a_step_is_in_flight(model_dir, chain):
     plain, over = engines(model_dir, chain)
