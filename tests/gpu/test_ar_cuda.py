@@ -19,8 +19,9 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_qwen3(tmp_path_factory.mktemp("cuda") / "qwen3"))
 
 
-def _greedy(engine: AREngine, n: int = 16) -> dict[str, list[int]]:
-    for i, p in enumerate(PROMPTS):
+def _greedy(engine: AREngine, n: int = 16, prompts: list[str] = PROMPTS
+            ) -> dict[str, list[int]]:
+    for i, p in enumerate(prompts):
         engine.add(EngineRequest(f"g{i}", {"prompt": p},
                                  {"temperature": 0, "max_tokens": n, "ignore_eos": True}))
     out: dict[str, list[int]] = {}
@@ -180,16 +181,7 @@ def test_padded_prefill_equals_per_sequence_on_cuda(varied, monkeypatch):
     prompts = [f"Request number {i} asks the model to keep writing" for i in range(6)]
 
     def run() -> dict[str, list[int]]:
-        engine = AREngine(varied, device="cuda", dtype="float32")
-        for i, p in enumerate(prompts):
-            engine.add(EngineRequest(f"p{i}", {"prompt": p},
-                                     {"temperature": 0, "max_tokens": 12, "ignore_eos": True}))
-        out: dict[str, list[int]] = {}
-        while engine.has_work():
-            for o in engine.step():
-                assert o.error is None, o.error
-                out.setdefault(o.request_id, []).extend(o.data["token_ids"])
-        return out
+        return _greedy(AREngine(varied, device="cuda", dtype="float32"), 12, prompts)
 
     calls = []
     padded_prefill = paged_attention._padded_prefill
