@@ -43,70 +43,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, check_options
-
-
-class Runner(Protocol):
-    """What a model adapter provides to the generation engine."""
-
-    input_key: str  # the input field holding a request's frames, e.g. "codes"
-    chunk_frames: int  # new frames per streamed chunk
-    first_chunk_frames: int  # new frames in a stream's first chunk (fast first output)
-    complete_chunk_frames: int  # new frames per chunk for complete inputs
-    left_context: int  # earlier frames decoded with each chunk, output dropped
-
-    def parse(self, value: Any) -> torch.Tensor:
-        """One input value -> (rows, frames) tensor; ValueError when malformed."""
-
-    def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
-        """(B, rows, T) -> per row the output belonging to the frames after contexts[i]."""
-
-    def pack(self, output: torch.Tensor) -> dict[str, Any]:
-        """One chunk's output as msgpack-able fields."""
-
-    def info(self) -> dict[str, Any]:
-        """Capabilities for READY (sample rate, ...)."""
-
-
-@dataclass
-class _Req:
-    id: str
-    pieces: list[torch.Tensor] = field(default_factory=list)  # (rows, t) each, in order
-    base: int = 0  # absolute index of the first frame still held in pieces
-    total: int = 0  # frames received
-    done: int = 0  # frames already output
-    index: int = 0  # chunks already output
-    open: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
-    complete: bool = False  # all input is in
-    stream: bool = False
-    params: dict[str, Any] = field(default_factory=dict)
-    units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
-    held: str = ""  # items mode, streamed text: the part whose sentence has not ended
-    arrival: float = field(default_factory=time.monotonic)
-    play_start: float | None = None  # when its first output left
-    played_s: float = 0.0  # seconds of media sent so far
-
-    def deadline(self) -> float:
-        """When the client runs out of media (see module docstring)."""
-        return self.arrival if self.play_start is None else self.play_start + self.played_s
-
-    def frames(self) -> torch.Tensor:
-        """Frames [base, total) as one tensor."""
-        if len(self.pieces) > 1:
-            self.pieces = [torch.cat(self.pieces, dim=-1)]
-        return self.pieces[0]
-
-    def trim(self, keep_from: int) -> None:
-        """Free frames before absolute index keep_from (no later chunk can use them)."""
-        drop = keep_from - self.base
-        if drop > 0 and self.pieces:
-            self.pieces = [self.frames()[:, drop:].clone()]
-            self.base = keep_from
+from omni.engines.generation_request import GenRequest, Runner, media_seconds
 
 
 class GenerationEngine(Engine):
@@ -132,7 +74,7 @@ class GenerationEngine(Engine):
         if self.max_batch_size < 1 or self.max_batch_frames < 0:
             raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
                                   f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, GenRequest] = {}
         self._failed: list[StepOutput] = []
         self.calls = self.requests_run = self.max_batch = 0
 
@@ -196,7 +138,7 @@ class GenerationEngine(Engine):
         if self.items:
             return self._step_items()
         outputs, self._failed = self._failed, []
-        groups: dict[int, list[tuple[_Req, int, int]]] = {}
+        groups: dict[int, list[tuple[GenRequest, int, int]]] = {}
         for req in list(self._reqs.values()):
             plan = self._plan(req)
             if plan is None:
@@ -263,9 +205,9 @@ class GenerationEngine(Engine):
         self._failed.clear()
 
     # -- internals --------------------------------------------------------------------
-    def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> _Req:
+    def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> GenRequest:
         key = self.runner.input_key
-        req = _Req(rid, params=params)
+        req = GenRequest(rid, params=params)
         if key in inputs:
             self._take(req, inputs[key])
             req.complete = True
@@ -294,7 +236,7 @@ class GenerationEngine(Engine):
         """Items mode with a runner that cuts streamed text at sentence ends itself."""
         return self.items and getattr(self.runner, "split_stream", None) is not None
 
-    def _take(self, req: _Req, value: Any, final: bool = True) -> int:
+    def _take(self, req: GenRequest, value: Any, final: bool = True) -> int:
         """Add one input value to the request; returns how many frames (or units) it held.
         A streamed text value may be held back until its sentence ends (``final``: the
         stream ended, flush it)."""
@@ -312,7 +254,7 @@ class GenerationEngine(Engine):
         self._push(req, piece)
         return piece.shape[-1]
 
-    def _push(self, req: _Req, piece: torch.Tensor) -> None:
+    def _push(self, req: GenRequest, piece: torch.Tensor) -> None:
         if req.pieces and piece.shape[:-1] != req.pieces[0].shape[:-1]:
             raise ValueError(f"chunk shape {tuple(piece.shape)} does not match "
                              f"{tuple(req.pieces[0].shape)}")
@@ -320,7 +262,7 @@ class GenerationEngine(Engine):
             req.pieces.append(piece)
             req.total += piece.shape[-1]
 
-    def _plan(self, req: _Req) -> tuple[int, int] | None:
+    def _plan(self, req: GenRequest) -> tuple[int, int] | None:
         """(context frames, new frames) of the request's next chunk; None when not ready."""
         new = req.total - req.done
         if self.items:  # one unit per output, no context
@@ -338,7 +280,7 @@ class GenerationEngine(Engine):
             return None
         return min(self.runner.left_context, req.done), n
 
-    def _run(self, group: list[tuple[_Req, int, int]]) -> list[StepOutput]:
+    def _run(self, group: list[tuple[GenRequest, int, int]]) -> list[StepOutput]:
         self.calls += 1
         self.requests_run += len(group)
         self.max_batch = max(self.max_batch, len(group))
@@ -352,7 +294,7 @@ class GenerationEngine(Engine):
             return out
         return [self._output(req, wav, n) for (req, _, n), wav in zip(group, results, strict=True)]
 
-    def _call_runner(self, group: list[tuple[_Req, int, int]]) -> list[torch.Tensor]:
+    def _call_runner(self, group: list[tuple[GenRequest, int, int]]) -> list[torch.Tensor]:
         if self.items:
             units = [req.units[req.done] for req, _, _ in group]
             for req, _, _ in group:
@@ -361,18 +303,18 @@ class GenerationEngine(Engine):
         batch = torch.stack([self._window(req, ctx, n) for req, ctx, n in group])
         return self.runner.run(batch, [ctx for _, ctx, _ in group])
 
-    def _window(self, req: _Req, ctx: int, n: int) -> torch.Tensor:
+    def _window(self, req: GenRequest, ctx: int, n: int) -> torch.Tensor:
         frames = req.frames()
         start = req.done - ctx - req.base
         return frames[:, start:start + ctx + n]
 
-    def _output(self, req: _Req, result: torch.Tensor | None, n: int) -> StepOutput:
+    def _output(self, req: GenRequest, result: torch.Tensor | None, n: int) -> StepOutput:
         if result is None:
             result = torch.zeros(0)
         data = {**self.runner.pack(result), "frames": n, "index": req.index}
         if n:
             req.play_start = time.monotonic() if req.play_start is None else req.play_start
-            req.played_s += _media_seconds(data)
+            req.played_s += media_seconds(data)
         req.done += n
         req.index += 1
         finished = req.complete and req.done == req.total
@@ -386,13 +328,6 @@ class GenerationEngine(Engine):
         self._reqs.pop(rid, None)
         self._failed = [o for o in self._failed if o.request_id != rid]
         self._failed.append(StepOutput(rid, finished=True, error=msg))
-
-
-def _media_seconds(data: Mapping[str, Any]) -> float:
-    samples, rate = data.get("samples"), data.get("sample_rate")
-    if isinstance(samples, int) and isinstance(rate, int) and rate > 0:
-        return samples / rate
-    return 0.0
 
 
 def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,

@@ -1,0 +1,79 @@
+"""The generation engine's runner contract (what a model adapter provides) and its
+per-request frame buffer (generation.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+class Runner(Protocol):
+    """What a model adapter provides to the generation engine."""
+
+    input_key: str  # the input field holding a request's frames, e.g. "codes"
+    chunk_frames: int  # new frames per streamed chunk
+    first_chunk_frames: int  # new frames in a stream's first chunk (fast first output)
+    complete_chunk_frames: int  # new frames per chunk for complete inputs
+    left_context: int  # earlier frames decoded with each chunk, output dropped
+
+    def parse(self, value: Any) -> torch.Tensor:
+        """One input value -> (rows, frames) tensor; ValueError when malformed."""
+
+    def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
+        """(B, rows, T) -> per row the output belonging to the frames after contexts[i]."""
+
+    def pack(self, output: torch.Tensor) -> dict[str, Any]:
+        """One chunk's output as msgpack-able fields."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities for READY (sample rate, ...)."""
+
+
+@dataclass
+class GenRequest:
+    """One request's input frames (or items), what was output, and its playback deadline."""
+
+    id: str
+    pieces: list[torch.Tensor] = field(default_factory=list)  # (rows, t) each, in order
+    base: int = 0  # absolute index of the first frame still held in pieces
+    total: int = 0  # frames received
+    done: int = 0  # frames already output
+    index: int = 0  # chunks already output
+    open: dict[str, int] = field(default_factory=dict)  # stream producer -> next seq
+    complete: bool = False  # all input is in
+    stream: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+    units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
+    held: str = ""  # items mode, streamed text: the part whose sentence has not ended
+    arrival: float = field(default_factory=time.monotonic)
+    play_start: float | None = None  # when its first output left
+    played_s: float = 0.0  # seconds of media sent so far
+
+    def deadline(self) -> float:
+        """When the client runs out of media (see module docstring)."""
+        return self.arrival if self.play_start is None else self.play_start + self.played_s
+
+    def frames(self) -> torch.Tensor:
+        """Frames [base, total) as one tensor."""
+        if len(self.pieces) > 1:
+            self.pieces = [torch.cat(self.pieces, dim=-1)]
+        return self.pieces[0]
+
+    def trim(self, keep_from: int) -> None:
+        """Free frames before absolute index keep_from (no later chunk can use them)."""
+        drop = keep_from - self.base
+        if drop > 0 and self.pieces:
+            self.pieces = [self.frames()[:, drop:].clone()]
+            self.base = keep_from
+
+
+def media_seconds(data: Mapping[str, Any]) -> float:
+    """Seconds of media in one output's fields (samples / sample_rate), 0 if absent."""
+    samples, rate = data.get("samples"), data.get("sample_rate")
+    if isinstance(samples, int) and isinstance(rate, int) and rate > 0:
+        return samples / rate
+    return 0.0
