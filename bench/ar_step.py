@@ -118,20 +118,19 @@ def _replay_ms(engine: AREngine, rounds: int, kernels: int = 0) -> tuple[float |
 def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
                   mode: str, kernels: int = 0) -> dict[str, Any]:
     engine.overlap, engine.chain = mode != "off", mode == "chain"
-    rng = random.Random(batch)
+    rng = random.Random(f"{batch}-{mode}")  # distinct prompts per mode: no prefix-cache hits
     vocab = engine.lm.vocab_size
     ids = [f"b{batch}-{mode}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add(EngineRequest(rid, {"prompt_token_ids": [rng.randrange(100, vocab - 100)
                                                             for _ in range(prompt_len)]},
                                  {"temperature": 0, "ignore_eos": True, "max_tokens": 100_000}))
-    started: set[str] = set()
-    while len(started) < batch:  # prefill, then a few decode steps before timing
-        started |= {o.request_id for o in engine.step() if o.data and o.data.get("token_ids")}
-    for _ in range(5):
-        engine.step()
     timer = _PhaseTimer()
     undo = _instrument(engine, timer)
+    prefill = _until_first_tokens(engine, timer, batch)
+    for _ in range(5):  # a few decode steps before timing
+        engine.step()
+    timer.take()
     rows = []
     try:
         for _ in range(steps):
@@ -149,12 +148,31 @@ def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
     engine.abort(ids)
     result = {name: round(statistics.median(r.get(name, 0.0) for r in rows) * 1e3, 3)
               for name in (*PHASES, "rest", "step")}
-    result.update(batch=batch, mode=mode, kernels=table,
+    result.update(batch=batch, mode=mode, kernels=table, prefill=prefill,
                   replay=None if replay is None else round(replay, 3),
                   graphed=engine.graphs is not None and engine.graphs.replays > 0)
     say(f"[ar_step] batch {batch}, {mode}: " + ", ".join(
         f"{k} {result[k]} ms" for k in (*PHASES, "rest", "step", "replay")))
+    say(f"[ar_step] batch {batch}, {mode}: every first token after {prefill['first_tokens']} ms"
+        f" in {len(prefill['steps'])} steps: " + "; ".join(
+            ", ".join(f"{k} {v}" for k, v in row.items()) for row in prefill["steps"]))
     return result
+
+
+def _until_first_tokens(engine: AREngine, timer: _PhaseTimer, batch: int) -> dict[str, Any]:
+    """Step until every request has its first token: the time that took (the engine's
+    share of TTFT for a burst of `batch` prompts) and each step's phases, in ms."""
+    started: set[str] = set()
+    steps = []
+    begun = time.perf_counter()
+    while len(started) < batch:
+        step_begun = time.perf_counter()
+        outputs = engine.step()
+        phases = timer.take()
+        phases["step"] = time.perf_counter() - step_begun
+        steps.append({k: round(v * 1e3, 2) for k, v in phases.items()})
+        started |= {o.request_id for o in outputs if o.data and o.data.get("token_ids")}
+    return {"first_tokens": round((time.perf_counter() - begun) * 1e3, 2), "steps": steps}
 
 
 def render(data: dict[str, Any]) -> str:
@@ -174,7 +192,14 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| {r['batch']} | {r['mode']} | {r['schedule']} | {r['forward']} | {r['collect']} | "
                      f"{r['emit']} | {r['rest']} | **{r['step']}** | {r['replay'] or '-'} | "
                      f"{wait} | {r['graphed']} |")
-    lines += ["", "All times in ms, median over the timed steps. Method: " + METHOD]
+    lines += ["", "All times in ms, median over the timed steps. Method: " + METHOD, "",
+              "Before the timed steps, from the first step() call until every request of the "
+              "batch had its first token (the engine's part of a burst's TTFT), in ms:", ""]
+    for r in data["rows"]:
+        steps = "; ".join(", ".join(f"{k} {v}" for k, v in step.items())
+                          for step in r["prefill"]["steps"])
+        lines.append(f"- batch {r['batch']}, {r['mode']}: {r['prefill']['first_tokens']} "
+                     f"({steps})")
     for r in data["rows"]:
         if r.get("kernels"):
             lines += ["", f"Kernels of the batch-{r['batch']} replays (torch.profiler):", "",

@@ -80,7 +80,7 @@ def _bare_echo_child(path: str) -> None:
             if kind == Msg.SHUTDOWN:
                 sock.close()
                 return
-            rid, inputs, _params = body
+            rid, inputs = body[0], body[1]  # ADD: id, inputs, params, sent_at
             row = [rid, {"text": inputs["prompt"], "trace": ["s0"], "index": 0}, True, None]
             sock.sendall(frame(encode(Msg.OUTPUTS, REPLICA_ID, [row], {"running": 0})))
     sock.close()

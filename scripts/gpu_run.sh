@@ -3,6 +3,7 @@
 #
 #   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
 #   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, fuse_projections off vs on
+#                                        # (VALUES="true" runs only the default)
 #   bash scripts/gpu_run.sh step [TAG]   # Qwen3-8B shape: bench.ar_step (host phases vs the GPU's
 #                                        # replay; step orders off, on, chain; top kernels)
 #   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar,
@@ -12,15 +13,16 @@
 #                                        # C (default 8; a list, e.g. 8,32, runs both on one
 #                                        # server start; 8,32 with both sides outlasts a call:
 #                                        # run c=32 one side at a time)
-#   bash scripts/gpu_run.sh thinker      # the same Qwen3-Omni model, text only (the thinker
-#                                        # alone): bench ar, 2500-token prompts, c=1,8,32: its
+#   bash scripts/gpu_run.sh thinker [C] [B] # the same Qwen3-Omni model, text only (the thinker
+#                                        # alone): bench ar, 2500-token prompts, concurrency C
+#                                        # (default 1,8,32), bursts B (default 2,1,1): its
 #                                        # TTFT without the talker and code2wav beside it
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,19p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,20p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -56,7 +58,7 @@ case "${1:-}" in
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
-    bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" false true
+    bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
     ;;
   step)
     only_model q8
@@ -81,8 +83,8 @@ case "${1:-}" in
     say "model ready"
     if [ "$1" = thinker ]; then
       timeout 400 python3 -m bench ar --model /tmp/m/omni --sides ours-inproc \
-        --prompt-len 2500 --new-tokens 64 --concurrency 1,8,32 --bursts 2,1,1 \
-        --tag "omni-thinker-${2:-h200}" --out "$OUT" > "$OUT/bench-ar-thinker.log" 2>&1
+        --prompt-len 2500 --new-tokens 64 --concurrency "${2:-1,8,32}" --bursts "${3:-2,1,1}" \
+        --tag omni-thinker-h200 --out "$OUT" > "$OUT/bench-ar-thinker.log" 2>&1
       grep -E "^\[ar\]|Error" "$OUT/bench-ar-thinker.log" | tail -8
       say "done"; exit 0
     fi
