@@ -2,8 +2,9 @@
 
 The main thread owns the engine and the connection and blocks only when it has no work.
 Handing messages between reader/writer threads would cost two thread wake-ups per hop,
-tens of microseconds each on small VMs. A second thread only watches for the parent's
-death. The parent owns shutdown: SIGINT is ignored here (a terminal's Ctrl-C reaches the
+tens of microseconds each on small VMs, so between steps the main thread reads the socket
+itself; only while a step runs does a drainer thread read for it (omni/engines/channel.py
+says why). Another thread only watches for the parent's death. The parent owns shutdown: SIGINT is ignored here (a terminal's Ctrl-C reaches the
 whole process group), and the process exits when its parent dies or hangs up.
 """
 
@@ -24,14 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
+from omni.engines.channel import Channel, OrchestratorGone
 from omni.payloads import PayloadPlane
-from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
+from omni.protocol import Msg, ProtocolError, decode, encode, frame
 from omni.transit import InboundTimes
 
 log = logging.getLogger("omni.engine")
 
 LOG_TAIL_LINES = 30
-RECV_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -54,36 +55,6 @@ class EngineSpec:
     memory_share: float | None = None  # or its share of the device (omni/memory_budget.py)
 
 
-class OrchestratorGone(Exception):
-    """The orchestrator closed the connection: nobody is left to serve."""
-
-
-class Channel:
-    """The engine's end of the control connection: framed messages in and out."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.reader = FrameReader()
-
-    def send(self, message: bytes) -> None:
-        self.sock.sendall(frame(message))
-
-    def receive(self, block: bool) -> list[bytes]:
-        """Every complete message available now; waits for one only when ``block``."""
-        messages: list[bytes] = []
-        flags = 0 if block else socket.MSG_DONTWAIT
-        while True:
-            try:
-                data = self.sock.recv(RECV_BYTES, flags)
-            except BlockingIOError:
-                return messages
-            if not data:
-                raise OrchestratorGone()
-            messages += self.reader.feed(data)
-            if messages:
-                flags = socket.MSG_DONTWAIT  # got something: take the rest without waiting
-
-
 class EngineLoop:
     """Feeds an engine from the connection and publishes its step outputs."""
 
@@ -104,7 +75,11 @@ class EngineLoop:
                 self._handle(message)
             if self.running and self.engine.has_work():
                 started = time.monotonic()
-                outputs = self.engine.step()
+                self.channel.step_begins()  # what arrives meanwhile may be read by a thread
+                try:
+                    outputs = self.engine.step()
+                finally:
+                    self.channel.step_ends()
                 self.inbound.step_done(started)
                 self._publish(outputs)
 
@@ -218,10 +193,11 @@ def run_engine_process(spec: EngineSpec) -> None:
     tail = _setup_logging(spec)
     threading.Thread(target=_exit_with_parent, daemon=True, name="parent-watch").start()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    code = 0
+    code, channel = 0, None
     try:
         sock.connect(spec.control_path)
-        _serve(spec, Channel(sock))
+        channel = Channel(sock)
+        _serve(spec, channel)
     except OrchestratorGone:
         log.info("orchestrator hung up; exiting")
     except BaseException as exc:  # noqa: BLE001 - any death must be reported
@@ -230,6 +206,8 @@ def run_engine_process(spec: EngineSpec) -> None:
         log.error("%s", reason)
         _send_quietly(sock, encode(Msg.DEAD, spec.replica_id, reason))
     finally:
+        if channel is not None:
+            channel.close()
         sock.close()
     os._exit(code)
 

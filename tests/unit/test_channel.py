@@ -1,0 +1,166 @@
+"""The engine's control channel: read by the main thread between steps and by a drainer
+thread during them, so a sender is never held to one socket buffer per step."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from omni.engines.channel import ENGAGE_BYTES, Channel, OrchestratorGone
+from omni.protocol import MAX_MESSAGE_BYTES, ProtocolError, frame
+
+
+@pytest.fixture
+def pair():
+    engine_end, orchestrator_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # a small send buffer, whatever the host's defaults: without the drainer a sender
+    # could put at most this much on the wire per step
+    orchestrator_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    channel = Channel(engine_end)
+    yield channel, orchestrator_end
+    channel.close()
+    engine_end.close()
+    orchestrator_end.close()
+
+
+@contextlib.contextmanager
+def _step(channel: Channel):
+    """One engine step, as EngineLoop brackets it."""
+    channel.step_begins()
+    try:
+        yield
+    finally:
+        channel.step_ends()
+
+
+def _engage(channel: Channel, peer: socket.socket) -> None:
+    """Feed ENGAGE_BYTES between steps, so the drainer reads during the next step."""
+    peer.sendall(frame(bytes(ENGAGE_BYTES)))
+    assert channel.receive(block=True) == [bytes(ENGAGE_BYTES)]
+
+
+def _messages(count: int, size: int) -> list[bytes]:
+    return [i.to_bytes(4, "big") + bytes([i % 251]) * (size - 4) for i in range(count)]
+
+
+def test_a_sender_is_not_held_to_one_socket_buffer_per_step(pair):
+    channel, peer = pair
+    messages = _messages(512, 8 * 1024)  # 4 MiB: 64 send buffers
+    sent = threading.Event()
+
+    def send_all():
+        peer.sendall(b"".join(frame(m) for m in messages))
+        sent.set()
+
+    threading.Thread(target=send_all, daemon=True).start()
+    got, steps = [], 0
+    while not sent.is_set() and steps < 20:  # the engine loop: read, then a step
+        got += channel.receive(block=False)
+        with _step(channel):  # nothing on the main thread reads during a step
+            sent.wait(timeout=0.5)
+        steps += 1
+    assert sent.is_set() and steps <= 3, f"the sender still sending after {steps} steps"
+    got += channel.receive(block=False)
+    assert got == messages  # all of them, in order
+
+
+def test_the_drainer_stays_parked_for_a_trickle(pair):
+    channel, peer = pair
+    peer.sendall(frame(b"small"))
+    assert channel.receive(block=True) == [b"small"]
+    with _step(channel):
+        assert not channel._stepping.is_set()  # a few bytes per step: no thread wakes
+    peer.sendall(b"".join(frame(m) for m in _messages(16, 8 * 1024)))
+    got = []
+    while len(got) < 16:
+        got += channel.receive(block=True)
+    with _step(channel):
+        assert channel._stepping.is_set()  # 128 KiB came in: it reads during this step
+
+
+def test_an_idle_receive_waits_for_the_next_message(pair):
+    channel, peer = pair
+    assert channel.receive(block=False) == []
+    threading.Timer(0.1, lambda: peer.sendall(frame(b"hello"))).start()
+    assert channel.receive(block=True) == [b"hello"]
+
+
+def test_a_message_read_as_a_step_ends_still_wakes_the_waiting_receiver(pair):
+    """Messages landing around the end of steps, 300 times: none is lost or stuck in the
+    inbox while the main thread waits on the socket (a lost wake-up would hang here)."""
+    channel, peer = pair
+    rng = random.Random(0)
+    got: list[bytes] = []
+
+    def serve():
+        for i in range(300):
+            delay = rng.uniform(0, 0.002)
+            # 64 KiB messages: each step has the drainer engaged (ENGAGE_BYTES)
+            message = i.to_bytes(4, "big") + bytes(ENGAGE_BYTES)
+            threading.Timer(delay, peer.sendall, (frame(message),)).start()
+            with _step(channel):
+                time.sleep(rng.uniform(0, 0.002))
+            while len(got) <= i:
+                got.extend(channel.receive(block=True))
+
+    worker = threading.Thread(target=serve, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), f"receive hung after {len(got)} messages"
+    assert [m[:4] for m in got] == [i.to_bytes(4, "big") for i in range(300)]
+
+
+@pytest.mark.parametrize("during_step", [False, True])
+def test_a_closed_connection_raises_orchestrator_gone(pair, during_step):
+    channel, peer = pair
+    if during_step:
+        _engage(channel, peer)
+    peer.sendall(frame(b"last words"))
+    if during_step:
+        with _step(channel):
+            peer.shutdown(socket.SHUT_WR)
+            time.sleep(0.05)
+    else:
+        peer.shutdown(socket.SHUT_WR)
+    assert channel.receive(block=True) == [b"last words"]  # what came first is kept
+    with pytest.raises(OrchestratorGone):
+        channel.receive(block=True)
+
+
+def test_a_bad_frame_read_during_a_step_raises_in_the_main_thread(pair):
+    channel, peer = pair
+    _engage(channel, peer)
+    with _step(channel):
+        assert channel._stepping.is_set()
+        peer.sendall(struct.pack("<I", MAX_MESSAGE_BYTES + 1) + b"x" * 16)
+        time.sleep(0.05)
+    with pytest.raises(ProtocolError):
+        for _ in range(100):  # the drainer's failure surfaces on a later call at the latest
+            channel.receive(block=False)
+            time.sleep(0.01)
+
+
+def test_close_stops_the_drainer(pair):
+    channel, _ = pair
+    channel.close()
+    assert not channel._drainer.is_alive()
+    channel.close = lambda: None  # the fixture's close: already done
+
+
+@pytest.mark.parametrize("after_engaged_step", [False, True])
+def test_an_idle_receive_assembles_a_message_sent_in_pieces(pair, after_engaged_step):
+    channel, peer = pair
+    if after_engaged_step:
+        _engage(channel, peer)
+        with _step(channel):
+            pass
+    message = frame(b"x" * 1000)
+    peer.sendall(message[:300])
+    threading.Timer(0.1, peer.sendall, (message[300:],)).start()
+    assert channel.receive(block=True) == [b"x" * 1000]
