@@ -164,3 +164,56 @@ def test_an_idle_receive_assembles_a_message_sent_in_pieces(pair, after_engaged_
     peer.sendall(message[:300])
     threading.Timer(0.1, peer.sendall, (message[300:],)).start()
     assert channel.receive(block=True) == [b"x" * 1000]
+
+
+def test_the_engine_loop_takes_a_heavy_stream_in_while_it_steps():
+    """EngineLoop brackets each step for the drainer: a producer streaming 4 MiB at 13 MB/s
+    into a stage whose steps take 100 ms is done in about 4 steps, not at one socket
+    buffer (here 128 KiB) per step: 32 steps."""
+    from omni.engines.echo import EchoEngine
+    from omni.engines.proc import EngineLoop
+    from omni.payloads import PayloadPlane
+    from omni.protocol import FrameReader, Msg, decode, encode
+
+    engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    engine = EchoEngine("talker", {"delay_ms": 100})
+    channel = Channel(engine_end)
+    loop = EngineLoop("talker/0", engine, channel, PayloadPlane("test-channel-loop"))
+    outputs: list = []
+
+    def read_outputs():  # the orchestrator's side reads what the engine publishes
+        reader = FrameReader()
+        while data := peer.recv(1 << 20):
+            outputs.extend(decode(m) for m in reader.feed(data))
+
+    chunks = 512
+    stream = [frame(encode(Msg.ADD, "r1", {"stream": ["thinker"]}, {}, time.monotonic()))]
+    stream += [frame(encode(Msg.APPEND, "r1", "thinker", i, {"text": "x" * 8192},
+                            i == chunks - 1, time.monotonic())) for i in range(chunks)]
+    steps_when_sent = []
+
+    def send_stream():  # paced like a producer stage: 64 KiB every 5 ms (13 MB/s)
+        data = b"".join(stream)
+        for start in range(0, len(data), 64 * 1024):
+            peer.sendall(data[start:start + 64 * 1024])
+            time.sleep(0.005)
+        steps_when_sent.append(engine.steps)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (loop.run, read_outputs,
+                                                                 send_stream)]
+    for thread in threads:
+        thread.start()
+    try:
+        threads[2].join(timeout=60)
+        assert steps_when_sent and steps_when_sent[0] <= 12, (
+            f"the stream was still arriving after {engine.steps} steps")
+    finally:
+        loop.running = False
+        peer.sendall(frame(encode(Msg.SHUTDOWN)))
+        threads[0].join(timeout=10)
+        channel.close()
+        engine_end.close()  # the reader sees the end of the stream
+        threads[1].join(timeout=10)
+        peer.close()
+    assert any(kind == Msg.OUTPUTS for kind, _ in outputs)
