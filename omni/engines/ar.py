@@ -28,6 +28,7 @@ features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,7 @@ from omni.engines.ar_inputs import (
 from omni.engines.ar_media import step_media, whole_delta
 from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
 from omni.engines.ar_steps import StepOrder
+from omni.engines.ar_warm import warm_prefill
 from omni.engines.base import (
     Engine,
     EngineLoadError,
@@ -67,7 +69,7 @@ AR_OPTIONS = frozenset({
     "block_size", "kv_cache_blocks", "kv_cache_mb", "kv_cache_fraction", "max_num_seqs",
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
-    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections"})
+    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill"})
 
 
 class AREngine(StepOrder, Engine):
@@ -96,6 +98,8 @@ class AREngine(StepOrder, Engine):
             max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
             prefix_salt=0 if caching else None)
         self.graphs = self._make_graphs() if cuda else None
+        if self.options.get("warm_prefill", cuda):  # first-use costs at load (ar_warm.py)
+            self._warm_prefill()
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar_encoder.py)
@@ -109,6 +113,23 @@ class AREngine(StepOrder, Engine):
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         return load_causal_lm(model_dir, dtype=dtype, device=device)
+
+    def _warm_prefill(self) -> None:
+        started = time.perf_counter()
+        try:
+            ran = warm_prefill(self.lm, self.cache, self.scheduler.max_batched_tokens,
+                               self._warm_inputs)
+        except torch.cuda.OutOfMemoryError as e:  # what the first big step would hit
+            raise EngineLoadError(
+                f"a prefill step of max_batched_tokens={self.scheduler.max_batched_tokens} "
+                f"does not fit beside the KV cache: lower max_batched_tokens or the KV "
+                f"cache (kv_cache_mb, or the stage's memory budget): {e}") from e
+        log.info("warmed prefill steps of %s tokens in %.1f s", ran,
+                 time.perf_counter() - started)
+
+    def _warm_inputs(self, tokens: int) -> dict[str, torch.Tensor]:
+        """Model inputs for a warm-up step of `tokens` zero tokens."""
+        return {"input_ids": torch.zeros(1, tokens, dtype=torch.long, device=self.lm.device)}
 
     def _opt(self, name: str, default: int) -> int:
         value = self.options.get(name, default)

@@ -72,6 +72,11 @@ class FeedbackAREngine(AREngine):
             use(max_seqs)
         return super()._make_graphs(embeds=(self.lm.config.hidden_size, self.lm.dtype))
 
+    def _warm_inputs(self, tokens: int) -> dict[str, torch.Tensor]:
+        """This model is fed embeddings, not ids (see _packed_inputs)."""
+        return {"inputs_embeds": torch.zeros(1, tokens, self.lm.config.hidden_size,
+                                             dtype=self.lm.dtype, device=self.lm.device)}
+
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
         rid = request.request_id
