@@ -26,6 +26,7 @@ from typing import Any
 
 from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
 from omni.engines.channel import Channel, OrchestratorGone
+from omni.memory_budget import over_budget
 from omni.payloads import PayloadPlane
 from omni.protocol import Msg, ProtocolError, decode, encode, frame
 from omni.transit import InboundTimes
@@ -232,7 +233,12 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
                             spec.payload_options)
-    channel.send(encode(Msg.READY, spec.replica_id, {**engine.info(), **_memory()}))
+    memory = _memory()
+    warning = over_budget(spec.stage, memory.get("cuda_bytes"),
+                          getattr(engine, "memory_bytes", None))
+    if warning:
+        log.warning("%s", warning)
+    channel.send(encode(Msg.READY, spec.replica_id, {**engine.info(), **memory}))
     try:
         EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:

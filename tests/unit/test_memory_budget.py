@@ -54,3 +54,13 @@ def test_budget_in_bytes_on_the_device(monkeypatch):
     assert memory_budget.budget_bytes(123, None, "cuda:0") == 123
     assert memory_budget.budget_bytes(None, 0.6, "cpu") is None  # CPU keeps its defaults
     assert memory_budget.budget_bytes(None, None, "cuda") is None
+
+
+def test_over_budget_names_the_stage_the_excess_and_the_remedies():
+    gib = 2 ** 30
+    assert memory_budget.over_budget("thinker", 36 * gib, 36 * gib) is None
+    assert memory_budget.over_budget("thinker", 37 * gib, None) is None  # no budget
+    assert memory_budget.over_budget("thinker", None, 36 * gib) is None  # no CUDA
+    note = memory_budget.over_budget("thinker", 37 * gib, 36 * gib)
+    assert "'thinker'" in note and "1.00 GiB over its budget of 36.00 GiB" in note
+    assert "max_graph_context" in note
