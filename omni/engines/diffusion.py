@@ -346,9 +346,8 @@ class DiffusionEngine(Engine):
 def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype: str,
                            options: Mapping[str, Any]) -> DiffusionEngine:
     """The diffusion engine for a stage's `model` (adapters: omni/models/__init__.py)."""
-    from omni.models import build_denoiser
+    from omni.models import adapter_options, build_denoiser
 
-    denoiser = build_denoiser(model, model_dir, device, dtype, options)
     check_options(f"diffusion engine ({model})", options,
-                  DiffusionEngine.OPTIONS | getattr(denoiser, "OPTIONS", frozenset()))
-    return DiffusionEngine(denoiser, options)
+                  DiffusionEngine.OPTIONS | adapter_options(model))
+    return DiffusionEngine(build_denoiser(model, model_dir, device, dtype, options), options)

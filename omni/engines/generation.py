@@ -333,9 +333,8 @@ class GenerationEngine(Engine):
 def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,
                             options: Mapping[str, Any]) -> GenerationEngine:
     """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
-    from omni.models import build_runner
+    from omni.models import adapter_options, build_runner
 
-    runner = build_runner(model, model_dir, device, dtype, options)
     check_options(f"generation engine ({model})", options,
-                  GenerationEngine.OPTIONS | getattr(runner, "OPTIONS", frozenset()))
-    return GenerationEngine(runner, options)
+                  GenerationEngine.OPTIONS | adapter_options(model))
+    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options)

@@ -7,6 +7,7 @@ imports another's dependencies.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,29 @@ def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The generation-engine runner of ``model``; EngineLoadError names the known ones."""
     return _build(GENERATION_RUNNERS, "generation", model, model_dir, device, dtype, options)
+
+
+# the class whose OPTIONS are each adapter's stage options: the engine checks a stage's
+# options against them before loading any weights (a typo costs no load)
+_OPTION_HOLDERS = {
+    "piper": ("omni.models.piper", "PiperRunner"),
+    "piper_phonemizer": ("omni.models.piper", "PiperPhonemizerRunner"),
+    "piper_synthesizer": ("omni.models.piper", "PiperSynthesizerRunner"),
+    "qwen3_omni_code2wav": ("omni.models.qwen3_omni", "Code2WavRunner"),
+    "vits": ("omni.models.vits", "VitsRunner"),
+    "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
+    "wan": ("omni.models.wan", "WanDenoiser"),
+}
+
+
+def adapter_options(model: str) -> frozenset[str]:
+    """The stage options the adapter of ``model`` reads (its class's OPTIONS); empty for a
+    model it does not know (building it then fails, naming the known ones)."""
+    holder = _OPTION_HOLDERS.get(model)
+    if holder is None:
+        return frozenset()
+    module, name = holder
+    return frozenset(getattr(importlib.import_module(module), name).OPTIONS)
 
 
 def _build(registry: Mapping[str, Any], kind: str, model: str, model_dir: str | None,

@@ -22,3 +22,25 @@ def test_echo_engine_refuses_an_unknown_option():
     with pytest.raises(EngineLoadError, match=r"echo engine \(stage 's'\) option\(s\) chunk;"):
         EchoEngine("s", {"chunk": 2})
     assert EchoEngine("s", {"chunks": 2, "delay_ms": 1}).chunks == 2
+
+
+@pytest.mark.parametrize("kind, model, typo", [("generation", "qwen3_omni_code2wav", "chunk_frame"),
+                                              ("generation", "piper", "max_phoneme"),
+                                              ("diffusion", "wan", "max_batch_row")])
+def test_an_unknown_adapter_option_fails_before_any_weights_load(tmp_path, kind, model, typo):
+    from omni.engines.diffusion import build_diffusion_engine
+    from omni.engines.generation import build_generation_engine
+
+    build = build_generation_engine if kind == "generation" else build_diffusion_engine
+    missing = str(tmp_path / "no-such-model")  # loading would fail on this directory
+    with pytest.raises(EngineLoadError, match=rf"unknown {kind} engine \({model}\) "
+                                              rf"option\(s\) {typo};"):
+        build(model, missing, "cpu", "auto", {typo: 1})
+
+
+def test_every_adapter_declares_its_options():
+    from omni.models import DIFFUSION_DENOISERS, GENERATION_RUNNERS, adapter_options
+
+    for model in [*GENERATION_RUNNERS, *DIFFUSION_DENOISERS]:
+        assert adapter_options(model), model
+    assert adapter_options("no-such-model") == frozenset()
