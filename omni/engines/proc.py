@@ -4,8 +4,9 @@ The main thread owns the engine and the connection and blocks only when it has n
 Handing messages between reader/writer threads would cost two thread wake-ups per hop,
 tens of microseconds each on small VMs, so between steps the main thread reads the socket
 itself; only while a step runs does a drainer thread read for it (omni/engines/channel.py
-says why). Another thread only watches for the parent's death. The parent owns shutdown: SIGINT is ignored here (a terminal's Ctrl-C reaches the
-whole process group), and the process exits when its parent dies or hangs up.
+says why). Another thread only watches for the parent's death. The parent owns shutdown:
+SIGINT is ignored here (a terminal's Ctrl-C reaches the whole process group), and the
+process exits when its parent dies or hangs up.
 """
 
 from __future__ import annotations
