@@ -73,9 +73,9 @@ def budget_bytes(memory: int | None, share: float | None, device: str) -> int | 
 def over_budget(stage: str, used: int | None, budget: int | None) -> str | None:
     """What to tell the operator when a stage holds more device memory after loading
     than its budget (None when it fits or has no budget): the budget sizes the weights and
-    the KV cache, and what comes on top (decode graphs, about 1 GiB per AR stage of the
-    Qwen3-Omni shapes on an H200, and the largest step's activations, reached at load by
-    warm_prefill) must be left free beside it."""
+    the KV cache, and what comes on top (decode graphs, about 1 GiB per AR stage in the
+    H200 runs of bench/results/omni-h200-c32-stream.md, and the largest step's
+    activations, reached at load by warm_prefill) must be left free beside it."""
     if not used or not budget or used <= budget:
         return None
     gib = 2 ** 30

@@ -2,10 +2,10 @@
 
 The first eager forward of a process pays one-time costs: kernels loaded on first use
 (CUDA's lazy module loading), cuBLAS handles and workspaces, the caching allocator's
-first segments. On an H200 the first 128-token prefill of the Qwen3-8B shape took 1.4 s,
+first segments. On an H200 the first 128-token prefill of an 8B dense model took 1.4 s,
 against 44-53 ms after it, and the first batch of 32 prompts 231 ms against 147 ms
-(bench/results/ar-step-qwen3-8b-h200-ttft.md): without a warm-up the first requests after
-a start wait for that. Decode steps are warmed by their graph captures (decode_graphs.py);
+(bench/results/ar-h200.md, "TTFT of short prompts"): without a warm-up the first
+requests after a start wait for that. Decode steps are warmed by their graph captures (decode_graphs.py);
 this does the same for prefill with two forwards of zero inputs: one short prompt (the
 one-sequence attention path) and one full step of max_batched_tokens over four sequences
 (the padded-batch path, at the step's peak activation memory, so a budget too tight for
