@@ -60,12 +60,15 @@ class Channel:
         self._stop_r, self._stop_w = os.pipe()
         for fd in (self._late_r, self._late_w, self._park_r, self._park_w):
             os.set_blocking(fd, False)  # a full pipe already says "look again"
-        self._drainer = threading.Thread(target=self._drain_during_steps, daemon=True,
-                                         name="channel-drain")
+        self._drainer: threading.Thread | None = threading.Thread(
+            target=self._drain_during_steps, daemon=True, name="channel-drain")
         self._drainer.start()
 
     def close(self) -> None:
-        """Stop the drainer and free its pipes (the socket is the caller's to close)."""
+        """Stop the drainer and free its pipes (the socket is the caller's to close);
+        a second call does nothing."""
+        if self._drainer is None:
+            return
         self._gone = True
         self._stepping.set()  # let a waiting drainer see that it is over
         os.write(self._stop_w, b"!")
@@ -73,6 +76,7 @@ class Channel:
         for fd in (self._late_r, self._late_w, self._park_r, self._park_w, self._stop_r,
                    self._stop_w):
             os.close(fd)
+        self._drainer = None
 
     def send(self, message: bytes) -> None:
         self.sock.sendall(frame(message))
