@@ -172,7 +172,7 @@ async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: i
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"},
             "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
-    clock, usage = PlaybackClock(start=start), None
+    clock, usage, worst_at, second = PlaybackClock(start=start), None, None, None
     async for now, event in sse_events(session, f"{url}/v1/chat/completions", body,
                                        time.monotonic):
         usage = event.get("usage") or usage
@@ -181,10 +181,17 @@ async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: i
             if audio.get("transcript"):
                 clock.text(now)
             if audio.get("data"):
+                worst = clock.underrun_s
+                if clock.first_audio is not None and second is None:
+                    second = now - start
                 clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
+                worst_at = now - start if clock.underrun_s > worst else worst_at
     summary = clock.summary()
+    # where the worst deficit was met, and the second packet: a stall after the first
+    # packet shows in them (the report keeps every request's numbers in its JSON)
     summary.update(audio_s=clock.audio_s, prompt_tokens=(usage or {}).get("prompt_tokens"),
-                   completion_tokens=(usage or {}).get("completion_tokens"))
+                   completion_tokens=(usage or {}).get("completion_tokens"),
+                   underrun_at_s=worst_at, second_packet_s=second)
     return summary
 
 
@@ -211,7 +218,8 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
     for key, metric in (("step_sum", "omni_engine_step_seconds_sum"),
                         ("step_count", "omni_engine_step_seconds_count"),
                         ("wait_sum", "omni_stage_step_wait_seconds_sum"),
-                        ("wait_count", "omni_stage_step_wait_seconds_count")):
+                        ("wait_count", "omni_stage_step_wait_seconds_count"),
+                        ("preemptions", "omni_replica_preemptions")):
         for found in re.finditer(rf'^{metric}{{[^}}]*stage="([^"]+)"[^}}]*}} ([0-9.e+-]+)$',
                                  text, re.M):
             out[f"{key}:{found.group(1)}"] = float(found.group(2))

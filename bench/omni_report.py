@@ -46,7 +46,8 @@ def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
         out[stage] = {"steps": steps,
                       "step_mean_s": transit.get(f"step_sum:{stage}", 0.0) / (steps or float("nan")),
                       "wait_mean_s": transit.get(f"wait_sum:{stage}", 0.0) / (waits or float("nan")),
-                      "wait_share": transit.get(f"wait_sum:{stage}", 0.0) / latency}
+                      "wait_share": transit.get(f"wait_sum:{stage}", 0.0) / latency,
+                      "preemptions": transit.get(f"preemptions:{stage}", 0.0)}
     return out
 
 
@@ -71,6 +72,8 @@ def summarize(level: dict[str, Any]) -> dict[str, Any]:
     client = [r["ttfp_s"] for r in runs if r.get("ttfp_s") is not None]
     out["client_ttfp_mean"] = sum(client) / len(client) if client else float("nan")
     out["transit"] = transit
+    out["per_request"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                           if k not in ("prompt_tokens", "completion_tokens")} for r in runs]
     return out
 
 
@@ -124,8 +127,13 @@ def targets(data: dict[str, Any]) -> list[str]:
                            "input's wait behind a running step, mean per request (% of E2EL): "
                            + "; ".join(f"{st} {_ms(v['step_mean_s'])} ms ({v['steps']:.0f}) / "
                                        f"{_ms(v['wait_mean_s'])} ms ({100 * v['wait_share']:.2f} %)"
-                                       for st, v in s["stages"].items()))
+                                       + _preempted(v) for st, v in s["stages"].items()))
     return out
+
+
+def _preempted(stage: dict[str, Any]) -> str:
+    n = stage.get("preemptions", 0.0)
+    return f", {n:.0f} sequences preempted for KV space" if n else ""
 
 
 def write_report(data: dict[str, Any], out_dir: Path, tag: str) -> None:

@@ -12,7 +12,7 @@
 #                                        # lengths, sides S (default stream,full) at concurrency
 #                                        # C (default 8; a list, e.g. 8,32, runs both on one
 #                                        # server start; 8,32 with both sides outlasts a call:
-#                                        # run c=32 one side at a time)
+#                                        # run c=32 one side at a time; TAG=... names the files)
 #   bash scripts/gpu_run.sh thinker [C] [B] # the same Qwen3-Omni model, text only (the thinker
 #                                        # alone): bench ar, 2500-token prompts, concurrency C
 #                                        # (default 1,8,32), bursts B (default 2,1,1): its
@@ -93,7 +93,7 @@ case "${1:-}" in
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
       --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 1 \
-      --sides "$sides" --tag "h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)" \
+      --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
     ;;

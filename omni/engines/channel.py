@@ -42,8 +42,11 @@ class OrchestratorGone(Exception):
 class Channel:
     """Framed messages over the engine's control socket; see the module doc."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, drainer: bool = True) -> None:
+        """drainer=False: never read during steps (process option inbound_drainer), to
+        measure what the drainer buys."""
         self.sock = sock
+        self._engage_bytes = ENGAGE_BYTES if drainer else float("inf")
         self.reader = FrameReader()
         self._lock = threading.Lock()  # one reader of the socket (and the FrameReader)
         self._inbox: list[bytes] = []
@@ -83,7 +86,7 @@ class Channel:
 
     def step_begins(self) -> None:
         """The engine starts a step: engage the drainer if the inbound stream is heavy."""
-        self._engaged, self._recent_bytes = self._recent_bytes >= ENGAGE_BYTES, 0
+        self._engaged, self._recent_bytes = self._recent_bytes >= self._engage_bytes, 0
         if self._engaged:
             self._stepping.set()
 

@@ -198,7 +198,7 @@ def run_engine_process(spec: EngineSpec) -> None:
     code, channel = 0, None
     try:
         sock.connect(spec.control_path)
-        channel = Channel(sock)
+        channel = Channel(sock, drainer=_option_flag(spec.options, "inbound_drainer", True))
         _serve(spec, channel)
     except OrchestratorGone:
         log.info("orchestrator hung up; exiting")
@@ -224,6 +224,13 @@ def _lower_priority(nice: Any) -> None:
         raise EngineLoadError(f"option nice must be an integer from 0 to 19, got {nice!r}")
     if nice:
         os.nice(nice)
+
+
+def _option_flag(options: dict[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise EngineLoadError(f"option {name} must be true or false, got {value!r}")
+    return value
 
 
 def _serve(spec: EngineSpec, channel: Channel) -> None:

@@ -70,6 +70,35 @@ def test_a_sender_is_not_held_to_one_socket_buffer_per_step(pair):
     assert got == messages  # all of them, in order
 
 
+def test_without_the_drainer_the_stream_waits_for_the_steps():
+    """inbound_drainer: false (to measure what the drainer buys): nothing reads during a
+    step, so the same stream is still being sent after the steps the drainer needs."""
+    engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    channel = Channel(engine_end, drainer=False)
+    sent = threading.Event()
+
+    def send_all():
+        with contextlib.suppress(OSError):  # the engine end closes before it is all sent
+            peer.sendall(b"".join(frame(m) for m in _messages(512, 8 * 1024)))
+            sent.set()
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    try:
+        for _ in range(3):
+            channel.receive(block=False)
+            with _step(channel):
+                assert not channel._stepping.is_set()
+                time.sleep(0.05)
+        assert not sent.is_set()
+    finally:
+        channel.close()
+        engine_end.close()
+        sender.join(timeout=5)
+        peer.close()
+
+
 def test_the_drainer_stays_parked_for_a_trickle(pair):
     channel, peer = pair
     peer.sendall(frame(b"small"))
