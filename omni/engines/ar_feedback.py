@@ -11,6 +11,8 @@ The batching, paged KV cache, scheduling and sampling are AREngine's; a model ad
   (`feedback`, one batched call per step);
 - says whether decode step g can be fed yet (`ready`); a sequence whose side input has
   not arrived is held (no placeholder input, no guessed length) and resumes when it does;
+- may batch the work of turning received side input into decode inputs over each step's
+  sequences (`prepare`), instead of doing it per message on arrival;
 - may capture its per-step work as CUDA graphs (`use_cuda_graphs`, option
   feed_cuda_graphs).
 Every fed embedding is kept, so a preempted sequence is recomputed exactly.
@@ -155,6 +157,9 @@ class FeedbackAREngine(AREngine):
 
     # -- one step -----------------------------------------------------------------------------
     def _packed_inputs(self, batch: ScheduledBatch, ids: torch.Tensor) -> dict[str, Any]:
+        prepare = getattr(self.feed, "prepare", None)
+        if prepare is not None:  # the feed's per-step input work, batched over the step
+            prepare([seq.state.feed for seq in batch.seqs])
         rows = []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
             state: _FeedState = seq.state

@@ -138,6 +138,10 @@ class FeedState:
     prompt_hidden: torch.Tensor | None = None  # (P, Ht) thinker accept layer
     prompt_rope: torch.Tensor | None = None  # (3, P) thinker rotary positions (images)
     answer: list[torch.Tensor] = field(default_factory=list)  # projected answer tokens
+    # answer tokens as received (thinker layer 0, (n, Ht) each), projected in one batched
+    # call for a whole engine step when a step needs them (TalkerFeed.prepare)
+    pending: list[torch.Tensor] = field(default_factory=list)
+    pending_rows: int = 0
     closed: bool = False
     next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
     codes: list[int] | None = None  # the last frame's codes, one per code group
@@ -195,8 +199,8 @@ class TalkerFeed:
             raise ValueError(f"talker input needs the thinker's hidden_states as (tokens, 2, "
                              f"{width}) (export_hidden_layers: auto), got "
                              f"{getattr(hidden, 'shape', type(hidden).__name__)}")
-        hidden = hidden.to(self.lm.suppressed.device, self.tts_pad.dtype)
         if st.prompt_ids is None:
+            hidden = hidden.to(self.lm.suppressed.device, self.tts_pad.dtype)
             ids = data.get("prompt_token_ids")
             if not isinstance(ids, list) or len(ids) != hidden.shape[0]:
                 raise ValueError("the thinker's first output must carry prompt_token_ids for "
@@ -208,14 +212,43 @@ class TalkerFeed:
                 if st.prompt_rope.shape != (3, len(ids)):
                     raise ValueError("prompt_rope_positions must be (3, prompt tokens)")
             return
+        # kept as received: projecting each thinker token on arrival cost a host-to-device
+        # copy (a stream sync) and a projection launch per row, 28,800 of them for 32
+        # answers of 900 tokens, on the talker's main thread between its steps
+        st.pending.append(hidden[:, 0])
+        st.pending_rows += hidden.shape[0]
+
+    def prepare(self, states: list[FeedState]) -> None:
+        """Project the received answer tokens of a step's sequences: one host-to-device
+        copy and one text_projection for the whole step."""
+        waiting = [st for st in states if st.pending]
+        if not waiting:
+            return
+        rows = [row for st in waiting for row in st.pending]
+        dev, dtype = self.lm.suppressed.device, self.tts_pad.dtype
+        if all(r.device == rows[0].device for r in rows):
+            stacked = torch.cat(rows).to(dev, dtype)
+        else:
+            stacked = torch.cat([r.to(dev, dtype) for r in rows])
         with torch.inference_mode():
-            st.answer += list(self.lm.talker.text_projection(hidden[:, 0]))
+            projected = list(self.lm.talker.text_projection(stacked))
+        start = 0
+        for st in waiting:
+            st.answer += projected[start:start + st.pending_rows]
+            start += st.pending_rows
+            st.pending, st.pending_rows = [], 0
+
+    @staticmethod
+    def answer_tokens(st: FeedState) -> int:
+        """Answer tokens received so far, projected or not."""
+        return len(st.answer) + st.pending_rows
 
     def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, Any] | None:
         """((positions, H) talker prompt, its PromptLayout or None) once the first answer
         token is known, else None."""
-        if st.prompt_ids is None or not st.answer:
+        if st.prompt_ids is None or not self.answer_tokens(st):
             return None
+        self.prepare([st])
         ids, p = st.prompt_ids, self.top
         keep = self._user_positions(st)
         user = self._user_part(st, keep)
@@ -261,9 +294,11 @@ class TalkerFeed:
 
     def ready(self, st: FeedState, step: int) -> bool:
         """Decode step `step` can be fed: its answer token arrived, or the answer ended."""
-        return st.closed or step + 1 < len(st.answer)
+        return st.closed or step + 1 < self.answer_tokens(st)
 
     def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
+        if step + 1 >= len(st.answer) and st.pending:  # not prepared with its step
+            self.prepare([st])
         if step + 1 < len(st.answer):
             text = st.answer[step + 1]
         else:

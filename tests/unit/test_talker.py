@@ -241,3 +241,36 @@ def test_overlapped_steps_give_the_same_frames(omni_dir, thinker, talker):
     got = run_talker(over, feeds, max_tokens=10)
     assert got == run_talker(talker, feeds, max_tokens=10) and len(got["q0"]) >= 5
     assert not over.has_work() and over.stats()["kv_blocks_used"] == 0
+
+
+def test_answer_tokens_are_projected_once_per_step_not_per_message(thinker, talker):
+    """A thinker token arrives as one message per request; the talker projects what its
+    step needs in one batched call (a projection launched per message, each after a
+    host-to-device copy, cost the talker's main thread most of its time at concurrency 32
+    on an H200), and the frames are those of a talker fed everything at once."""
+    outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=8)
+    calls = []
+    hook = talker.feed.lm.talker.text_projection.register_forward_hook(
+        lambda module, args, out: calls.append(args[0].shape[0]))
+    try:
+        for rid in ("a", "b", "c"):  # the prompt is built (projected) on the first word
+            talker.add(EngineRequest(rid, {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 6}))
+            talker.append(rid, "thinker", 0, outs[0][0], False)
+            talker.append(rid, "thinker", 1, outs[1][0], False)
+        calls.clear()
+        for i, (data, last) in enumerate(outs[2:], start=2):
+            for rid in ("a", "b", "c"):
+                talker.append(rid, "thinker", i, data, last)
+        assert calls == []  # nothing projected on arrival
+        frames: dict[str, list] = {"a": [], "b": [], "c": []}
+        while talker.has_work():
+            before = len(calls)
+            for o in talker.step():
+                if o.data and o.data.get("codes"):
+                    frames[o.request_id].append([c[0] for c in o.data["codes"]])
+            assert len(calls) - before <= 1
+        assert calls[0] == 3 * (len(outs) - 2)  # every waiting word, all three requests
+    finally:
+        hook.remove()
+    assert frames["a"] == frames["b"] == frames["c"]
+    assert frames["a"] == run_talker(talker, {"x": outs}, max_tokens=6, interleave=False)["x"]
