@@ -63,11 +63,19 @@ def _lscpu() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
 
 
-def hardware() -> dict[str, Any]:
-    import msgpack
-    import uvloop
-    import zmq
+def _version(module: str, attribute: str = "__version__") -> str | None:
+    """A package's version, or None where it is not installed: a measurement is never lost
+    at its end for want of a module that only describes the machine (pyzmq is carried to
+    the GPU box as a wheel, and a run without it lost its report)."""
+    try:
+        value = getattr(__import__(module), attribute)
+    except ImportError:
+        return None
+    value = value() if callable(value) else value
+    return ".".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
+
+def hardware() -> dict[str, Any]:
     cpu = _lscpu()
     ram_gib = None
     try:
@@ -87,10 +95,10 @@ def hardware() -> dict[str, Any]:
         "ram_gib": ram_gib,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "uvloop": uvloop.__version__,
-        "msgpack": ".".join(map(str, msgpack.version)),
+        "pyzmq": _version("zmq"),
+        "libzmq": _version("zmq", "zmq_version"),
+        "uvloop": _version("uvloop"),
+        "msgpack": _version("msgpack", "version"),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
