@@ -16,7 +16,9 @@ Hidden-state export: with stage option export_hidden_layers (indices into transf
 hidden_states: 0 = embeddings, i = after decoder layer i, negative from the end), every
 output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens fed
 since the previous output (the whole prompt with the first token, then one per step),
-which a stream edge hands to the next stage (one that reads its hidden states).
+which a stream edge hands to the next stage (one that reads its hidden states). With
+"auto", a model whose next stage embeds the answer's token ids itself
+(CausalLM.export_prompt_only) exports the prompt's rows only.
 
 The order of work inside one step() call, overlapped with the GPU (options overlap_steps
 and chain_decode): ar_steps.py.
@@ -91,6 +93,9 @@ class AREngine(StepOrder, Engine):
         self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
+        # "auto" exports what the next stage reads: for some models the prompt's rows only
+        self.export_prompt_only = (self.export_layers is not None and self.lm.export_prompt_only
+                                   and self.options.get("export_hidden_layers") == "auto")
         # a cached prefix is not recomputed, so its hidden states could not be exported
         caching = self.options.get("prefix_caching", self.export_layers is None)
         self.scheduler = Scheduler(
@@ -148,7 +153,8 @@ class AREngine(StepOrder, Engine):
         graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
                               self.lm.device, compiled,
                               keeps_logits=self.lm.keeps_logits, embeds=embeds,
-                              export_layers=self.export_layers)
+                              export_layers=None if self.export_prompt_only
+                              else self.export_layers)  # decode steps: no prompt rows
         try:
             graphs.warm()
         except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
@@ -278,7 +284,7 @@ class AREngine(StepOrder, Engine):
             logits = self.graphs.run(inputs, list(batch.starts),
                                      [s.blocks.table for s in seqs],
                                      [whole_delta(s.media) for s in seqs])
-            hidden = None if self.export_layers is None else split_rows(
+            hidden = None if self.graphs.export_layers is None else split_rows(
                 batch.counts, self.graphs.hidden[:len(seqs)])
             return seqs, logits, hidden
         ids, positions, last, sampled = [], [], [], []
@@ -289,6 +295,8 @@ class AREngine(StepOrder, Engine):
                 last.append(len(positions) - 1)
                 sampled.append(seq)
         dev = self.lm.device
+        exporting = self.export_layers is not None and (not self.export_prompt_only or any(
+            start < len(s.prompt) for s, start in zip(batch.seqs, batch.starts, strict=True)))
         layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
                               batch.counts, dev)
         inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev) if fed is None
@@ -297,13 +305,21 @@ class AREngine(StepOrder, Engine):
         with media:  # a multimodal prompt's rotary positions and vision features
             out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
                                 omni_batch=layout,
-                                output_hidden_states=self.export_layers is not None,
-                                **self._keep(last))
-        hidden = None if self.export_layers is None else split_rows(batch.counts, torch.stack(
+                                output_hidden_states=exporting, **self._keep(last))
+        hidden = None if not exporting else self._exported_rows(batch, torch.stack(
             [out.hidden_states[i][0] for i in self.export_layers], dim=1))
         if not self.lm.keeps_logits:  # the model returned every position's logits
             return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)], hidden
         return sampled, out.logits[0], hidden
+
+    def _exported_rows(self, batch: ScheduledBatch, rows: torch.Tensor) -> list[Any]:
+        """Each sequence's exported rows; None for a decode token when only the prompt's
+        rows are exported (a chunk is all prompt, or one fed token)."""
+        per_seq = split_rows(batch.counts, rows)
+        if not self.export_prompt_only:
+            return per_seq
+        return [r if start < len(seq.prompt) else None
+                for seq, start, r in zip(batch.seqs, batch.starts, per_seq, strict=True)]
 
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         """What a graphed decode step feeds: each sequence's last token."""

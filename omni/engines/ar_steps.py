@@ -96,7 +96,8 @@ class StepOrder:
         return flight
 
     def _chainable(self, batch: ScheduledBatch, sampled: list[Sequence]) -> bool:
-        return (self.chain and self.overlap and self.export_layers is None
+        return (self.chain and self.overlap
+                and (self.export_layers is None or self.export_prompt_only)
                 and len(sampled) == len(batch.seqs) and all(n == 1 for n in batch.counts)
                 and all(s.media is None and plain_greedy(s.state.sampler) for s in sampled))
 
@@ -152,7 +153,7 @@ class StepOrder:
                         if self._alive(s)]
             return []
         for seq, rows in zip(flight.seqs, flight.hidden or [], strict=False):
-            if self._alive(seq):
+            if rows is not None and self._alive(seq):
                 seq.state.hidden = (seq.state.hidden or []) + [rows]
         ready = [(s, r) for s, r in zip(flight.sampled, results, strict=True) if self._alive(s)]
         self._sampled([s for s, _ in ready], [r for _, r in ready])

@@ -43,6 +43,9 @@ class CausalLM:
     keeps_logits: bool = True  # forward() takes logits_to_keep
     # hidden layers a downstream stage of this model reads (export_hidden_layers: auto)
     export_layers: list[int] | None = None
+    # ... of the prompt only: that stage embeds the answer's token ids itself, so decode
+    # steps export nothing (no hidden row per token crosses processes)
+    export_prompt_only: bool = False
     media: Any = None  # encodes prompts with media parts: wants(messages), encode, info
     # multi-axis rotary positions (omni/engines/ar_media.py): axes, position_ids(text, axes)
     rope: Any = None

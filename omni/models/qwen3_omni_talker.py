@@ -15,9 +15,18 @@ re-expressed per request and per chunk so the talker can start while the thinker
   codec_eos; the code predictor (a small dense LM, run here as a batched loop over its own
   short cache) draws the residual codes from the talker's last hidden state.
 
+The answer tokens: transformers' generate feeds the talker the thinker's layer-0 hidden
+states of the answer, which are the thinker's embeddings of its answer tokens (and the last
+token, never fed back to the thinker, has none). So the talker reads the answer as token
+ids and embeds them itself with the thinker's table: the thinker exports the prompt's
+hidden states only (CausalLM.export_prompt_only), no 8 KiB row per token crosses
+processes, and answer token t is known with the thinker output that samples it, a thinker
+step earlier than its hidden state (the talker's prefill starts at the thinker's TTFT).
+
 Loading: the combined checkpoint's ``talker.*`` tensors, experts fused into the in-memory
-layout, ``load_state_dict(strict=True)`` (never silently random); plus three rows of the
-thinker's embedding table (tts_bos / tts_eos / tts_pad), which the talker projects.
+layout, ``load_state_dict(strict=True)`` (never silently random); plus the thinker's
+embedding table (``TalkerLM.thinker_embed``: the answer tokens and tts_bos / tts_eos /
+tts_pad), which the talker projects.
 """
 
 from __future__ import annotations
@@ -86,9 +95,12 @@ class TalkerLM(torch.nn.Module):
     so a decode step replayed from a CUDA graph (which runs no Python) leaves them there
     too."""
 
-    def __init__(self, talker: Any) -> None:
+    def __init__(self, talker: Any, thinker_embed: torch.Tensor) -> None:
         super().__init__()
         self.talker = talker
+        # the thinker's embedding table (its layer-0 hidden state of any text token);
+        # a module of the stage's model, so its memory counts among the weights
+        self.thinker_embed = torch.nn.Embedding.from_pretrained(thinker_embed, freeze=True)
         cfg = talker.config
         vocab = cfg.text_config.vocab_size
         mask = torch.zeros(vocab, dtype=torch.bool)
@@ -138,10 +150,9 @@ class FeedState:
     prompt_hidden: torch.Tensor | None = None  # (P, Ht) thinker accept layer
     prompt_rope: torch.Tensor | None = None  # (3, P) thinker rotary positions (images)
     answer: list[torch.Tensor] = field(default_factory=list)  # projected answer tokens
-    # answer tokens as received (thinker layer 0, (n, Ht) each), projected in one batched
-    # call for a whole engine step when a step needs them (TalkerFeed.prepare)
-    pending: list[torch.Tensor] = field(default_factory=list)
-    pending_rows: int = 0
+    # answer token ids as received, embedded and projected in one batched call for a
+    # whole engine step when a step needs them (TalkerFeed.prepare)
+    pending: list[int] = field(default_factory=list)
     closed: bool = False
     next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
     codes: list[int] | None = None  # the last frame's codes, one per code group
@@ -189,59 +200,58 @@ class TalkerFeed:
 
     # -- the thinker stream -----------------------------------------------------------
     def take(self, st: FeedState, data: dict[str, Any]) -> None:
-        """One thinker output: its hidden states (tokens, 2, Ht) = layers [0, accept]."""
-        hidden = data.get("hidden_states")
-        if hidden is None:
-            return  # e.g. the final output of a thinker step that fed nothing
+        """One thinker output: the first carries the prompt's hidden states (tokens, 2, Ht)
+        = layers [0, accept] and its ids; every one its sampled token ids."""
+        if st.prompt_ids is None:
+            self._take_prompt(st, data)
+        ids, vocab = data.get("token_ids", []), self.lm.thinker_embed.num_embeddings
+        if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"talker input needs the thinker's token_ids (ids in [0, "
+                             f"{vocab})), got {str(ids)[:80]}")
+        if data.get("finish_reason") is None:  # the last token is never fed back: unheard
+            st.pending += ids
+
+    def _take_prompt(self, st: FeedState, data: dict[str, Any]) -> None:
+        hidden, ids = data.get("hidden_states"), data.get("prompt_token_ids")
         width = self.cfg.thinker_hidden_size
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[1] != 2 \
                 or hidden.shape[2] != width:
-            raise ValueError(f"talker input needs the thinker's hidden_states as (tokens, 2, "
-                             f"{width}) (export_hidden_layers: auto), got "
+            raise ValueError(f"talker input needs the thinker's prompt hidden_states as "
+                             f"(tokens, 2, {width}) (export_hidden_layers: auto), got "
                              f"{getattr(hidden, 'shape', type(hidden).__name__)}")
-        if st.prompt_ids is None:
-            hidden = hidden.to(self.lm.suppressed.device, self.tts_pad.dtype)
-            ids = data.get("prompt_token_ids")
-            if not isinstance(ids, list) or len(ids) != hidden.shape[0]:
-                raise ValueError("the thinker's first output must carry prompt_token_ids for "
-                                 "every prompt position it exports")
-            st.prompt_ids, st.prompt_embeds, st.prompt_hidden = ids, hidden[:, 0], hidden[:, 1]
-            rope = data.get("prompt_rope_positions")
-            if rope is not None:
-                st.prompt_rope = torch.as_tensor(rope, dtype=torch.float32)
-                if st.prompt_rope.shape != (3, len(ids)):
-                    raise ValueError("prompt_rope_positions must be (3, prompt tokens)")
-            return
-        # kept as received: projecting each thinker token on arrival cost a host-to-device
-        # copy (a stream sync) and a projection launch per row, 28,800 of them for 32
-        # answers of 900 tokens, on the talker's main thread between its steps
-        st.pending.append(hidden[:, 0])
-        st.pending_rows += hidden.shape[0]
+        if not isinstance(ids, list) or len(ids) != hidden.shape[0]:
+            raise ValueError("the thinker's first output must carry prompt_token_ids for "
+                             "every prompt position it exports")
+        hidden = hidden.to(self.lm.suppressed.device, self.tts_pad.dtype)
+        st.prompt_ids, st.prompt_embeds, st.prompt_hidden = ids, hidden[:, 0], hidden[:, 1]
+        rope = data.get("prompt_rope_positions")
+        if rope is not None:
+            st.prompt_rope = torch.as_tensor(rope, dtype=torch.float32)
+            if st.prompt_rope.shape != (3, len(ids)):
+                raise ValueError("prompt_rope_positions must be (3, prompt tokens)")
 
     def prepare(self, states: list[FeedState]) -> None:
-        """Project the received answer tokens of a step's sequences: one host-to-device
-        copy and one text_projection for the whole step."""
+        """Embed and project the received answer tokens of a step's sequences in one call
+        (per token on arrival, it was a launch and a host-to-device copy each, on the
+        talker's main thread: 28,800 for 32 answers of 900 tokens)."""
         waiting = [st for st in states if st.pending]
         if not waiting:
             return
-        rows = [row for st in waiting for row in st.pending]
-        dev, dtype = self.lm.suppressed.device, self.tts_pad.dtype
-        if all(r.device == rows[0].device for r in rows):
-            stacked = torch.cat(rows).to(dev, dtype)
-        else:
-            stacked = torch.cat([r.to(dev, dtype) for r in rows])
+        ids = torch.tensor([t for st in waiting for t in st.pending],
+                           device=self.lm.suppressed.device)
         with torch.inference_mode():
-            projected = list(self.lm.talker.text_projection(stacked))
+            projected = list(self.lm.talker.text_projection(self.lm.thinker_embed(ids)))
         start = 0
         for st in waiting:
-            st.answer += projected[start:start + st.pending_rows]
-            start += st.pending_rows
-            st.pending, st.pending_rows = [], 0
+            st.answer += projected[start:start + len(st.pending)]
+            start += len(st.pending)
+            st.pending = []
 
     @staticmethod
     def answer_tokens(st: FeedState) -> int:
         """Answer tokens received so far, projected or not."""
-        return len(st.answer) + st.pending_rows
+        return len(st.answer) + len(st.pending)
 
     def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, Any] | None:
         """((positions, H) talker prompt, its PromptLayout or None) once the first answer
@@ -373,9 +383,10 @@ def load_talker(model_dir: str, dtype: str = "auto",
                               f"config: {e}") from e
     talker.to(dev, torch_dtype).eval().requires_grad_(False)
     embed_table = prefixed_tensors(path, "thinker.model.embed_tokens.")["weight"]
-    special = embed_table[[top.tts_bos_token_id, top.tts_eos_token_id, top.tts_pad_token_id]]
-    lm_module = TalkerLM(talker).to(dev)
-    feed = TalkerFeed(lm_module, special.to(dev, torch_dtype),
+    lm_module = TalkerLM(talker, embed_table.to(dev, torch_dtype)).to(dev)
+    special = lm_module.thinker_embed.weight[[top.tts_bos_token_id, top.tts_eos_token_id,
+                                              top.tts_pad_token_id]]
+    feed = TalkerFeed(lm_module, special,
                       {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top)
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,

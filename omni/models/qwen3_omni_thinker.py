@@ -252,6 +252,7 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
                     attn_subconfig="text_config",
                     keeps_logits=False,
                     export_layers=[0, int(config.talker_config.accept_hidden_layer)],
+                    export_prompt_only=True,  # the talker embeds the answer tokens itself
                     media=media, rope=TextFirstRope(), deepstack=install_deepstack(thinker))
 
 

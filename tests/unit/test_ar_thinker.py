@@ -57,6 +57,25 @@ def test_thinker_batched_greedy_matches_transformers(omni_dir):
     assert engine.stats()["kv_blocks_used"] == 0
 
 
+@pytest.mark.parametrize("chunk", [512, 3])
+def test_auto_export_sends_the_prompt_rows_only(omni_dir, chunk):
+    """export_hidden_layers auto: the talker embeds the answer tokens itself, so only the
+    prompt's rows (with the first token, from however many prefill chunks) are exported;
+    an explicit list still exports every fed token's rows."""
+    for option, decode_rows in (("auto", 0), ([0, 1], 1)):
+        engine = AREngine(str(omni_dir), options={"export_hidden_layers": option,
+                                                  "max_batched_tokens": chunk})
+        engine.add(EngineRequest("p", {"prompt": PROMPTS[1]},
+                                 {"temperature": 0, "max_tokens": 5, "ignore_eos": True}))
+        outs = []
+        while engine.has_work():
+            outs += [o.data for o in engine.step() if o.data]
+        prompt = len(engine.lm.tokenizer(PROMPTS[1])["input_ids"])
+        rows = [0 if "hidden_states" not in d else d["hidden_states"].shape[0] for d in outs]
+        assert rows == [prompt] + [decode_rows] * 4, (option, rows)
+        assert outs[0]["prompt_token_ids"] and len(outs) == 5
+
+
 def _clip(seconds: float, hz: float) -> np.ndarray:
     t = np.arange(int(16000 * seconds)) / 16000
     return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)

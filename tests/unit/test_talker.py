@@ -173,14 +173,21 @@ def test_talker_waits_for_words_not_yet_written(omni_dir, thinker, talker, overl
         talker = FeedbackAREngine(TALKER, omni_dir, options={"overlap_steps": True})
     outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=8)
     talker.add(EngineRequest("w", {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 40}))
+    talker.add(EngineRequest("x", {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 40}))
+    assert not talker.has_work()  # no prompt yet: nothing to run
+
+    def frames() -> int:
+        made = 0
+        while talker.has_work():
+            made += sum(1 for o in talker.step() if o.data and o.data.get("codes"))
+        return made
+    # the thinker's first output: the prompt and the first answer word, enough for the
+    # prefill and its frame; decode step g needs word g + 1, so then it holds
     talker.append("w", "thinker", 0, outs[0][0], False)
-    assert not talker.has_work()  # prompt known, first answer word not yet: nothing to run
+    assert frames() == 1 and not talker.has_work()
     talker.append("w", "thinker", 1, outs[1][0], False)
-    frames = 0
-    while talker.has_work():
-        frames += sum(1 for o in talker.step() if o.data and o.data.get("codes"))
-    # prefill + one step per answer word known so far (word g+1 feeds step g): then it holds
-    assert frames == 1 and not talker.has_work()
+    assert frames() == 1 and not talker.has_work()
+    talker.abort(["x"])
     talker.abort(["w"])
     assert talker.stats()["kv_blocks_used"] == 0
 
@@ -222,10 +229,14 @@ def test_bad_inputs_fail_alone(thinker, talker):
 
 def test_loaded_talker_weights_equal_saved(omni_dir):
     lm, feed = load_talker(omni_dir)
-    saved = {}
+    saved, table = {}, None
     for shard in sorted(__import__("pathlib").Path(omni_dir).glob("model-*.safetensors")):
-        saved.update({k.removeprefix("talker."): v for k, v in load_file(str(shard)).items()
+        tensors = load_file(str(shard))
+        saved.update({k.removeprefix("talker."): v for k, v in tensors.items()
                       if k.startswith("talker.")})
+        table = tensors.get("thinker.model.embed_tokens.weight", table)
+    # the thinker's embeddings, with which the talker embeds the answer tokens
+    assert torch.equal(lm.model.thinker_embed.weight.to(table.dtype), table)
     state = lm.model.talker.state_dict()
     fused = fuse_experts(saved)
     assert set(state) == set(fused)
