@@ -73,8 +73,17 @@ class EngineLoop:
 
     def run(self) -> None:
         while self.running:
-            for message in self.channel.receive(block=not self.engine.has_work()):
+            messages = self.channel.receive(block=not self.engine.has_work())
+            for message in messages:
                 self._handle(message)
+            if messages and self.running:
+                # what arrived while those were handled joins this step: a producer that
+                # finishes a batch sends its requests one message each, and the first to
+                # wake an idle engine left the rest a whole step behind it (code2wav with
+                # full delivery, bench/results/omni.md); one look, so a steady inflow
+                # cannot hold the step back
+                for message in self.channel.receive(block=False):
+                    self._handle(message)
             if self.running and self.engine.has_work():
                 started = time.monotonic()
                 self.channel.step_begins()  # what arrives meanwhile may be read by a thread

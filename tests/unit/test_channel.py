@@ -71,8 +71,9 @@ def test_a_sender_is_not_held_to_one_socket_buffer_per_step(pair):
 
 
 def test_without_the_drainer_the_stream_waits_for_the_steps():
-    """inbound_drainer: false (to measure what the drainer buys): nothing reads during a
-    step, so the same stream is still being sent after the steps the drainer needs."""
+    """inbound_drainer: false (to measure what the drainer buys): a heavy inbound stream
+    no longer engages a reader during the step, so the sender is held to the socket's
+    buffer until the step ends."""
     engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
     channel = Channel(engine_end, drainer=False)
@@ -84,14 +85,13 @@ def test_without_the_drainer_the_stream_waits_for_the_steps():
             sent.set()
 
     sender = threading.Thread(target=send_all, daemon=True)
-    sender.start()
     try:
-        for _ in range(3):
-            channel.receive(block=False)
-            with _step(channel):
-                assert not channel._stepping.is_set()
-                time.sleep(0.05)
-        assert not sent.is_set()
+        _engage(channel, peer)  # heavy inbound since the last step: the drainer would read
+        sender.start()
+        with _step(channel):
+            assert not channel._stepping.is_set()
+            assert not sent.wait(timeout=0.2)  # nobody reads: the sender waits
+            assert channel._inbox == []
     finally:
         channel.close()
         engine_end.close()
