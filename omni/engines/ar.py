@@ -71,7 +71,8 @@ AR_OPTIONS = frozenset({
     "block_size", "kv_cache_blocks", "kv_cache_mb", "kv_cache_fraction", "max_num_seqs",
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
-    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill"})
+    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
+    "prefill_beside_decodes"})
 
 
 class AREngine(StepOrder, Engine):
@@ -98,10 +99,11 @@ class AREngine(StepOrder, Engine):
                                    and self.options.get("export_hidden_layers") == "auto")
         # a cached prefix is not recomputed, so its hidden states could not be exported
         caching = self.options.get("prefix_caching", self.export_layers is None)
+        batched = self._opt("max_batched_tokens", 8192 if cuda else 512)
         self.scheduler = Scheduler(
-            self.cache, max_num_seqs=self._opt("max_num_seqs", 64),
-            max_batched_tokens=self._opt("max_batched_tokens", 8192 if cuda else 512),
-            prefix_salt=0 if caching else None)
+            self.cache, max_num_seqs=self._opt("max_num_seqs", 64), max_batched_tokens=batched,
+            prefix_salt=0 if caching else None,
+            prefill_beside_decodes=self._opt("prefill_beside_decodes", batched))
         self.graphs = self._make_graphs() if cuda else None
         if self.options.get("warm_prefill", cuda):  # first-use costs at load (ar_warm.py)
             self._warm_prefill()

@@ -5,7 +5,10 @@ Every step, running sequences come first (in arrival order): a decoding sequence
 its one new token, a sequence still prefilling adds the next chunk of its prompt. Then
 waiting sequences are admitted in arrival order while the step's token budget, the
 sequence limit and the KV cache allow; a long prompt is prefilled in chunks across
-steps (chunked prefill), so decodes never stall behind it for more than one step.
+steps (chunked prefill), so decodes never stall behind it for more than one step. While
+any sequence decodes, prompt tokens per step can be held to a smaller share
+(prefill_beside_decodes), so a stage whose decodes must keep a real-time pace (a talker
+feeding a player) spreads new prompts over more, shorter steps.
 
 KV memory (omni/engines/kv_cache.py) is the hard limit. When a running sequence needs a
 block and none is left, the most recently arrived running sequence is preempted: its
@@ -93,11 +96,13 @@ class Scheduler:
     """Waiting and running queues over one PagedKVCache (see module docstring)."""
 
     def __init__(self, cache: PagedKVCache, max_num_seqs: int, max_batched_tokens: int,
-                 prefix_salt: int | None = 0) -> None:
-        """prefix_salt None turns prefix caching off."""
+                 prefix_salt: int | None = 0, prefill_beside_decodes: int | None = None) -> None:
+        """prefix_salt None turns prefix caching off; prefill_beside_decodes: prompt tokens
+        a step may carry while some sequence decodes (None: up to max_batched_tokens)."""
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
+        self.prefill_beside_decodes = prefill_beside_decodes or max_batched_tokens
         self.salt = prefix_salt
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -122,17 +127,21 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [], [], [])
         budget = self.max_batched_tokens
+        decoding = any(s.pending > 0 and s.computed >= len(s.prompt) for s in self.running)
+        prompt_budget = self.prefill_beside_decodes if decoding else budget
         for seq in list(self.running):
             if seq not in self.running:
                 continue  # preempted while making room for an earlier sequence
-            n = min(seq.pending, budget)
+            prompt = seq.computed < len(seq.prompt)
+            n = min(seq.pending, budget, prompt_budget if prompt else budget)
             if n < 1:
                 continue
             if not self._make_room(seq, n, batch):
                 continue
             self._take(batch, seq, n)
             budget -= n
-        self._admit(batch, budget)
+            prompt_budget -= n if prompt else 0
+        self._admit(batch, min(budget, prompt_budget))
         return batch
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:

@@ -135,6 +135,41 @@ def test_chunked_prefill_and_tiny_cache_keep_outputs_exact(dirs):
     assert stats["preemptions"] > 0 and stats["kv_blocks_used"] == 0
 
 
+def test_prefill_beside_decodes_holds_prompt_chunks_small_while_others_decode(dirs):
+    """prefill_beside_decodes: while a sequence decodes, a step carries at most that many
+    prompt tokens (a real-time decoder keeps its pace); alone, a prompt takes the whole
+    max_batched_tokens; the outputs are unchanged."""
+    reference = AREngine(dirs["qwen3"])
+    long_prompt = " ".join(["word"] * 40)
+    expected = {"g0": greedy_batch(reference, ["Hi"], n=40)["g0"],
+                "g1": greedy_batch(reference, [long_prompt], n=12)["g0"]}
+    engine = AREngine(dirs["qwen3"], options={"max_batched_tokens": 64,
+                                              "prefill_beside_decodes": 4})
+    scheduled = []
+    schedule = engine.scheduler.schedule
+
+    def record():
+        batch = schedule()
+        scheduled.append([(s.id, n, s.computed < len(s.prompt))
+                          for s, n in zip(batch.seqs, batch.counts, strict=True)])
+        return batch
+    engine.scheduler.schedule = record
+    engine.add(EngineRequest("g0", {"prompt": "Hi"}, {"temperature": 0, "max_tokens": 40,
+                                                      "ignore_eos": True}))
+    first = engine.step()  # g0's prompt alone: all of it in one step
+    assert scheduled[0] == [("g0", len(engine.lm.tokenizer("Hi")["input_ids"]), True)]
+    engine.add(EngineRequest("g1", {"prompt": long_prompt},
+                             {"temperature": 0, "max_tokens": 12, "ignore_eos": True}))
+    outs = drain(engine)
+    prompt_chunks = [n for step in scheduled[1:] for rid, n, prompt in step
+                     if rid == "g1" and prompt]
+    assert max(prompt_chunks) == 4 and len(prompt_chunks) >= 10  # 40+ tokens, 4 at a time
+    assert tokens(first + outs["g0"]) == expected["g0"]
+    assert tokens(outs["g1"]) == expected["g1"]
+    with pytest.raises(EngineLoadError, match="prefill_beside_decodes must be a positive"):
+        AREngine(dirs["qwen3"], options={"prefill_beside_decodes": 0})
+
+
 def test_a_request_larger_than_the_cache(dirs):
     engine = AREngine(dirs["qwen3"], options={"block_size": 4, "kv_cache_blocks": 6})
     long_prompt = " ".join(["word"] * 40)
