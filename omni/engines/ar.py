@@ -45,7 +45,13 @@ from omni.engines.ar_inputs import (
     wants_media,
 )
 from omni.engines.ar_media import step_media, whole_delta
-from omni.engines.ar_state import Flight, RequestState, finish_reason, split_rows, token_output
+from omni.engines.ar_state import (
+    Flight,
+    RequestState,
+    exported_rows,
+    finish_reason,
+    token_output,
+)
 from omni.engines.ar_steps import StepOrder
 from omni.engines.ar_warm import warm_prefill
 from omni.engines.base import (
@@ -286,8 +292,8 @@ class AREngine(StepOrder, Engine):
             logits = self.graphs.run(inputs, list(batch.starts),
                                      [s.blocks.table for s in seqs],
                                      [whole_delta(s.media) for s in seqs])
-            hidden = None if self.graphs.export_layers is None else split_rows(
-                batch.counts, self.graphs.hidden[:len(seqs)])
+            hidden = None if self.graphs.export_layers is None else exported_rows(
+                batch, self.graphs.hidden[:len(seqs)], self.export_prompt_only)
             return seqs, logits, hidden
         ids, positions, last, sampled = [], [], [], []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
@@ -308,20 +314,11 @@ class AREngine(StepOrder, Engine):
             out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
                                 omni_batch=layout,
                                 output_hidden_states=exporting, **self._keep(last))
-        hidden = None if not exporting else self._exported_rows(batch, torch.stack(
-            [out.hidden_states[i][0] for i in self.export_layers], dim=1))
+        hidden = None if not exporting else exported_rows(batch, torch.stack(
+            [out.hidden_states[i][0] for i in self.export_layers], dim=1), self.export_prompt_only)
         if not self.lm.keeps_logits:  # the model returned every position's logits
             return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)], hidden
         return sampled, out.logits[0], hidden
-
-    def _exported_rows(self, batch: ScheduledBatch, rows: torch.Tensor) -> list[Any]:
-        """Each sequence's exported rows; None for a decode token when only the prompt's
-        rows are exported (a chunk is all prompt, or one fed token)."""
-        per_seq = split_rows(batch.counts, rows)
-        if not self.export_prompt_only:
-            return per_seq
-        return [r if start < len(seq.prompt) else None
-                for seq, start, r in zip(batch.seqs, batch.starts, per_seq, strict=True)]
 
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         """What a graphed decode step feeds: each sequence's last token."""

@@ -26,6 +26,7 @@ class RequestState:
     stream_seq: int = 0  # next chunk number expected from it
     stream_text: str = ""  # text chunks, tokenized together when the stream ends
     hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
+    exported: int = 0  # positions whose hidden states were exported (a recompute skips them)
     finish: str | None = None  # the finish reason of the last recorded token
 
 
@@ -42,6 +43,21 @@ class Flight:
     next_ids: torch.Tensor | None = None  # greedy tokens picked on the device (chainable)
     host_ids: torch.Tensor | None = None  # their copy on the host
     event: Any = None  # recorded after that copy (CUDA)
+
+
+def exported_rows(batch: Any, rows: torch.Tensor, prompt_only: bool) -> list[Any]:
+    """Each sequence's exported rows of a packed step: the positions not exported before
+    (a preempted sequence's recompute feeds them again) and, prompt_only, in its prompt;
+    None where there are none."""
+    out: list[Any] = []
+    for seq, start, r in zip(batch.seqs, batch.starts, split_rows(batch.counts, rows),
+                             strict=True):
+        stop = start + len(r)
+        end = min(stop, len(seq.prompt)) if prompt_only else stop
+        lo = max(start, seq.state.exported)
+        out.append(r[lo - start:end - start] if end > lo else None)
+        seq.state.exported = max(seq.state.exported, end)
+    return out
 
 
 def split_rows(counts: list[int], chosen: torch.Tensor) -> list[torch.Tensor]:

@@ -360,6 +360,29 @@ def test_stream_input_errors_fail_only_that_request(moe):
     assert not moe.has_work() and moe.stats()["kv_blocks_used"] == 0
 
 
+def test_hidden_state_export_survives_preemption(dirs):
+    """A preempted sequence is recomputed from its first position; the rows it already
+    exported are not sent again, so each fed position's rows arrive once, as without
+    preemption."""
+    def rows(options):
+        engine = AREngine(dirs["qwen3"], options={"export_hidden_layers": [0, -1], **options})
+        for i, p in enumerate(PROMPTS):
+            engine.add(EngineRequest(f"g{i}", {"prompt": p}, {"temperature": 0, "max_tokens": 20,
+                                                              "ignore_eos": True}))
+        outs = drain(engine)
+        got = {rid: torch.cat([o.data["hidden_states"] for o in o_ if "hidden_states" in o.data])
+               for rid, o_ in outs.items()}
+        return got, engine
+
+    roomy, _ = rows({})
+    tight, engine = rows({"max_batched_tokens": 8, "block_size": 4, "kv_cache_blocks": 12})
+    assert engine.stats()["preemptions"] > 0
+    for i, p in enumerate(PROMPTS):
+        fed = len(engine.lm.tokenizer(p)["input_ids"]) + 20 - 1  # the last token is not fed
+        assert tight[f"g{i}"].shape[0] == roomy[f"g{i}"].shape[0] == fed, p
+        torch.testing.assert_close(tight[f"g{i}"], roomy[f"g{i}"], rtol=1e-4, atol=1e-4)
+
+
 def test_hidden_state_export(dirs):
     from transformers import AutoModelForCausalLM
 
