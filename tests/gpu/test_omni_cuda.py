@@ -1,7 +1,7 @@
 """Qwen3-Omni's thinker and talker on CUDA (tiny random model, bfloat16): decode replayed
-from CUDA graphs gives what eager decode gives, for the thinker while it exports hidden
-states (text and image prompts: rotary deltas in the graph) and for the talker (decode fed
-embeddings, code-predictor loop captured).
+from CUDA graphs gives what eager decode gives, for the thinker exporting its prompt's
+hidden states (auto) or every position's (text and image prompts: rotary deltas in the
+graph) and for the talker (decode fed embeddings, code-predictor loop captured).
 
 bfloat16, the serving dtype: in float32 the MoE thinker's capture failed on the H200
 (a host copy inside transformers' experts path during capture), so it decoded eagerly
@@ -50,21 +50,27 @@ def _thinker_outputs(engine: AREngine, content, max_tokens: int = 12) -> list:
     return outs
 
 
-def _thinker(omni_dir: str, **options) -> AREngine:
+def _thinker(omni_dir: str, export="auto", **options) -> AREngine:
     return AREngine(omni_dir, device="cuda", dtype="bfloat16",
-                    options={"export_hidden_layers": "auto", **options})
+                    options={"export_hidden_layers": export, **options})
 
 
+# auto: the prompt's rows only, decode graphs export nothing (and greedy text decode
+# chains); [0, 1]: every position, so the graphs export their rows too
+@pytest.mark.parametrize("export", ["auto", [0, 1]])
 @pytest.mark.parametrize("content", ["Tell me about the sea.", "image"])
-def test_thinker_graphs_equal_eager_while_exporting(omni_dir, content):
+def test_thinker_graphs_equal_eager_while_exporting(omni_dir, content, export):
     if content == "image":
         content = [{"type": "image", "image": {"data": _png()}},
                    {"type": "text", "text": "What is it?"}]
-    eager = _thinker_outputs(_thinker(omni_dir, cuda_graphs=False), content)
-    graphed_engine = _thinker(omni_dir, compile_decode=False)
+    eager = _thinker_outputs(_thinker(omni_dir, export, cuda_graphs=False), content)
+    graphed_engine = _thinker(omni_dir, export, compile_decode=False)
     graphed = _thinker_outputs(graphed_engine, content)
     assert graphed_engine.graphs is not None and graphed_engine.graphs.replays > 0
     assert [d["token_ids"] for d, _ in graphed] == [d["token_ids"] for d, _ in eager]
+    rows = [0 if g.get("hidden_states") is None else len(g["hidden_states"])
+            for g, _ in graphed]
+    assert rows[1:] == [0 if export == "auto" else 1] * (len(rows) - 1)
     for (g, _), (e, _) in zip(graphed, eager, strict=True):
         if e.get("hidden_states") is not None:
             torch.testing.assert_close(g["hidden_states"], e["hidden_states"])
