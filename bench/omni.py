@@ -35,7 +35,7 @@ Requests: streaming chat completions (openai's wire format) with modalities [tex
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
 the talker's lengths fixed by ignoring their end tokens. At concurrency c, c requests
 start together and every time counts from that moment. Bursts alternate between the
-sides (one of each, then again). RTF = time to the last audio packet / seconds of audio.
+sides (one of each, then the other way round). RTF = time to the last audio packet / seconds of audio.
 Underrun: the worst deficit of a player that starts at the first packet and plays on.
 Queues and hops (omni/transit.py, from the timestamps every message carries): time in
 sockets, decoding and event loops (hop) and behind an engine step already running (step
@@ -257,7 +257,9 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
             for side in urls:
                 hops[side] = {k: -v for k, v in (await scrape(session, urls[side])).items()}
             for b in range(bursts):
-                for side in urls:
+                # every other burst in the reverse order: with an even count, no side
+                # always goes first (the first side of a pair measured slower TTFTs)
+                for side in list(urls)[::1 if b % 2 == 0 else -1]:
                     runs[side] += await burst(side, c)
                 say(f"[omni] c={c}: burst {b + 1}/{bursts} done")
             for side in urls:
