@@ -12,7 +12,8 @@
 #                                        # lengths, sides S (default stream,full) at concurrency
 #                                        # C (default 8; a list, e.g. 8,32, runs both on one
 #                                        # server start; 8,32 with both sides outlasts a call:
-#                                        # run c=32 one side at a time; TAG=... names the files)
+#                                        # run c=32 one side at a time; TAG=... names the files,
+#                                        # BURSTS=2 runs two per level, sides in both orders)
 #   bash scripts/gpu_run.sh thinker [C] [B] # the same Qwen3-Omni model, text only (the thinker
 #                                        # alone): bench ar, 2500-token prompts, concurrency C
 #                                        # (default 1,8,32), bursts B (default 2,1,1): its
@@ -89,7 +90,7 @@ case "${1:-}" in
       say "done"; exit 0
     fi
     levels=${2:-8} sides=${3:-stream,full}
-    bursts=$(echo "$levels" | sed 's/[0-9]\+/1/g')  # one burst per level
+    bursts=${BURSTS:-$(echo "$levels" | sed 's/[0-9]\+/1/g')}  # default one burst per level
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
       --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 1 \
