@@ -23,7 +23,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,20p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,23p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
