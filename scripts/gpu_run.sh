@@ -93,7 +93,7 @@ case "${1:-}" in
     bursts=${BURSTS:-$(echo "$levels" | sed 's/[0-9]\+/1/g')}  # default one burst per level
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
-      --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 1 \
+      --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 3 \
       --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
