@@ -31,7 +31,6 @@ tts_pad), which the talker projects.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,8 +393,3 @@ def load_talker(model_dir: str, dtype: str = "auto",
                   cache_kwarg=cache_keyword(talker.model.forward), rope=TextFirstRope())
     return lm, feed
 
-
-def speakers(model_dir: str) -> list[str]:
-    """The voices of a Qwen3-Omni directory (talker_config.speaker_id), from config.json."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return sorted(k.lower() for k in config.get("talker_config", {}).get("speaker_id") or {})
