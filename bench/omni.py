@@ -35,8 +35,9 @@ Requests: streaming chat completions (openai's wire format) with modalities [tex
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
 the talker's lengths fixed by ignoring their end tokens. At concurrency c, c requests
 start together and every time counts from that moment. Bursts alternate between the
-sides (one of each, then the other way round). RTF = time to the last audio packet / seconds of audio.
-Underrun: the worst deficit of a player that starts at the first packet and plays on.
+sides (one of each, then the other way round). RTF = time to the last audio packet /
+seconds of audio. Underrun: the worst deficit of a player that starts at the first packet
+and plays on.
 Queues and hops (omni/transit.py, from the timestamps every message carries): time in
 sockets, decoding and event loops (hop) and behind an engine step already running (step
 wait) of the messages on each request's last-output chain (per stage: its last input and
