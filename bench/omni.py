@@ -174,19 +174,23 @@ async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: i
             "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"},
             "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
     clock, usage, worst_at, second = PlaybackClock(start=start), None, None, None
-    async for now, event in sse_events(session, f"{url}/v1/chat/completions", body,
-                                       time.monotonic):
-        usage = event.get("usage") or usage
-        for choice in event.get("choices") or ():
-            audio = (choice.get("delta") or {}).get("audio") or {}
-            if audio.get("transcript"):
-                clock.text(now)
-            if audio.get("data"):
-                worst = clock.underrun_s
-                if clock.first_audio is not None and second is None:
-                    second = now - start
-                clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
-                worst_at = now - start if clock.underrun_s > worst else worst_at
+    try:
+        async for now, event in sse_events(session, f"{url}/v1/chat/completions", body,
+                                           time.monotonic):
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or ():
+                audio = (choice.get("delta") or {}).get("audio") or {}
+                if audio.get("transcript"):
+                    clock.text(now)
+                if audio.get("data"):
+                    worst = clock.underrun_s
+                    if clock.first_audio is not None and second is None:
+                        second = now - start
+                    clock.audio(len(base64.b64decode(audio["data"])) / 2 / PCM_RATE, now)
+                    worst_at = now - start if clock.underrun_s > worst else worst_at
+    except RuntimeError as exc:  # a failed request is counted and reported, and the run
+        # goes on: one error must not lose the other requests' numbers
+        return {"error": str(exc)[:500]}
     summary = clock.summary()
     # where the worst deficit was met, and the second packet: a stall after the first
     # packet shows in them (the report keeps every request's numbers in its JSON)
@@ -262,7 +266,9 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
                 # always goes first (the first side of a pair measured slower TTFTs)
                 for side in list(urls)[::1 if b % 2 == 0 else -1]:
                     runs[side] += await burst(side, c)
-                say(f"[omni] c={c}: burst {b + 1}/{bursts} done")
+                failed = [r["error"] for r in runs[side] if "error" in r]
+                say(f"[omni] c={c}: burst {b + 1}/{bursts} done" + (
+                    f"; {len(failed)} failed, first: {failed[0]}" if failed else ""))
             for side in urls:
                 after = await scrape(session, urls[side])
                 delta = {k: hops[side].get(k, 0.0) + after[k] for k in after}

@@ -53,15 +53,17 @@ def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
 
 def summarize(level: dict[str, Any]) -> dict[str, Any]:
     runs, transit = level["runs"], level["transit"]
-    out: dict[str, Any] = {"requests": len(runs)}
+    errors = [r["error"] for r in runs if "error" in r]
+    out: dict[str, Any] = {"requests": len(runs), "failed": len(errors),
+                           "first_error": errors[0] if errors else None}
     for key, _ in METRICS:
         values = sorted(r[key] for r in runs if r.get(key) is not None)
         out[key] = {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
                     "n": len(values)}
-    out["audio_s"] = sum(r["audio_s"] for r in runs) / max(1, len(runs))
+    out["audio_s"] = sum(r.get("audio_s", 0.0) for r in runs) / max(1, len(runs) - len(errors))
     out["stages"] = _per_stage(transit)
-    out["prompt_tokens"] = sorted({r["prompt_tokens"] for r in runs})
-    out["completion_tokens"] = sorted({r["completion_tokens"] for r in runs})
+    for key in ("prompt_tokens", "completion_tokens"):
+        out[key] = sorted({r[key] for r in runs if r.get(key) is not None})
     latency = transit.get("latency") or float("nan")
     for key in ("hop", "step_wait", "chain_hop", "chain_step_wait"):
         out[f"{key}_share"] = transit.get(key, 0.0) / latency
@@ -82,7 +84,7 @@ def _ms(x: float | None) -> str:
 
 
 def _table(results: dict[str, Any]) -> list[str]:
-    head = ["side", "c", "requests"]
+    head = ["side", "c", "requests", "failed"]
     for _, name in METRICS:
         unit = "" if name == "RTF" else " (ms)"
         head += [f"{name} p50{unit}", f"{name} p99{unit}"]
@@ -91,7 +93,7 @@ def _table(results: dict[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for side, levels in results.items():
         for c, s in levels.items():
-            cells = [side, c, str(s["requests"])]
+            cells = [side, c, str(s["requests"]), str(s.get("failed", 0))]
             for key, name in METRICS:
                 fmt = (lambda v: f"{v:.3f}") if name == "RTF" else _ms
                 cells += [fmt(s[key]["p50"]), fmt(s[key]["p99"])]
@@ -117,6 +119,9 @@ def targets(data: dict[str, Any]) -> list[str]:
             out.append(f"- {side} c={c}: TTFP mean at the client {_ms(s['client_ttfp_mean'])} ms, "
                        f"in the server (arrival to first audio packet written) "
                        f"{_ms(s['server_ttfp_mean'])} ms")
+            if s.get("failed"):
+                out.append(f"- {side} c={c}: {s['failed']} of {s['requests']} requests failed, "
+                           f"first: {s['first_error']}")
             share = s["chain_hop_share"] + s["chain_step_wait_share"]
             out.append(f"- {side} c={c}: queues and hops on the last-output chain "
                        f"{100 * share:.2f} % of E2EL (hops {100 * s['chain_hop_share']:.2f} %, "

@@ -284,8 +284,12 @@ class Code2WavRunner:
         # with its left context: short calls, so a request's next input waits less behind
         # a running one. Against 128 in one run (bench/results/omni-cpu-code2wav-batch-
         # frames.md, stream c=8): queues on the last-output chain 3.9% vs 7.5% of E2EL,
-        # TTFP and E2EL within the run's noise. On a GPU: no limit.
-        self.batch_frames = 0 if code2wav.device.type == "cuda" else 64
+        # TTFP and E2EL within the run's noise. On a GPU, 4096: with no limit, 32 complete
+        # answers (32 rows of 300 + 25 frames) made one 2.88 GiB activation of a call that
+        # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
+        # omni-h200-c32-tokenids-stream-full.md); 4096 frames still take c=32's streamed
+        # chunks (32 x (25 + 25)) in one call.
+        self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
 
     def parse(self, value: Any) -> torch.Tensor:
         """Nested list or integer tensor (NQ, t) -> int64 tensor; ValueError naming the problem."""

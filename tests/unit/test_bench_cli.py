@@ -134,6 +134,22 @@ def test_omni_report_splits_waits_and_steps_by_stage() -> None:
     assert stages["code2wav"]["step_mean_s"] == 0.2 and stages["code2wav"]["wait_share"] == 0
 
 
+def test_omni_summary_counts_failed_requests() -> None:
+    """A failed request is counted (with the first error) and left out of the percentiles,
+    and the table and targets say so: one failure must not lose the level's numbers."""
+    from bench.omni_report import _table, summarize
+
+    ok = {"ttft_s": 0.1, "ttfp_s": 0.2, "e2el_s": 1.0, "rtf": 0.5, "underrun_s": 0.0,
+          "audio_s": 2.0, "prompt_tokens": 12, "completion_tokens": 30}
+    level = summarize({"runs": [ok, {"error": "stream error: out of memory"}, dict(ok)],
+                       "transit": {"latency": 2.0}})
+    assert level["requests"] == 3 and level["failed"] == 1
+    assert level["first_error"] == "stream error: out of memory"
+    assert level["ttfp_s"]["n"] == 2 and level["audio_s"] == 2.0
+    assert level["prompt_tokens"] == [12]
+    assert "| full | 8 | 3 | 1 |" in "\n".join(_table({"full": {"8": level}}))
+
+
 def test_omni_sides_change_stage_options(tmp_path) -> None:
     """bench omni --sides stream+STAGE.OPTION=VALUE: the side's pipeline file is the
     preset's with that option set (YAML value), its files get plain names, bad ones exit."""
