@@ -287,7 +287,7 @@ class Code2WavRunner:
         # TTFP and E2EL within the run's noise. On a GPU, 4096: with no limit, 32 complete
         # answers (32 rows of 300 + 25 frames) made one 2.88 GiB activation of a call that
         # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
-        # omni-h200-c32-tokenids-stream-full.md); 4096 frames still take c=32's streamed
+        # server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
         # chunks (32 x (25 + 25)) in one call.
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
 
