@@ -228,6 +228,10 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
         for found in re.finditer(rf'^{metric}{{[^}}]*stage="([^"]+)"[^}}]*}} ([0-9.e+-]+)$',
                                  text, re.M):
             out[f"{key}:{found.group(1)}"] = float(found.group(2))
+    # per stage: the hops of its last input and last output ("hop_in_sum:<stage>", ...)
+    for found in re.finditer(r'^omni_stage_hop_seconds_sum{([^}]*)} ([0-9.e+-]+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        out[f"hop_{labels.get('direction')}_sum:{labels.get('stage')}"] = float(found.group(2))
     return out
 
 

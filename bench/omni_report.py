@@ -47,7 +47,12 @@ def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
                       "step_mean_s": transit.get(f"step_sum:{stage}", 0.0) / (steps or float("nan")),
                       "wait_mean_s": transit.get(f"wait_sum:{stage}", 0.0) / (waits or float("nan")),
                       "wait_share": transit.get(f"wait_sum:{stage}", 0.0) / latency,
-                      "preemptions": transit.get(f"preemptions:{stage}", 0.0)}
+                      "preemptions": transit.get(f"preemptions:{stage}", 0.0),
+                      # the hops of its last input and last output, mean per request
+                      "hop_in_mean_s": transit.get(f"hop_in_sum:{stage}", 0.0) / (
+                          waits or float("nan")),
+                      "hop_out_mean_s": transit.get(f"hop_out_sum:{stage}", 0.0) / (
+                          waits or float("nan"))}
     return out
 
 
@@ -129,9 +134,12 @@ def targets(data: dict[str, Any]) -> list[str]:
                        f"{'met' if share <= 0.02 else 'missed'})")
             if s.get("stages"):
                 out.append(f"- {side} c={c}: per stage, engine step mean (steps) / last "
-                           "input's wait behind a running step, mean per request (% of E2EL): "
+                           "input's wait behind a running step, mean per request (% of E2EL) "
+                           "/ hops of its last input and last output, mean per request: "
                            + "; ".join(f"{st} {_ms(v['step_mean_s'])} ms ({v['steps']:.0f}) / "
                                        f"{_ms(v['wait_mean_s'])} ms ({100 * v['wait_share']:.2f} %)"
+                                       f" / {_ms(v.get('hop_in_mean_s'))} and "
+                                       f"{_ms(v.get('hop_out_mean_s'))} ms"
                                        + _preempted(v) for st, v in s["stages"].items()))
     return out
 

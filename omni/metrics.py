@@ -54,6 +54,10 @@ class Metrics:
             "omni_stage_step_wait_seconds", "Per request and stage: how long the stage's last "
             "input for it waited behind an engine step already running",
             ["pipeline", "stage"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
+        self.stage_hop = Histogram(
+            "omni_stage_hop_seconds", "Per request and stage: the hop of the stage's last "
+            "input for it (direction in) and of its last output (out)",
+            ["pipeline", "stage", "direction"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
         self.engine_step = Histogram("omni_engine_step_seconds", "Duration of one engine step",
                                      ["pipeline", "stage"], buckets=(0,) + LATENCY_BUCKETS,
                                      registry=r)
@@ -75,6 +79,9 @@ class Metrics:
         self.step_wait.labels(pipeline, "chain").observe(transit.chain_wait_s)
         for stage, wait in transit.chain_wait_by_stage().items():
             self.stage_step_wait.labels(pipeline, stage).observe(wait)
+        for stage, (hop_in, hop_out) in transit.chain_hop_by_stage().items():
+            self.stage_hop.labels(pipeline, stage, "in").observe(hop_in)
+            self.stage_hop.labels(pipeline, stage, "out").observe(hop_out)
 
     def watch(self, source: Callable[[], Iterable[Sample]]) -> None:
         """Register a scrape-time source yielding (kind, name, help, labels, value).

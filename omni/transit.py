@@ -100,6 +100,10 @@ class RequestTransit:
     def chain_wait_s(self) -> float:
         return sum(last[1] for last in self._last.values())
 
+    def chain_hop_by_stage(self) -> dict[str, tuple[float, float]]:
+        """Per stage: the hops of its last input and of its last output."""
+        return {stage: (last[0], last[2]) for stage, last in self._last.items()}
+
     def chain_wait_by_stage(self) -> dict[str, float]:
         """Per stage: how long its last input waited behind a step already running."""
         return {stage: last[1] for stage, last in self._last.items()}

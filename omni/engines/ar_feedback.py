@@ -106,12 +106,9 @@ class FeedbackAREngine(AREngine):
         seq = Sequence(rid, [], state, input_open=True)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
-        if producer is None:  # full delivery: every chunk is here already
-            chunks = next(iter(full.values()))
-            for i, chunk in enumerate(chunks):
-                self._take(seq, chunk or {}, last=i == len(chunks) - 1)
-            if not chunks:
-                self._take(seq, {}, last=True)
+        if producer is None:  # full delivery: every chunk is here already, and the
+            # prompt is built and the hold decided once for all of them
+            self._take(seq, next(iter(full.values())) or [{}], last=True)
 
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -124,12 +121,13 @@ class FeedbackAREngine(AREngine):
                                                 f"'{producer}', expected {state.stream_seq}"))
             return
         state.stream_seq += 1
-        self._take(seq, data or {}, last)
+        self._take(seq, [data], last)
 
-    def _take(self, seq: Sequence, data: dict[str, Any], last: bool) -> None:
+    def _take(self, seq: Sequence, chunks: list[dict[str, Any] | None], last: bool) -> None:
         state: _FeedState = seq.state
         try:
-            self.feed.take(state.feed, data)
+            for data in chunks:
+                self.feed.take(state.feed, data or {})
             state.feed.closed = last
             if seq.input_open:
                 prompt = self.feed.prefill(state.feed, state.voice)

@@ -225,7 +225,13 @@ class GenerationEngine(Engine):
             for i, chunk in enumerate(chunks):
                 if not isinstance(chunk, Mapping) or key not in chunk:
                     raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")
-                self._take(req, chunk[key])
+            values = [chunk[key] for chunk in chunks]
+            # one parse for the whole input where the runner can join it: a producer that
+            # streams a frame per step hands over hundreds of chunks, and parsing each
+            # held 32 complete answers' ADDs 10 ms apiece (bench omni, full c=32)
+            joined = None if self.items else getattr(self.runner, "join", lambda v: None)(values)
+            for value in values if joined is None else [joined]:
+                self._take(req, value)
             req.complete = True
         else:
             raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")

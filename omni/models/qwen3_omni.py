@@ -317,6 +317,15 @@ class Code2WavRunner:
             raise ValueError(f"codes out of range [0, {cb}): min {int(t.min())}, max {int(t.max())}")
         return t
 
+    def join(self, values: list[Any]) -> list[list[int]] | None:
+        """Chunks of nested lists (one list per quantizer) as one, frames in order; None
+        when any chunk is something else (each is then parsed alone, for a precise error)."""
+        nq = self.c2w.num_quantizers
+        if not values or not all(isinstance(v, list) and len(v) == nq
+                                 and all(isinstance(row, list) for row in v) for v in values):
+            return None
+        return [[c for v in values for c in v[q]] for q in range(nq)]
+
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """batch (B, NQ, T) -> per row the float32 samples after its left context."""
         wav = self.c2w.decode(batch).cpu()

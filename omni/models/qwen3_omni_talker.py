@@ -166,6 +166,7 @@ class TalkerFeed:
         cfg = lm.talker.config
         self.lm, self.cfg, self.top = lm, cfg, top
         self.speakers = speaker_ids
+        self.thinker_vocab = lm.thinker_embed.num_embeddings  # read per thinker token
         self.num_groups = int(cfg.num_code_groups)
         self.cache_key = cache_keyword(lm.talker.code_predictor.model.forward)
         self.graphs: PredictorGraphs | None = None  # use_cuda_graphs
@@ -203,7 +204,7 @@ class TalkerFeed:
         = layers [0, accept] and its ids; every one its sampled token ids."""
         if st.prompt_ids is None:
             self._take_prompt(st, data)
-        ids, vocab = data.get("token_ids", []), self.lm.thinker_embed.num_embeddings
+        ids, vocab = data.get("token_ids", []), self.thinker_vocab
         if not isinstance(ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
             raise ValueError(f"talker input needs the thinker's token_ids (ids in [0, "

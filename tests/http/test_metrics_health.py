@@ -97,6 +97,10 @@ def test_metrics_prometheus_text(main_server):
         waits = _value(samples, "omni_stage_step_wait_seconds_count", pipeline=pipeline,
                        stage=stage)
         assert waits is not None and waits >= 2, (pipeline, stage)
+        for direction in ("in", "out"):  # the hops of its last input and output
+            hops = _value(samples, "omni_stage_hop_seconds_count", pipeline=pipeline,
+                          stage=stage, direction=direction)
+            assert hops is not None and hops >= 2, (pipeline, stage, direction)
     # every replica reported its loaded host memory in READY
     rss = {(s.labels["pipeline"], s.labels["stage"]) for s in samples["omni_replica_memory_bytes"]
            if s.labels["kind"] == "host" and s.value > 10 * 2**20}

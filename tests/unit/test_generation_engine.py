@@ -304,3 +304,30 @@ def test_full_delivery_inputs_and_build(c2w, tmp_path_factory):
     assert _close(_audio(outs[0].data), ref, float(ref.abs().max())) < REL_TOL
     assert engine.info()["chunk_frames"] == 4 and engine.info()["max_batch_size"] == 2
     print(f"build_generation_engine load: {load_s:.2f}s")
+
+
+def test_full_delivery_of_one_frame_chunks_is_parsed_once(c2w, monkeypatch):
+    """A complete input of many chunks (the talker sends one frame each) is joined and
+    parsed once; the audio equals the one-shot decode. A chunk of another form (a tensor)
+    makes every chunk parse alone, and a bad one still names itself."""
+    runner = Code2WavRunner(c2w)
+    parsed = []
+    parse = runner.parse
+    monkeypatch.setattr(runner, "parse", lambda v: parsed.append(v) or parse(v))
+    engine = GenerationEngine(runner)
+    c = _codes(30, 7)
+    engine.add(EngineRequest("f", {"talker": [{"codes": c[:, i:i + 1].tolist()}
+                                              for i in range(30)]}))
+    assert len(parsed) == 1
+    out = _drain(engine)["f"]
+    ref = c2w.decode(c[None])[0]
+    assert _close(torch.cat([_audio(o.data) for o in out]), ref, float(ref.abs().max())) < REL_TOL
+    parsed.clear()
+    mixed = [{"codes": c[:, :1]}] + [{"codes": c[:, i:i + 1].tolist()} for i in range(1, 30)]
+    engine.add(EngineRequest("m", {"talker": mixed}))
+    assert len(parsed) == 30
+    _drain(engine)
+    bad = [{"codes": c[:, :1].tolist()}, {"codes": [[1]] * (NQ - 1)}]
+    engine.add(EngineRequest("b", {"talker": bad}))
+    out = _drain(engine)["b"]
+    assert out[0].error and f"list of {NQ} lists" in out[0].error

@@ -285,3 +285,22 @@ def test_answer_tokens_are_projected_once_per_step_not_per_message(thinker, talk
         hook.remove()
     assert frames["a"] == frames["b"] == frames["c"]
     assert frames["a"] == run_talker(talker, {"x": outs}, max_tokens=6, interleave=False)["x"]
+
+
+def test_full_delivery_equals_streamed(thinker, talker):
+    """Full delivery (every thinker output in the ADD, taken at once) speaks the same frames
+    as the same outputs streamed one per step; an empty one fails alone."""
+    outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=9)
+    streamed = run_talker(talker, {"s": outs}, max_tokens=10)["s"]
+    talker.add(EngineRequest("f", {"thinker": [data for data, _ in outs]},
+                             {**GREEDY, "max_tokens": 10}))
+    talker.add(EngineRequest("e", {"thinker": []}, GREEDY))
+    frames, errors = [], {}
+    while talker.has_work():
+        for o in talker.step():
+            if o.error:
+                errors[o.request_id] = o.error
+            elif o.data and o.data.get("codes"):
+                frames.append([c[0] for c in o.data["codes"]])
+    assert frames == streamed and len(frames) >= 5
+    assert set(errors) == {"e"} and "hidden_states" in errors["e"]

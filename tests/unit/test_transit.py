@@ -83,9 +83,12 @@ def test_step_durations_are_reported_once_and_bounded(clock):
     assert len(times.take_steps()) == transit.MAX_STEP_TIMES
 
 
-def test_chain_wait_by_stage():
+def test_chain_wait_and_hop_by_stage():
     request = RequestTransit()
     request.add_inbound("a", [0.002, 0.010, 2, 0.001, 0.004])
     request.add_inbound("b", [0.001, 0.3, 1, 0.001, 0.3])
     request.add_inbound("b", [0.001, 0.0, 1, 0.001, 0.02])  # the last input counts
     assert request.chain_wait_by_stage() == {"a": 0.004, "b": 0.02}
+    request.add_output("b", 10.0, 10.25)
+    request.add_output("b", 11.0, 11.5)  # the last output counts
+    assert request.chain_hop_by_stage() == {"a": (0.001, 0.0), "b": (0.001, 0.5)}
