@@ -139,6 +139,10 @@ def replica_samples(pipeline: str, replica: Any) -> Iterable[Sample]:
             yield "gauge", "omni_replica_memory_bytes", \
                 "Memory of a replica once loaded (host RSS, GPU reserved)", \
                 {**labels, "kind": kind}, replica.info[key]
+    if isinstance(replica.info.get("gc_frozen"), int):
+        yield "gauge", "omni_replica_gc_frozen_objects", \
+            "Objects taken out of garbage collection once loaded (omni/heap.py)", labels, \
+            replica.info["gc_frozen"]
     if "shm_used_bytes" in replica.stats:
         yield "gauge", "omni_replica_arena_used_bytes", \
             "Bytes of the replica's payload arena in use (last report)", labels, \

@@ -19,6 +19,7 @@ from aiohttp import web
 from omni.api.app import ServedModel, ServerSettings, build_app
 from omni.async_omni import AsyncOmni
 from omni.config import ConfigError
+from omni.heap import freeze_loaded_objects
 from omni.launcher import StartupError
 from omni.media.fetch import FetchPolicy
 from omni.metrics import Metrics
@@ -152,6 +153,8 @@ async def serve(args: argparse.Namespace) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5.0,
                            access_log=None)
     await runner.setup()  # starts every engine; a stage that fails to load raises here
+    log.debug("froze %d objects out of the garbage collector's way (omni/heap.py)",
+              freeze_loaded_objects())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

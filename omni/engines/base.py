@@ -23,7 +23,7 @@ class EngineLoadError(Exception):
 
 # stage options read for the engine's process, whatever the engine: its CPU priority
 # (proc.py) and its payload arena (launcher.py)
-PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb", "inbound_drainer"})
+PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb", "inbound_drainer", "gc_freeze"})
 
 
 def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[str]) -> None:

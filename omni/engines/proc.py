@@ -27,6 +27,7 @@ from typing import Any
 
 from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
 from omni.engines.channel import Channel, OrchestratorGone
+from omni.heap import freeze_loaded_objects
 from omni.memory_budget import over_budget
 from omni.payloads import PayloadPlane
 from omni.protocol import Msg, ProtocolError, decode, encode, frame
@@ -250,7 +251,8 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
                             spec.payload_options)
-    memory = _memory()
+    frozen = freeze_loaded_objects() if _option_flag(spec.options, "gc_freeze", True) else 0
+    memory = {**_memory(), "gc_frozen": frozen}
     warning = over_budget(spec.stage, memory.get("cuda_bytes"),
                           getattr(engine, "memory_bytes", None))
     if warning:

@@ -105,3 +105,7 @@ def test_metrics_prometheus_text(main_server):
     rss = {(s.labels["pipeline"], s.labels["stage"]) for s in samples["omni_replica_memory_bytes"]
            if s.labels["kind"] == "host" and s.value > 10 * 2**20}
     assert rss == _stages(main_server)
+    # and froze what loading left (omni/heap.py): collections no longer walk it
+    frozen = {(s.labels["pipeline"], s.labels["stage"])
+              for s in samples["omni_replica_gc_frozen_objects"] if s.value > 10_000}
+    assert frozen == _stages(main_server)

@@ -276,4 +276,9 @@ def test_stage_nice_lowers_only_that_stage_and_a_bad_value_fails_its_load():
         with pytest.raises(StartupError, match=r"inbound_drainer must be true or false"):
             await omni.start()
         _assert_no_children(omni)
+        bad = make_pipeline("frozen", [echo_stage("out", final="text", gc_freeze=1)])
+        omni = AsyncOmni(bad, log_level=ENGINE_LOG_LEVEL)
+        with pytest.raises(StartupError, match=r"gc_freeze must be true or false"):
+            await omni.start()
+        _assert_no_children(omni)
     run(body(), timeout_s=30)
