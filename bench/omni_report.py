@@ -48,6 +48,9 @@ def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
                       "wait_mean_s": transit.get(f"wait_sum:{stage}", 0.0) / (waits or float("nan")),
                       "wait_share": transit.get(f"wait_sum:{stage}", 0.0) / latency,
                       "preemptions": transit.get(f"preemptions:{stage}", 0.0),
+                      # its process's garbage collections of 1 ms or more: total s, count
+                      "gc_s": transit.get(f"gc_sum:{stage}", 0.0),
+                      "gc_pauses": transit.get(f"gc_count:{stage}", 0.0),
                       # the hops of its last input and last output, mean per request
                       "hop_in_mean_s": transit.get(f"hop_in_sum:{stage}", 0.0) / (
                           waits or float("nan")),
@@ -145,8 +148,9 @@ def targets(data: dict[str, Any]) -> list[str]:
 
 
 def _preempted(stage: dict[str, Any]) -> str:
-    n = stage.get("preemptions", 0.0)
-    return f", {n:.0f} sequences preempted for KV space" if n else ""
+    n, gc = stage.get("preemptions", 0.0), stage.get("gc_pauses", 0.0)
+    return ((f", {n:.0f} sequences preempted for KV space" if n else "")
+            + (f", {gc:.0f} GC pauses of {_ms(stage['gc_s'])} ms in all" if gc else ""))
 
 
 def write_report(data: dict[str, Any], out_dir: Path, tag: str) -> None:

@@ -12,6 +12,7 @@ that collections skip; the garbage that requests make is still collected.
 from __future__ import annotations
 
 import gc
+import time
 
 
 def freeze_loaded_objects() -> int:
@@ -20,3 +21,36 @@ def freeze_loaded_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+MAX_PAUSES = 64  # pauses kept between two reports (later ones are dropped)
+
+
+class GcPauses:
+    """How long this process's garbage collections take, for its engine reports: a pause
+    holds every request of the stage, and only a measurement tells a slow step from one.
+    Collections shorter than `min_s` are common and harmless, and are not kept."""
+
+    def __init__(self, min_s: float = 0.001) -> None:
+        self.min_s = min_s
+        self._started = 0.0
+        self._pauses: list[float] = []
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        # runs inside the collection: record a float, allocate as little as possible
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif len(self._pauses) < MAX_PAUSES:
+            took = time.perf_counter() - self._started
+            if took >= self.min_s:
+                self._pauses.append(round(took, 6))
+
+    def take(self) -> list[float]:
+        """Pauses (s) since the last call."""
+        pauses, self._pauses = self._pauses, []
+        return pauses
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)

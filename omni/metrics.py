@@ -61,6 +61,10 @@ class Metrics:
         self.engine_step = Histogram("omni_engine_step_seconds", "Duration of one engine step",
                                      ["pipeline", "stage"], buckets=(0,) + LATENCY_BUCKETS,
                                      registry=r)
+        self.engine_gc_pause = Histogram(
+            "omni_engine_gc_pause_seconds", "A garbage collection of 1 ms or more in an engine "
+            "process (it holds the stage's every request)", ["pipeline", "stage"],
+            buckets=LATENCY_BUCKETS, registry=r)
         self.gauges = _GaugeCollector()
         r.register(self.gauges)
 

@@ -192,7 +192,8 @@ class Orchestrator:
         self._bytes[replica.stage, "in"] += nbytes
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
-        self._observe_steps(replica.stage, stats.get("step_s"))
+        self._observe_durations(self.metrics.engine_step, replica.stage, stats.get("step_s"))
+        self._observe_durations(self.metrics.engine_gc_pause, replica.stage, stats.get("gc_s"))
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
@@ -200,9 +201,10 @@ class Orchestrator:
                 state.transit.add_inbound(replica.stage, inbound.get(engine_id))
                 self._on_stage_output(state, replica.stage, data, finished, error)
 
-    def _observe_steps(self, stage: str, durations: Any) -> None:
+    def _observe_durations(self, family: Any, stage: str, durations: Any) -> None:
+        """An engine report's list of durations (steps, GC pauses) into a histogram."""
         if isinstance(durations, list):
-            histogram = self.metrics.engine_step.labels(self.pipeline.name, stage)
+            histogram = family.labels(self.pipeline.name, stage)
             for seconds in durations:
                 if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
                     histogram.observe(seconds)

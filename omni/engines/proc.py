@@ -27,7 +27,7 @@ from typing import Any
 
 from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
 from omni.engines.channel import Channel, OrchestratorGone
-from omni.heap import freeze_loaded_objects
+from omni.heap import GcPauses, freeze_loaded_objects
 from omni.memory_budget import over_budget
 from omni.payloads import PayloadPlane
 from omni.protocol import Msg, ProtocolError, decode, encode, frame
@@ -69,31 +69,39 @@ class EngineLoop:
         self.payloads = payloads
         self.running = True
         self.inbound = InboundTimes()
+        self.gc_pauses = GcPauses()
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
                          Msg.SHUTDOWN: self._stop}
 
     def run(self) -> None:
-        while self.running:
-            messages = self.channel.receive(block=not self.engine.has_work())
-            for message in messages:
+        try:
+            while self.running:
+                self._once()
+        finally:
+            self.gc_pauses.close()
+
+    def _once(self) -> None:
+        """Handle what came in, then run one step if there is work."""
+        messages = self.channel.receive(block=not self.engine.has_work())
+        for message in messages:
+            self._handle(message)
+        if messages and self.running:
+            # what arrived while those were handled joins this step: a producer that
+            # finishes a batch sends its requests one message each, and the first to
+            # wake an idle engine left the rest a whole step behind it (code2wav with
+            # full delivery, bench/results/omni.md); one look, so a steady inflow
+            # cannot hold the step back
+            for message in self.channel.receive(block=False):
                 self._handle(message)
-            if messages and self.running:
-                # what arrived while those were handled joins this step: a producer that
-                # finishes a batch sends its requests one message each, and the first to
-                # wake an idle engine left the rest a whole step behind it (code2wav with
-                # full delivery, bench/results/omni.md); one look, so a steady inflow
-                # cannot hold the step back
-                for message in self.channel.receive(block=False):
-                    self._handle(message)
-            if self.running and self.engine.has_work():
-                started = time.monotonic()
-                self.channel.step_begins()  # what arrives meanwhile may be read by a thread
-                try:
-                    outputs = self.engine.step()
-                finally:
-                    self.channel.step_ends()
-                self.inbound.step_done(started)
-                self._publish(outputs)
+        if self.running and self.engine.has_work():
+            started = time.monotonic()
+            self.channel.step_begins()  # what arrives meanwhile may be read by a thread
+            try:
+                outputs = self.engine.step()
+            finally:
+                self.channel.step_ends()
+            self.inbound.step_done(started)
+            self._publish(outputs)
 
     def _handle(self, message: bytes) -> None:
         try:
@@ -154,6 +162,7 @@ class EngineLoop:
         stats.update(self.payloads.stats())
         stats["inbound"] = self.inbound.take(row[0] for row in rows)
         stats["step_s"] = self.inbound.take_steps()
+        stats["gc_s"] = self.gc_pauses.take()
         stats["sent_at"] = time.monotonic()
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
 

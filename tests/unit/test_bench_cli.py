@@ -131,7 +131,8 @@ def test_omni_report_splits_waits_and_steps_by_stage() -> None:
                          "preemptions:talker": 3, "hop_out_sum:talker": 0.4})
     assert stages["talker"] == {"steps": 50, "step_mean_s": 0.01, "wait_mean_s": 0.05,
                                 "wait_share": 0.02, "preemptions": 3,
-                                "hop_in_mean_s": 0.0, "hop_out_mean_s": 0.1}
+                                "hop_in_mean_s": 0.0, "hop_out_mean_s": 0.1,
+                                "gc_s": 0.0, "gc_pauses": 0.0}
     assert stages["code2wav"]["step_mean_s"] == 0.2 and stages["code2wav"]["wait_share"] == 0
 
 

@@ -22,3 +22,21 @@ def test_loaded_objects_are_frozen_and_new_garbage_is_still_collected() -> None:
         assert gc.collect() >= 1
     finally:
         gc.unfreeze()
+
+
+def test_gc_pauses_are_recorded_once_and_bounded() -> None:
+    from omni.heap import MAX_PAUSES, GcPauses
+
+    pauses = GcPauses(min_s=0.0)
+    try:
+        gc.collect()
+        first = pauses.take()
+        assert len(first) >= 1 and all(p >= 0 for p in first)
+        assert pauses.take() == []  # taken once
+        for _ in range(MAX_PAUSES + 5):
+            gc.collect(0)
+        assert len(pauses.take()) == MAX_PAUSES
+    finally:
+        pauses.close()
+    gc.collect()
+    assert pauses.take() == []  # closed: no longer called
