@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from omni.config import PipelineConfig, Route
@@ -36,48 +35,10 @@ from omni.launcher import EngineGroup, ReplicaUnreachableError
 from omni.metrics import Metrics, Sample, replica_samples
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
+from omni.request_state import OmniOutput, RequestState
 from omni.routing import RoutePlan, plan_route
-from omni.transit import RequestTransit
 
 log = logging.getLogger("omni.orchestrator")
-
-
-@dataclass
-class OmniOutput:
-    """One chunk for the client. The last output of a request has finished=True, no data."""
-
-    request_id: str
-    stage: str
-    modality: str | None
-    data: dict[str, Any] | None
-    stage_finished: bool = False
-    finished: bool = False
-    metrics: dict[str, Any] | None = None
-
-
-@dataclass(eq=False)
-class RequestState:
-    request_id: str
-    engine_id: str  # unique per submit: a reused client id never gets a stale run's output
-    plan: RoutePlan
-    inputs: dict[str, Any]
-    params: Mapping[str, Mapping[str, Any]]
-    queue: asyncio.Queue
-    arrived: float = field(default_factory=time.monotonic)
-    bound: dict[str, Replica] = field(default_factory=dict)
-    chunks: dict[str, list] = field(default_factory=dict)
-    times: dict[str, dict[str, float]] = field(default_factory=dict)
-    done: set[str] = field(default_factory=set)
-    first_output: float | None = None
-    deadline: asyncio.TimerHandle | None = None
-    finished: bool = False
-    seq: dict[tuple[str, str], int] = field(default_factory=dict)  # per stream edge
-    held: dict[str, list[list]] = field(default_factory=dict)  # APPENDs before dispatch
-    transit: RequestTransit = field(default_factory=RequestTransit)
-
-    @property
-    def route(self) -> Route:
-        return self.plan.route
 
 
 class Orchestrator:
@@ -192,14 +153,26 @@ class Orchestrator:
         self._bytes[replica.stage, "in"] += nbytes
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
-        self._observe_durations(self.metrics.engine_step, replica.stage, stats.get("step_s"))
-        self._observe_durations(self.metrics.engine_gc_pause, replica.stage, stats.get("gc_s"))
+        try:  # a bug in the bookkeeping must not cost the outputs below
+            self._observe_durations(self.metrics.engine_step, replica.stage, stats.get("step_s"))
+            self._observe_durations(self.metrics.engine_gc_pause, replica.stage,
+                                    stats.get("gc_s"))
+        except Exception:
+            log.exception("%s: its engine stats could not be recorded", replica.replica_id)
         for engine_id, data, finished, error in rows:
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
-                state.transit.add_output(replica.stage, sent_at, now)
-                state.transit.add_inbound(replica.stage, inbound.get(engine_id))
-                self._on_stage_output(state, replica.stage, data, finished, error)
+                try:
+                    state.transit.add_output(replica.stage, sent_at, now)
+                    state.transit.add_inbound(replica.stage, inbound.get(engine_id))
+                    self._on_stage_output(state, replica.stage, data, finished, error)
+                except Exception as exc:  # our bug, not the request's: it fails alone,
+                    # saying why, instead of waiting forever for an output dropped here
+                    log.exception("request %s: handling stage '%s' output raised",
+                                  state.request_id, replica.stage)
+                    self._finish(state, RequestFailedError(
+                        f"internal error handling stage '{replica.stage}' output: "
+                        f"{type(exc).__name__}: {exc}", replica.stage))
 
     def _observe_durations(self, family: Any, stage: str, durations: Any) -> None:
         """An engine report's list of durations (steps, GC pauses) into a histogram."""

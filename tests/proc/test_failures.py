@@ -85,6 +85,34 @@ def test_bad_request_params_fail_the_request_at_that_stage():
     run(body())
 
 
+def test_an_internal_error_on_outputs_fails_that_request_and_frees_it(monkeypatch):
+    """A bug while the orchestrator handles a stage's output (injected here) fails that
+    request with the reason, frees it everywhere, and leaves the others alone: before,
+    the message was dropped and the request waited forever."""
+    from omni.orchestrator import Orchestrator
+
+    handle = Orchestrator._on_stage_output
+
+    def broken(self, state, stage, *args):
+        if state.inputs.get("prompt") == "boom" and stage == "b":
+            raise KeyError("injected")
+        return handle(self, state, stage, *args)
+
+    monkeypatch.setattr(Orchestrator, "_on_stage_output", broken)
+
+    async def body():
+        async with serving(dag_pipeline()) as omni:
+            bad = collect(omni.generate({"prompt": "boom"}, params={"*": {"chunks": 3}}))
+            results = await asyncio.gather(bad, _ok(omni, ["text"]), return_exceptions=True)
+            assert type(results[0]) is RequestFailedError, repr(results[0])
+            assert results[0].stage == "b" and "internal error" in str(results[0])
+            assert "KeyError" in str(results[0])
+            assert not isinstance(results[1], BaseException), repr(results[1])
+            assert omni.health()["healthy"]
+            assert_idle(omni)
+    run(body())
+
+
 # -- a replica dies ----------------------------------------------------------------------
 
 
