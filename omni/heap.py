@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterable
 
 
 def freeze_loaded_objects() -> int:
@@ -35,16 +36,32 @@ class GcPauses:
         self.min_s = min_s
         self._started = 0.0
         self._pauses: list[float] = []
+        self.count, self.total_s, self.max_s = 0, 0.0, 0.0  # since start, those kept only
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         # runs inside the collection: record a float, allocate as little as possible
         if phase == "start":
             self._started = time.perf_counter()
-        elif len(self._pauses) < MAX_PAUSES:
-            took = time.perf_counter() - self._started
-            if took >= self.min_s:
-                self._pauses.append(round(took, 6))
+            return
+        took = time.perf_counter() - self._started
+        if took < self.min_s:
+            return
+        self.count += 1
+        self.total_s += took
+        self.max_s = max(self.max_s, took)
+        if len(self._pauses) < MAX_PAUSES:
+            self._pauses.append(round(took, 6))
+
+    def samples(self, process: str) -> Iterable[tuple[str, str, str, dict[str, str], float]]:
+        """Scrape-time metrics of this process's pauses (omni.metrics.Metrics.watch)."""
+        labels = {"process": process}
+        yield "counter", "omni_gc_pauses", "Garbage collections of 1 ms or more", labels, \
+            self.count
+        yield "counter", "omni_gc_pause_seconds", "Time in garbage collections of 1 ms or " \
+            "more (every request of the process waits)", labels, self.total_s
+        yield "gauge", "omni_gc_pause_max_seconds", "The longest garbage collection", labels, \
+            self.max_s
 
     def take(self) -> list[float]:
         """Pauses (s) since the last call."""

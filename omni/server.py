@@ -19,7 +19,7 @@ from aiohttp import web
 from omni.api.app import ServedModel, ServerSettings, build_app
 from omni.async_omni import AsyncOmni
 from omni.config import ConfigError
-from omni.heap import freeze_loaded_objects
+from omni.heap import GcPauses, freeze_loaded_objects
 from omni.launcher import StartupError
 from omni.media.fetch import FetchPolicy
 from omni.metrics import Metrics
@@ -155,6 +155,8 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.setup()  # starts every engine; a stage that fails to load raises here
     log.debug("froze %d objects out of the garbage collector's way (omni/heap.py)",
               freeze_loaded_objects())
+    gc_pauses = GcPauses()  # the event loop every request goes through: its pauses count
+    metrics.watch(lambda: gc_pauses.samples("server"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -173,6 +175,7 @@ async def serve(args: argparse.Namespace) -> None:
         await _drain(models, args.drain_timeout)
     finally:
         await runner.cleanup()
+        gc_pauses.close()
         log.info("stopped")
 
 

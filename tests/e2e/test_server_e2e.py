@@ -119,6 +119,11 @@ def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
         assert _get(server.url("/health"))[0] == 200
         ids = [m["id"] for m in _get(server.url("/v1/models"))[1]["data"]]
         assert ids == ["echo", "slow"]
+        with urllib.request.urlopen(server.url("/metrics"), timeout=10) as resp:
+            metrics = resp.read().decode()
+        # the server froze what loading left and reports its own collections (omni/heap.py)
+        assert 'omni_gc_pause_seconds_total{process="server"}' in metrics
+        assert 'omni_gc_pause_max_seconds{process="server"}' in metrics
         assert list(runtime.glob("omni-ipc-*")), "IPC dirs should live under TMPDIR"
         children = _children(server.proc.pid)
         assert len(children) >= 2, "expected one engine process per stage"

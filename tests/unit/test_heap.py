@@ -30,6 +30,7 @@ def test_gc_pauses_are_recorded_once_and_bounded() -> None:
     pauses = GcPauses(min_s=0.0)
     try:
         gc.collect()
+        gc.disable()  # only the explicit collections below
         first = pauses.take()
         assert len(first) >= 1 and all(p >= 0 for p in first)
         assert pauses.take() == []  # taken once
@@ -37,6 +38,25 @@ def test_gc_pauses_are_recorded_once_and_bounded() -> None:
             gc.collect(0)
         assert len(pauses.take()) == MAX_PAUSES
     finally:
+        gc.enable()
         pauses.close()
     gc.collect()
     assert pauses.take() == []  # closed: no longer called
+
+
+def test_gc_pause_totals_and_samples() -> None:
+    from omni.heap import GcPauses
+
+    pauses = GcPauses(min_s=0.0)
+    try:
+        gc.collect()
+        gc.collect()
+        gc.disable()  # no collection between the samples and the checks
+        assert pauses.count >= 2 and pauses.total_s >= pauses.max_s > 0
+        samples = {name: (kind, labels, value)
+                   for kind, name, _, labels, value in pauses.samples("server")}
+        assert samples["omni_gc_pauses"] == ("counter", {"process": "server"}, pauses.count)
+        assert samples["omni_gc_pause_max_seconds"][2] == pauses.max_s
+    finally:
+        gc.enable()
+        pauses.close()
