@@ -3,9 +3,9 @@
 A process with a model loaded holds a great many long-lived objects (modules, parameters,
 configuration trees, imported code), and a full (generation-2) collection walks all of
 them. A burst of request messages, hundreds of small dicts and lists each, is enough to
-trigger one: it took 0.36 s in the tiny Qwen3-Omni's code2wav process and 0.50 s in its
-talker (bench omni, full delivery, c=32, 2-core VM), and every request of that burst waited
-behind it. `gc.freeze()` moves what exists once loading is done into a permanent generation
+trigger one: it took 0.36 s in a spoken-answer pipeline's vocoder process and 0.50 s in its
+talker (`bench omni`, tiny model, full delivery, c=32, 2-core VM), and every request of that
+burst waited behind it. `gc.freeze()` moves what exists once loading is done into a permanent generation
 that collections skip; the garbage that requests make is still collected.
 """
 
