@@ -279,7 +279,8 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
                 after = await scrape(session, urls[side])
                 delta = {k: hops[side].get(k, 0.0) + after[k] for k in after}
                 out[side][str(c)] = {"runs": runs[side], "transit": delta}
-                p50 = {k: percentile(sorted(r[k] for r in runs[side]), 0.5)  # as the report
+                p50 = {k: percentile(sorted(r[k] for r in runs[side]  # as the report:
+                                            if r.get(k) is not None), 0.5)  # failed ones out
                        for k in ("ttft_s", "ttfp_s", "e2el_s")}
                 say(f"[omni] {side} c={c}: p50 " + ", ".join(
                     f"{k[:-2].upper()} {v * 1e3:.0f} ms" for k, v in p50.items()))
