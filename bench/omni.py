@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, say, sse_events
+from bench.common import say, sse_events
 
 DESCRIPTION = """\
 Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
@@ -243,6 +243,7 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
     import aiohttp
 
     from bench.ar_ours import served_id
+    from bench.omni_report import summarize
 
     connector = aiohttp.TCPConnector(limit=max(c for c, _ in levels) * 2 + 8)
     async with aiohttp.ClientSession(connector=connector,
@@ -279,11 +280,11 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
                 after = await scrape(session, urls[side])
                 delta = {k: hops[side].get(k, 0.0) + after[k] for k in after}
                 out[side][str(c)] = {"runs": runs[side], "transit": delta}
-                p50 = {k: percentile(sorted(r[k] for r in runs[side]  # as the report:
-                                            if r.get(k) is not None), 0.5)  # failed ones out
-                       for k in ("ttft_s", "ttfp_s", "e2el_s")}
+                level = summarize(out[side][str(c)])  # the report's numbers
                 say(f"[omni] {side} c={c}: p50 " + ", ".join(
-                    f"{k[:-2].upper()} {v * 1e3:.0f} ms" for k, v in p50.items()))
+                    f"{k[:-2].upper()} {level[k]['p50'] * 1e3:.0f} ms"
+                    for k in ("ttft_s", "ttfp_s", "e2el_s"))
+                    + (f"; {level['failed']} failed" if level["failed"] else ""))
             level_done(out)  # a run cut short still leaves every level it finished
     return out
 

@@ -23,6 +23,9 @@ class Runner(Protocol):
     def parse(self, value: Any) -> torch.Tensor:
         """One input value -> (rows, frames) tensor; ValueError when malformed."""
 
+    # optional: join(values) -> one value holding every complete-input chunk's frames in
+    # order (parsed once instead of per chunk), or None to parse each chunk alone
+
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """(B, rows, T) -> per row the output belonging to the frames after contexts[i]."""
 

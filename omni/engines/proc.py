@@ -69,16 +69,18 @@ class EngineLoop:
         self.payloads = payloads
         self.running = True
         self.inbound = InboundTimes()
-        self.gc_pauses = GcPauses()
+        self.gc_pauses: GcPauses | None = None  # while run() runs: it registers and removes
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
                          Msg.SHUTDOWN: self._stop}
 
     def run(self) -> None:
+        self.gc_pauses = GcPauses()
         try:
             while self.running:
                 self._once()
         finally:
             self.gc_pauses.close()
+            self.gc_pauses = None
 
     def _once(self) -> None:
         """Handle what came in, then run one step if there is work."""
@@ -162,7 +164,7 @@ class EngineLoop:
         stats.update(self.payloads.stats())
         stats["inbound"] = self.inbound.take(row[0] for row in rows)
         stats["step_s"] = self.inbound.take_steps()
-        stats["gc_s"] = self.gc_pauses.take()
+        stats["gc_s"] = self.gc_pauses.take() if self.gc_pauses else []
         stats["sent_at"] = time.monotonic()
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
 

@@ -127,8 +127,10 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [], [], [])
         budget = self.max_batched_tokens
-        decoding = any(s.pending > 0 and s.computed >= len(s.prompt) for s in self.running)
-        prompt_budget = self.prefill_beside_decodes if decoding else budget
+        prompt_budget = budget
+        if self.prefill_beside_decodes < budget and any(  # only when the option is set
+                s.pending > 0 and s.computed >= len(s.prompt) for s in self.running):
+            prompt_budget = self.prefill_beside_decodes
         for seq in list(self.running):
             if seq not in self.running:
                 continue  # preempted while making room for an earlier sequence
