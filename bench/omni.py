@@ -29,7 +29,8 @@ preset and model directory:
           thinker yields the CPU to the talker and code2wav), to measure what they buy
   SIDE+STAGE.OPTION=VALUE    any side with a stage option changed (repeatable, VALUE read
           as YAML), to measure a setting side by side with the preset's, e.g.
-          --sides stream,stream+code2wav.max_batch_frames=128
+          --sides stream,stream+code2wav.max_batch_frames=128; an edge's option the
+          same way, named SRC->DST: stream+thinker->talker.max_lead=8 (quote it)
 
 Requests: streaming chat completions (openai's wire format) with modalities [text, audio],
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
@@ -107,7 +108,7 @@ def side_settings(side: str) -> tuple[str, dict[str, dict[str, Any]]]:
         key, eq, value = change.partition("=")
         stage, dot, option = key.partition(".")
         if not (eq and dot and stage and option):
-            raise SystemExit(f"bench omni: {change!r} in side {side!r} is not STAGE.OPTION=VALUE")
+            raise SystemExit(f"bench omni: {change!r} in side {side!r} is not STAGE.OPTION=VALUE or SRC->DST.OPTION=VALUE")
         options.setdefault(stage, {})[option] = yaml.safe_load(value)
     return base, options
 
@@ -126,7 +127,8 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
 
     base, changes = side_settings(side)
     data = yaml.safe_load(Path(preset_path("qwen3_omni")).read_text())
-    unknown = set(changes) - {stage["name"] for stage in data["stages"]}
+    edges = {f"{e['from']}->{e['to']}": e for e in data["edges"]}
+    unknown = set(changes) - {stage["name"] for stage in data["stages"]} - set(edges)
     if unknown:
         raise SystemExit(f"bench omni: side {side!r} changes unknown stage(s) {sorted(unknown)}")
     budgets = dict(kv.split("=", 1) for kv in args.memory.split(",") if kv)
@@ -141,8 +143,9 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
             stage["memory"] = f"{share:g}%"
         stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
         stage.setdefault("options", {}).update(changes.get(stage["name"], {}))
-    for edge in data["edges"]:
+    for name, edge in edges.items():
         edge["delivery"] = base.removesuffix(NICE0)
+        edge.update(changes.get(name, {}))
     if base.endswith(NICE0):
         for stage in data["stages"]:
             stage.get("options", {}).pop("nice", None)

@@ -61,7 +61,7 @@ TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "
             "edges", "outputs")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart")
-EDGE_KEYS = ("from", "to", "payload", "delivery", "connector")
+EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 
@@ -123,6 +123,7 @@ class EdgeConfig:
     payload: str = "data"
     delivery: str = "full"
     connector: str = "auto"
+    max_lead: int | None = None  # stream flow control: omni/lead.py
 
 
 @dataclass(frozen=True)
@@ -380,14 +381,20 @@ def _parse_edge(src: str, path: str, raw: object, names: list[str]) -> EdgeConfi
     if producer == consumer:
         raise ConfigError(src, path, f"stage '{producer}' feeds itself",
                           "An edge joins two different stages; remove it")
+    delivery = check_choice(src, f"{path}.delivery", optional(raw, "delivery", "full"),
+                            DELIVERIES, "delivery")
+    lead = optional(raw, "max_lead", None)
+    if lead is not None and delivery != "stream":
+        raise ConfigError(src, f"{path}.max_lead", "a lead is kept on stream edges only",
+                          "Set delivery: stream, or remove max_lead")
     return EdgeConfig(
         src=producer,
         dst=consumer,
         payload=as_str(src, f"{path}.payload", optional(raw, "payload", "data")),
-        delivery=check_choice(src, f"{path}.delivery", optional(raw, "delivery", "full"),
-                              DELIVERIES, "delivery"),
+        delivery=delivery,
         connector=check_choice(src, f"{path}.connector", optional(raw, "connector", "auto"),
                                CONNECTORS, "connector"),
+        max_lead=None if lead is None else as_int(src, f"{path}.max_lead", lead, 1),
     )
 
 

@@ -32,6 +32,7 @@ from omni.errors import (
     StageUnavailableError,
 )
 from omni.launcher import EngineGroup, ReplicaUnreachableError
+from omni.lead import LeadControl
 from omni.metrics import Metrics, Sample, replica_samples
 from omni.pool import NoReplicaError, Replica
 from omni.protocol import Msg, encode
@@ -66,6 +67,7 @@ class Orchestrator:
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[str, ...], RoutePlan] = {}
         self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
+        self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/lead.py)
 
     async def start(self) -> None:
         await self.engines.start()
@@ -97,6 +99,7 @@ class Orchestrator:
             self._dispatch(state, stage, plan.start_inputs(stage, inputs))
             if state.finished:
                 break
+        self.leads.flush(self.engines.try_send)
         return state
 
     def _plan(self, route: Route) -> RoutePlan:
@@ -130,6 +133,8 @@ class Orchestrator:
         for message in state.held.pop(stage, ()):
             if not state.finished:
                 self._send_append(state, stage, message)
+        if self.leads and not state.finished:
+            self.leads.dispatched(state, stage)
 
     def _send_to_some_replica(self, state: RequestState, stage: str,
                               message: bytes) -> Replica | None:
@@ -173,6 +178,7 @@ class Orchestrator:
                     self._finish(state, RequestFailedError(
                         f"internal error handling stage '{replica.stage}' output: "
                         f"{type(exc).__name__}: {exc}", replica.stage))
+        self.leads.flush(self.engines.try_send)
 
     def _observe_durations(self, family: Any, stage: str, durations: Any) -> None:
         """An engine report's list of durations (steps, GC pauses) into a histogram."""
@@ -195,6 +201,8 @@ class Orchestrator:
                 self._finish(state, RequestFailedError(f"stage '{stage}' failed: {message}",
                                                        stage))
             return
+        if self.leads:
+            self.leads.consumer_output(state, stage, data is not None, finished)
         if stage in state.route.finals:
             state.first_output = state.first_output or now
             modality = self.pipeline.stage(stage).final_output

@@ -29,6 +29,7 @@ class Msg(enum.IntEnum):
     ABORT = 2  # [[request_id, ...]]
     SHUTDOWN = 3  # []
     APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
+    LIMIT = 5  # [[[request_id, max_outputs | None], ...]]   stream flow control (lead.py)
     # engine -> orchestrator
     READY = 10  # [replica_id, info]   the first message on a connection names the replica
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
@@ -38,8 +39,8 @@ class Msg(enum.IntEnum):
 
 
 TYPE_BYTES = {m: bytes([m]) for m in Msg}
-ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.READY: 2, Msg.OUTPUTS: 3,
-         Msg.DEAD: 2}
+ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1, Msg.READY: 2,
+         Msg.OUTPUTS: 3, Msg.DEAD: 2}
 _KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
 
 _packer = msgpack.Packer(use_bin_type=True)

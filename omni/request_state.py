@@ -46,6 +46,8 @@ class RequestState:
     seq: dict[tuple[str, str], int] = field(default_factory=dict)  # per stream edge
     held: dict[str, list[list]] = field(default_factory=dict)  # APPENDs before dispatch
     transit: RequestTransit = field(default_factory=RequestTransit)
+    lead_outputs: dict[str, int] = field(default_factory=dict)  # omni/lead.py: per consumer
+    lead_limits: dict[str, int | None] = field(default_factory=dict)  # last sent, per producer
 
     @property
     def route(self) -> Route:

@@ -107,8 +107,9 @@ class StepOrder:
         seqs = flight.seqs
         if (flight.next_ids is None or self.scheduler.waiting
                 or len(self.scheduler.running) != len(seqs)
-                or not all(self._alive(s) for s in seqs)):
-            return None
+                or not all(self._alive(s) for s in seqs)
+                or any(s.limit is not None and len(s.output) + 2 > s.limit for s in seqs)):
+            return None  # (a limit: the flight's token and the chained one must both fit)
         try:  # the fed token's KV slot: position computed (the picked token's)
             for seq in seqs:
                 self.cache.grow(seq.blocks, seq.computed + 1)

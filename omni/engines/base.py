@@ -100,6 +100,13 @@ class Engine(abc.ABC):
         """
         raise EngineError(f"this engine takes no stream input (from '{producer}')")
 
+    def limit(self, limits: Mapping[str, int | None]) -> None:
+        """Flow control from a ``stream`` edge with ``max_lead`` (omni/lead.py): request id
+        -> the most outputs (tokens) it may have made so far, None lifting the limit. A
+        request at its limit makes no more until raised; unknown ids are ignored. Advisory:
+        an engine that cannot hold a request keeps this default and runs on."""
+        return None
+
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests now and free what they hold; unknown ids are ignored."""

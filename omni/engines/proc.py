@@ -71,7 +71,7 @@ class EngineLoop:
         self.inbound = InboundTimes()
         self.gc_pauses: GcPauses | None = None  # while run() runs: it registers and removes
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
-                         Msg.SHUTDOWN: self._stop}
+                         Msg.LIMIT: self._limit, Msg.SHUTDOWN: self._stop}
 
     def run(self) -> None:
         self.gc_pauses = GcPauses()
@@ -148,6 +148,14 @@ class EngineLoop:
         for request_id in body[0]:
             self.payloads.drop(request_id)
             self.inbound.drop(request_id)
+
+    def _limit(self, body: list[Any]) -> None:
+        try:
+            limits = {rid: n for rid, n in body[0]}
+        except (TypeError, ValueError) as exc:
+            log.error("dropping malformed LIMIT from orchestrator: %s", exc)
+            return
+        self.engine.limit(limits)
 
     def _stop(self, body: list[Any]) -> None:
         self.running = False

@@ -44,6 +44,7 @@ class Sequence:
     embeds: Any = None  # (prompt_len, hidden) prompt embeddings given instead of token ids
     media: Any = None  # a multimodal prompt's PromptLayout (omni/engines/ar_media.py)
     held: bool = False  # its next input depends on stream input that has not arrived
+    limit: int | None = None  # the most outputs it may have made for now (Engine.limit)
 
     @property
     def tokens(self) -> list[int]:
@@ -68,7 +69,7 @@ class Sequence:
         """Tokens to feed now: the prompt left (while input is still arriving, all but
         the last token, whose logits are only wanted once the input is complete), or the
         last sampled token."""
-        if self.held:
+        if self.held or (self.limit is not None and len(self.output) >= self.limit):
             return 0
         known = len(self.prompt) + len(self.output)
         return max(0, known - 1 - self.computed) if self.input_open else known - self.computed

@@ -219,3 +219,35 @@ def test_chain_waits_for_sampling_rows_and_new_requests(model_dir):
                     (3, "b", {"prompt": PROMPTS[1]}, {"temperature": 0, "max_tokens": 8,
                                                       "ignore_eos": True})])
     assert chained.stats()["chained_steps"] > 0 and chained.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_output_limit_holds_a_request(model_dir, chain):
+    """Engine.limit (omni/lead.py): a request stops at its limit (the engine goes idle if
+    nothing else runs), goes on when it is raised or lifted, and says the same tokens; a
+    request beside it is not held. Step by step, overlapped and chained."""
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 12}
+    plain, overlapped = engines(model_dir, chain=chain)
+    want = merged(drive(plain, [(0, "a", {"prompt": PROMPTS[0]}, greedy)])["a"])["tokens"]
+    for engine in (plain, overlapped):
+        engine.add(EngineRequest("a", {"prompt": PROMPTS[0]}, greedy))
+        engine.add(EngineRequest("b", {"prompt": PROMPTS[1]}, greedy))
+        engine.limit({"a": 3, "unknown": 1})
+        got: dict[str, list[int]] = {"a": [], "b": []}
+        until_idle(engine, got)
+        assert (len(got["a"]), len(got["b"])) == (3, 12)
+        engine.limit({"a": 7})
+        until_idle(engine, got)
+        assert len(got["a"]) == 7
+        engine.limit({"a": None})
+        until_idle(engine, got)
+        assert got["a"] == want and engine.stats()["kv_blocks_used"] == 0
+
+
+def until_idle(engine: AREngine, got: dict[str, list[int]]) -> None:
+    for _ in range(100):
+        if not engine.has_work():
+            return
+        for o in engine.step():
+            got[o.request_id] += o.data["token_ids"]
+    raise AssertionError("engine did not go idle")

@@ -367,6 +367,15 @@ def test_bad_delivery(tmp_path: Path) -> None:
           "edges[0].delivery: unknown delivery 'streem'", "Did you mean 'stream'?", "Valid: full, stream")
 
 
+def test_max_lead(tmp_path: Path) -> None:
+    led = BASE.replace("delivery: stream}", "delivery: stream, max_lead: 8}")
+    assert [e.max_lead for e in load(tmp_path, led).edges] == [8, None]
+    error(tmp_path, led.replace("max_lead: 8", "max_lead: 0"), "edges[0].max_lead: must be >= 1")
+    error(tmp_path, led.replace("max_lead: 8", "max_lead: '8'"), "edges[0].max_lead: expected an integer")
+    error(tmp_path, BASE.replace("{from: talker, to: code2wav}", "{from: talker, to: code2wav, max_lead: 4}"),
+          "edges[1].max_lead: a lead is kept on stream edges only", "Set delivery: stream")
+
+
 def test_bad_connector(tmp_path: Path) -> None:
     error(tmp_path, BASE.replace("{from: talker, to: code2wav}", "{from: talker, to: code2wav, connector: cuda-ipc}"),
           "edges[1].connector: unknown connector 'cuda-ipc'", "Did you mean 'cuda_ipc'?")
