@@ -20,11 +20,9 @@ which a stream edge hands to the next stage (one that reads its hidden states). 
 "auto", a model whose next stage embeds the answer's token ids itself
 (CausalLM.export_prompt_only) exports the prompt's rows only.
 
-The order of work inside one step() call, overlapped with the GPU (options overlap_steps
-and chain_decode): ar_steps.py.
-
-Media prompts: ar_encoder.py (a worker thread) and ar_media.py (rotary layout, vision
-features). KV cache size: kv_cache.sized_cache. Options: docs/pipeline.md.
+Elsewhere: the order of work in one step() (overlap_steps, chain_decode): ar_steps.py;
+media prompts: ar_encoder.py, ar_media.py; KV cache size: kv_cache.sized_cache; output
+limits (Engine.limit): omni/lead.py; options: docs/pipeline.md.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ stages:
   - {{name: code2wav, engine: generation, model: qwen3_omni_code2wav, model_dir: {d},
       final_output: audio, options: {{first_chunk_frames: 2, chunk_frames: 4, left_context: 4}}}}
 edges:
-  - {{from: thinker, to: talker, delivery: stream}}
+  - {{from: thinker, to: talker, delivery: stream, max_lead: 2}}  # a lead, as in the preset
   - {{from: talker, to: code2wav, delivery: stream}}
 outputs: {{text: [thinker], audio: [code2wav]}}
 """

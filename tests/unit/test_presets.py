@@ -42,7 +42,7 @@ def test_qwen3_omni_release_gets_the_three_stage_pipeline(tmp_path):
     assert pipeline.modalities == ("text", "audio") and pipeline.default_modalities == ("text",)
     assert [(s.name, s.engine) for s in pipeline.stages] == [
         ("thinker", "ar"), ("talker", "ar"), ("code2wav", "generation")]
-    assert {(e.src, e.dst, e.delivery) for e in pipeline.edges} == {
-        ("thinker", "talker", "stream"), ("talker", "code2wav", "stream")}
+    assert {(e.src, e.dst, e.delivery, e.max_lead) for e in pipeline.edges} == {
+        ("thinker", "talker", "stream", 8), ("talker", "code2wav", "stream", None)}
     assert pipeline.route(["text"]).stages == ("thinker",)  # text-only: the thinker alone
     assert pipeline.route(["text", "audio"]).stages == ("thinker", "talker", "code2wav")
