@@ -229,7 +229,9 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
                         ("wait_count", "omni_stage_step_wait_seconds_count"),
                         ("preemptions", "omni_replica_preemptions"),
                         ("gc_sum", "omni_engine_gc_pause_seconds_sum"),
-                        ("gc_count", "omni_engine_gc_pause_seconds_count")):
+                        ("gc_count", "omni_engine_gc_pause_seconds_count"),
+                        ("first_sum", "omni_stage_first_output_seconds_sum"),
+                        ("first_count", "omni_stage_first_output_seconds_count")):
         for found in re.finditer(rf'^{metric}{{[^}}]*stage="([^"]+)"[^}}]*}} ([0-9.e+-]+)$',
                                  text, re.M):
             out[f"{key}:{found.group(1)}"] = float(found.group(2))

@@ -51,6 +51,9 @@ def _per_stage(transit: dict[str, float]) -> dict[str, dict[str, float]]:
                       # its process's garbage collections of 1 ms or more: total s, count
                       "gc_s": transit.get(f"gc_sum:{stage}", 0.0),
                       "gc_pauses": transit.get(f"gc_count:{stage}", 0.0),
+                      # arrival to its first output, mean per request
+                      "first_output_mean_s": transit.get(f"first_sum:{stage}", 0.0) / (
+                          transit.get(f"first_count:{stage}", 0.0) or float("nan")),
                       # the hops of its last input and last output, mean per request
                       "hop_in_mean_s": transit.get(f"hop_in_sum:{stage}", 0.0) / (
                           waits or float("nan")),
@@ -136,6 +139,10 @@ def targets(data: dict[str, Any]) -> list[str]:
                        f"step wait {100 * s['chain_step_wait_share']:.2f} %; target <= 2 %: "
                        f"{'met' if share <= 0.02 else 'missed'})")
             if s.get("stages"):
+                out.append(f"- {side} c={c}: arrival to each stage's first output, mean per "
+                           "request: " + ", ".join(
+                               f"{st} {_ms(v.get('first_output_mean_s'))} ms"
+                               for st, v in s["stages"].items()))
                 out.append(f"- {side} c={c}: per stage, engine step mean (steps) / last "
                            "input's wait behind a running step, mean per request (% of E2EL) "
                            "/ hops of its last input and last output, mean per request: "

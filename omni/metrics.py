@@ -31,6 +31,10 @@ class Metrics:
         self.stage_latency = Histogram("omni_stage_latency_seconds",
                                        "Stage dispatch to stage finish", ["pipeline", "stage"],
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.stage_first_output = Histogram(
+            "omni_stage_first_output_seconds", "Per finished request and stage: arrival to "
+            "the stage's first output (where a first packet's time goes, stage by stage)",
+            ["pipeline", "stage"], buckets=LATENCY_BUCKETS, registry=r)
         # spoken answers, as the client sees them (omni/media/playback.py)
         self.ttft = Histogram("omni_ttft_seconds", "Arrival to first text", ["pipeline"],
                               buckets=LATENCY_BUCKETS, registry=r)

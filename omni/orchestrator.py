@@ -67,6 +67,7 @@ class Orchestrator:
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[str, ...], RoutePlan] = {}
         self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
+        self._stage_first = {s: self.metrics.stage_first_output.labels(name, s) for s in stages}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/lead.py)
 
     async def start(self) -> None:
@@ -328,6 +329,9 @@ class Orchestrator:
             if state.first_output is not None:
                 self.metrics.first_output.labels(name).observe(state.first_output - state.arrived)
             self.metrics.observe_transit(name, state.transit)
+            for stage, times in state.times.items():
+                if "first_output" in times:
+                    self._stage_first[stage].observe(times["first_output"] - state.arrived)
 
     def _request_metrics(self, state: RequestState) -> dict[str, Any]:
         base = state.arrived

@@ -101,6 +101,13 @@ def test_metrics_prometheus_text(main_server):
             hops = _value(samples, "omni_stage_hop_seconds_count", pipeline=pipeline,
                           stage=stage, direction=direction)
             assert hops is not None and hops >= 2, (pipeline, stage, direction)
+    # arrival to each stage's first output: later along the chain a -> b -> c
+    firsts = [(_value(samples, "omni_stage_first_output_seconds_count", pipeline="chain",
+                      stage=stage),
+               _value(samples, "omni_stage_first_output_seconds_sum", pipeline="chain",
+                      stage=stage)) for stage in "abc"]
+    assert all(n is not None and n >= 2 for n, _ in firsts), firsts
+    assert 0 < firsts[0][1] < firsts[1][1] < firsts[2][1], firsts
     # every replica reported its loaded host memory in READY
     rss = {(s.labels["pipeline"], s.labels["stage"]) for s in samples["omni_replica_memory_bytes"]
            if s.labels["kind"] == "host" and s.value > 10 * 2**20}

@@ -128,11 +128,12 @@ def test_omni_report_splits_waits_and_steps_by_stage() -> None:
     stages = _per_stage({"latency": 10.0, "step_sum:talker": 0.5, "step_count:talker": 50,
                          "wait_sum:talker": 0.2, "wait_count:talker": 4,
                          "step_sum:code2wav": 2.0, "step_count:code2wav": 10,
-                         "preemptions:talker": 3, "hop_out_sum:talker": 0.4})
+                         "preemptions:talker": 3, "hop_out_sum:talker": 0.4,
+                         "first_sum:talker": 0.6, "first_count:talker": 4})
     assert stages["talker"] == {"steps": 50, "step_mean_s": 0.01, "wait_mean_s": 0.05,
                                 "wait_share": 0.02, "preemptions": 3,
                                 "hop_in_mean_s": 0.0, "hop_out_mean_s": 0.1,
-                                "gc_s": 0.0, "gc_pauses": 0.0}
+                                "gc_s": 0.0, "gc_pauses": 0.0, "first_output_mean_s": 0.15}
     assert stages["code2wav"]["step_mean_s"] == 0.2 and stages["code2wav"]["wait_share"] == 0
 
 
