@@ -69,3 +69,30 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step():
         threads[1].join(timeout=10)
         peer.close()
     assert engine.step_sizes[0] == 8, engine.step_sizes
+
+
+class _Limits(EchoEngine):
+    def __init__(self) -> None:
+        super().__init__("thinker")
+        self.limits: list[dict] = []
+
+    def limit(self, limits) -> None:
+        self.limits.append(dict(limits))
+
+
+def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog):
+    engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    engine, payloads = _Limits(), PayloadPlane("test-engine-loop-limit")
+    channel = Channel(engine_end)
+    loop = EngineLoop("thinker/0", engine, channel, payloads)
+    try:
+        loop._handle(encode(Msg.LIMIT, [["a", 3], ["b", None]]))
+        loop._handle(encode(Msg.LIMIT, [["a"]]))  # not [id, limit] pairs
+        loop._handle(encode(Msg.LIMIT, 5))
+    finally:
+        channel.close()
+        payloads.close()
+        engine_end.close()
+        peer.close()
+    assert engine.limits == [{"a": 3, "b": None}]
+    assert caplog.text.count("dropping malformed LIMIT") == 2
