@@ -145,6 +145,8 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
         stage.setdefault("options", {}).update(changes.get(stage["name"], {}))
     for name, edge in edges.items():
         edge["delivery"] = base.removesuffix(NICE0)
+        if edge["delivery"] == "full":
+            edge.pop("max_lead", None)  # a lead is kept on stream edges only
         edge.update(changes.get(name, {}))
     if base.endswith(NICE0):
         for stage in data["stages"]:

@@ -161,6 +161,7 @@ def test_omni_sides_change_stage_options(tmp_path) -> None:
     import yaml
 
     from bench.omni import file_safe, pipeline_file
+    from omni.config import load_pipeline_file
 
     args = argparse.Namespace(memory="", sides="stream,full", device="cpu", thinker_tokens=4,
                               talker_frames=8)
@@ -170,6 +171,11 @@ def test_omni_sides_change_stage_options(tmp_path) -> None:
     assert stages["code2wav"]["options"]["max_batch_frames"] == 128
     assert stages["talker"]["options"]["cuda_graphs"] is False
     assert {e["delivery"] for e in data["edges"]} == {"full"}
+    assert not any("max_lead" in e for e in data["edges"])  # the preset's lead: stream only
+    load_pipeline_file(pipeline_file("/m", "full", args, tmp_path))  # a valid pipeline
+    led = yaml.safe_load(pipeline_file("/m", "stream+thinker->talker.max_lead=null", args,
+                                       tmp_path).read_text())
+    assert [e.get("max_lead", "unset") for e in led["edges"]] == [None, "unset"]
     assert file_safe(side) == "full_code2wav.max_batch_frames_128_talker.cuda_graphs_false"
     for bad in ("stream+code2wav.max_batch_frames", "stream+vocoder.x=1", "fast"):
         with pytest.raises(SystemExit):
