@@ -36,7 +36,7 @@ from omni.config_checks import (
     check_devices,
     check_keys,
     check_memory,
-    did_you_mean,
+    edge_end,
     opt_str,
     optional,
     parse_defaults,
@@ -376,8 +376,8 @@ def _parse_edges(src: str, raw: object, stages: tuple[StageConfig, ...]) -> tupl
 def _parse_edge(src: str, path: str, raw: object, names: list[str]) -> EdgeConfig:
     raw = as_mapping(src, path, raw, allow_none=False)
     check_keys(src, path, raw, EDGE_KEYS)
-    producer = _edge_end(src, path, raw, "from", names)
-    consumer = _edge_end(src, path, raw, "to", names)
+    producer = edge_end(src, path, raw, "from", names)
+    consumer = edge_end(src, path, raw, "to", names)
     if producer == consumer:
         raise ConfigError(src, path, f"stage '{producer}' feeds itself",
                           "An edge joins two different stages; remove it")
@@ -396,12 +396,5 @@ def _parse_edge(src: str, path: str, raw: object, names: list[str]) -> EdgeConfi
                                CONNECTORS, "connector"),
         max_lead=None if lead is None else as_int(src, f"{path}.max_lead", lead, 1),
     )
-
-
-def _edge_end(src: str, path: str, raw: Mapping[str, Any], key: str, names: list[str]) -> str:
-    value = as_str(src, f"{path}.{key}", require(src, path, raw, key, "<stage name>"))
-    if value not in names:
-        raise ConfigError(src, f"{path}.{key}", f"unknown stage '{value}'", did_you_mean(value, names))
-    return value
 
 

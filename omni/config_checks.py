@@ -164,6 +164,14 @@ def as_list(src: str, path: str, value: object, wrap_str: bool = True) -> list[A
     return list(value)
 
 
+def edge_end(src: str, path: str, raw: Mapping[str, Any], key: str, names: list[str]) -> str:
+    """An edge's `from` or `to`: the name of a stage of the pipeline."""
+    value = as_str(src, f"{path}.{key}", require(src, path, raw, key, "<stage name>"))
+    if value not in names:
+        raise ConfigError(src, f"{path}.{key}", f"unknown stage '{value}'", did_you_mean(value, names))
+    return value
+
+
 def check_choice(src: str, path: str, value: object, choices: Iterable[str], what: str) -> str:
     """`value` must be one of `choices`."""
     choices = tuple(choices)

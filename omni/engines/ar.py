@@ -244,9 +244,7 @@ class AREngine(StepOrder, Engine):
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
         for rid, most in limits.items():
-            if most is not None and (isinstance(most, bool) or not isinstance(most, int)):
-                log.warning("request %s: ignoring a non-integer output limit %r", rid, most)
-            elif rid in self._seqs:
+            if rid in self._seqs:
                 self._seqs[rid].limit = most
             elif rid in self._encoder:  # its media are still encoding: set on admission
                 self._early_limits[rid] = most

@@ -152,6 +152,9 @@ class EngineLoop:
     def _limit(self, body: list[Any]) -> None:
         try:
             limits = {rid: n for rid, n in body[0]}
+            if not all(n is None or (isinstance(n, int) and not isinstance(n, bool))
+                       for n in limits.values()):
+                raise ValueError(f"limits must be integers or None, got {limits}")
         except (TypeError, ValueError) as exc:
             log.error("dropping malformed LIMIT from orchestrator: %s", exc)
             return

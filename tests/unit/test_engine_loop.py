@@ -89,10 +89,11 @@ def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog):
         loop._handle(encode(Msg.LIMIT, [["a", 3], ["b", None]]))
         loop._handle(encode(Msg.LIMIT, [["a"]]))  # not [id, limit] pairs
         loop._handle(encode(Msg.LIMIT, 5))
+        loop._handle(encode(Msg.LIMIT, [["a", "3"]]))  # a limit is an integer or None
     finally:
         channel.close()
         payloads.close()
         engine_end.close()
         peer.close()
     assert engine.limits == [{"a": 3, "b": None}]
-    assert caplog.text.count("dropping malformed LIMIT") == 2
+    assert caplog.text.count("dropping malformed LIMIT") == 3
