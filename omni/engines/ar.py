@@ -114,7 +114,6 @@ class AREngine(StepOrder, Engine):
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar_encoder.py)
-        self._early_limits: dict[str, int | None] = {}  # Engine.limit while encoding
         self._inflight: Flight | None = None  # launched by the last step(), not sampled
         # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
@@ -200,7 +199,7 @@ class AREngine(StepOrder, Engine):
                              IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                              stream_from=producer)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
-                       media=media, limit=self._early_limits.pop(rid, None))
+                       media=media)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
@@ -243,17 +242,15 @@ class AREngine(StepOrder, Engine):
         state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device)
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
+        """A request still encoding its media is held from the next limit sent (lead.py)."""
         for rid, most in limits.items():
             if rid in self._seqs:
                 self._seqs[rid].limit = most
-            elif rid in self._encoder:  # its media are still encoding: set on admission
-                self._early_limits[rid] = most
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
         self._encoder.drop(ids)
         for rid in ids:
-            self._early_limits.pop(rid, None)
             seq = self._seqs.pop(rid, None)
             if seq is not None:
                 self.scheduler.remove(seq)  # frees its KV blocks
