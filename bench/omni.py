@@ -30,7 +30,9 @@ preset and model directory:
   SIDE+STAGE.OPTION=VALUE    any side with a stage option changed (repeatable, VALUE read
           as YAML), to measure a setting side by side with the preset's, e.g.
           --sides stream,stream+code2wav.max_batch_frames=128; an edge's option the
-          same way, named SRC->DST: stream+thinker->talker.max_lead=8 (quote it)
+          same way, named SRC->DST: stream+thinker->talker.max_lead=8 (quote it); a
+          stage's devices or memory too: stream+talker.devices=cuda:1+code2wav.devices=cuda:1
+          puts the talker and code2wav on a second GPU
 
 Requests: streaming chat completions (openai's wire format) with modalities [text, audio],
 pcm16; a fixed-length prompt per request (distinct text per request), the thinker's and
@@ -50,6 +52,7 @@ code2wav's time for that chunk, each measured on its own engine in this process
 """
 
 SIDES = ("stream", "full")
+STAGE_FIELDS = {"devices", "memory"}  # side changes of these set the stage, not an option
 NICE0 = "-nice0"  # side-name suffix: every stage at the default CPU priority
 PCM_RATE = 24_000
 FILLER = ("river stone light window garden music paper winter orange table yellow "
@@ -142,7 +145,9 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
             share = float(str(stage["memory"])[:-1]) / max(1, len(args.sides.split(",")))
             stage["memory"] = f"{share:g}%"
         stage.setdefault("params", {}).update(fixed.get(stage["name"], {}))
-        stage.setdefault("options", {}).update(changes.get(stage["name"], {}))
+        change = dict(changes.get(stage["name"], {}))
+        stage.update({key: change.pop(key) for key in STAGE_FIELDS & set(change)})
+        stage.setdefault("options", {}).update(change)
     for name, edge in edges.items():
         edge["delivery"] = base.removesuffix(NICE0)
         if edge["delivery"] == "full":

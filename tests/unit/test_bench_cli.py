@@ -176,6 +176,11 @@ def test_omni_sides_change_stage_options(tmp_path) -> None:
     led = yaml.safe_load(pipeline_file("/m", "stream+thinker->talker.max_lead=null", args,
                                        tmp_path).read_text())
     assert [e.get("max_lead", "unset") for e in led["edges"]] == [None, "unset"]
+    placed = yaml.safe_load(pipeline_file("/m", "stream+talker.devices=cuda:1+talker.memory=8GiB",
+                                          args, tmp_path).read_text())
+    talker = next(s for s in placed["stages"] if s["name"] == "talker")
+    assert talker["devices"] == "cuda:1" and talker["memory"] == "8GiB"  # stage fields
+    assert not {"devices", "memory"} & set(talker["options"])
     assert file_safe(side) == "full_code2wav.max_batch_frames_128_talker.cuda_graphs_false"
     for bad in ("stream+code2wav.max_batch_frames", "stream+vocoder.x=1", "fast"):
         with pytest.raises(SystemExit):
