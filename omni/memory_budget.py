@@ -70,7 +70,13 @@ def budget_bytes(memory: int | None, share: float | None, device: str) -> int | 
     return int(gpu_total_bytes(device) * share)
 
 
-def over_budget(stage: str, used: int | None, budget: int | None) -> str | None:
+AR_ADVICE = ("the budget sizes the weights and the KV cache; decode graphs and the largest "
+             "step's activations come on top. Leave that much free beside it, or lower "
+             "max_num_seqs, max_graph_context or max_batched_tokens")
+
+
+def over_budget(stage: str, used: int | None, budget: int | None,
+                advice: str | None = None) -> str | None:
     """What to tell the operator when a stage holds more device memory after loading
     than its budget (None when it fits or has no budget): the budget sizes the weights and
     the KV cache, and what comes on top (decode graphs, about 1 GiB per AR stage in the
@@ -81,6 +87,4 @@ def over_budget(stage: str, used: int | None, budget: int | None) -> str | None:
     gib = 2 ** 30
     return (f"stage '{stage}' holds {used / gib:.2f} GiB of device memory after loading, "
             f"{(used - budget) / gib:.2f} GiB over its budget of {budget / gib:.2f} GiB: "
-            "the budget sizes the weights and the KV cache; decode graphs and the largest "
-            "step's activations come on top. Leave that much free beside it, or lower "
-            "max_num_seqs, max_graph_context or max_batched_tokens")
+            f"{advice or AR_ADVICE}")

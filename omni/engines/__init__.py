@@ -48,12 +48,15 @@ def build_engine(spec: EngineSpec) -> Engine:
         return build_vllm_engine(spec)
     if spec.engine == "generation":
         from omni.engines.generation import build_generation_engine
+        from omni.memory_budget import budget_bytes
 
         if not spec.model:  # whether a model_dir is needed is the adapter's business
             raise EngineLoadError(f"stage '{spec.stage}': engine 'generation' needs a model "
                                   "adapter name")
-        return build_generation_engine(spec.model, spec.model_dir, resolve_device(spec.device),
-                                       spec.dtype, spec.options)
+        device = resolve_device(spec.device)
+        return build_generation_engine(spec.model, spec.model_dir, device, spec.dtype,
+                                       spec.options,
+                                       budget_bytes(spec.memory, spec.memory_share, device))
     if spec.engine == "diffusion":
         from omni.engines.diffusion import build_diffusion_engine
 

@@ -41,6 +41,7 @@ input is in, or on a final empty chunk (frames 0) when a stream ends after it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -50,18 +51,24 @@ import torch
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, check_options
 from omni.engines.generation_request import GenRequest, Runner, media_seconds
 
+log = logging.getLogger(__name__)
+
 
 class GenerationEngine(Engine):
     """Cross-request batched, chunked execution of a runner (see module docstring).
 
     options: max_batch_size (64): the most chunks in one runner call; max_batch_frames
-    (default the runner's `batch_frames`, 0 = no limit): the most rows x frames in one call.
+    (0 = no limit): the most rows x frames in one call; by default sized from the stage's
+    memory budget on a GPU (generation_memory.py), else the runner's `batch_frames`.
     A runner lists the options it reads in its OPTIONS.
     """
 
     OPTIONS = frozenset({"max_batch_size", "max_batch_frames"})
+    memory_advice = ("a call's activations are sized from the budget at load when "
+                     "max_batch_frames is not set: unset it or lower it")
 
-    def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, runner: Runner, options: Mapping[str, Any] | None = None,
+                 memory_bytes: int | None = None) -> None:
         opts = dict(options or {})
         self.runner = runner
         # items mode: inputs are not frames but units the runner splits them into (e.g.
@@ -70,13 +77,30 @@ class GenerationEngine(Engine):
         self.batches_units = bool(getattr(runner, "batches_units", True))
         self._call_s: float | None = None  # items mode: running mean of one runner call
         self.max_batch_size = int(opts.get("max_batch_size", 64))
-        self.max_batch_frames = int(opts.get("max_batch_frames", getattr(runner, "batch_frames", 0)))
+        self.memory_bytes = memory_bytes  # the stage's budget (checked again at READY)
+        self._trim_above: int | None = None  # a sized budget, kept after each call
+        self.cache_trims = 0
+        self.max_batch_frames = self._batch_frames(opts)
         if self.max_batch_size < 1 or self.max_batch_frames < 0:
             raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
                                   f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
         self._reqs: dict[str, GenRequest] = {}
         self._failed: list[StepOutput] = []
         self.calls = self.requests_run = self.max_batch = 0
+
+    def _batch_frames(self, opts: Mapping[str, Any]) -> int:
+        if "max_batch_frames" in opts:  # the operator's number wins over a budget
+            return int(opts["max_batch_frames"])
+        if self.memory_bytes and str(getattr(self.runner, "device", "cpu")).startswith("cuda"):
+            if hasattr(self.runner, "probe_batch"):
+                from omni.engines.generation_memory import size_batch_frames
+
+                self._trim_above = self.memory_bytes
+                return size_batch_frames(self.runner, self.memory_bytes, self.max_batch_size
+                                         * self.runner.max_row_frames)
+            log.warning("this runner cannot size its calls from a memory budget: the budget "
+                        "is only compared with what the stage holds after loading")
+        return int(getattr(self.runner, "batch_frames", 0))
 
     # -- contract ---------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -193,11 +217,12 @@ class GenerationEngine(Engine):
 
     def info(self) -> dict[str, Any]:
         return {"engine": "generation", **self.runner.info(),
-                "max_batch_size": self.max_batch_size}
+                "max_batch_size": self.max_batch_size, "max_batch_frames": self.max_batch_frames}
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self._reqs), "calls": self.calls,
                 "requests_run": self.requests_run, "max_batch": self.max_batch,
+                "cache_trims": self.cache_trims,
                 "buffered_frames": sum(r.total - r.base for r in self._reqs.values())}
 
     def shutdown(self) -> None:
@@ -292,6 +317,10 @@ class GenerationEngine(Engine):
         self.max_batch = max(self.max_batch, len(group))
         try:
             results = self._call_runner(group)
+            if self._trim_above is not None:
+                from omni.engines.generation_memory import trim_cache
+
+                self.cache_trims += trim_cache(self.runner.device, self._trim_above)
         except Exception as e:  # the whole call failed: fail its requests, keep the rest
             out = []
             for req, _, _ in group:
@@ -337,10 +366,12 @@ class GenerationEngine(Engine):
 
 
 def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,
-                            options: Mapping[str, Any]) -> GenerationEngine:
+                            options: Mapping[str, Any],
+                            memory_bytes: int | None = None) -> GenerationEngine:
     """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
     from omni.models import adapter_options, build_runner
 
     check_options(f"generation engine ({model})", options,
                   GenerationEngine.OPTIONS | adapter_options(model))
-    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options)
+    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options,
+                            memory_bytes)

@@ -276,7 +276,8 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     frozen = freeze_loaded_objects() if _option_flag(spec.options, "gc_freeze", True) else 0
     memory = {**_memory(), "gc_frozen": frozen}
     warning = over_budget(spec.stage, memory.get("cuda_bytes"),
-                          getattr(engine, "memory_bytes", None))
+                          getattr(engine, "memory_bytes", None),
+                          getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
     channel.send(encode(Msg.READY, spec.replica_id, {**engine.info(), **memory}))

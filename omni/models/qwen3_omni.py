@@ -289,7 +289,18 @@ class Code2WavRunner:
         # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
         # server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
         # chunks (32 x (25 + 25)) in one call.
+        # With a memory budget on a GPU the engine sizes it instead (generation_memory.py).
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
+        self.device = code2wav.device
+
+    @property
+    def max_row_frames(self) -> int:
+        """The longest row a call can hold: a chunk and its left context."""
+        return max(self.chunk_frames, self.complete_chunk_frames) + self.left_context
+
+    def probe_batch(self, rows: int, frames: int) -> torch.Tensor:
+        """A (rows, NQ, frames) batch of valid codes, to measure a call's memory."""
+        return torch.zeros(rows, self.c2w.num_quantizers, frames, dtype=torch.long)
 
     def parse(self, value: Any) -> torch.Tensor:
         """Nested list or integer tensor (NQ, t) -> int64 tensor; ValueError naming the problem."""

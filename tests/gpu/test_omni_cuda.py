@@ -97,3 +97,38 @@ def test_talker_graphs_equal_eager(omni_dir):
             assert talker.feed.graphs is not None
         frames[mode] = got
     assert len(frames["eager"]) == 16 and frames["graphs"] == frames["eager"]
+
+
+def test_code2wav_sizes_its_calls_from_its_memory_budget(omni_dir):
+    """A code2wav stage with a memory budget measures a call at load and takes as many
+    frames a call as fit: what it holds after loading (the warm-up call included) stays
+    within the budget, and a budget too small for one row fails the load, naming the
+    least that would do."""
+    from omni.engines.base import EngineLoadError
+    from omni.engines.generation import build_generation_engine
+
+    def build(budget: int):
+        return build_generation_engine("qwen3_omni_code2wav", omni_dir, "cuda", "bfloat16",
+                                       {}, memory_bytes=budget)
+
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    engine = build(base + (256 << 20))  # the budget counts what this process held before
+    frames = engine.max_batch_frames
+    assert engine.runner.max_row_frames <= frames <= 64 * engine.runner.max_row_frames
+    assert engine.info()["max_batch_frames"] == frames
+    assert torch.cuda.memory_reserved() <= base + (256 << 20)
+    total = min(frames, 3000)
+    engine.add(EngineRequest("r", {"codes": [[1] * total] * engine.runner.c2w.num_quantizers}))
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None, out.error
+    assert torch.cuda.memory_reserved() <= base + (256 << 20)  # trimmed after a call if not
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    with pytest.raises(EngineLoadError, match=r"too small.*give it at least"):
+        build(torch.cuda.memory_reserved() + (1 << 20))

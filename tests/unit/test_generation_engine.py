@@ -87,6 +87,26 @@ def test_frames_per_call_are_capped(c2w):
         GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": -1})
 
 
+def test_a_memory_budget_sizes_calls_on_a_gpu_only(c2w):
+    """On CPU a budget leaves the runner's frames per call (nothing to measure there); an
+    explicit max_batch_frames wins over a budget; the arithmetic on a GPU's numbers: the
+    budget less the weights and a call's fixed part, 90% of it, over the bytes a frame."""
+    from omni.engines.generation_memory import frames_for_budget
+
+    engine = GenerationEngine(Code2WavRunner(c2w), memory_bytes=1 << 30)
+    assert engine.max_batch_frames == 64 and engine.memory_bytes == 1 << 30
+    assert engine.info()["max_batch_frames"] == 64
+    assert GenerationEngine(Code2WavRunner(c2w), {"max_batch_frames": 7},
+                            memory_bytes=1 << 30).max_batch_frames == 7
+    mib = 1 << 20
+    assert frames_for_budget(1000 * mib, 100 * mib, 80 * mib, 2 * mib) == 369  # 738 MiB
+    assert frames_for_budget(100 * mib, 100 * mib, 80 * mib, 2 * mib) == 0
+    runner = Code2WavRunner(c2w, {"complete_chunk_frames": 40, "left_context": 8})
+    assert runner.max_row_frames == 48
+    batch = runner.probe_batch(2, 48)
+    assert batch.shape == (2, NQ, 48) and runner.run(batch, [0, 0])[1].numel() == 48 * 1920 - 555
+
+
 def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(tmp_path_factory):
     """A typo in a stage's options (here of the runner's first_chunk_frames) is a load
     error listing the engine's, the runner's and the process's options."""
@@ -246,7 +266,8 @@ def test_abort_mid_stream_frees_state(c2w):
     outs = _drain(engine)
     assert set(outs) == {"b"} and outs["b"][-1].finished
     assert engine.stats() | {"calls": 0, "requests_run": 0, "max_batch": 0} == {
-        "running": 0, "calls": 0, "requests_run": 0, "max_batch": 0, "buffered_frames": 0}
+        "running": 0, "calls": 0, "requests_run": 0, "max_batch": 0, "buffered_frames": 0,
+        "cache_trims": 0}
     assert not engine.has_work()
 
 

@@ -1,0 +1,108 @@
+"""A generation stage's memory budget on a GPU: how many frames one runner call may take.
+
+The AR engine's budget sizes its KV cache; a frame runner (e.g. a codec decoder) keeps no
+cache, and what grows with load is one call's activations: a vocoder's last layers hold
+thousands of samples x channels per frame. Without a bound, 32 complete answers in one
+call took a Qwen3-Omni code2wav stage from ~1 GiB to 13.9 GiB on a shared H200 and ran
+the other stages out of memory (bench/results/server-full-h200-c32-code2wav-oom.log).
+
+So with `memory:` set on a CUDA stage, the engine measures at load instead of guessing:
+- weights: what the process holds once the runner is loaded;
+- what the caching allocator reserves at the peak of a call, with one and with two rows
+  of the runner's longest row (`max_row_frames`): reserved, not allocated, because blocks
+  are cut from segments and a freed block does not always fit the next request (on the
+  H200 a call sized from allocated bytes reserved 11.1 GiB against a 7 GiB budget). So
+  peak(f) = fixed + per_frame * f for f frames in rows of that length (linear in rows;
+  rows of the longest length carry the most of any per-row attention term);
+- max_batch_frames = (budget - weights - fixed) * HEADROOM / per_frame (at most what
+  max_batch_size rows of the longest length hold), then one call of that size is run,
+  and cut down if it reserved more than the budget (warm-up: the peak is reserved at
+  load, so the READY report's memory is what serving will hold, and a budget that does
+  not fit fails here, not in a request);
+- after each call in serving, a stage holding more than its budget (calls of other
+  shapes fragment the cache differently) gives its cached blocks back (`trim_cache`).
+On CPU there is nothing to measure (no allocator statistics, and the host's RAM is not
+what runs short): the runner's default stands.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+
+log = logging.getLogger(__name__)
+
+GiB = 2 ** 30
+# the caching allocator rounds blocks up and fragments: keep a tenth of the activation
+# room free (the H200 warm-up call's reserved/allocated ratio stays under that)
+HEADROOM = 0.9
+
+
+def frames_for_budget(budget: int, weights: int, fixed: int, per_frame: float) -> int:
+    """The most frames one call may take so that weights + its peak fit the budget."""
+    room = (budget - weights - fixed) * HEADROOM
+    return max(0, int(room // max(per_frame, 1.0)))
+
+
+def _call_peak(runner: Any, device: torch.device, rows: int, row: int) -> int:
+    """Bytes the caching allocator reserved at the peak of one call of `rows` rows of `row`
+    frames, above what it held before (emptied first: what the call itself needs)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    runner.run(runner.probe_batch(rows, row), [0] * rows)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_reserved(device) - before
+
+
+def _too_small(budget: int, weights: int, call: float, need: int) -> EngineLoadError:
+    least = weights + call / HEADROOM
+    return EngineLoadError(
+        f"memory budget {budget / GiB:.2f} GiB is too small: the weights take "
+        f"{weights / GiB:.2f} GiB and a call of its longest row ({need} frames) "
+        f"{call / GiB:.2f} GiB more; give it at least {least / GiB:.2f} GiB, or shorten "
+        "chunk_frames / complete_chunk_frames")
+
+
+def size_batch_frames(runner: Any, budget: int, most: int) -> int:
+    """max_batch_frames (at most `most`) for `runner` within `budget` bytes on its CUDA
+    device (see the module doc); EngineLoadError when not even its longest row fits."""
+    device = torch.device(runner.device)
+    torch.cuda.empty_cache()
+    weights = torch.cuda.memory_reserved(device)
+    need = runner.max_row_frames
+    one, two = (_call_peak(runner, device, rows, need) for rows in (1, 2))
+    # the second row's bytes; at least half the first call's (a small model's call can be
+    # all fixed cost, and the allocator's rounding can hide a row)
+    per_frame = max((two - one) / need, one / need / 2, 1.0)
+    fixed = max(0, int(one - per_frame * need))
+    frames = min(most, frames_for_budget(budget, weights, fixed, per_frame))
+    for _ in range(3):  # the warm-up; a call that reserves more than measured is cut down
+        if frames < need:
+            raise _too_small(budget, weights, one, need)
+        peak = weights + _call_peak(runner, device, frames // need, need)
+        if peak <= budget:
+            break
+        frames = int(frames * (budget - weights) / (peak - weights) * HEADROOM)
+    else:
+        raise _too_small(budget, weights, one, need)
+    log.info("memory budget %.2f GiB: weights %.2f GiB, %.2f MiB per frame of a call: "
+             "up to %d frames a call (reserved after the warm-up call: %.2f GiB)",
+             budget / GiB, weights / GiB, per_frame / 2 ** 20, frames,
+             torch.cuda.memory_reserved(device) / GiB)
+    return frames
+
+
+def trim_cache(device: Any, budget: int) -> bool:
+    """After a call: give cached blocks back when the stage holds more than its budget
+    (calls of other shapes than the warm-up's can fragment the cache past it). True when
+    it did."""
+    if torch.cuda.memory_reserved(device) <= budget:
+        return False
+    torch.cuda.empty_cache()
+    return True
