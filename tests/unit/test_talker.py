@@ -304,3 +304,33 @@ def test_full_delivery_equals_streamed(thinker, talker):
                 frames.append([c[0] for c in o.data["codes"]])
     assert frames == streamed and len(frames) >= 5
     assert set(errors) == {"e"} and "hidden_states" in errors["e"]
+
+
+def _layout_per_position(rope: torch.Tensor, keep: list[int], tail: int):
+    """The rule talker_layout follows, one position at a time (its first version)."""
+    rows, next_pos, prev, shift = [], 0.0, None, 0.0
+    for i in keep:
+        if prev is None or i != prev + 1:
+            shift = float(rope[:, i].min()) - next_pos
+        rows.append(rope[:, i] - shift)
+        next_pos = max(next_pos, float(rows[-1].max()) + 1)
+        prev = i
+    tail_pos = (torch.arange(tail, dtype=rope.dtype) + next_pos).expand(3, tail)
+    return torch.cat([torch.stack(rows, 1)] * bool(rows) + [tail_pos], 1), next_pos - len(keep)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_talker_layout_runs_equal_the_per_position_rule(seed):
+    """Slicing whole runs of kept positions gives the positions the per-position rule
+    gives, for prompts with media blocks (3 differing rows) and dropped segments."""
+    from omni.models.qwen3_omni_talker import talker_layout
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 300
+    rope = torch.cumsum(torch.randint(0, 3, (3, n), generator=gen), 1).float()
+    keep = sorted(torch.randperm(n, generator=gen)[:int(torch.randint(0, n, (1,),
+                                                                      generator=gen))].tolist())
+    keep = keep if seed % 3 else list(range(5, n))  # a plain dropped system turn too
+    layout = talker_layout(rope, keep, 9)
+    want, delta = _layout_per_position(rope, keep, 9)
+    assert torch.equal(layout.rope, want) and layout.rope_delta == delta
