@@ -3,8 +3,8 @@
 The AR engine's budget sizes its KV cache; a frame runner (e.g. a codec decoder) keeps no
 cache, and what grows with load is one call's activations: a vocoder's last layers hold
 thousands of samples x channels per frame. Without a bound, 32 complete answers in one
-call took a Qwen3-Omni code2wav stage from ~1 GiB to 13.9 GiB on a shared H200 and ran
-the other stages out of memory (bench/results/server-full-h200-c32-code2wav-oom.log).
+call took a codec-decoder stage from ~1 GiB to 13.9 GiB on a shared H200 and ran the
+other stages out of memory (bench/results/server-full-h200-c32-code2wav-oom.log).
 
 So with `memory:` set on a CUDA stage, the engine measures at load instead of guessing:
 - weights: what the process holds once the runner is loaded;
@@ -37,8 +37,8 @@ from omni.engines.base import EngineLoadError
 log = logging.getLogger(__name__)
 
 GiB = 2 ** 30
-# the caching allocator rounds blocks up and fragments: keep a tenth of the activation
-# room free (the H200 warm-up call's reserved/allocated ratio stays under that)
+# a tenth of the room left free: serving's calls have other shapes than the probes (many
+# short streamed rows, a last short row) and cut the cache's segments differently
 HEADROOM = 0.9
 
 

@@ -74,9 +74,8 @@ def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> Pro
     before it, so dropping a segment (a system turn) shifts every later position by the
     same amount: each run of consecutive kept positions keeps its thinker positions, shifted
     to start one past the talker's largest position so far."""
-    # one slice per run, not one per position: per position (two host reads of a tensor
-    # each) this took 10-27 ms for a 2,500-token prompt, once per request, in series with
-    # the talker's prefill and, under full delivery, with every other request's add
+    # one slice per run, not per position (that took 27 ms for 2,500 positions, in series
+    # with the prefill and, under full delivery, with every other request's add)
     index = torch.tensor(keep, dtype=torch.long)
     breaks = (torch.nonzero(index[1:] != index[:-1] + 1).flatten() + 1).tolist()
     rows, next_pos = [], 0.0
