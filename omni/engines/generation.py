@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, check_options
+from omni.engines.generation_memory import size_batch_frames, trim_cache
 from omni.engines.generation_request import GenRequest, Runner, media_seconds
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,20 @@ class GenerationEngine(Engine):
         self._failed: list[StepOutput] = []
         self.calls = self.requests_run = self.max_batch = 0
 
+    @property
+    def longest_row(self) -> int:
+        """The most frames one row of a call can hold: the largest chunk and its context."""
+        r = self.runner
+        return max(r.first_chunk_frames, r.chunk_frames, r.complete_chunk_frames) + r.left_context
+
     def _batch_frames(self, opts: Mapping[str, Any]) -> int:
         if "max_batch_frames" in opts:  # the operator's number wins over a budget
             return int(opts["max_batch_frames"])
         if self.memory_bytes and str(getattr(self.runner, "device", "cpu")).startswith("cuda"):
             if hasattr(self.runner, "probe_batch"):
-                from omni.engines.generation_memory import size_batch_frames
-
                 self._trim_above = self.memory_bytes
-                return size_batch_frames(self.runner, self.memory_bytes, self.max_batch_size
-                                         * self.runner.max_row_frames)
+                return size_batch_frames(self.runner, self.memory_bytes, self.longest_row,
+                                         self.max_batch_size * self.longest_row)
             log.warning("this runner cannot size its calls from a memory budget: the budget "
                         "is only compared with what the stage holds after loading")
         return int(getattr(self.runner, "batch_frames", 0))
@@ -317,16 +322,15 @@ class GenerationEngine(Engine):
         self.max_batch = max(self.max_batch, len(group))
         try:
             results = self._call_runner(group)
-            if self._trim_above is not None:
-                from omni.engines.generation_memory import trim_cache
-
-                self.cache_trims += trim_cache(self.runner.device, self._trim_above)
         except Exception as e:  # the whole call failed: fail its requests, keep the rest
             out = []
             for req, _, _ in group:
                 self._reqs.pop(req.id, None)
                 out.append(StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}"))
             return out
+        finally:  # after a failed call too: an out-of-memory one leaves the cache cut up
+            if self._trim_above is not None:
+                self.cache_trims += trim_cache(self.runner.device, self._trim_above)
         return [self._output(req, wav, n) for (req, _, n), wav in zip(group, results, strict=True)]
 
     def _call_runner(self, group: list[tuple[GenRequest, int, int]]) -> list[torch.Tensor]:

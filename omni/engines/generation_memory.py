@@ -9,7 +9,7 @@ other stages out of memory (bench/results/server-full-h200-c32-code2wav-oom.log)
 So with `memory:` set on a CUDA stage, the engine measures at load instead of guessing:
 - weights: what the process holds once the runner is loaded;
 - what the caching allocator reserves at the peak of a call, with one and with two rows
-  of the runner's longest row (`max_row_frames`): reserved, not allocated, because blocks
+  of the longest row a call can hold (`GenerationEngine.longest_row`): reserved, not allocated, because blocks
   are cut from segments and a freed block does not always fit the next request (on the
   H200 a call sized from allocated bytes reserved 11.1 GiB against a 7 GiB budget). So
   peak(f) = fixed + per_frame * f for f frames in rows of that length (linear in rows;
@@ -69,13 +69,13 @@ def _too_small(budget: int, weights: int, call: float, need: int) -> EngineLoadE
         "chunk_frames / complete_chunk_frames")
 
 
-def size_batch_frames(runner: Any, budget: int, most: int) -> int:
+def size_batch_frames(runner: Any, budget: int, need: int, most: int) -> int:
     """max_batch_frames (at most `most`) for `runner` within `budget` bytes on its CUDA
-    device (see the module doc); EngineLoadError when not even its longest row fits."""
+    device (see the module doc), rows being at most `need` frames long; EngineLoadError
+    when not even one such row fits."""
     device = torch.device(runner.device)
     torch.cuda.empty_cache()
     weights = torch.cuda.memory_reserved(device)
-    need = runner.max_row_frames
     one, two = (_call_peak(runner, device, rows, need) for rows in (1, 2))
     # the second row's bytes; at least half the first call's (a small model's call can be
     # all fixed cost, and the allocator's rounding can hide a row)

@@ -293,11 +293,6 @@ class Code2WavRunner:
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
         self.device = code2wav.device
 
-    @property
-    def max_row_frames(self) -> int:
-        """The longest row a call can hold: a chunk and its left context."""
-        return max(self.chunk_frames, self.complete_chunk_frames) + self.left_context
-
     def probe_batch(self, rows: int, frames: int) -> torch.Tensor:
         """A (rows, NQ, frames) batch of valid codes, to measure a call's memory."""
         return torch.zeros(rows, self.c2w.num_quantizers, frames, dtype=torch.long)

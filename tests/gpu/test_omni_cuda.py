@@ -118,7 +118,7 @@ def test_code2wav_sizes_its_calls_from_its_memory_budget(omni_dir):
     base = torch.cuda.memory_reserved()
     engine = build(base + (256 << 20))  # the budget counts what this process held before
     frames = engine.max_batch_frames
-    assert engine.runner.max_row_frames <= frames <= 64 * engine.runner.max_row_frames
+    assert engine.longest_row <= frames <= 64 * engine.longest_row
     assert engine.info()["max_batch_frames"] == frames
     assert torch.cuda.memory_reserved() <= base + (256 << 20)
     total = min(frames, 3000)

@@ -102,7 +102,7 @@ def test_a_memory_budget_sizes_calls_on_a_gpu_only(c2w):
     assert frames_for_budget(1000 * mib, 100 * mib, 80 * mib, 2 * mib) == 369  # 738 MiB
     assert frames_for_budget(100 * mib, 100 * mib, 80 * mib, 2 * mib) == 0
     runner = Code2WavRunner(c2w, {"complete_chunk_frames": 40, "left_context": 8})
-    assert runner.max_row_frames == 48
+    assert GenerationEngine(runner).longest_row == 48
     batch = runner.probe_batch(2, 48)
     assert batch.shape == (2, NQ, 48) and runner.run(batch, [0, 0])[1].numel() == 48 * 1920 - 555
 
