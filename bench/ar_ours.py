@@ -32,7 +32,7 @@ def target_for(model_dir: str, device: str, tmp: Path,
     kind replaced by `engine`, e.g. vllm)."""
     import yaml
 
-    from omni.presets import PRESET_BY_MODEL_TYPE, PRESET_DIR
+    from omni.config.presets import PRESET_BY_MODEL_TYPE, PRESET_DIR
 
     auto = "cuda" if cuda_available() else "cpu"
     if device == auto and not options and not engine:
@@ -160,7 +160,7 @@ async def measure(side: str, target: tuple[str, str], dtype: str, timeout: float
                 return http_request(session, url, model, ids, n, start)
         else:
             from omni import AsyncOmni
-            from omni.presets import load_pipeline
+            from omni.config.presets import load_pipeline
 
             omni = AsyncOmni(load_pipeline(target[1]), dtype=dtype,
                              log_level=logging.WARNING, startup_timeout_s=timeout)

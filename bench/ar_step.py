@@ -20,10 +20,10 @@ import torch
 import yaml
 
 from bench.common import hardware, say
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 
-METHOD = """The engine (omni/engines/ar.py) is loaded in this process and fed `batch`
+METHOD = """The engine (omni/engines/ar/engine.py) is loaded in this process and fed `batch`
 requests of 128 random prompt token ids each (greedy, ignore_eos). Once every request has
 its first token, `steps` consecutive decode steps are timed one by one (`step` = one
 AREngine.step() call; back to back, so with overlap on it is the steady period), and inside
@@ -31,7 +31,7 @@ each, the engine's own phases, by wrapping its methods. Each batch is measured w
 engine's step order `off` (each step finishes before the next is scheduled), `on`
 (overlap_steps: the outputs of one step are built while the GPU runs the next) and `chain`
 (overlap_steps + chain_decode: a greedy decode step is launched on the tokens the device
-picked, before the host reads them; omni/engines/ar_steps.py), same engine:
+picked, before the host reads them; omni/engines/ar/steps.py), same engine:
 
 - `schedule`: Scheduler.schedule (who runs, KV blocks for the new tokens);
 - `forward`: AREngine._forward: on CUDA with graphs, filling the graph's static inputs

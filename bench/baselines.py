@@ -39,7 +39,7 @@ CONNECT_TIMEOUT_S = 60.0
 def bench_inprocess(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """N EchoEngines chained in this process: the engine work of an N-stage request."""
     from omni.engines.base import EngineRequest
-    from omni.engines.echo import EchoEngine
+    from omni.engines.echo.engine import EchoEngine
 
     names = [f"s{i}" for i in range(n)]
     engines = [EchoEngine(name) for name in names]

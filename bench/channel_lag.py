@@ -25,7 +25,7 @@ from omni.protocol import frame
 
 METHOD = """One socket pair, as between the orchestrator and an engine process. The sender is
 an asyncio event loop in a thread (uvloop when installed, as in the server) writing with
-transport.write, as omni/launcher.py does: every producer step (the upstream stage's
+transport.write, as omni/runtime/launcher.py does: every producer step (the upstream stage's
 step) it writes `rows` messages of `row_bytes` bytes (one hidden-state row per request
 for the talker), each stamped with its send time. The receiver is the engine's Channel
 (omni/engines/channel.py) in the engine loop's pattern: read what is there, then a

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from bench.common import hardware, say
-from omni.engines.decode_graphs import DecodeGraphs
-from omni.engines.kv_cache import PagedKVCache
-from omni.engines.paged_attention import padded_context_slots
+from omni.engines.ar.decode_graphs import DecodeGraphs
+from omni.engines.ar.kv_cache import PagedKVCache
+from omni.engines.ar.paged_attention import padded_context_slots
 
 METHOD = """Before each CUDA-graph replay the engine fills the graph's static inputs. Two ways, in one
 run on the same batches:

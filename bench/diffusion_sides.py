@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion import DiffusionEngine
+from omni.engines.diffusion.engine import DiffusionEngine
 
 
 def prompts(count: int) -> list[str]:
@@ -70,8 +70,8 @@ def server_side(model_dir: str, options: dict[str, Any], c: int, per_client: int
                 params: dict[str, Any]) -> dict[str, Any]:
     """The serving path without HTTP: AsyncOmni (orchestrator, engine process,
     shared-memory payloads) from the model directory's preset."""
-    from omni.async_omni import AsyncOmni
-    from omni.presets import load_pipeline
+    from omni.config.presets import load_pipeline
+    from omni.runtime.async_omni import AsyncOmni
 
     pipeline = load_pipeline(model_dir)
 

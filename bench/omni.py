@@ -126,7 +126,7 @@ def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path
     changes, fixed lengths, and the device and budgets asked for."""
     import yaml
 
-    from omni.presets import preset_path
+    from omni.config.presets import preset_path
 
     base, changes = side_settings(side)
     data = yaml.safe_load(Path(preset_path("qwen3_omni")).read_text())
@@ -338,7 +338,7 @@ def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Name
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from bench.omni_engines import critical_path
     from bench.omni_report import machine, summarize, write_report
-    from omni.presets import load_pipeline
+    from omni.config.presets import load_pipeline
 
     directory = model_dir(args)
     levels = list(zip((int(c) for c in args.concurrency.split(",")),

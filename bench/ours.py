@@ -24,7 +24,7 @@ def pipeline_dict(n: int) -> dict[str, Any]:
 async def bench_ours(n: int, args: argparse.Namespace, *, concurrency: int) -> dict[str, Any]:
     """Latency = generate() call to the finished output; one client, or `concurrency`."""
     from omni import AsyncOmni
-    from omni.config import parse_pipeline
+    from omni.config.pipeline import parse_pipeline
 
     label = f"ours N={n}" + (f" c={concurrency}" if concurrency > 1 else "")
     cfg = parse_pipeline(pipeline_dict(n), source="bench")

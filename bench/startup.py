@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def chain(model_dir: str, n: int, name: str = "chain") -> Any:
-    from omni.config import parse_pipeline
+    from omni.config.pipeline import parse_pipeline
 
     stages = [{"name": f"llm{i}", "engine": "ar", "model_dir": model_dir,
                "params": {"max_tokens": 4, "temperature": 0}} for i in range(n)]
@@ -72,10 +72,10 @@ async def sequential(model_dir: str, n: int) -> dict[str, Any]:
     """Each stage spawned from scratch (imports included), the next after the last is ready."""
     import multiprocessing
 
-    import omni.launcher
+    import omni.runtime.launcher
     from omni import AsyncOmni
 
-    omni.launcher.process_context = lambda _: multiprocessing.get_context("spawn")
+    omni.runtime.launcher.process_context = lambda _: multiprocessing.get_context("spawn")
     started, omnis = time.perf_counter(), []
     for i in range(n):
         omni = AsyncOmni(chain(model_dir, 1, name=f"stage{i}"))
@@ -133,7 +133,7 @@ def _report(r: dict[str, Any]) -> str:
         f"counts shared torch pages once per process, is {o['peak_rss_sum_gib']} GiB). "
         f"A request ran through the chain after READY: {o['request_ok']}.", "",
         "Ours forks every engine from a fork server that imported torch and transformers "
-        "once (omni/launcher.py, process_context); the baseline spawns each stage as a "
+        "once (omni/runtime/launcher.py, process_context); the baseline spawns each stage as a "
         "fresh interpreter that imports them itself, and starts the next stage only when the "
         "previous one is ready. The baseline runs second, in the same process, with the "
         "fork server already warm but unused.", ""])

@@ -107,7 +107,7 @@ def _pipeline(config: str, tmp: Path) -> str:
         return "piper_split"
     if config == "fused":
         return "piper"
-    from omni.presets import preset_path
+    from omni.config.presets import preset_path
 
     text = Path(preset_path("piper")).read_text().replace("replicas: 1", "replicas: 2")
     path = tmp / "piper_x2.yaml"

@@ -54,7 +54,7 @@ class GcPauses:
             self._pauses.append(round(took, 6))
 
     def samples(self, process: str) -> Iterable[tuple[str, str, str, dict[str, str], float]]:
-        """Scrape-time metrics of this process's pauses (omni.metrics.Metrics.watch)."""
+        """Scrape-time metrics of this process's pauses (omni.runtime.metrics.Metrics.watch)."""
         labels = {"process": process}
         yield "counter", "omni_gc_pauses", "Garbage collections of 1 ms or more", labels, \
             self.count

@@ -1,7 +1,7 @@
 """The data plane as processes see it, without importing torch until a payload shows up.
 
 `PayloadPlane` is an engine process's side: refs in become tensors, tensors out refs.
-`ClientPayloads` is the front side's: final outputs' refs become owned tensors.
+`ClientPayloads` (omni/runtime/payloads.py) is the front side's.
 
 Engines see tensors and never a connector: `resolve` turns every PayloadRef in incoming
 inputs into a tensor (a zero-copy view for shared memory), `publish` turns every tensor
@@ -120,35 +120,5 @@ class PayloadPlane:
             self._connector.close()
 
 
-class ClientPayloads:
-    """The API side of final outputs: copy each payload out, release it at once.
-
-    The front end needs the bytes anyway (to encode audio, images), so it owns a copy and
-    the producer's block goes back immediately; nothing here outlives the output.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.plane = PayloadPlane(name)
-
-    def take(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
-        if data is None or not _has_ref(data):
-            return data
-        return {key: self.plane.take(value)
-                if isinstance(value, list) and value and value[0] == REF_MARKER else value
-                for key, value in data.items()}
-
-    def discard(self, data: dict[str, Any] | None) -> None:
-        """An output nobody will read: give its payloads back unread."""
-        if data is not None and _has_ref(data):
-            from omni.connector import PayloadRef
-
-            for value in data.values():
-                if isinstance(value, list) and value and value[0] == REF_MARKER:
-                    self.plane.connector.release(PayloadRef.from_wire(value))
-
-    def close(self) -> None:
-        self.plane.close()
-
-
-def _has_ref(data: dict[str, Any]) -> bool:
+def has_ref(data: dict[str, Any]) -> bool:
     return any(isinstance(v, list) and v and v[0] == REF_MARKER for v in data.values())

@@ -17,13 +17,13 @@ from pathlib import Path
 from aiohttp import web
 
 from omni.api.app import ServedModel, ServerSettings, build_app
-from omni.async_omni import AsyncOmni
-from omni.config import ConfigError
+from omni.config.pipeline import ConfigError
+from omni.config.presets import load_pipeline
 from omni.heap import GcPauses, freeze_loaded_objects
-from omni.launcher import StartupError
 from omni.media.fetch import FetchPolicy
-from omni.metrics import Metrics
-from omni.presets import load_pipeline
+from omni.runtime.async_omni import AsyncOmni
+from omni.runtime.launcher import StartupError
+from omni.runtime.metrics import Metrics
 
 log = logging.getLogger("omni.server")
 
@@ -92,8 +92,8 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 
 
 def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
+    from omni.config.presets import DEFAULT_PIPELINES
     from omni.fixtures.tiny_models import DEFAULT_SERVED, ensure_tiny_model
-    from omni.presets import DEFAULT_PIPELINES
 
     log.info("no --model/--pipeline given: serving the built-in default: tiny text models "
              "with RANDOM WEIGHTS (output is meaningless text) and a real English voice "

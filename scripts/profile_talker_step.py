@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from omni.engines.ar import AREngine  # noqa: E402
-from omni.engines.ar_feedback import FeedbackAREngine  # noqa: E402
+from omni.engines.ar.engine import AREngine  # noqa: E402
+from omni.engines.ar.feedback import FeedbackAREngine  # noqa: E402
 from omni.engines.base import EngineRequest  # noqa: E402
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from aiohttp import web
 
 from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
-from omni.async_omni import AsyncOmni
 from omni.media.fetch import FetchPolicy
-from omni.metrics import Metrics
+from omni.runtime.async_omni import AsyncOmni
+from omni.runtime.metrics import Metrics
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.config import UnknownModalityError
+from omni.config.pipeline import UnknownModalityError
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,

@@ -1,6 +1,6 @@
 """Checking the sampling fields of /v1/completions and /v1/chat/completions.
 
-Every field is validated here with a 400 naming it; the engine (omni/engines/sampling.py)
+Every field is validated here with a 400 naming it; the engine (omni/engines/ar/sampling.py)
 checks again, so a pipeline driven from Python gets the same rules.
 """
 

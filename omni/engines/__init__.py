@@ -22,18 +22,18 @@ def resolve_device(device: str) -> str:
 def build_engine(spec: EngineSpec) -> Engine:
     """Construct the engine a stage asks for, inside its engine process."""
     if spec.engine == "echo":
-        from omni.engines.echo import EchoEngine
+        from omni.engines.echo.engine import EchoEngine
 
         return EchoEngine(spec.stage, spec.options)
     if spec.engine == "ar":
-        from omni.engines.ar import AREngine
-        from omni.memory_budget import budget_bytes
+        from omni.config.memory import budget_bytes
+        from omni.engines.ar.engine import AREngine
 
         device = resolve_device(spec.device)
         memory = budget_bytes(spec.memory, spec.memory_share, device)
 
         if spec.model not in (None, "", "hf_causal"):  # a model whose inputs its upstream feeds
-            from omni.engines.ar_feedback import build_feedback_engine
+            from omni.engines.ar.feedback import build_feedback_engine
 
             return build_feedback_engine(spec.model, spec.model_dir, dtype=spec.dtype,
                                          device=device, options=spec.options,
@@ -43,12 +43,12 @@ def build_engine(spec: EngineSpec) -> Engine:
         return AREngine(spec.model_dir, dtype=spec.dtype, device=device,
                         options=spec.options, memory_bytes=memory)
     if spec.engine == "vllm":
-        from omni.engines.vllm_engine import build_vllm_engine
+        from omni.engines.vllm.engine import build_vllm_engine
 
         return build_vllm_engine(spec)
     if spec.engine == "generation":
-        from omni.engines.generation import build_generation_engine
-        from omni.memory_budget import budget_bytes
+        from omni.config.memory import budget_bytes
+        from omni.engines.generation.engine import build_generation_engine
 
         if not spec.model:  # whether a model_dir is needed is the adapter's business
             raise EngineLoadError(f"stage '{spec.stage}': engine 'generation' needs a model "
@@ -58,7 +58,7 @@ def build_engine(spec: EngineSpec) -> Engine:
                                        spec.options,
                                        budget_bytes(spec.memory, spec.memory_share, device))
     if spec.engine == "diffusion":
-        from omni.engines.diffusion import build_diffusion_engine
+        from omni.engines.diffusion.engine import build_diffusion_engine
 
         if not spec.model:
             raise EngineLoadError(f"stage '{spec.stage}': engine 'diffusion' needs a model "

@@ -8,9 +8,13 @@ loop calls add/abort/step from one thread only.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EngineError(Exception):
@@ -101,7 +105,7 @@ class Engine(abc.ABC):
         raise EngineError(f"this engine takes no stream input (from '{producer}')")
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
-        """Flow control from a ``stream`` edge with ``max_lead`` (omni/lead.py): request id
+        """Flow control from a ``stream`` edge with ``max_lead`` (omni/runtime/lead.py): request id
         -> the most outputs (tokens) it may have made so far, None lifting the limit. A
         request at its limit makes no more until raised; unknown ids are ignored. Advisory:
         an engine that cannot hold a request keeps this default and runs on."""
@@ -130,3 +134,93 @@ class Engine(abc.ABC):
     def shutdown(self) -> None:
         """Release everything the engine holds. Called once, at exit."""
         return None
+
+
+# -- what model adapters hand to engines (omni/models imports these, no engine module) --
+
+@dataclass
+class PromptLayout:
+    """How a multimodal prompt differs from plain text (made by a model's media encoder)."""
+
+    # (axes, prompt_len): rotary positions of the prompt tokens; float where the model
+    # makes them fractional (e.g. a video's time axis), else any dtype
+    rope: torch.Tensor
+    rope_delta: float = 0  # after the prompt: rotary position = cache position + rope_delta
+    visual_mask: torch.Tensor | None = None  # (prompt_len,) bool: tokens taking deepstack
+    deepstack: list[torch.Tensor] | None = None  # per layer: (visual tokens, hidden)
+    exports: dict[str, Any] = field(default_factory=dict)  # sent downstream with the prompt
+    visual_before: list[int] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.visual_mask is not None:  # visual tokens before each prompt position
+            import torch  # here: the contract module must not import torch for echo
+
+            counts = torch.cumsum(self.visual_mask.long(), 0) - self.visual_mask.long()
+            self.visual_before = counts.tolist()
+
+
+@dataclass(eq=False)  # identity: jobs hold tensors, which do not compare to a bool
+class DenoiseJob:
+    """One request's denoising state. ``state`` is the denoiser's own (conditioning,
+    image shapes, ...); the engine reads and writes only the fields named here."""
+
+    request_id: str
+    latents: torch.Tensor
+    timesteps: torch.Tensor
+    scheduler: Any  # a per-request copy: multistep schedulers keep history
+    rows: int  # images or videos in this request (latents' batch dim)
+    guided: bool  # classifier-free guidance: the model runs 2 * rows rows
+    seed: int
+    state: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    # step cache
+    last_output: torch.Tensor | None = None
+    prev_latents: torch.Tensor | None = None
+    change_since_run: float = 0.0
+    skipped: int = 0
+    preview_steps: tuple[int, ...] = ()
+    cache_threshold: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def model_rows(self) -> int:
+        return self.rows * (2 if self.guided else 1)
+
+    def tensor_bytes(self) -> int:
+        import torch
+
+        held = [self.latents, self.last_output, self.prev_latents]
+        held += [v for v in self.state.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+class Denoiser(Protocol):
+    """What a model adapter provides to the diffusion engine."""
+
+    output: str  # the modality it produces: "image" or "video"
+
+    def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
+        """Validate a request; ValueError says what is wrong. Cheap: no model calls."""
+
+    def start(self, request_id: str, plan: Any) -> DenoiseJob:
+        """Encode conditioning, draw the latents, set up the scheduler."""
+
+    def group_key(self, job: DenoiseJob) -> Hashable:
+        """Jobs with equal keys can share one transformer call."""
+
+    def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
+        """The guided model output for each job at its current timestep, ONE call."""
+
+    def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
+        """Finished jobs' output fields (pixels as uint8 tensors), in one VAE call; the
+        jobs' latents have equal shapes past the batch dim."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities and limits for READY (tasks, sizes, steps)."""
+
+    # optional: preview(job) -> dict, the current estimate of the final output's fields

@@ -25,10 +25,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.config.memory import over_budget
 from omni.engines.base import ENGINE_FAULT, Engine, EngineLoadError, EngineRequest
 from omni.engines.channel import Channel, OrchestratorGone
 from omni.heap import GcPauses, freeze_loaded_objects
-from omni.memory_budget import over_budget
 from omni.payloads import PayloadPlane
 from omni.protocol import Msg, ProtocolError, decode, encode, frame
 from omni.transit import InboundTimes
@@ -55,7 +55,7 @@ class EngineSpec:
     arena_name: str | None = None  # shared-memory name prefix of this replica's payloads
     payload_options: dict[str, Any] = field(default_factory=dict)  # make_connector kwargs
     memory: int | None = None  # the stage's memory budget in bytes (engines that size caches)
-    memory_share: float | None = None  # or its share of the device (omni/memory_budget.py)
+    memory_share: float | None = None  # or its share of the device (omni/config/memory.py)
 
 
 class EngineLoop:

@@ -72,7 +72,7 @@ def _talker(model_dir: str, dtype: str, device: str) -> Any:
     return load_talker(model_dir, dtype, device)
 
 
-# AR models whose next input is built from their last output (omni/engines/ar_feedback.py)
+# AR models whose next input is built from their last output (omni/engines/ar/feedback.py)
 AR_FEEDBACK_MODELS = {"qwen3_omni_talker": _talker}
 
 

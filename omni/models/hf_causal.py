@@ -47,7 +47,7 @@ class CausalLM:
     # steps export nothing (no hidden row per token crosses processes)
     export_prompt_only: bool = False
     media: Any = None  # encodes prompts with media parts: wants(messages), encode, info
-    # multi-axis rotary positions (omni/engines/ar_media.py): axes, position_ids(text, axes)
+    # multi-axis rotary positions (omni/engines/ar/media.py): axes, position_ids(text, axes)
     rope: Any = None
     deepstack: Any = None  # adds vision features to early layers: inject((mask, features))
 

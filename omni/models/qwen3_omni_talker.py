@@ -38,8 +38,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar_media import PromptLayout
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached

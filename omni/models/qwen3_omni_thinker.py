@@ -17,7 +17,7 @@ grid, and the towers' outputs replace the pads' embeddings; the prompt then goes
 engine as embeddings with its real ids (the talker reads them). Audio tokens take consecutive rotary positions like text
 (get_rope_index gives them arange too), so an audio-only prompt keeps 1-D positions; a
 prompt with images or videos gets the model's 3-axis positions and deepstack features
-(a `PromptLayout`, omni/engines/ar_media.py), and exports its positions to the talker.
+(a `PromptLayout`, omni/engines/ar/media.py), and exports its positions to the talker.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.ar_media import PromptLayout
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
@@ -241,7 +240,7 @@ def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
     media = None
     if (path / "preprocessor_config.json").is_file():  # the audio and image processors
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
-        # its own tokenizer: it encodes on a worker thread (omni/engines/ar_encoder.py)
+        # its own tokenizer: it encodes on a worker thread (omni/engines/ar/encoder.py)
         # while the step loop detokenizes, and a fast tokenizer is not safe to share
         media = ThinkerMedia(thinker, copy.deepcopy(tokenizer), fe, _image_processor(path),
                              config)

@@ -1,5 +1,5 @@
 """Qwen3-Omni's image and video input: what the release's processors and thinker forward
-do, per request, in a form the AR engine's packed steps can use (omni/engines/ar_media.py).
+do, per request, in a form the AR engine's packed steps can use (omni/engines/ar/media.py).
 
 - Images: the release's Qwen2-VL image processor (its PIL form: the default form needs
   torchvision) turns each image into patches and a (t, h, w) grid; the vision tower

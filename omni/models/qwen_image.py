@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.engines.diffusion import DenoiseJob
+from omni.engines.base import DenoiseJob
 from omni.models import diffusion as common
 
 T2I, EDIT = "QwenImagePipeline", "QwenImageEditPipeline"

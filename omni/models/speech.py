@@ -1,6 +1,6 @@
 """What every text-to-speech adapter shares: the runner contract, params and outputs.
 
-A TTS model is served as a ``generation`` stage in items mode (omni/engines/generation.py):
+A TTS model is served as a ``generation`` stage in items mode (omni/engines/generation/engine.py):
 
 - input ``text`` (a string or a list of strings); ``split(text, params)`` cuts it into
   sentences (units), so long input streams sentence by sentence and nothing is dropped;

@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
-from omni.engines.diffusion import DenoiseJob
+from omni.engines.base import DenoiseJob, EngineLoadError
 from omni.models import diffusion as common
 
 T2V, I2V = "WanPipeline", "WanImageToVideoPipeline"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3
 
@@ -70,8 +70,8 @@ def test_qwen3_omni_thinker_graphs_match_eager(tmp_path_factory):
 
 
 def test_triton_decode_kernel_matches_sdpa_bf16():
-    from omni.engines.paged_attention import padded_context_slots
-    from omni.engines.paged_decode_kernel import paged_decode
+    from omni.engines.ar.paged_attention import padded_context_slots
+    from omni.engines.ar.paged_decode_kernel import paged_decode
 
     torch.manual_seed(0)
     bs, blocks, heads, kv_heads, dim = 16, 1024, 32, 8, 128
@@ -161,7 +161,7 @@ def test_chained_decode_equals_step_by_step_with_graphs(varied):
 def test_fused_projections_equal_unfused_with_graphs(varied):
     """fuse_projections (on by default): the compiled, graphed decode takes the fused
     matmuls and gives the unfused engine's greedy tokens."""
-    from omni.engines.fused_projections import ProjectionSlice
+    from omni.engines.ar.fused_projections import ProjectionSlice
 
     fused = AREngine(varied, device="cuda", dtype="float32")
     plain = AREngine(varied, device="cuda", dtype="float32",

@@ -210,7 +210,7 @@ def test_payload_plane_copies_cuda_payloads_and_frees_them_at_once():
         torch.cuda.synchronize()
         assert torch.equal(got, t)  # the copy is not that block
         plane.done("r")  # nothing held: a no-op
-        from omni.payloads import ClientPayloads
+        from omni.runtime.payloads import ClientPayloads
 
         client = ClientPayloads(_name("cl"))  # the front end: one copy, block freed
         final = prod.put(t, owner="f")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion import DiffusionEngine
+from omni.engines.diffusion.engine import DiffusionEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_denoiser
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
-from omni.engines.ar_feedback import FeedbackAREngine
+from omni.engines.ar.engine import AREngine
+from omni.engines.ar.feedback import FeedbackAREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures.tiny_models import ensure_tiny_model
 
@@ -105,7 +105,7 @@ def test_code2wav_sizes_its_calls_from_its_memory_budget(omni_dir):
     within the budget, and a budget too small for one row fails the load, naming the
     least that would do."""
     from omni.engines.base import EngineLoadError
-    from omni.engines.generation import build_generation_engine
+    from omni.engines.generation.engine import build_generation_engine
 
     def build(budget: int):
         return build_generation_engine("qwen3_omni_code2wav", omni_dir, "cuda", "bfloat16",

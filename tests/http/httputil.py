@@ -24,9 +24,9 @@ import openai  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from omni.api.app import ServedModel, ServerSettings, build_app  # noqa: E402
-from omni.async_omni import AsyncOmni  # noqa: E402
-from omni.metrics import Metrics  # noqa: E402
-from omni.presets import load_pipeline  # noqa: E402
+from omni.config.presets import load_pipeline  # noqa: E402
+from omni.runtime.async_omni import AsyncOmni  # noqa: E402
+from omni.runtime.metrics import Metrics  # noqa: E402
 
 START_TIMEOUT_S = 60.0
 

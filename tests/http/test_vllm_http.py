@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from httputil import run
 
-from omni.engines.vllm_engine import available
+from omni.engines.vllm.engine import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="vllm is not installed here")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni import AsyncOmni
-from omni.config import PipelineConfig, parse_pipeline
-from omni.orchestrator import OmniOutput
-from omni.pool import Replica
+from omni.config.pipeline import PipelineConfig, parse_pipeline
+from omni.runtime.orchestrator import OmniOutput
+from omni.runtime.pool import Replica
 
 TEST_TIMEOUT_S = 10.0
 ENGINE_LOG_LEVEL = logging.WARNING

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from procutil import assert_idle, collect, echo_stage, run, serving
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.fixtures.tiny_models import ensure_tiny_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then runs far away"

@@ -12,9 +12,9 @@ import pytest
 import torch
 from procutil import Tap, assert_idle, collect, run, serving
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.engines.base import EngineRequest
-from omni.engines.generation import build_generation_engine
+from omni.engines.generation.engine import build_generation_engine
 from omni.errors import RequestAbortedError
 from omni.fixtures.tiny_models import ensure_tiny_model
 

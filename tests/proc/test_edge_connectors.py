@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from procutil import Tap, collect, run, serving
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 
 
 def pipeline(connector: str, payload_bytes: int):

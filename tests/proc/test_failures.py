@@ -34,7 +34,7 @@ from omni.errors import (
     RequestFailedError,
     StageUnavailableError,
 )
-from omni.launcher import StartupError
+from omni.runtime.launcher import StartupError
 
 PROMPT = "the quick brown fox"
 
@@ -89,7 +89,7 @@ def test_an_internal_error_on_outputs_fails_that_request_and_frees_it(monkeypatc
     """A bug while the orchestrator handles a stage's output (injected here) fails that
     request with the reason, frees it everywhere, and leaves the others alone: before,
     the message was dropped and the request waited forever."""
-    from omni.orchestrator import Orchestrator
+    from omni.runtime.orchestrator import Orchestrator
 
     handle = Orchestrator._on_stage_output
 

@@ -1,4 +1,4 @@
-"""Lead control (edge option max_lead, omni/lead.py) on the tiny Qwen3-Omni, through real
+"""Lead control (edge option max_lead, omni/runtime/lead.py) on the tiny Qwen3-Omni, through real
 processes: the thinker never runs more than the lead ahead of the talker's frames, the
 answer is the same as without a lead, a text-only request is never held, and the limit
 is lifted when the talker finishes."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from procutil import Tap, assert_idle, collect, run, serving
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.fixtures.tiny_models import ensure_tiny_model
 
 LEAD, FRAMES, TOKENS = 3, 10, 16  # the thinker writes more than the talker speaks

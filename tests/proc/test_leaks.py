@@ -13,7 +13,7 @@ import signal
 
 from procutil import Tap, assert_idle, collect, run, serving, wait_until
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.errors import ReplicaDeadError, RequestAbortedError
 
 PAYLOAD = 96 * 1024  # above the inline threshold: every chunk goes through an arena

@@ -10,7 +10,7 @@ import signal
 import pytest
 from procutil import Tap, assert_idle, chunk_outputs, collect, run, serving, wait_until
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.errors import ReplicaDeadError
 
 

@@ -18,7 +18,7 @@ from procutil import (
     serving,
 )
 
-from omni.config import UnknownModalityError
+from omni.config.pipeline import UnknownModalityError
 
 PROMPT = "hello multi-stage world"
 

@@ -17,7 +17,7 @@ from procutil import (
     wait_until,
 )
 
-from omni.config import parse_pipeline
+from omni.config.pipeline import parse_pipeline
 from omni.errors import RequestAbortedError, RequestFailedError
 from omni.protocol import Msg, encode
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from procutil import assert_idle, run, serving
 
+from omni.config.presets import load_pipeline
 from omni.fixtures.tiny_vits import build_tiny_vits
-from omni.presets import load_pipeline
 
 TEXT = "The first sentence is short. Here comes the second one. And this is the third."
 PIPELINE = """\

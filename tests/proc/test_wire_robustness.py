@@ -41,7 +41,7 @@ MISSHAPEN = [
 
 def _dropped(caplog) -> int:
     return sum("dropping malformed engine message" in r.getMessage() for r in caplog.records
-               if r.name == "omni.launcher")
+               if r.name == "omni.runtime.launcher")
 
 
 def _foreign(path: str, payload: bytes) -> bool:
@@ -57,7 +57,7 @@ def _foreign(path: str, payload: bytes) -> bool:
 
 
 def test_foreign_connections_are_dropped_and_closed(caplog):
-    caplog.set_level(logging.ERROR, logger="omni.launcher")
+    caplog.set_level(logging.ERROR, logger="omni.runtime.launcher")
 
     async def body():
         async with serving(single_pipeline(delay_ms=5)) as omni:
@@ -78,7 +78,7 @@ def test_foreign_connections_are_dropped_and_closed(caplog):
 
 
 def test_a_corrupt_length_closes_only_that_connection(caplog):
-    caplog.set_level(logging.ERROR, logger="omni.launcher")
+    caplog.set_level(logging.ERROR, logger="omni.runtime.launcher")
 
     async def body():
         async with serving(single_pipeline()) as omni:
@@ -93,7 +93,7 @@ def test_a_corrupt_length_closes_only_that_connection(caplog):
 
 
 def test_misshapen_messages_in_a_replica_stream_are_dropped(caplog):
-    caplog.set_level(logging.ERROR, logger="omni.launcher")
+    caplog.set_level(logging.ERROR, logger="omni.runtime.launcher")
 
     async def body():
         loop_errors: list[dict] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineLoadError, EngineRequest, StepOutput
 from omni.fixtures import build_tiny_qwen3, build_tiny_qwen3_moe
 
@@ -423,8 +423,8 @@ def test_prompt_embeddings_instead_of_token_ids(moe):
 
 
 def test_stage_memory_sizes_the_kv_cache(dirs):
+    from omni.engines.ar.kv_cache import PagedKVCache
     from omni.engines.base import EngineLoadError
-    from omni.engines.kv_cache import PagedKVCache
 
     probe = AREngine(dirs["qwen3"], options={"kv_cache_blocks": 2})
     weights = sum(p.numel() * p.element_size() for p in probe.lm.model.parameters())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest, StepOutput
 from omni.fixtures import build_tiny_qwen3
 
@@ -223,7 +223,7 @@ def test_chain_waits_for_sampling_rows_and_new_requests(model_dir):
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_output_limit_holds_a_request(model_dir, chain):
-    """Engine.limit (omni/lead.py): a request stops at its limit (the engine goes idle if
+    """Engine.limit (omni/runtime/lead.py): a request stops at its limit (the engine goes idle if
     nothing else runs), goes on when it is raised or lifted, and says the same tokens; a
     request beside it is not held. Step by step, overlapped and chained."""
     greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 12}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures.tiny_omni import build_tiny_qwen3_omni
 

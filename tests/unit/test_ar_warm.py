@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni.engines.ar import AREngine
-from omni.engines.ar_feedback import FeedbackAREngine
-from omni.engines.ar_warm import SHORT_PROMPT, warm_prefill
+from omni.engines.ar.engine import AREngine
+from omni.engines.ar.feedback import FeedbackAREngine
+from omni.engines.ar.warm import SHORT_PROMPT, warm_prefill
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3, ensure_tiny_model
 

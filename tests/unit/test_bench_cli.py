@@ -161,7 +161,7 @@ def test_omni_sides_change_stage_options(tmp_path) -> None:
     import yaml
 
     from bench.omni import file_safe, pipeline_file
-    from omni.config import load_pipeline_file
+    from omni.config.pipeline import load_pipeline_file
 
     args = argparse.Namespace(memory="", sides="stream,full", device="cpu", thinker_tokens=4,
                               talker_frames=8)

@@ -200,7 +200,7 @@ def test_the_engine_loop_takes_a_heavy_stream_in_while_it_steps():
     """EngineLoop brackets each step for the drainer: a producer streaming 4 MiB at 13 MB/s
     into a stage whose steps take 100 ms is done in about 4 steps, not at one socket
     buffer (here 128 KiB) per step: 32 steps."""
-    from omni.engines.echo import EchoEngine
+    from omni.engines.echo.engine import EchoEngine
     from omni.engines.proc import EngineLoop
     from omni.payloads import PayloadPlane
     from omni.protocol import FrameReader, Msg, decode, encode

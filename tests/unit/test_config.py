@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import pytest
 
-from omni.config import (
+from omni.config.pipeline import (
     CONNECTORS,
     DELIVERIES,
     ENGINE_KINDS,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from omni.engines.decode_graphs import DecodeGraphs
-from omni.engines.kv_cache import PagedKVCache
+from omni.engines.ar.decode_graphs import DecodeGraphs
+from omni.engines.ar.kv_cache import PagedKVCache
 
 
 def _graphs_without_cuda(batch: int, length: int) -> DecodeGraphs:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion import DiffusionEngine, preview_steps
+from omni.engines.diffusion.engine import DiffusionEngine, preview_steps
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_denoiser
 
@@ -265,7 +265,7 @@ def test_a_burst_is_admitted_a_few_requests_per_step(models):
 def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(models, family, name,
                                                                    typo, valid):
     from omni.engines.base import EngineLoadError
-    from omni.engines.diffusion import build_diffusion_engine
+    from omni.engines.diffusion.engine import build_diffusion_engine
 
     with pytest.raises(EngineLoadError, match=rf"unknown diffusion engine \({family}\) "
                        rf"option\(s\) {typo};.*\b{valid}\b"):

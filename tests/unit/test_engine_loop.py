@@ -8,7 +8,7 @@ import threading
 import time
 
 from omni.engines.channel import Channel
-from omni.engines.echo import EchoEngine
+from omni.engines.echo.engine import EchoEngine
 from omni.engines.proc import EngineLoop
 from omni.payloads import PayloadPlane
 from omni.protocol import FrameReader, Msg, decode, encode, frame

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from omni.engines.base import EngineLoadError, check_options
-from omni.engines.echo import EchoEngine
+from omni.engines.echo.engine import EchoEngine
 
 
 def test_check_options_names_the_unknown_and_the_valid_ones():
@@ -28,8 +28,8 @@ def test_echo_engine_refuses_an_unknown_option():
                                               ("generation", "piper", "max_phoneme"),
                                               ("diffusion", "wan", "max_batch_row")])
 def test_an_unknown_adapter_option_fails_before_any_weights_load(tmp_path, kind, model, typo):
-    from omni.engines.diffusion import build_diffusion_engine
-    from omni.engines.generation import build_generation_engine
+    from omni.engines.diffusion.engine import build_diffusion_engine
+    from omni.engines.generation.engine import build_generation_engine
 
     build = build_generation_engine if kind == "generation" else build_diffusion_engine
     missing = str(tmp_path / "no-such-model")  # loading would fail on this directory

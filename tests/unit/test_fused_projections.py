@@ -1,4 +1,4 @@
-"""Fused sibling projections (omni/engines/fused_projections.py): q/k/v and gate/up of a
+"""Fused sibling projections (omni/engines/ar/fused_projections.py): q/k/v and gate/up of a
 transformers decoder layer run as one matmul, and the model computes what it did before,
 eagerly and under torch.compile (one traced graph for all layers, fused path taken)."""
 
@@ -10,7 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from omni.engines import fused_projections as fp
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3, build_tiny_qwen3_moe
 

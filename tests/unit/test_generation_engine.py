@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omni.engines.base import EngineLoadError, EngineRequest
-from omni.engines.generation import GenerationEngine, build_generation_engine
+from omni.engines.generation.engine import GenerationEngine, build_generation_engine
 from omni.fixtures import ensure_tiny_model
 from omni.models.qwen3_omni import Code2WavRunner, load_code2wav
 
@@ -91,7 +91,7 @@ def test_a_memory_budget_sizes_calls_on_a_gpu_only(c2w):
     """On CPU a budget leaves the runner's frames per call (nothing to measure there); an
     explicit max_batch_frames wins over a budget; the arithmetic on a GPU's numbers: the
     budget less the weights and a call's fixed part, 90% of it, over the bytes a frame."""
-    from omni.engines.generation_memory import frames_for_budget
+    from omni.engines.generation.memory import frames_for_budget
 
     engine = GenerationEngine(Code2WavRunner(c2w), memory_bytes=1 << 30)
     assert engine.max_batch_frames == 64 and engine.memory_bytes == 1 << 30

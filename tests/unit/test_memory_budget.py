@@ -1,11 +1,11 @@
-"""`memory: 60%`: a stage's budget as a share of its GPU (omni/memory_budget.py)."""
+"""`memory: 60%`: a stage's budget as a share of its GPU (omni/config/memory.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from omni import memory_budget
-from omni.config import ConfigError, parse_pipeline
+from omni.config.pipeline import ConfigError, parse_pipeline
 
 
 def _pipeline(*stages: dict) -> dict:

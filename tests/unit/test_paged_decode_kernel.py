@@ -18,8 +18,8 @@ pytest.importorskip("triton")
 
 KERNEL_VS_SDPA = """
 import torch
-from omni.engines.paged_attention import padded_context_slots
-from omni.engines.paged_decode_kernel import paged_decode, plan_splits
+from omni.engines.ar.paged_attention import padded_context_slots
+from omni.engines.ar.paged_decode_kernel import paged_decode, plan_splits
 torch.manual_seed(0)
 bs, blocks = 16, 80
 for heads, kv_heads, dim in ((8, 2, 64), (4, 4, 80), (6, 1, 32)):
@@ -53,7 +53,7 @@ print("ok")
 
 ENGINE_GREEDY = """
 import sys, torch
-from omni.engines.ar import AREngine
+from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3
 torch.manual_seed(0)
@@ -97,8 +97,8 @@ def test_engine_greedy_tokens_equal_with_either_kernel(tmp_path):
 def test_triton_kernel_is_refused_on_cpu_without_the_interpreter(monkeypatch):
     import torch
 
+    from omni.engines.ar.kv_cache import decode_kernel
     from omni.engines.base import EngineLoadError
-    from omni.engines.kv_cache import decode_kernel
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert decode_kernel("auto", torch.device("cpu")) == "sdpa"
@@ -115,9 +115,9 @@ def test_decode_forward_traces_as_one_graph_with_the_attention_operator(tmp_path
     captured while serving (an 11 to 14 s stall per bucket, seen on an H200)."""
     import torch
 
-    from omni.engines.ar import AREngine
+    from omni.engines.ar.engine import AREngine
+    from omni.engines.ar.paged_attention import build_layout
     from omni.engines.base import EngineRequest
-    from omni.engines.paged_attention import build_layout
     from omni.fixtures import build_tiny_qwen3
 
     engine = AREngine(str(build_tiny_qwen3(tmp_path / "qwen3")))
@@ -144,8 +144,8 @@ def test_decoder_layers_share_one_compile_over_every_bucket(tmp_path):
     import torch
     from torch._dynamo.testing import CompileCounter
 
-    from omni.engines.ar import AREngine
-    from omni.engines.paged_attention import BatchLayout, padded_context_slots
+    from omni.engines.ar.engine import AREngine
+    from omni.engines.ar.paged_attention import BatchLayout, padded_context_slots
     from omni.fixtures import build_tiny_qwen3
 
     engine = AREngine(str(build_tiny_qwen3(tmp_path / "qwen3")))
@@ -169,7 +169,7 @@ def test_decoder_layers_share_one_compile_over_every_bucket(tmp_path):
 
 
 def test_split_plan_is_bounded_and_covers_the_width():
-    from omni.engines.paged_decode_kernel import BLOCK_N, MAX_SPLITS, plan_splits
+    from omni.engines.ar.paged_decode_kernel import BLOCK_N, MAX_SPLITS, plan_splits
 
     for batch in (1, 3, 8, 32, 64):
         for kv_heads in (1, 4, 8):

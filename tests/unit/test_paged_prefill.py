@@ -1,4 +1,4 @@
-"""Prefill steps in paged attention (omni/engines/paged_attention.py): a batch of prompt
+"""Prefill steps in paged attention (omni/engines/ar/paged_attention.py): a batch of prompt
 chunks padded into one SDPA call equals one call per sequence, with cached prefixes,
 uneven lengths and sliding windows; batches that padding would bloat stay per sequence."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omni.engines import paged_attention as pa
-from omni.engines.kv_cache import PagedKVCache
+from omni.engines.ar.kv_cache import PagedKVCache
 
 torch.set_num_threads(1)
 H, KVH, D, BS = 4, 2, 8, 4

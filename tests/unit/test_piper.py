@@ -114,7 +114,7 @@ def _drain(engine, outputs):
 
 def test_runner_in_the_generation_engine_one_sentence_per_step(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
 
     engine = GenerationEngine(PiperRunner(tts))
@@ -137,7 +137,7 @@ def test_runner_in_the_generation_engine_one_sentence_per_step(tts):
 
 def test_a_new_request_does_not_wait_behind_a_long_one(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
 
     engine = GenerationEngine(PiperRunner(tts))
@@ -154,7 +154,7 @@ def test_a_new_request_does_not_wait_behind_a_long_one(tts):
 
 def test_over_capacity_a_started_stream_keeps_playing(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
 
     engine = GenerationEngine(PiperRunner(tts))
@@ -169,7 +169,7 @@ def test_over_capacity_a_started_stream_keeps_playing(tts):
 
 def test_voice_param_is_checked(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
 
     engine = GenerationEngine(PiperRunner(tts))
@@ -183,7 +183,7 @@ def test_voice_param_is_checked(tts):
 
 def test_streamed_text_is_spoken_one_ended_sentence_at_a_time(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
     from omni.models.speech import ended_sentences
 
@@ -205,7 +205,7 @@ def test_streamed_text_is_spoken_one_ended_sentence_at_a_time(tts):
 
 def test_streamed_text_ending_with_an_empty_last_chunk_is_flushed(tts):
     from omni.engines.base import EngineRequest
-    from omni.engines.generation import GenerationEngine
+    from omni.engines.generation.engine import GenerationEngine
     from omni.models.piper import PiperRunner
 
     engine = GenerationEngine(PiperRunner(tts))

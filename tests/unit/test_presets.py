@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from omni.config import ConfigError
-from omni.presets import load_pipeline
+from omni.config.pipeline import ConfigError
+from omni.config.presets import load_pipeline
 
 
 def _model_dir(tmp_path, model_type: str):

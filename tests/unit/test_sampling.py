@@ -1,4 +1,4 @@
-"""omni.engines.sampling: params, batched sampling (checked against transformers'
+"""omni.engines.ar.sampling: params, batched sampling (checked against transformers'
 own logits processors) and incremental detokenization on the tiny Qwen3 tokenizer."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from transformers.generation import (
     TopPLogitsWarper,
 )
 
-from omni.engines.detokenizer import IncrementalDetokenizer
-from omni.engines.sampling import (
+from omni.engines.ar.detokenizer import IncrementalDetokenizer
+from omni.engines.ar.sampling import (
     SamplingParams,
     SequenceSampler,
     processed_logits,

@@ -1,7 +1,7 @@
 """Sequence's token accessors that the decode path uses instead of building the whole
 prompt + output list every step."""
 
-from omni.engines.scheduler import Sequence
+from omni.engines.ar.scheduler import Sequence
 
 
 def test_token_slice_and_last_token_equal_the_whole_list():

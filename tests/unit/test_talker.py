@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from omni.engines.ar import AREngine
-from omni.engines.ar_feedback import FeedbackAREngine
+from omni.engines.ar.engine import AREngine
+from omni.engines.ar.feedback import FeedbackAREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import ensure_tiny_model
 from omni.models.qwen3_omni_talker import fuse_experts, load_talker

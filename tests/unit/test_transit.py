@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from omni import transit
-from omni.transit import InboundTimes, RequestTransit
+from omni.runtime.transit import RequestTransit
+from omni.transit import InboundTimes
 
 
 @pytest.fixture

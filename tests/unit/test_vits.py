@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from omni.engines.base import EngineLoadError, EngineRequest
-from omni.engines.generation import GenerationEngine
+from omni.engines.generation.engine import GenerationEngine
 from omni.fixtures import FIXTURE_MARKER
 from omni.fixtures.tiny_vits import build_tiny_vits
 from omni.models import build_runner

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from omni.engines.base import EngineLoadError, EngineRequest, StepOutput
-from omni.engines.vllm_engine import available
+from omni.engines.vllm.engine import available
 
 needs_vllm = pytest.mark.skipif(not available(), reason="vllm is not installed here")
 PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog", "One"]
@@ -16,7 +16,7 @@ PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog", "One"]
 
 @pytest.mark.skipif(available(), reason="vllm is installed here")
 def test_without_vllm_the_stage_fails_to_load_with_what_to_install(tmp_path):
-    from omni.engines.vllm_engine import VLLMEngine
+    from omni.engines.vllm.engine import VLLMEngine
 
     with pytest.raises(EngineLoadError, match="needs the vllm package"):
         VLLMEngine(str(tmp_path))
@@ -24,8 +24,8 @@ def test_without_vllm_the_stage_fails_to_load_with_what_to_install(tmp_path):
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    from omni.engines.ar import AREngine
-    from omni.engines.vllm_engine import VLLMEngine
+    from omni.engines.ar.engine import AREngine
+    from omni.engines.vllm.engine import VLLMEngine
     from omni.fixtures import build_tiny_qwen3
 
     # initializer_range 0.5: greedy answers that vary (the default init repeats one token)
@@ -131,7 +131,7 @@ def test_a_model_vllm_loads_but_cannot_run_fails_the_load(tmp_path):
     token at load turns that into a load error instead of a failed first request."""
     import vllm
 
-    from omni.engines.vllm_engine import VLLMEngine
+    from omni.engines.vllm.engine import VLLMEngine
     from omni.fixtures import build_tiny_qwen3
 
     if not vllm.__version__.startswith("0.32"):
@@ -143,7 +143,7 @@ def test_a_model_vllm_loads_but_cannot_run_fails_the_load(tmp_path):
 
 @needs_vllm
 def test_an_unknown_option_fails_the_load_before_vllm_starts(tmp_path):
-    from omni.engines.vllm_engine import VLLMEngine
+    from omni.engines.vllm.engine import VLLMEngine
 
     with pytest.raises(EngineLoadError, match=r"unknown vllm engine option\(s\) vllm_arg; "
                                               r"the options are gc_freeze, inbound_drainer, nice, payload_arena_mb, vllm_args"):

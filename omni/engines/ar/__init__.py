@@ -1,0 +1,1 @@
+"""The autoregressive engine: continuous batching over a paged KV cache (engine.py)."""

@@ -1,0 +1,400 @@
+"""Autoregressive engine: continuous batching over a paged KV cache.
+
+Each step() is ONE forward call of the transformers model over a packed batch: every
+prefilling sequence's next prompt chunk and every decoding sequence's last token
+(scheduler.py decides who and how much). Attention uses the paged cache through
+paged_attention.py's attention function, so any transformers decoder runs unchanged (the
+dense and MoE fixtures are tested). Sequences whose last fed token ends their known
+tokens are sampled together (sampling.py); a request joins at the next step.
+
+Stream input: a request added with inputs {"stream": [producer]} waits in the scheduler
+and takes its prompt from APPEND chunks ({"token_ids": [...]} or {"text": "..."}); token
+ids are prefilled as they arrive (all but the last, whose logits count only once the
+input is complete), text is tokenized when its stream ends. No placeholder tokens.
+
+Hidden-state export: with stage option export_hidden_layers (indices into transformers'
+hidden_states: 0 = embeddings, i = after decoder layer i, negative from the end), every
+output carries "hidden_states", a (tokens, layers, hidden) tensor for the tokens fed
+since the previous output (the whole prompt with the first token, then one per step),
+which a stream edge hands to the next stage (one that reads its hidden states). With
+"auto", a model whose next stage embeds the answer's token ids itself
+(CausalLM.export_prompt_only) exports the prompt's rows only.
+
+Elsewhere: the order of work in one step() (overlap_steps, chain_decode): ar_steps.py;
+media prompts: ar_encoder.py, ar_media.py; KV cache size: kv_cache.sized_cache; output
+limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from omni.engines.ar.detokenizer import IncrementalDetokenizer
+from omni.engines.ar.encoder import PromptEncoder
+from omni.engines.ar.fused_projections import fuse_projections
+from omni.engines.ar.inputs import (
+    encode_prompt,
+    export_layers,
+    stream_producer,
+    take_chunk,
+    wants_media,
+)
+from omni.engines.ar.kv_cache import sized_cache
+from omni.engines.ar.media import step_media, whole_delta
+from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
+from omni.engines.ar.sampling import SamplingParams, SequenceSampler
+from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
+from omni.engines.ar.state import (
+    Flight,
+    RequestState,
+    exported_rows,
+    finish_reason,
+    token_output,
+)
+from omni.engines.ar.steps import StepOrder
+from omni.engines.ar.warm import warm_prefill
+from omni.engines.base import (
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+    check_options,
+    failed_output,
+)
+from omni.models.hf_causal import load_causal_lm
+
+log = logging.getLogger("omni.engines.ar.engine")
+
+# every option an ar stage reads (docs/pipeline.md); any other is a typo: a load error
+AR_OPTIONS = frozenset({
+    "block_size", "kv_cache_blocks", "kv_cache_mb", "kv_cache_fraction", "max_num_seqs",
+    "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
+    "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
+    "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
+    "prefill_beside_decodes"})
+
+
+class AREngine(StepOrder, Engine):
+    """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
+                 options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
+        self.options = dict(options or {})
+        check_options("ar engine", self.options, AR_OPTIONS)
+        self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
+        self.lm = self._load(model_dir, dtype, device)
+        if self.options.get("fuse_projections", True):  # q/k/v and gate/up: one matmul each
+            fuse_projections(self.lm.model)
+        register()
+        self.lm.use_attention(ATTN_NAME)
+        if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
+            self.lm.use_experts(str(self.options["experts_implementation"]))
+        self.cache = sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
+        self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
+        cuda = self.lm.device.type == "cuda"
+        self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
+        # "auto" exports what the next stage reads: for some models the prompt's rows only
+        self.export_prompt_only = (self.export_layers is not None and self.lm.export_prompt_only
+                                   and self.options.get("export_hidden_layers") == "auto")
+        # a cached prefix is not recomputed, so its hidden states could not be exported
+        caching = self.options.get("prefix_caching", self.export_layers is None)
+        batched = self._opt("max_batched_tokens", 8192 if cuda else 512)
+        self.scheduler = Scheduler(
+            self.cache, max_num_seqs=self._opt("max_num_seqs", 64), max_batched_tokens=batched,
+            prefix_salt=0 if caching else None,
+            prefill_beside_decodes=self._opt("prefill_beside_decodes", batched))
+        self.graphs = self._make_graphs() if cuda else None
+        if self.options.get("warm_prefill", cuda):  # first-use costs at load (ar_warm.py)
+            self._warm_prefill()
+        self._seqs: dict[str, Sequence] = {}
+        self._failed: list[StepOutput] = []
+        self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
+        self._inflight: Flight | None = None  # launched by the last step(), not sampled
+        # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
+        # forward is synchronous: overlapping would only hold the outputs a call longer
+        self.overlap = bool(self.options.get("overlap_steps", cuda))
+        self.chain = bool(self.options.get("chain_decode", cuda))  # ar_steps.py
+        self.steps = 0
+        self.step_time_s = 0.0
+
+    def _load(self, model_dir: str, dtype: str, device: str) -> Any:
+        return load_causal_lm(model_dir, dtype=dtype, device=device)
+
+    def _warm_prefill(self) -> None:
+        started = time.perf_counter()
+        try:
+            ran = warm_prefill(self.lm, self.cache, self.scheduler.max_batched_tokens,
+                               self._warm_inputs)
+        except torch.cuda.OutOfMemoryError as e:  # what the first big step would hit
+            raise EngineLoadError(
+                f"a prefill step of max_batched_tokens={self.scheduler.max_batched_tokens} "
+                f"does not fit beside the KV cache: lower max_batched_tokens or the KV "
+                f"cache (kv_cache_mb, or the stage's memory budget): {e}") from e
+        log.info("warmed prefill steps of %s tokens in %.1f s", ran,
+                 time.perf_counter() - started)
+
+    def _warm_inputs(self, tokens: int) -> dict[str, torch.Tensor]:
+        """Model inputs for a warm-up step of `tokens` zero tokens."""
+        return {"input_ids": torch.zeros(1, tokens, dtype=torch.long, device=self.lm.device)}
+
+    def _opt(self, name: str, default: int) -> int:
+        value = self.options.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EngineLoadError(f"option {name} must be a positive integer, got {value!r}")
+        return value
+
+    def _make_graphs(self, embeds: tuple[int, torch.dtype] | None = None) -> Any:
+        """Decode graphs (CUDA); embeds = (width, dtype) when decode feeds embeddings."""
+        if not self.options.get("cuda_graphs", True):
+            return None
+        from omni.engines.ar.decode_graphs import DecodeGraphs
+
+        limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
+        compiled = self.blocks if self.options.get("compile_decode", True) else None
+        graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
+                              self.lm.device, compiled,
+                              keeps_logits=self.lm.keeps_logits, embeds=embeds,
+                              export_layers=None if self.export_prompt_only
+                              else self.export_layers)  # decode steps: no prompt rows
+        try:
+            graphs.warm()
+        except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
+            log.warning("CUDA graphs disabled for %s: capture failed (%s: %s); decode "
+                        "steps run eagerly", self.lm.model_dir, type(e).__name__, e)
+            self.cache.pool.release(graphs.scratch // self.cache.block_size)
+            torch.cuda.synchronize(self.lm.device)
+            return None
+        return graphs
+
+    # -- contract ---------------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> None:
+        rid = request.request_id
+        try:
+            if rid in self._seqs or rid in self._encoder:
+                raise ValueError(f"request id {rid!r} is already running")
+            params = SamplingParams.from_dict(request.params or {})
+            inputs = request.inputs or {}
+            producer = stream_producer(inputs)
+            if producer is None and wants_media(self.lm, inputs):  # off the step loop
+                self._encoder.submit(rid, params, encode_prompt, self.lm, inputs)
+                return
+            prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
+            self._admit(rid, params, producer, *prompt)
+        except Exception as e:  # bad input fails this request only, at the next step
+            self._failed.append(failed_output(rid, e))
+
+    def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
+               embeds: Any, media: Any) -> None:
+        capacity = self.cache.pool.num_blocks * self.cache.block_size
+        if len(ids) >= capacity:
+            raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
+                             f"{capacity}")
+        penalized = ids if embeds is None else []  # placeholder ids are not the prompt
+        state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
+                             IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+                             stream_from=producer)
+        seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
+                       media=media)
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
+
+    def _admit_encoded(self) -> None:
+        """Requests whose media finished encoding join (waits briefly if idle)."""
+        idle = not self._failed and self._inflight is None and not self.scheduler.has_work()
+        for rid, params, prompt, error in self._encoder.finished(wait=idle):
+            try:
+                if error is not None:
+                    raise error
+                self._admit(rid, params, None, *prompt)
+            except Exception as e:
+                self._failed.append(failed_output(rid, e))
+
+    def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
+               last: bool) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return  # aborted or failed: late chunks in flight are dropped
+        state: RequestState = seq.state
+        try:
+            if producer != state.stream_from or not seq.input_open:
+                raise ValueError(f"unexpected stream input from '{producer}'")
+            if seq_no != state.stream_seq:
+                raise ValueError(f"chunk {seq_no} from '{producer}', expected {state.stream_seq}")
+            state.stream_seq += 1
+            state.stream_text += take_chunk(self.lm, seq.prompt, data or {})
+            if last:
+                self._close_input(seq)
+        except ValueError as e:
+            self._failed.append(self._fail(seq, f"bad stream input: {e}"))
+
+    def _close_input(self, seq: Sequence) -> None:
+        state: RequestState = seq.state
+        if state.stream_text:
+            seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
+        if not seq.prompt:
+            raise ValueError("the stream ended without any prompt")
+        seq.input_open = False
+        state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device)
+
+    def limit(self, limits: Mapping[str, int | None]) -> None:
+        """A request still encoding its media is held from the next limit sent (lead.py)."""
+        for rid, most in limits.items():
+            if rid in self._seqs:
+                self._seqs[rid].limit = most
+
+    def abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        self._encoder.drop(ids)
+        for rid in ids:
+            seq = self._seqs.pop(rid, None)
+            if seq is not None:
+                self.scheduler.remove(seq)  # frees its KV blocks
+        self._failed = [o for o in self._failed if o.request_id not in ids]
+
+    def has_work(self) -> bool:
+        return (bool(self._failed) or bool(self._encoder) or self._inflight is not None
+                or self.scheduler.has_work())
+
+    def info(self) -> dict[str, Any]:
+        return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
+                "dtype": str(self.lm.dtype).removeprefix("torch."), "device": str(self.lm.device),
+                "vocab_size": self.lm.vocab_size, "kv_blocks": self.cache.pool.num_blocks,
+                "block_size": self.cache.block_size,
+                "max_num_seqs": self.scheduler.max_num_seqs,
+                "max_batched_tokens": self.scheduler.max_batched_tokens,
+                **(self.lm.media.info() if self.lm.media else {})}
+
+    def stats(self) -> dict[str, Any]:
+        pool = self.cache.pool
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
+                "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
+                "steps": self.steps, "chained_steps": self.chained_steps}
+
+    def shutdown(self) -> None:
+        self._encoder.shutdown()
+        self._inflight = None
+        for seq in list(self._seqs.values()):
+            self.scheduler.remove(seq)
+        self._seqs.clear()
+        self._failed.clear()
+
+    # -- one step -----------------------------------------------------------------------------
+    def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
+                 ) -> tuple[list[Sequence], torch.Tensor, Any]:
+        """Run the packed batch: the sequences that reach their last token, their logits,
+        and (export_hidden_layers) each sequence's rows of the chosen layers. fed: a
+        chained decode step's token ids, on the device, one per sequence (ar_steps.py)."""
+        if self._graphable(batch, chained=fed is not None):
+            seqs = batch.seqs
+            inputs = self._graph_inputs(batch) if fed is None else fed
+            logits = self.graphs.run(inputs, list(batch.starts),
+                                     [s.blocks.table for s in seqs],
+                                     [whole_delta(s.media) for s in seqs])
+            hidden = None if self.graphs.export_layers is None else exported_rows(
+                batch, self.graphs.hidden[:len(seqs)], self.export_prompt_only)
+            return seqs, logits, hidden
+        ids, positions, last, sampled = [], [], [], []
+        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
+            ids += seq.token_slice(start, start + n)
+            positions += range(start, start + n)
+            if fed is not None or start + n == len(seq.prompt) + len(seq.output):
+                last.append(len(positions) - 1)
+                sampled.append(seq)
+        dev = self.lm.device
+        exporting = self.export_layers is not None and (not self.export_prompt_only or any(
+            start < len(s.prompt) for s, start in zip(batch.seqs, batch.starts, strict=True)))
+        layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
+                              batch.counts, dev)
+        inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev) if fed is None
+                                     else fed[None])
+        position_ids, media = step_media(self.lm, batch, torch.tensor(positions, device=dev))
+        with media:  # a multimodal prompt's rotary positions and vision features
+            out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
+                                omni_batch=layout,
+                                output_hidden_states=exporting, **self._keep(last))
+        hidden = None if not exporting else exported_rows(batch, torch.stack(
+            [out.hidden_states[i][0] for i in self.export_layers], dim=1), self.export_prompt_only)
+        if not self.lm.keeps_logits:  # the model returned every position's logits
+            return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)], hidden
+        return sampled, out.logits[0], hidden
+
+    def _graph_inputs(self, batch: ScheduledBatch) -> Any:
+        """What a graphed decode step feeds: each sequence's last token."""
+        return [s.last_token for s in batch.seqs]
+
+    def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
+        """Hook: the step's tokens are sampled and not yet emitted."""
+
+    def _keep(self, last: list[int]) -> dict[str, Any]:
+        if not self.lm.keeps_logits:
+            return {}
+        return {"logits_to_keep": torch.tensor(last, dtype=torch.long, device=self.lm.device)}
+
+    def _packed_inputs(self, batch: ScheduledBatch, ids: torch.Tensor) -> dict[str, Any]:
+        """input_ids, or inputs_embeds when a sequence feeds prompt embeddings this step."""
+        if all(s.embeds is None or start >= len(s.prompt)
+               for s, start in zip(batch.seqs, batch.starts, strict=True)):
+            return {"input_ids": ids}
+        embeds = self.lm.model.get_input_embeddings()(ids)[0]
+        offset = 0
+        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
+            if seq.embeds is not None and start < len(seq.prompt):
+                upto = min(start + n, len(seq.prompt))
+                embeds[offset:offset + upto - start] = seq.embeds[start:upto]
+            offset += n
+        return {"inputs_embeds": embeds.unsqueeze(0)}
+
+    def _graphable(self, batch: ScheduledBatch, chained: bool = False) -> bool:
+        """A decode-only step that a captured graph covers (a chained step is one)."""
+        return (self.graphs is not None and all(n == 1 for n in batch.counts)
+                and all((chained or (s.samples_next and s.pending == 1))
+                        and whole_delta(s.media) is not None for s in batch.seqs)
+                and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
+
+    def _stop_ids(self) -> set[int]:
+        return set(self.lm.eos_token_ids)
+
+    def _record(self, seq: Sequence, token: int) -> None:
+        """A sampled token joins the sequence; a token that ends it (end token, length)
+        takes it out of the scheduler at once, before its output is built."""
+        seq.output.append(token)
+        seq.state.sampler.append(token)
+        seq.state.finish = finish_reason(seq, token, self.lm.eos_token_ids,
+                                         self.lm.max_positions)
+        if seq.state.finish is not None:
+            self.scheduler.remove(seq)
+
+    def _emit(self, seq: Sequence, result: Any) -> StepOutput:
+        state: RequestState = seq.state
+        finish = state.finish
+        text, stopped = state.detok.push([result.token], final=finish is not None)
+        if stopped:
+            finish = "stop"
+            text += state.detok.push([], final=True)[0]
+        data = token_output(seq, result, text, finish, self.lm.tokenizer,
+                            self.export_layers is not None)
+        if finish is None:
+            return StepOutput(seq.id, data=data)
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        return StepOutput(seq.id, data=data, finished=True)
+
+    def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput:
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        rest = seq.state.detok.push([], final=True)[0] if text is None else text
+        return StepOutput(seq.id, finished=True, data={
+            "token_ids": [], "text": rest, "finish_reason": reason,
+            "completion_tokens": len(seq.output), "prompt_tokens": len(seq.prompt)})
+
+    def _fail(self, seq: Sequence, error: str) -> StepOutput:
+        self._seqs.pop(seq.id, None)
+        self.scheduler.remove(seq)
+        return StepOutput(seq.id, finished=True, error=error)
+

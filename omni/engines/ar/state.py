@@ -1,0 +1,106 @@
+"""What the AR engine (ar.py) keeps per request and per launched step, and the output
+record of one sampled token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omni.engines.ar.detokenizer import IncrementalDetokenizer
+from omni.engines.ar.inputs import logprobs_entry
+from omni.engines.ar.sampling import SamplingParams, SequenceSampler
+from omni.engines.ar.scheduler import Sequence
+
+
+@dataclass
+class RequestState:
+    """Per-request data the scheduler carries but does not look at."""
+
+    params: SamplingParams
+    sampler: SequenceSampler
+    detok: IncrementalDetokenizer
+    started: bool = False
+    stream_from: str | None = None  # the producer stage feeding this request's prompt
+    stream_seq: int = 0  # next chunk number expected from it
+    stream_text: str = ""  # text chunks, tokenized together when the stream ends
+    hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
+    exported: int = 0  # positions whose hidden states were exported (a recompute skips them)
+    finish: str | None = None  # the finish reason of the last recorded token
+
+
+@dataclass
+class Flight:
+    """A launched step whose tokens are not sampled yet."""
+
+    seqs: list[Sequence]  # the batch
+    hidden: list[torch.Tensor] | None  # per sequence of the batch (export_hidden_layers)
+    sampled: list[Sequence]  # the rows of logits
+    logits: torch.Tensor
+    started: float
+    settle: Any = None  # a chained step's batch, counted as computed once its input is known
+    next_ids: torch.Tensor | None = None  # greedy tokens picked on the device (chainable)
+    host_ids: torch.Tensor | None = None  # their copy on the host
+    event: Any = None  # recorded after that copy (CUDA)
+
+
+def exported_rows(batch: Any, rows: torch.Tensor, prompt_only: bool) -> list[Any]:
+    """Each sequence's exported rows of a packed step: the positions not exported before
+    (a preempted sequence's recompute feeds them again) and, prompt_only, in its prompt;
+    None where there are none."""
+    out: list[Any] = []
+    for seq, start, r in zip(batch.seqs, batch.starts, split_rows(batch.counts, rows),
+                             strict=True):
+        stop = start + len(r)
+        end = min(stop, len(seq.prompt)) if prompt_only else stop
+        lo = max(start, seq.state.exported)
+        out.append(r[lo - start:end - start] if end > lo else None)
+        seq.state.exported = max(seq.state.exported, end)
+    return out
+
+
+def split_rows(counts: list[int], chosen: torch.Tensor) -> list[torch.Tensor]:
+    """Each sequence's rows of a packed (tokens, ...) tensor, copied (a graph reuses its
+    output buffer at the next replay)."""
+    starts = [0]
+    for n in counts:
+        starts.append(starts[-1] + n)
+    return [chosen[a:b].clone() for a, b in zip(starts, starts[1:], strict=False)]
+
+
+def finish_reason(seq: Sequence, token: int, eos_ids: set[int],
+                  max_positions: int | None) -> str | None:
+    """Why the sequence ends with this (already appended) token, if it does."""
+    p: SamplingParams = seq.state.params
+    n = len(seq.output)
+    if n >= p.min_tokens and (token in p.stop_token_ids or (
+            not p.ignore_eos and token in eos_ids)):
+        return "stop"
+    if n >= p.max_tokens:
+        return "length"
+    if max_positions is not None and len(seq.prompt) + n >= max_positions:
+        return "length"
+    return None
+
+
+def token_output(seq: Sequence, result: Any, text: str, finish: str | None, tokenizer: Any,
+                 exporting: bool) -> dict[str, Any]:
+    """The output data of one sampled token (usage with the first and the last)."""
+    state: RequestState = seq.state
+    data: dict[str, Any] = {"token_ids": [result.token], "text": text, "finish_reason": finish}
+    if state.params.logprobs is not None:
+        data["logprobs"] = [logprobs_entry(tokenizer, result.logprobs)]
+    if state.hidden:
+        data["hidden_states"] = torch.cat(state.hidden)
+        state.hidden = None
+    if not state.started:
+        state.started = True
+        data["prompt_tokens"] = len(seq.prompt)
+        if exporting:  # the consumer needs to know the positions
+            data["prompt_token_ids"] = list(seq.prompt)
+            data.update(seq.media.exports if seq.media else {})
+        data["cached_tokens"] = seq.blocks.cached_tokens
+    if finish is not None:
+        data["completion_tokens"] = len(seq.output)
+    return data

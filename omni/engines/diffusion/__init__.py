@@ -1,0 +1,1 @@
+"""The diffusion engine: step-level denoising scheduler (engine.py)."""

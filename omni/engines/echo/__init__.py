@@ -1,0 +1,1 @@
+"""The echo engine: speaks the real protocol, no model (tests and benchmarks)."""

@@ -1,0 +1,1 @@
+"""The generation engine: batched non-AR execution, chunk-aligned streaming."""

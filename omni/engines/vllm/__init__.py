@@ -1,0 +1,1 @@
+"""The optional vllm backend for text-only AR stages."""

@@ -1,0 +1,171 @@
+"""The public Python API: AsyncOmni for asyncio apps, Omni for scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any
+
+from omni.config.pipeline import PipelineConfig
+from omni.config.presets import load_pipeline
+from omni.errors import RequestFailedError
+from omni.runtime.metrics import Metrics
+from omni.runtime.orchestrator import OmniOutput, Orchestrator
+from omni.runtime.payloads import ClientPayloads
+
+Params = Mapping[str, Mapping[str, Any]]
+
+
+class AsyncOmni:
+    """One pipeline served from this process: engines start on `start()` / `async with`.
+
+    ``params`` of `generate` maps a stage name (or ``"*"`` for every stage) to that
+    stage's per-request parameters.
+    """
+
+    def __init__(self, pipeline: PipelineConfig | str | os.PathLike, *, dtype: str = "auto",
+                 metrics: Metrics | None = None, drain_timeout_s: float = 30.0,
+                 startup_timeout_s: float = 900.0, log_level: int = logging.INFO) -> None:
+        if not isinstance(pipeline, PipelineConfig):
+            pipeline = load_pipeline(pipeline)
+        self.pipeline = pipeline
+        self.drain_timeout_s = drain_timeout_s
+        self.orchestrator = Orchestrator(pipeline, metrics=metrics, dtype=dtype,
+                                         log_level=log_level, startup_timeout_s=startup_timeout_s)
+        self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client")
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    async def start(self) -> AsyncOmni:
+        await self.orchestrator.start()
+        return self
+
+    async def close(self, drain_timeout_s: float | None = None) -> None:
+        timeout = self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        await self.orchestrator.stop(timeout)
+        self.payloads.close()
+
+    async def __aenter__(self) -> AsyncOmni:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(self, inputs: dict[str, Any], *, modalities: Iterable[str] | None = None,
+                       params: Params | None = None, request_id: str | None = None,
+                       timeout_s: float | None = None) -> AsyncIterator[OmniOutput]:
+        """Yield the request's outputs in order; the last one has ``finished=True``.
+
+        Raises an `omni.errors.OmniError` subclass when the request fails. Leaving the
+        loop early (break, cancellation, client disconnect) aborts it in every stage.
+        """
+        state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s)
+        try:
+            while True:
+                item = await state.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                try:
+                    item.data = self.payloads.take(item.data)
+                except Exception as exc:  # e.g. its producer died and its arena is gone
+                    raise RequestFailedError(f"output of stage '{item.stage}' could not be "
+                                             f"read: {exc}", item.stage) from exc
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not state.finished:
+                self.orchestrator.abort(state.request_id, "the caller stopped reading")
+            self._discard_unread(state.queue)
+
+    def _discard_unread(self, queue: asyncio.Queue) -> None:
+        """Give back payloads of outputs nobody read, if the request succeeded; after a
+        failure its producers free them (see omni/payloads.py on late releases)."""
+        unread = []
+        while not queue.empty():
+            unread.append(queue.get_nowait())
+        if any(isinstance(item, Exception) for item in unread):
+            return
+        for item in unread:
+            self.payloads.discard(item.data)
+
+    async def abort(self, request_id: str) -> bool:
+        return self.orchestrator.abort(request_id)
+
+    def health(self) -> dict[str, Any]:
+        return self.orchestrator.health()
+
+    def output_info(self, modality: str) -> dict[str, Any]:
+        """What the engine producing ``modality`` reported when it loaded (e.g. a TTS
+        stage's voices and sample rate); {} while none of its replicas is live."""
+        info: dict[str, Any] = {}
+        for stage in self.pipeline.outputs.get(modality, ()):
+            info = self._stage_info(stage)
+            if info:
+                break
+        if info and "voices" not in info:  # the voice is chosen by an upstream stage
+            for stage in self.pipeline.route([modality]).stages:
+                voices = self._stage_info(stage).get("voices")
+                if voices:
+                    info.update(voices=voices, voice_stages=[stage])
+                    break
+        return info
+
+    def _stage_info(self, stage: str) -> dict[str, Any]:
+        for replica in self.orchestrator.engines.pools[stage].live():
+            return dict(replica.info)
+        return {}
+
+
+class Omni:
+    """Blocking wrapper for scripts: runs an AsyncOmni on a private event-loop thread."""
+
+    def __init__(self, pipeline: PipelineConfig | str | os.PathLike, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="omni-loop")
+        self._thread.start()
+        self._omni = self._call(self._make(pipeline, kwargs))
+
+    @staticmethod
+    async def _make(pipeline: Any, kwargs: dict[str, Any]) -> AsyncOmni:
+        return await AsyncOmni(pipeline, **kwargs).start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(self, inputs: dict[str, Any], **kwargs: Any) -> list[OmniOutput]:
+        """Run one request to completion and return all of its outputs."""
+        async def collect() -> list[OmniOutput]:
+            return [out async for out in self._omni.generate(inputs, **kwargs)]
+        return self._call(collect())
+
+    def stream(self, inputs: dict[str, Any], **kwargs: Any) -> Iterator[OmniOutput]:
+        """Yield outputs as they arrive (blocking between them)."""
+        agen = self._omni.generate(inputs, **kwargs)
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._call(agen.aclose())
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self._omni.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

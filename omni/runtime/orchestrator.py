@@ -1,0 +1,387 @@
+"""The orchestrator: admission, routing along edges, completion, abort, output demux.
+
+It lives on the server's asyncio loop and never touches tensor bytes: engines send
+small per-step OUTPUTS messages; for each request the orchestrator forwards finished
+producers' chunks to their consumers (full delivery), streams final stages' chunks to
+the client's queue, and ends the request when every final stage on its route is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from omni.config.pipeline import PipelineConfig, Route
+from omni.engines.base import INPUT_FAULT
+from omni.errors import (
+    AdmissionError,
+    DeadlineExceededError,
+    DuplicateRequestIdError,
+    InvalidInputError,
+    OmniError,
+    RejectedInputError,
+    ReplicaDeadError,
+    RequestAbortedError,
+    RequestFailedError,
+    ShuttingDownError,
+    StageUnavailableError,
+)
+from omni.protocol import Msg, encode
+from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
+from omni.runtime.lead import LeadControl
+from omni.runtime.metrics import Metrics, Sample, replica_samples
+from omni.runtime.pool import NoReplicaError, Replica
+from omni.runtime.request_state import OmniOutput, RequestState
+from omni.runtime.routing import RoutePlan, plan_route
+
+log = logging.getLogger("omni.runtime.orchestrator")
+
+
+class Orchestrator:
+    """Drives one pipeline's requests across its engine processes."""
+
+    def __init__(self, pipeline: PipelineConfig, *, metrics: Metrics | None = None,
+                 dtype: str = "auto", log_level: int = logging.INFO,
+                 startup_timeout_s: float = 900.0) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics or Metrics()
+        self.engines = EngineGroup(pipeline, on_outputs=self._on_outputs,
+                                   on_death=self._on_death, dtype=dtype, log_level=log_level,
+                                   startup_timeout_s=startup_timeout_s)
+        self.requests: dict[str, RequestState] = {}  # by client request id
+        self._by_engine_id: dict[str, RequestState] = {}
+        self._submits = itertools.count()
+        self.accepting = False
+        self._stopped = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.metrics.watch(self._gauges)
+        # bound metric children per stage: .labels() on every hop costs a few microseconds
+        name, stages = pipeline.name, [s.name for s in pipeline.stages]
+        self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
+        self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
+        self._plans: dict[tuple[str, ...], RoutePlan] = {}
+        self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
+        self._stage_first = {s: self.metrics.stage_first_output.labels(name, s) for s in stages}
+        self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
+
+    async def start(self) -> None:
+        await self.engines.start()
+        self.accepting = True
+
+    # -- admission ---------------------------------------------------------------------
+    def submit(self, inputs: dict[str, Any], modalities: Iterable[str] | None = None,
+               params: Mapping[str, Mapping[str, Any]] | None = None,
+               request_id: str | None = None, timeout_s: float | None = None) -> RequestState:
+        """Admit a request and dispatch its entry stages; raises OmniError subclasses."""
+        if not self.accepting:
+            raise ShuttingDownError("server is shutting down; not admitting new requests")
+        if len(self.requests) >= self.pipeline.max_inflight:
+            raise AdmissionError(f"pipeline '{self.pipeline.name}' has "
+                                 f"{self.pipeline.max_inflight} requests in flight; retry later")
+        plan = self._plan(self.pipeline.route(modalities))
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise DuplicateRequestIdError(f"request id '{request_id}' is already in flight")
+        engine_id = f"{request_id}#{next(self._submits)}"
+        state = RequestState(request_id, engine_id, plan, inputs, params or {}, asyncio.Queue())
+        self.requests[request_id] = state
+        self._by_engine_id[engine_id] = state
+        self._idle.clear()
+        timeout_s = timeout_s or self.pipeline.request_timeout_s
+        state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
+                                                               request_id, timeout_s)
+        for stage in plan.start:
+            self._dispatch(state, stage, plan.start_inputs(stage, inputs))
+            if state.finished:
+                break
+        self.leads.flush(self.engines.try_send)
+        return state
+
+    def _plan(self, route: Route) -> RoutePlan:
+        plan = self._plans.get(route.modalities)
+        if plan is None:
+            plan = self._plans[route.modalities] = plan_route(self.pipeline, route)
+        return plan
+
+    def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
+        if not state.params:
+            return self._default_params[stage]  # only read (encoded), never changed
+        merged = dict(self._default_params[stage])
+        merged.update(state.params.get("*", {}))
+        merged.update(state.params.get(stage, {}))
+        return merged
+
+    def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
+        try:
+            message = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage),
+                             time.monotonic())
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
+                                                  f"encoded: {exc}"))
+            return
+        replica = self._send_to_some_replica(state, stage, message)
+        if replica is None:
+            return
+        state.bound[stage] = replica
+        replica.outstanding.add(state.engine_id)
+        state.times[stage] = {"queued": time.monotonic()}
+        for message in state.held.pop(stage, ()):
+            if not state.finished:
+                self._send_append(state, stage, message)
+        if self.leads and not state.finished:
+            self.leads.dispatched(state, stage)
+
+    def _send_to_some_replica(self, state: RequestState, stage: str,
+                              message: bytes) -> Replica | None:
+        """Pick a replica and send; one that is dying (not yet known dead) is skipped."""
+        unreachable: tuple[Replica, ...] = ()
+        while True:
+            try:
+                replica = self.engines.pools[stage].pick(exclude=unreachable)
+            except NoReplicaError as exc:
+                self._finish(state, StageUnavailableError(str(exc)))
+                return None
+            try:
+                self._bytes[stage, "out"] += self.engines.send(replica, message)
+                return replica
+            except ReplicaUnreachableError:
+                unreachable += (replica,)
+
+    # -- engine outputs ----------------------------------------------------------------
+    def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
+                    nbytes: int) -> None:
+        self._bytes[replica.stage, "in"] += nbytes
+        now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
+        inbound = inbound if isinstance(inbound, dict) else {}
+        try:  # a bug in the bookkeeping must not cost the outputs below
+            self._observe_durations(self.metrics.engine_step, replica.stage, stats.get("step_s"))
+            self._observe_durations(self.metrics.engine_gc_pause, replica.stage,
+                                    stats.get("gc_s"))
+        except Exception:
+            log.exception("%s: its engine stats could not be recorded", replica.replica_id)
+        for engine_id, data, finished, error in rows:
+            state = self._by_engine_id.get(engine_id)
+            if state is not None and state.bound.get(replica.stage) is replica:
+                try:
+                    state.transit.add_output(replica.stage, sent_at, now)
+                    state.transit.add_inbound(replica.stage, inbound.get(engine_id))
+                    self._on_stage_output(state, replica.stage, data, finished, error)
+                except Exception as exc:  # our bug, not the request's: it fails alone,
+                    # saying why, instead of waiting forever for an output dropped here
+                    log.exception("request %s: handling stage '%s' output raised",
+                                  state.request_id, replica.stage)
+                    self._finish(state, RequestFailedError(
+                        f"internal error handling stage '{replica.stage}' output: "
+                        f"{type(exc).__name__}: {exc}", replica.stage))
+        self.leads.flush(self.engines.try_send)
+
+    def _observe_durations(self, family: Any, stage: str, durations: Any) -> None:
+        """An engine report's list of durations (steps, GC pauses) into a histogram."""
+        if isinstance(durations, list):
+            histogram = family.labels(self.pipeline.name, stage)
+            for seconds in durations:
+                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                    histogram.observe(seconds)
+
+    def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
+                         finished: bool, error: list[str] | None) -> None:
+        now = time.monotonic()
+        state.times[stage].setdefault("first_output", now)
+        if error is not None:
+            kind, message = error
+            if kind == INPUT_FAULT:
+                self._finish(state, RejectedInputError(
+                    f"stage '{stage}' cannot use this input: {message}", stage))
+            else:
+                self._finish(state, RequestFailedError(f"stage '{stage}' failed: {message}",
+                                                       stage))
+            return
+        if self.leads:
+            self.leads.consumer_output(state, stage, data is not None, finished)
+        if stage in state.route.finals:
+            state.first_output = state.first_output or now
+            modality = self.pipeline.stage(stage).final_output
+            state.queue.put_nowait(OmniOutput(state.request_id, stage, modality, data, finished))
+        if data is not None and state.plan.full_consumers[stage]:
+            state.chunks.setdefault(stage, []).append(data)
+        if state.plan.stream_consumers[stage] and (data is not None or finished):
+            self._stream(state, stage, data, finished)
+            if state.finished:
+                return
+        if finished:
+            self._stage_done(state, stage, now)
+
+    def _stage_done(self, state: RequestState, stage: str, now: float) -> None:
+        times = state.times[stage]
+        times["finished"] = now
+        self._stage_latency[stage].observe(now - times["queued"])
+        state.done.add(stage)
+        state.bound[stage].outstanding.discard(state.engine_id)
+        plan = state.plan
+        for consumer in plan.full_consumers[stage]:
+            producers = plan.full_producers[consumer]
+            if consumer not in state.bound and all(p in state.done for p in producers):
+                self._dispatch(state, consumer, plan.ready_inputs(consumer, state.chunks))
+                if state.finished:
+                    return
+                self._free_delivered(state, producers)
+        if plan.route.finals <= state.done:
+            self._finish(state, None)
+
+    @staticmethod
+    def _free_delivered(state: RequestState, producers: tuple[str, ...]) -> None:
+        """Drop a producer's chunks once every full consumer of it has been dispatched."""
+        for producer in producers:
+            if all(c in state.bound for c in state.plan.full_consumers[producer]):
+                state.chunks.pop(producer, None)
+
+    def _stream(self, state: RequestState, producer: str, data: dict | None,
+                last: bool) -> None:
+        """Number a producer's chunk for each stream consumer; hold it until dispatch."""
+        for consumer in state.plan.stream_consumers[producer]:
+            if consumer in state.done:
+                continue
+            seq = state.seq.get((producer, consumer), 0)
+            state.seq[producer, consumer] = seq + 1
+            message = [producer, seq, data, last]
+            if consumer in state.bound:
+                self._send_append(state, consumer, message)
+            else:
+                state.held.setdefault(consumer, []).append(message)
+
+    def _send_append(self, state: RequestState, consumer: str, message: list) -> None:
+        replica = state.bound[consumer]
+        try:
+            nbytes = self.engines.send(replica, encode(Msg.APPEND, state.engine_id, *message,
+                                                      time.monotonic()))
+        except ReplicaUnreachableError as exc:
+            self._finish(state, StageUnavailableError(
+                f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))
+            return
+        self._bytes[consumer, "out"] += nbytes
+
+    # -- ending ------------------------------------------------------------------------
+    def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
+        """Abort a request at every stage it is running on; False if it is not in flight."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return False
+        self._finish(state, RequestAbortedError(reason))
+        return True
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        state = self.requests.get(request_id)
+        if state is not None:
+            self._finish(state, DeadlineExceededError(
+                f"request {request_id} exceeded its deadline of {timeout_s:g} s"))
+
+    def _on_death(self, replica: Replica, reason: str) -> None:
+        for engine_id in list(replica.outstanding):
+            state = self._by_engine_id.get(engine_id)
+            if state is not None:
+                self._finish(state, ReplicaDeadError(
+                    f"stage '{replica.stage}' replica {replica.replica_id} died while serving "
+                    f"this request: {reason.splitlines()[0]}", replica.stage))
+        replica.outstanding.clear()
+
+    def _finish(self, state: RequestState, error: OmniError | None) -> None:
+        if state.finished:
+            return
+        state.finished = True
+        if state.deadline is not None:
+            state.deadline.cancel()
+        self._release_stages(state, failed=error is not None)
+        del self.requests[state.request_id]
+        del self._by_engine_id[state.engine_id]
+        if not self.requests:
+            self._idle.set()
+        outcome = "ok" if error is None else type(error).__name__
+        self._observe(state, outcome)
+        if error is not None:
+            log.info("request %s ended: %s", state.request_id, error)
+            state.queue.put_nowait(error)
+        else:
+            state.queue.put_nowait(OmniOutput(state.request_id, "", None, None, True, True,
+                                              self._request_metrics(state)))
+
+    def _release_stages(self, state: RequestState, failed: bool) -> None:
+        """Abort the request where it still runs; after a failure also where it finished,
+        so producers free payloads whose refs the orchestrator is dropping."""
+        for stage, replica in state.bound.items():
+            running = stage not in state.done and state.engine_id in replica.outstanding
+            replica.outstanding.discard(state.engine_id)
+            if (running or failed) and replica.alive:
+                self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
+        state.chunks.clear()
+        state.held.clear()
+
+    def _observe(self, state: RequestState, outcome: str) -> None:
+        name = self.pipeline.name
+        self.metrics.requests.labels(name, outcome).inc()
+        if outcome == "ok":
+            self.metrics.latency.labels(name).observe(time.monotonic() - state.arrived)
+            if state.first_output is not None:
+                self.metrics.first_output.labels(name).observe(state.first_output - state.arrived)
+            self.metrics.observe_transit(name, state.transit)
+            for stage, times in state.times.items():
+                if "first_output" in times:
+                    self._stage_first[stage].observe(times["first_output"] - state.arrived)
+
+    def _request_metrics(self, state: RequestState) -> dict[str, Any]:
+        base = state.arrived
+        stages = {s: {k: round(v - base, 6) for k, v in t.items()} for s, t in state.times.items()}
+        first = None if state.first_output is None else round(state.first_output - base, 6)
+        return {"e2e_s": round(time.monotonic() - base, 6), "first_output_s": first,
+                "stages": stages, "transit": state.transit.summary()}
+
+    # -- lifecycle and health ----------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        stages = {name: {"live": len(pool.live()), "replicas": len(pool.replicas),
+                         "restarts": sum(r.restarts for r in pool.replicas)}
+                  for name, pool in self.engines.pools.items()}
+        healthy = self.accepting and all(s["live"] > 0 for s in stages.values())
+        return {"healthy": healthy, "stages": stages, "in_flight": len(self.requests)}
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting and wait (bounded) for in-flight requests to finish."""
+        self.accepting = False
+        if self.requests:
+            log.info("pipeline '%s': draining %d requests (up to %g s)", self.pipeline.name,
+                     len(self.requests), timeout_s)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("pipeline '%s': %d requests still running after %g s; aborting",
+                            self.pipeline.name, len(self.requests), timeout_s)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Drain, abort what is left, then stop every engine process. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.drain(drain_timeout_s)
+        for request_id in list(self.requests):
+            self.abort(request_id, "server shut down before the request finished")
+        await self.engines.stop()
+
+    def _gauges(self) -> Iterable[Sample]:
+        name = self.pipeline.name
+        yield "gauge", "omni_requests_in_flight", "Requests admitted, not finished", \
+            {"pipeline": name}, len(self.requests)
+        for stage, pool in self.engines.pools.items():
+            labels = {"pipeline": name, "stage": stage}
+            yield "gauge", "omni_stage_queue_length", "Requests bound to a stage, not finished", \
+                labels, pool.queue_length()
+            yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
+                len(pool.live())
+        for replica in self.engines.replicas.values():
+            yield from replica_samples(name, replica)
+        for (stage, direction), count in self._bytes.items():
+            yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
+                {"pipeline": name, "stage": stage, "direction": direction}, count

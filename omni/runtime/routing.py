@@ -1,0 +1,59 @@
+"""How a request's data moves along the edges of its route (full vs stream delivery).
+
+A consumer fed only by ``stream`` edges starts with the request (it waits for input in
+its engine, with no placeholder tokens or guessed lengths); one with ``full`` producers
+starts when all of those have finished. Stream producers' chunks reach their consumers
+as numbered APPENDs, the last one flagged, whatever the consumer's start time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omni.config.pipeline import PipelineConfig, Route
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    route: Route
+    start: tuple[str, ...]  # dispatched at admission, in topological order
+    full_producers: dict[str, tuple[str, ...]]
+    stream_producers: dict[str, tuple[str, ...]]
+    full_consumers: dict[str, tuple[str, ...]]
+    stream_consumers: dict[str, tuple[str, ...]]
+
+    def start_inputs(self, stage: str, client_inputs: dict[str, Any]) -> dict[str, Any]:
+        """Entry stages get the client's inputs; stream-fed ones their producer list."""
+        if stage in self.route.entries:
+            return client_inputs
+        return {"stream": list(self.stream_producers[stage])}
+
+    def ready_inputs(self, stage: str, chunks: dict[str, list]) -> dict[str, Any]:
+        """Inputs of a stage whose full producers have all finished."""
+        inputs: dict[str, Any] = {p: chunks.get(p, []) for p in self.full_producers[stage]}
+        if self.stream_producers[stage]:
+            inputs["stream"] = list(self.stream_producers[stage])
+        return inputs
+
+
+def plan_route(pipeline: PipelineConfig, route: Route) -> RoutePlan:
+    def split(pairs: dict[str, tuple[str, ...]], src_first: bool) -> tuple[dict, dict]:
+        full, stream = {}, {}
+        for stage, others in pairs.items():
+            kinds = [(o, _delivery(pipeline, o, stage) if src_first else
+                      _delivery(pipeline, stage, o)) for o in others]
+            full[stage] = tuple(o for o, k in kinds if k == "full")
+            stream[stage] = tuple(o for o, k in kinds if k == "stream")
+        return full, stream
+
+    full_producers, stream_producers = split(dict(route.producers), True)
+    full_consumers, stream_consumers = split(dict(route.consumers), False)
+    start = tuple(s for s in route.stages
+                  if s in route.entries or (stream_producers[s] and not full_producers[s]))
+    return RoutePlan(route, start, full_producers, stream_producers, full_consumers,
+                     stream_consumers)
+
+
+def _delivery(pipeline: PipelineConfig, src: str, dst: str) -> str:
+    return pipeline.edge(src, dst).delivery
