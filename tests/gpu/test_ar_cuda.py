@@ -176,7 +176,7 @@ def test_fused_projections_equal_unfused_with_graphs(varied):
 def test_padded_prefill_equals_per_sequence_on_cuda(varied, monkeypatch):
     """Prompts of similar length prefill as one padded SDPA call per layer (paged_attention
     ._pads_cheaply); the greedy tokens equal one call per sequence."""
-    from omni.engines import paged_attention
+    from omni.engines.ar import paged_attention
 
     prompts = [f"Request number {i} asks the model to keep writing" for i in range(6)]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from omni.engines import fused_projections as fp
+from omni.engines.ar import fused_projections as fp
 from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3, build_tiny_qwen3_moe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni import memory_budget
+from omni.config import memory as memory_budget
 from omni.config.pipeline import ConfigError, parse_pipeline
 
 

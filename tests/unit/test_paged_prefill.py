@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from omni.engines import paged_attention as pa
+from omni.engines.ar import paged_attention as pa
 from omni.engines.ar.kv_cache import PagedKVCache
 
 torch.set_num_threads(1)

@@ -214,7 +214,7 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
 def decode_kernel(choice: str, device: torch.device) -> str:
     """The decode attention kernel: "triton" (reads the paged cache in place; the default
     on CUDA when Triton imports) or "sdpa" (gather + one SDPA call; CPU and CUDA)."""
-    from omni.engines import paged_decode_kernel
+    from omni.engines.ar import paged_decode_kernel
 
     if choice not in ("auto", "triton", "sdpa"):
         raise EngineLoadError(f"option attention_kernel must be auto, triton or sdpa, "
