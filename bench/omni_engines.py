@@ -24,7 +24,7 @@ from omni.engines.proc import EngineSpec
 def _engine(stage: StageConfig, dtype: str) -> Engine:
     return build_engine(EngineSpec(
         replica_id=f"bench-{stage.name}", stage=stage.name, engine=stage.engine,
-        control_path="", model=stage.model, model_dir=stage.model_dir,
+        control_address="", model=stage.model, model_dir=stage.model_dir,
         device=stage.devices[0], dtype=dtype, memory=stage.memory,
         options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"}))
 

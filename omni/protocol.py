@@ -1,20 +1,25 @@
-"""Every wire message between orchestrator and engines, its one-byte type, and framing.
+"""Every wire message between orchestrator and engines, its one-byte type, and the sockets.
 
-Each engine replica holds one Unix stream connection to its orchestrator, used in both
-directions. A message is ``[4-byte little-endian length][type byte][msgpack body]``.
-Plain stream sockets, not ZeroMQ: measured on the 2-core dev VM, a uvloop <-> process
-round trip took 137 us p50 / 216 us p99 over a Unix socket against 252-277 us / 465-575
-us over ZeroMQ ipc, because libzmq adds an I/O-thread wake-up on each side of each
-direction (bench/results/core.md). One connection per replica also gives peer identity
-for free, and a DEAD notice written before exit is never lost: the kernel keeps it
-readable after the writer is gone. Bodies are msgpack arrays, not maps: positional
-fields keep each message a few dozen bytes. No pickle on any wire.
+The control plane is ZeroMQ: the orchestrator binds one ROUTER per pipeline, each replica
+connects one DEALER whose identity is ``<replica id>@<incarnation>`` (a restarted replica
+is a new identity, never confused with its predecessor's half-open connection). A message
+is one ZeroMQ frame, ``[type byte][msgpack array]``; the ROUTER adds and strips the
+identity frame. Bodies are arrays, not maps: positional fields keep each message a few
+dozen bytes. No pickle on any wire; payload bytes never ride here (omni/connector/).
+
+libzmq's I/O thread receives while an engine is inside a long step, so inbound bursts do
+not wait on the engine (the hand-written Unix-socket transport this replaced needed a
+drainer thread for that). Its price, one I/O-thread hand-off on each side of each
+direction, is measured in bench/results/core.md beside raw Unix-socket and ZeroMQ round
+trips.
 """
 
 from __future__ import annotations
 
 import enum
-import struct
+import ipaddress
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,23 +32,25 @@ class Msg(enum.IntEnum):
     # orchestrator -> engine
     ADD = 1  # [request_id, inputs, params, sent_at]
     ABORT = 2  # [[request_id, ...]]
-    SHUTDOWN = 3  # []
+    SHUTDOWN = 3  # []   also the answer to DEAD: the engine may exit now
     APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
     LIMIT = 5  # [[[request_id, max_outputs | None], ...]]   stream flow control (lead.py)
     # engine -> orchestrator
-    READY = 10  # [replica_id, info]   the first message on a connection names the replica
+    READY = 10  # [replica_id, info]   the first message of an incarnation
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
     # sent_at / stats["sent_at"]: the sender's time.monotonic() (one clock for every
     # process of a host), so each side can time the hop it received (omni/transit.py)
     DEAD = 12  # [replica_id, reason]   the last message of a dying engine
+    HEARTBEAT = 13  # [replica_id]   every heartbeat interval, from the engine's own thread
 
 
 TYPE_BYTES = {m: bytes([m]) for m in Msg}
 ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1, Msg.READY: 2,
-         Msg.OUTPUTS: 3, Msg.DEAD: 2}
+         Msg.OUTPUTS: 3, Msg.DEAD: 2, Msg.HEARTBEAT: 1}
 _KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
 
 _packer = msgpack.Packer(use_bin_type=True)
+REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
 
 
 class ProtocolError(Exception):
@@ -51,7 +58,7 @@ class ProtocolError(Exception):
 
 
 def encode(kind: Msg, *fields: Any) -> bytes:
-    """One message: the type byte, then the packed body (see `frame` for the wire)."""
+    """One message: the type byte, then the packed body."""
     return TYPE_BYTES[kind] + _packer.pack(list(fields))
 
 
@@ -72,43 +79,6 @@ def decode(frame: Buffer) -> tuple[Msg, list[Any]]:
     return kind, body
 
 
-REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
-HEADER = struct.Struct("<I")
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a corrupt length must not make a reader allocate GBs
-
-
-def frame(message: bytes) -> bytes:
-    """A message with its length prefix, ready for a stream socket."""
-    return HEADER.pack(len(message)) + message
-
-
-class FrameReader:
-    """Splits a byte stream back into messages; keeps a partial message for later."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: Buffer) -> list[bytes]:
-        if not self._buffer and len(data) >= HEADER.size:
-            length = HEADER.unpack_from(data)[0]
-            if len(data) == HEADER.size + length:  # the usual case: exactly one message
-                return [bytes(data[HEADER.size:])]
-        buffer = self._buffer
-        buffer += data
-        messages, pos, size = [], 0, len(buffer)
-        while size - pos >= HEADER.size:
-            length = HEADER.unpack_from(buffer, pos)[0]
-            if length > MAX_MESSAGE_BYTES:
-                raise ProtocolError(f"message length {length} exceeds {MAX_MESSAGE_BYTES}")
-            end = pos + HEADER.size + length
-            if end > size:
-                break
-            messages.append(bytes(buffer[pos + HEADER.size:end]))
-            pos = end
-        del buffer[:pos]
-        return messages
-
-
 Handler = Callable[[list[Any]], None]
 
 
@@ -119,3 +89,52 @@ def dispatch(table: dict[Msg, Handler], frame: Buffer) -> None:
     if handler is None:
         raise ProtocolError(f"no handler for {kind.name}")
     handler(body)
+
+
+# -- identities and addresses ----------------------------------------------------------
+
+def identity(replica_id: str, incarnation: int) -> bytes:
+    """The DEALER identity of one incarnation of a replica."""
+    return f"{replica_id}@{incarnation}".encode()
+
+
+def parse_identity(raw: bytes) -> tuple[str, int] | None:
+    """(replica id, incarnation) of an identity, or None for anything else."""
+    replica_id, sep, incarnation = raw.decode("utf-8", "replace").rpartition("@")
+    if not sep or not incarnation.isdigit() or not replica_id:
+        return None
+    return replica_id, int(incarnation)
+
+
+# per peer and direction. Bounded, so a peer that stops reading cannot grow the
+# orchestrator without limit; large, so a stalled engine (SIGSTOP, a long step on a busy
+# host) queues its inputs instead of losing them. A send that would pass it is an error
+# (ROUTER_MANDATORY), never a silent drop.
+CONTROL_HWM = 100_000
+LINGER_MS = 2000  # how long a closing socket may flush what it has queued (a DEAD notice)
+
+
+def check_address(address: str) -> str:
+    """An endpoint the control plane may bind or connect: ``ipc://PATH`` or
+    ``tcp://HOST:PORT`` with a loopback HOST (until CURVE authentication arrives with
+    the scale-out work, an open TCP port would let anyone on the network drive engines).
+    Raises ValueError saying what is wrong."""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return address
+    match = re.fullmatch(r"tcp://(\[[0-9a-fA-F:]+\]|[^:/\[\]]+):(\d+|\*)", address)
+    if not match:
+        raise ValueError(f"control address {address!r} must be ipc://PATH or tcp://HOST:PORT")
+    host = match.group(1).strip("[]")
+    if host != "localhost":
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(f"control address {address!r}: only loopback tcp:// addresses are "
+                             "allowed until the control plane is authenticated (CURVE)")
+    return address
+
+
+def ipc_address(directory: str, name: str = "control") -> str:
+    return "ipc://" + os.path.join(directory, f"{name}.sock")

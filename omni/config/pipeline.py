@@ -45,6 +45,7 @@ from omni.config.checks import (
     require,
     topo_order,
 )
+from omni.config.control import parse_control_bind, parse_heartbeat
 from omni.config.memory import check_shares, parse_share
 
 __all__ = [
@@ -58,9 +59,9 @@ DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs")
+            "edges", "outputs", "control_bind", "heartbeat_s")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
-              "params", "options", "final_output", "restart")
+              "params", "options", "final_output", "restart", "launch")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
@@ -107,6 +108,7 @@ class StageConfig(_Picklable):
     options: Mapping[str, Any] = field(default_factory=dict)
     final_output: str | None = None
     restart: bool = False  # start a new process when a replica dies
+    launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(self.devices))
@@ -153,6 +155,8 @@ class PipelineConfig(_Picklable):
     default_modalities: tuple[str, ...]
     max_inflight: int = 256
     request_timeout_s: float = 600.0
+    control_bind: str | None = None  # the ROUTER's address; None: ipc:// in a private dir
+    heartbeat_s: float = 2.0  # engines' heartbeat interval; dead after two missed; 0 = off
     source: str = "<dict>"
 
     def __post_init__(self) -> None:
@@ -295,6 +299,8 @@ def parse_pipeline(
         request_timeout_s=as_positive_float(
             source, "request_timeout_s", optional(data, "request_timeout_s", 600.0)
         ),
+        control_bind=parse_control_bind(source, data.get("control_bind")),
+        heartbeat_s=parse_heartbeat(source, data.get("heartbeat_s", 2.0)),
         source=source,
     )
 
@@ -335,6 +341,8 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         options=as_mapping(src, f"{path}.options", raw.get("options")),
         final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),
         restart=as_bool(src, f"{path}.restart", optional(raw, "restart", False)),
+        launch=check_choice(src, f"{path}.launch", optional(raw, "launch", "local"),
+                            ("local", "external"), "launch"),
     )
 
 

@@ -1,6 +1,6 @@
 """The Engine contract: what every engine kind implements, with no sockets.
 
-`engines/proc.py` wraps any Engine in a process (one control connection, one thread);
+`engines/proc/` wraps any Engine in a process (one ZeroMQ DEALER, one main thread);
 tests drive the same object in-process. An engine is single-threaded: the process
 loop calls add/abort/step from one thread only.
 """
@@ -27,7 +27,7 @@ class EngineLoadError(Exception):
 
 # stage options read for the engine's process, whatever the engine: its CPU priority
 # (proc.py) and its payload arena (launcher.py)
-PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb", "inbound_drainer", "gc_freeze"})
+PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb", "gc_freeze"})
 
 
 def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[str]) -> None:

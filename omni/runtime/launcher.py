@@ -1,37 +1,40 @@
 """Spawn every replica of a pipeline in parallel, watch them, tear them down.
 
-EngineGroup owns the orchestrator side of the control plane for one pipeline: a Unix
-socket server on the asyncio loop that each engine connects to (one connection per
-replica, both directions, see protocol.py), and one sentinel watch per child process.
-Startup waits on READY messages and sentinels together, so a stage that fails to load
-fails the start at once with its own error. Nothing polls: readiness comes from the
-loop's own socket and pipe readers.
+EngineGroup owns the orchestrator side of one pipeline's control plane: a ZeroMQ ROUTER
+(omni/runtime/control.py) that every replica's DEALER connects to, one sentinel watch
+per child process, and a heartbeat check. Startup waits on READY messages and sentinels
+together, so a stage that fails to load fails the start at once with its own error.
+A replica is declared dead by whichever comes first: its DEAD notice, its process's
+exit (read after draining what it sent), or two missed heartbeats (a stopped or
+unreachable process; a local one is then killed). Nothing polls: readiness comes from
+the loop's own readers; the heartbeat check is a timer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
 import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig, StageConfig
-from omni.engines.proc import EngineSpec, run_engine_process
-from omni.protocol import FrameReader, Msg, ProtocolError, decode, encode, frame
+from omni.engines.proc import run_engine_process, stage_spec
+from omni.protocol import Msg, ProtocolError, decode, encode, ipc_address
+from omni.runtime.control import ControlRouter, PeerUnreachableError
+from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.pool import Replica, StagePool
 
 log = logging.getLogger("omni.runtime.launcher")
 
 PROGRESS_EVERY_S = 15.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
+HEARTBEAT_SUFFIX = b"#hb"  # the identity of a replica's heartbeat socket: <identity>#hb
 
 
 class StartupError(RuntimeError):
@@ -46,35 +49,8 @@ OutputsHandler = Callable[[Replica, list, dict[str, Any], int], None]
 DeathHandler = Callable[[Replica, str], None]
 
 
-class _Connection(asyncio.Protocol):
-    """One engine's control connection; unnamed until its first message names it."""
-
-    def __init__(self, group: EngineGroup) -> None:
-        self.group = group
-        self.reader = FrameReader()
-        self.replica: Replica | None = None
-        self.transport: asyncio.Transport | None = None
-        self.closed = group.loop.create_future()  # resolved once everything sent was read
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self.reader.feed(data)
-        except ProtocolError as exc:  # the stream is out of step: nothing after is usable
-            log.error("closing an engine connection: %s", exc)
-            self.transport.close()
-            return
-        for message in messages:
-            self.group.on_message(self, message)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed.set_result(None)
-
-
 class EngineGroup:
-    """The engine processes of one pipeline and the connections that reach them."""
+    """The engine processes of one pipeline and the control socket that reaches them."""
 
     def __init__(self, pipeline: PipelineConfig, *, on_outputs: OutputsHandler,
                  on_death: DeathHandler, dtype: str = "auto", log_level: int = logging.INFO,
@@ -85,27 +61,39 @@ class EngineGroup:
         self.dtype = dtype
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
+        self.heartbeat_s = pipeline.heartbeat_s
         self.pools: dict[str, StagePool] = {}
         self.replicas: dict[str, Replica] = {}
         self.stopping = False
+        self.control: ControlRouter | None = None
+        self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
+        self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
-        self._server: asyncio.AbstractServer | None = None
-        # a private 0700 directory: only this user can reach the control socket
-        self._ipc_dir = tempfile.mkdtemp(prefix="omni-ipc-")
-        self.control_path = os.path.join(self._ipc_dir, "control.sock")
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        sweep_dead_launches()
+        self._ipc_dir = new_ipc_dir()  # private (0700): only this user reaches its sockets
         # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
         self.arena_prefix = f"omni-{os.getpid()}-{os.path.basename(self._ipc_dir)[-6:]}"
+
+    @property
+    def control_address(self) -> str:
+        """Where engines connect (a tcp port given as * resolved)."""
+        return self.control.address if self.control else ""
 
     # -- startup -----------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_unix_server(lambda: _Connection(self),
-                                                          self.control_path)
-        spawn = process_context(self.pipeline)
-        for stage in self.pipeline.stages:
-            self.pools[stage.name] = StagePool(stage.name, [
-                self._spawn(spawn, stage, i) for i in range(stage.replicas)])
         try:
+            self.control = ControlRouter(self.pipeline.control_bind
+                                         or ipc_address(self._ipc_dir), self.on_message)
+            self.control.attach(self.loop)
+            spawn = process_context(self.pipeline)
+            for stage in self.pipeline.stages:
+                self.pools[stage.name] = StagePool(stage.name, [
+                    self._spawn(spawn, stage, i) for i in range(stage.replicas)])
+            if self.heartbeat_s:
+                self._heartbeat_timer = self.loop.call_later(self.heartbeat_s,
+                                                             self._check_heartbeats)
             await self._wait_ready()
         except BaseException:
             await self.stop()
@@ -120,14 +108,11 @@ class EngineGroup:
 
     def _start_process(self, spawn: Any, stage: StageConfig, replica: Replica) -> None:
         replica_id, index = replica.replica_id, replica.index
-        spec = EngineSpec(
-            replica_id=replica_id, stage=stage.name, engine=stage.engine,
-            control_path=self.control_path, model=stage.model, model_dir=stage.model_dir,
-            device=stage.devices[index % len(stage.devices)], dtype=self.dtype,
-            options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"},
-            log_level=self.log_level, arena_name=self.arena_name(replica),
-            payload_options=self._payload_options(stage), memory=stage.memory,
-            memory_share=stage.memory_share)
+        self._by_identity[replica.identity] = replica
+        spec = stage_spec(self.pipeline, stage.name, index,
+                          control_address=self.control_address, arena_name=self.arena_name(replica),
+                          incarnation=replica.incarnation, dtype=self.dtype,
+                          log_level=self.log_level)
         process = spawn.Process(target=run_engine_process, args=(spec,),
                                 name=f"omni-{self.pipeline.name}-{replica_id}")
         process.start()
@@ -158,10 +143,12 @@ class EngineGroup:
     # -- messages ----------------------------------------------------------------------
     def send(self, replica: Replica, message: bytes) -> int:
         """Send one message to one replica; returns the bytes sent."""
-        connection = replica.connection
-        if connection is None or connection.transport.is_closing():
+        if not replica.connected:
             raise ReplicaUnreachableError(f"replica {replica.replica_id} is not connected")
-        connection.transport.write(frame(message))
+        try:
+            self.control.send(replica.identity, message)
+        except PeerUnreachableError as exc:
+            raise ReplicaUnreachableError(f"replica {replica.replica_id}: {exc}") from exc
         return len(message)
 
     def try_send(self, replica: Replica, message: bytes) -> bool:
@@ -173,35 +160,50 @@ class EngineGroup:
             log.debug("%s", exc)
             return False
 
-    def on_message(self, connection: _Connection, message: bytes) -> None:
+    def on_message(self, identity: bytes, message: bytes) -> None:
+        replica = self._by_identity.get(identity)
+        if replica is None:
+            self._from_unknown(identity)
+            return
         try:
             kind, body = decode(message)
-            if connection.replica is None:
-                self._identify(connection, kind, body)
+            if not replica.connected:
+                self._identify(replica, kind, body)
             elif kind == Msg.OUTPUTS:
-                _check_rows(body, connection.replica)
-                connection.replica.stats = body[2]
-                self.on_outputs(connection.replica, body[1], body[2], len(message))
+                _check_rows(body, replica)
+                replica.stats = body[2]
+                self.on_outputs(replica, body[1], body[2], len(message))
             elif kind == Msg.DEAD:
-                self._fail(connection.replica, body[1])
+                self._on_dead(replica, body[1])
             else:
                 raise ProtocolError(f"unexpected {kind.name} from a running engine")
         except ProtocolError as exc:
-            log.error("dropping malformed engine message: %s", exc)
+            log.error("dropping malformed engine message from %s: %s", replica.replica_id, exc)
         except Exception:  # one bad message must not stop the others from being read
-            log.exception("dropping malformed engine message: handling it raised")
-        if connection.replica is None:  # a peer that cannot say who it is gets no more
-            connection.transport.close()
+            log.exception("dropping malformed engine message from %s: handling it raised",
+                          replica.replica_id)
 
-    def _identify(self, connection: _Connection, kind: Msg, body: list) -> None:
-        """The first message names the replica: READY, or DEAD if loading failed."""
-        replica = self.replicas.get(body[0]) if isinstance(body[0], str) else None
-        if kind not in (Msg.READY, Msg.DEAD) or replica is None or replica.connection:
-            raise ProtocolError(f"connection opened with {kind.name} for an unknown or "
-                                "already connected replica; closing it")
-        connection.replica, replica.connection = replica, connection
+    def _from_unknown(self, identity: bytes) -> None:
+        """A heartbeat, or a message of a retired incarnation or a stranger: ignored."""
+        if identity.endswith(HEARTBEAT_SUFFIX):
+            replica = self._by_identity.get(identity[:-len(HEARTBEAT_SUFFIX)])
+            if replica is not None:
+                replica.last_heartbeat = time.monotonic()
+                return
+        if identity not in self._retired and len(self._retired) < 10_000:
+            self._retired.add(identity)  # log each stranger once
+            log.warning("ignoring control messages from %r: not a current replica "
+                        "(a restarted replica's predecessor, or a stranger)", identity[:64])
+
+    def _identify(self, replica: Replica, kind: Msg, body: list) -> None:
+        """The first message of an incarnation: READY, or DEAD if loading failed."""
+        if kind not in (Msg.READY, Msg.DEAD) or body[0] != replica.replica_id:
+            raise ProtocolError(f"{replica.replica_id} opened with {kind.name} naming "
+                                f"{body[0]!r}; expected READY or DEAD naming itself")
+        replica.connected = True
+        replica.last_heartbeat = time.monotonic()
         if kind == Msg.DEAD:
-            self._fail(replica, body[1])
+            self._on_dead(replica, body[1])
         elif self.stopping:  # it finished loading after we gave up on the pipeline
             self.try_send(replica, encode(Msg.SHUTDOWN))
         else:
@@ -212,37 +214,57 @@ class EngineGroup:
             raise ProtocolError("READY info must be a map")
         replica.info, replica.alive = info, True
         replica.ready.set_result(info)
-        log.info("replica %s ready (pid %s)", replica.replica_id, replica.process.pid)
+        log.info("replica %s ready (pid %s, %s)", replica.replica_id,
+                 replica.process.pid if replica.process else "external",
+                 info.get("device", "device not reported"))
+
+    def _on_dead(self, replica: Replica, reason: Any) -> None:
+        """The engine's own death notice: fail it, then let it exit (it waits for this)."""
+        self._fail(replica, str(reason))
+        try:
+            self.control.send(replica.identity, encode(Msg.SHUTDOWN))
+        except PeerUnreachableError:
+            pass
 
     # -- deaths ------------------------------------------------------------------------
-    def _payload_options(self, stage: StageConfig) -> dict[str, Any]:
-        """Where the stage's output payloads go, from its outgoing edges' `connector`."""
-        kinds = {e.connector for e in self.pipeline.edges if e.src == stage.name}
-        if stage.final_output:
-            kinds.add("auto")  # the front end reads refs of any backend
-        put = kinds.pop() if len(kinds) == 1 and kinds <= {"inline", "shm"} else "auto"
-        options: dict[str, Any] = {"put": put}
-        if "payload_arena_mb" in stage.options:
-            options["capacity_bytes"] = int(float(stage.options["payload_arena_mb"]) * 2**20)
-        return options
-
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
+
+    def _check_heartbeats(self) -> None:
+        """Declare dead every live replica silent for two heartbeat intervals."""
+        if self.stopping:
+            return
+        self.control.drain()  # heartbeats queued behind a busy loop count
+        now = time.monotonic()
+        for replica in self.replicas.values():
+            silent = now - replica.last_heartbeat
+            if replica.alive and silent > 2 * self.heartbeat_s:
+                self._retire(replica)
+                self._fail(replica, f"no heartbeat for {silent:.1f} s (interval "
+                                    f"{self.heartbeat_s:g} s): stopped or unreachable")
+                if replica.process is not None and replica.process.exitcode is None:
+                    replica.process.kill()  # the sentinel then restarts it, if configured
+        self._heartbeat_timer = self.loop.call_later(self.heartbeat_s, self._check_heartbeats)
+
+    def _retire(self, replica: Replica) -> None:
+        """Forget this incarnation's identity: whatever it still sends is ignored."""
+        self._by_identity.pop(replica.identity, None)
+        replica.connected = False
 
     def _on_exit(self, replica: Replica, process: Any) -> None:
         self.loop.remove_reader(process.sentinel)
         process.join()
         unlink_arenas(self.arena_name(replica) + "-")  # a killed producer cannot do it
+        if self.control is not None:
+            self.control.drain()  # what it sent before it ended (a DEAD notice) comes first
+        self._retire(replica)
         self._exits[replica.replica_id].set_result(process.exitcode)
         if not self.stopping:
-            self.loop.create_task(self._after_exit(replica))
+            self._after_exit(replica)
 
-    async def _after_exit(self, replica: Replica) -> None:
-        """Read what the process wrote before it died (its DEAD reason), fail it, and
-        start a new process when the stage asks for restarts."""
+    def _after_exit(self, replica: Replica) -> None:
+        """Fail the replica and start a new incarnation when the stage asks for restarts."""
         was_ready = replica.ready.done() and not replica.ready.exception()
-        if replica.connection is not None:
-            await replica.connection.closed  # EOF comes after the last byte it sent
         self._fail(replica, _describe_exit(replica))
         if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
             delay = RESTART_BACKOFF_S[min(replica.restarts, len(RESTART_BACKOFF_S) - 1)]
@@ -252,8 +274,8 @@ class EngineGroup:
         if self.stopping:
             return
         replica.restarts += 1
+        replica.incarnation += 1
         log.warning("restarting replica %s (restart #%d)", replica.replica_id, replica.restarts)
-        replica.connection = None  # the old one is closed: EOF was read
         replica.exit_reason = None
         replica.ready = self.loop.create_future()
         replica.ready.add_done_callback(self._restarted)
@@ -265,7 +287,8 @@ class EngineGroup:
             log.error("%s", ready.exception())  # it failed to load again: stays down
 
     def _fail(self, replica: Replica, reason: str) -> None:
-        """A DEAD notice (with the engine's own reason) or an exit, whichever comes first."""
+        """A DEAD notice (with the engine's own reason), an exit or silence, whichever
+        comes first."""
         replica.exit_reason = replica.exit_reason or reason
         if not replica.ready.done():
             replica.ready.set_exception(StartupError(
@@ -280,6 +303,8 @@ class EngineGroup:
     async def stop(self, timeout_s: float = 5.0) -> None:
         """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all."""
         self.stopping = True
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
         for replica in self.replicas.values():
             if replica.alive:
                 self.try_send(replica, encode(Msg.SHUTDOWN))
@@ -304,10 +329,9 @@ class EngineGroup:
         for replica in self.replicas.values():
             if not self._exits[replica.replica_id].done():
                 self.loop.remove_reader(replica.process.sentinel)
-            if replica.connection is not None:
-                replica.connection.transport.abort()
-        if self._server is not None:
-            self._server.close()
+        if self.control is not None:
+            self.control.close()
+            self.control = None
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")
 
@@ -346,22 +370,6 @@ def _model_modules(pipeline: PipelineConfig) -> list[str]:
         if isinstance(model_type, str) and model_type.isidentifier():
             modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
     return sorted(set(modules))
-
-
-def unlink_arenas(prefix: str, shm_dir: str = "/dev/shm") -> list[str]:
-    """Remove shared-memory arenas by name prefix (their producer is gone).
-
-    Plain unlinks, not omni.connector.cleanup_stale: the orchestrator process must not
-    import torch for this. Processes that still map an arena keep their mapping.
-    """
-    removed = []
-    for path in glob.glob(os.path.join(shm_dir, glob.escape(prefix) + "*")):
-        try:
-            os.unlink(path)
-            removed.append(os.path.basename(path))
-        except FileNotFoundError:
-            pass
-    return removed
 
 
 def _check_rows(body: list, replica: Replica) -> None:

@@ -8,6 +8,8 @@ import multiprocessing.process
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.protocol import identity
+
 
 @dataclass(eq=False)
 class Replica:
@@ -23,12 +25,14 @@ class Replica:
     stats: dict[str, Any] = field(default_factory=dict)
     outstanding: set[str] = field(default_factory=set)  # request ids bound here, not finished
     exit_reason: str | None = None
-    connection: Any = None  # the launcher's control connection to this process
+    connected: bool = False  # its current incarnation said READY (or DEAD) on the ROUTER
+    incarnation: int = 0  # +1 per restart: a new DEALER identity (omni/protocol.py)
+    last_heartbeat: float = 0.0  # time.monotonic() of its last heartbeat
     restarts: int = 0
 
     @property
     def identity(self) -> bytes:
-        return self.replica_id.encode()
+        return identity(self.replica_id, self.incarnation)
 
 
 class NoReplicaError(Exception):

@@ -299,11 +299,6 @@ def test_stage_nice_lowers_only_that_stage_and_a_bad_value_fails_its_load():
         with pytest.raises(StartupError, match=r"nice must be an integer from 0 to 19"):
             await omni.start()
         _assert_no_children(omni)
-        bad = make_pipeline("drain", [echo_stage("out", final="text", inbound_drainer="no")])
-        omni = AsyncOmni(bad, log_level=ENGINE_LOG_LEVEL)
-        with pytest.raises(StartupError, match=r"inbound_drainer must be true or false"):
-            await omni.start()
-        _assert_no_children(omni)
         bad = make_pipeline("frozen", [echo_stage("out", final="text", gc_freeze=1)])
         omni = AsyncOmni(bad, log_level=ENGINE_LOG_LEVEL)
         with pytest.raises(StartupError, match=r"gc_freeze must be true or false"):

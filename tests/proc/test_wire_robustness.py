@@ -1,23 +1,24 @@
-"""Garbage on the control plane: from a foreign connection to the orchestrator's control
-socket, and inside a real replica's own stream. Each bad message is logged and dropped
-(or the foreign connection closed), and the pipeline keeps serving."""
+"""Garbage on the control plane: from foreign peers of the orchestrator's ROUTER (strangers,
+a retired incarnation, a hijacker of a live identity), raw bytes on its socket, and
+misshapen messages from a real replica. Each is logged and dropped, and the pipeline
+keeps serving."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-import struct
 
 import msgpack
+import zmq
 from procutil import assert_idle, chunk_outputs, collect, run, serving, single_pipeline, wait_until
 
-from omni.protocol import MAX_MESSAGE_BYTES, Msg, frame
+from omni.protocol import Msg
 
 OUTPUTS = bytes([Msg.OUTPUTS])
 
-# First messages a foreign connection may send: none of them names a replica that may
-# connect, so each is dropped and its connection closed.
+# What a foreign peer may send: none of its identities is a current replica's, so every
+# message is dropped (each stranger logged once).
 FOREIGN_FIRST = [
     b"\xff" + msgpack.packb([]),  # unknown type
     OUTPUTS + b"\xc1",  # bad msgpack
@@ -44,32 +45,59 @@ def _dropped(caplog) -> int:
                if r.name == "omni.runtime.launcher")
 
 
-def _foreign(path: str, payload: bytes) -> bool:
-    """Connect, send, and report whether the orchestrator hung up on us."""
+def _strangers(caplog) -> int:
+    return sum("not a current replica" in r.getMessage() for r in caplog.records)
+
+
+def _foreign(address: str, identity: bytes, payload: bytes) -> None:
+    """A DEALER the launcher did not start: connect, send, leave."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(address)
+    sock.send(payload)
+    sock.close()  # lingers until sent
+    context.term()
+
+
+def _garbage(path: str) -> bool:
+    """Raw bytes that are no ZMTP greeting, to the ipc socket: libzmq hangs up."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(3)
+        sock.settimeout(5)
         sock.connect(path)
-        sock.sendall(payload)
+        sock.sendall(b"\xff" * 64 + b"GET / HTTP/1.1\r\n\r\n" * 20)
         try:
-            return sock.recv(1) == b""
+            while sock.recv(4096):  # libzmq's own greeting, then its hang-up
+                pass
+        except ConnectionResetError:  # a hang-up with our bytes unread
+            pass
         except TimeoutError:
             return False
+        return True
 
 
-def test_foreign_connections_are_dropped_and_closed(caplog):
-    caplog.set_level(logging.ERROR, logger="omni.runtime.launcher")
+def test_foreign_peers_are_ignored_and_the_pipeline_keeps_serving(caplog):
+    caplog.set_level(logging.WARNING, logger="omni.runtime.launcher")
 
     async def body():
         async with serving(single_pipeline(delay_ms=5)) as omni:
-            path = omni.orchestrator.engines.control_path
+            address = omni.orchestrator.engines.control_address
             request = asyncio.create_task(collect(omni.generate(
                 {"prompt": "still here"}, params={"*": {"chunks": 5}})))
-            for message in FOREIGN_FIRST:
-                assert await asyncio.to_thread(_foreign, path, frame(message)), message
+            strangers = [b"nobody/0@0", b"s/0@1", b"s/0", b"s/0@0#hbx"]
+            for identity in strangers:
+                for message in FOREIGN_FIRST:
+                    await asyncio.to_thread(_foreign, address, identity, message)
+            # the replica's own identity: libzmq refuses a second peer of the same name
+            await asyncio.to_thread(_foreign, address, b"s/0@0",
+                                    OUTPUTS + msgpack.packb(["s/0", [["x", None, True, None]],
+                                                             {}]))
             outputs = await request
             assert "".join(o.data["text"] for o in chunk_outputs(outputs)) == "still here"
-            await wait_until(lambda: _dropped(caplog) == len(FOREIGN_FIRST), 3.0,
-                             "every foreign message to be logged")
+            await wait_until(lambda: _strangers(caplog) == len(strangers), 3.0,
+                             "each stranger to be logged once")
+            assert _dropped(caplog) == 0
             assert omni.health()["healthy"]
             outputs = await collect(omni.generate({"prompt": "and again"}))
             assert outputs[-1].finished
@@ -77,16 +105,11 @@ def test_foreign_connections_are_dropped_and_closed(caplog):
     run(body())
 
 
-def test_a_corrupt_length_closes_only_that_connection(caplog):
-    caplog.set_level(logging.ERROR, logger="omni.runtime.launcher")
-
+def test_garbage_bytes_on_the_control_socket_close_only_that_connection():
     async def body():
         async with serving(single_pipeline()) as omni:
-            path = omni.orchestrator.engines.control_path
-            huge = struct.pack("<I", MAX_MESSAGE_BYTES + 1) + b"x"
-            assert await asyncio.to_thread(_foreign, path, huge)
-            assert any("closing an engine connection" in r.getMessage()
-                       for r in caplog.records)
+            path = omni.orchestrator.engines.control_address.removeprefix("ipc://")
+            assert await asyncio.to_thread(_garbage, path)
             outputs = await collect(omni.generate({"prompt": "fine"}))
             assert outputs[-1].finished
     run(body())
@@ -99,13 +122,14 @@ def test_misshapen_messages_in_a_replica_stream_are_dropped(caplog):
         loop_errors: list[dict] = []
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
         async with serving(single_pipeline(delay_ms=20)) as omni:
-            connection = omni.orchestrator.engines.replicas["s/0"].connection
+            group = omni.orchestrator.engines
+            replica = group.replicas["s/0"]
             agen = omni.generate({"prompt": "survive"}, params={"*": {"chunks": 5}},
                                  timeout_s=3)
             head = asyncio.create_task(agen.__anext__())
             await asyncio.sleep(0)  # submitted: the engine is working on it
-            # as if the replica had written them: one chunk of the stream, all at once
-            connection.data_received(b"".join(frame(m) for m in MISSHAPEN))
+            for message in MISSHAPEN:  # as if the replica had sent them
+                group.on_message(replica.identity, message)
             outputs = [await head, *await collect(agen)]
             assert "".join(o.data["text"] for o in chunk_outputs(outputs)) == "survive"
             outputs = await collect(omni.generate({"prompt": "again"}, timeout_s=3))

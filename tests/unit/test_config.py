@@ -25,7 +25,7 @@ from omni.config.pipeline import (
     parse_pipeline,
 )
 
-PRESETS = Path(__file__).resolve().parents[2] / "omni" / "presets"
+PRESETS = Path(__file__).resolve().parents[2] / "omni" / "config" / "presets"
 
 # A valid two-modality pipeline; tests patch one piece of it at a time.
 BASE = """

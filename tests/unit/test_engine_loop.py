@@ -1,32 +1,38 @@
-"""EngineLoop (omni/engines/proc.py): what arrives while an idle engine handles the message
-that woke it runs in the same step, not a step later."""
+"""EngineLoop (omni/engines/proc/loop.py): what arrives while an idle engine handles the
+message that woke it runs in the same step, not a step later."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
-from omni.engines.channel import Channel
+import zmq
+
 from omni.engines.echo.engine import EchoEngine
 from omni.engines.proc import EngineLoop
+from omni.engines.proc.channel import Channel
 from omni.payloads import PayloadPlane
-from omni.protocol import FrameReader, Msg, decode, encode, frame
+from omni.protocol import Msg, decode, encode, identity
+
+ENGINE = b"code2wav/0@0"
 
 
 class _BurstEcho(EchoEngine):
     """Echo engine that records how many requests each step runs; adding the first
     request sends the rest of the burst (as an orchestrator finishing a batch upstream
-    does, one ADD each, while the engine is still handling the first)."""
+    does, one ADD each, while the engine is still handling the first), and takes a
+    while to add it, so the burst has arrived when it is done."""
 
-    def __init__(self, peer: socket.socket, burst: int) -> None:
+    def __init__(self, send, burst: int) -> None:
         super().__init__("code2wav")
-        self.peer, self.burst, self.step_sizes = peer, burst, []
+        self.send, self.burst, self.step_sizes = send, burst, []
 
     def add(self, request) -> None:
         super().add(request)
         if request.request_id == "r0":
-            self.peer.sendall(b"".join(_add(f"r{i}") for i in range(1, self.burst)))
+            for i in range(1, self.burst):
+                self.send(_add(f"r{i}"))
+            time.sleep(0.2)
 
     def step(self):
         self.step_sizes.append(sum(job.runnable() for job in self.jobs.values()))
@@ -34,40 +40,47 @@ class _BurstEcho(EchoEngine):
 
 
 def _add(rid: str) -> bytes:
-    return frame(encode(Msg.ADD, rid, {"prompt": "hello"}, {}, time.monotonic()))
+    return encode(Msg.ADD, rid, {"prompt": "hello"}, {}, time.monotonic())
 
 
-def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step():
-    engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    engine = _BurstEcho(peer, burst=8)
-    channel = Channel(engine_end)
+def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_path):
+    address = f"ipc://{tmp_path}/control.sock"
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.bind(address)
+    lock = threading.Lock()  # the router is used by this thread and the engine's
+
+    def send(message: bytes) -> None:
+        with lock:
+            router.send_multipart([ENGINE, message])
+
+    engine = _BurstEcho(send, burst=8)
+    channel = Channel(address, identity("code2wav/0", 0), "code2wav/0")
+    channel.send(encode(Msg.READY, "code2wav/0", {}))
+    assert router.poll(5000)
+    router.recv_multipart()  # READY: the router can address the engine now
     payloads = PayloadPlane("test-engine-loop")
     loop = EngineLoop("code2wav/0", engine, channel, payloads)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
     finished: list[str] = []
-    done = threading.Event()
-
-    def read_outputs():
-        reader = FrameReader()
-        while not done.is_set() and (data := peer.recv(1 << 20)):
-            for _kind, body in (decode(m) for m in reader.feed(data)):
-                finished.extend(row[0] for row in body[1] if row[2])
-                if len(finished) == 8:
-                    done.set()
-
-    threads = [threading.Thread(target=f, daemon=True) for f in (loop.run, read_outputs)]
-    for thread in threads:
-        thread.start()
     try:
-        peer.sendall(_add("r0"))
-        assert done.wait(timeout=10), finished
+        send(_add("r0"))
+        deadline = time.monotonic() + 10
+        while len(finished) < 8 and time.monotonic() < deadline:
+            with lock:
+                ready = router.poll(20)
+                message = router.recv_multipart()[1] if ready else None
+            if message is not None:
+                finished += [row[0] for row in decode(message)[1][1] if row[2]]
+        assert len(finished) == 8, finished
     finally:
-        peer.sendall(frame(encode(Msg.SHUTDOWN)))
-        threads[0].join(timeout=10)
+        send(encode(Msg.SHUTDOWN))
+        thread.join(timeout=10)
         channel.close()
         payloads.close()
-        engine_end.close()
-        threads[1].join(timeout=10)
-        peer.close()
+        router.close(0)
+        context.term()
     assert engine.step_sizes[0] == 8, engine.step_sizes
 
 
@@ -80,10 +93,9 @@ class _Limits(EchoEngine):
         self.limits.append(dict(limits))
 
 
-def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog):
-    engine_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog, tmp_path):
     engine, payloads = _Limits(), PayloadPlane("test-engine-loop-limit")
-    channel = Channel(engine_end)
+    channel = Channel(f"ipc://{tmp_path}/control.sock", b"thinker/0@0", "thinker/0")
     loop = EngineLoop("thinker/0", engine, channel, payloads)
     try:
         loop._handle(encode(Msg.LIMIT, [["a", 3], ["b", None]]))
@@ -93,7 +105,5 @@ def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog):
     finally:
         channel.close()
         payloads.close()
-        engine_end.close()
-        peer.close()
     assert engine.limits == [{"a": 3, "b": None}]
     assert caplog.text.count("dropping malformed LIMIT") == 3

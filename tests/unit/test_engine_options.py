@@ -14,7 +14,7 @@ def test_check_options_names_the_unknown_and_the_valid_ones():
     check_options("x engine", {"a": 1, "nice": 0, "payload_arena_mb": 64}, {"a", "b"})
     check_options("x engine", None, {"a"})
     with pytest.raises(EngineLoadError, match=r"unknown x engine option\(s\) c, d; the options "
-                                              r"are a, b, gc_freeze, inbound_drainer, nice, payload_arena_mb$"):
+                                              r"are a, b, gc_freeze, nice, payload_arena_mb$"):
         check_options("x engine", {"d": 1, "a": 2, "c": 3}, {"a", "b"})
 
 

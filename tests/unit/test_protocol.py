@@ -1,23 +1,23 @@
-"""omni/protocol.py without sockets: framing, round trips, malformed frames, dispatch."""
+"""omni/protocol.py without sockets: round trips, malformed frames, dispatch, identities,
+addresses."""
 
 from __future__ import annotations
 
 import pickle
-import struct
 
 import msgpack
 import pytest
 
 from omni.protocol import (
-    MAX_MESSAGE_BYTES,
     TYPE_BYTES,
-    FrameReader,
     Msg,
     ProtocolError,
+    check_address,
     decode,
     dispatch,
     encode,
-    frame,
+    identity,
+    parse_identity,
 )
 
 ROUND_TRIPS = [
@@ -125,26 +125,29 @@ def test_dispatch_refuses_unhandled_types_and_malformed_frames():
         dispatch(table, bytes([Msg.ADD]) + b"\xc1")
 
 
-def test_frame_reader_reassembles_a_stream_cut_anywhere():
-    messages = [encode(Msg.ADD, f"r{i}", {"prompt": "x" * i}, {}, 0.0) for i in range(20)]
-    stream = b"".join(frame(m) for m in messages)
-    for cut in (1, 3, 4, 5, 7, 64, len(stream)):
-        reader, got = FrameReader(), []
-        for i in range(0, len(stream), cut):
-            got += reader.feed(stream[i:i + cut])
-        assert got == messages, cut
+def test_identities_carry_the_replica_and_its_incarnation():
+    assert identity("talker/0", 3) == b"talker/0@3"
+    assert parse_identity(b"talker/0@3") == ("talker/0", 3)
+    assert parse_identity(identity("a@b/1", 12)) == ("a@b/1", 12)
+    for raw in (b"talker/0", b"talker/0@", b"@1", b"x@-1", b"x@one", b"\xff\xfe"):
+        assert parse_identity(raw) is None, raw
 
 
-def test_frame_reader_keeps_a_partial_message_for_the_next_feed():
-    reader = FrameReader()
-    data = frame(encode(Msg.SHUTDOWN))
-    assert reader.feed(data[:-1]) == []
-    assert reader.feed(data[-1:]) == [encode(Msg.SHUTDOWN)]
+@pytest.mark.parametrize("address", ["ipc:///tmp/x/control.sock", "tcp://127.0.0.1:5555",
+                                     "tcp://127.0.0.1:*", "tcp://localhost:1", "tcp://[::1]:9",
+                                     "tcp://127.8.0.1:80"])
+def test_loopback_and_ipc_addresses_are_accepted(address):
+    assert check_address(address) == address
 
 
-def test_frame_reader_refuses_an_absurd_length():
-    with pytest.raises(ProtocolError, match="exceeds"):
-        FrameReader().feed(struct.pack("<I", MAX_MESSAGE_BYTES + 1) + b"x")
+@pytest.mark.parametrize(("address", "why"), [
+    ("tcp://0.0.0.0:5555", "only loopback"), ("tcp://10.1.2.3:5555", "only loopback"),
+    ("tcp://example.com:5555", "only loopback"), ("tcp://[2001:db8::1]:5", "only loopback"),
+    ("ipc://", "must be"), ("udp://127.0.0.1:5", "must be"), ("tcp://127.0.0.1", "must be"),
+    ("127.0.0.1:5555", "must be")])
+def test_other_addresses_are_refused_saying_why(address, why):
+    with pytest.raises(ValueError, match=why):
+        check_address(address)
 
 
 def test_message_objects_are_not_pickled():

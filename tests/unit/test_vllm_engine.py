@@ -146,5 +146,5 @@ def test_an_unknown_option_fails_the_load_before_vllm_starts(tmp_path):
     from omni.engines.vllm.engine import VLLMEngine
 
     with pytest.raises(EngineLoadError, match=r"unknown vllm engine option\(s\) vllm_arg; "
-                                              r"the options are gc_freeze, inbound_drainer, nice, payload_arena_mb, vllm_args"):
+                                              r"the options are gc_freeze, nice, payload_arena_mb, vllm_args"):
         VLLMEngine(str(tmp_path), options={"vllm_arg": {"max_model_len": 512}})

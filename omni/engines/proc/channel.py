@@ -1,0 +1,110 @@
+"""The engine process's end of the control plane: one ZeroMQ DEALER, plus a heartbeat.
+
+The DEALER's identity is ``<replica id>@<incarnation>`` (omni/protocol.py). Only the
+main thread touches it: between steps it takes every queued message without blocking,
+and blocks in recv only when the engine has no work, waking straight from it. During a
+step libzmq's I/O thread keeps receiving into the socket's queue (bounded by
+CONTROL_HWM), so a heavy inbound stream never waits behind a full kernel buffer.
+
+Heartbeats go from a thread of their own on a second DEALER (identity + ``#hb``), so a
+long step never looks like a dead engine, while a stopped process (SIGSTOP) or an
+unreachable host falls silent and is declared dead by the orchestrator after two missed
+intervals (omni/runtime/launcher.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+
+from omni.protocol import CONTROL_HWM, LINGER_MS, Msg, check_address, decode, encode
+
+log = logging.getLogger("omni.engine")
+
+HEARTBEAT_SUFFIX = b"#hb"
+
+
+class Channel:
+    """Messages to and from the orchestrator; see the module doc."""
+
+    def __init__(self, address: str, identity: bytes, replica_id: str,
+                 heartbeat_s: float = 0.0) -> None:
+        self.address = check_address(address)
+        self.context = zmq.Context(io_threads=1)
+        self.sock = self._dealer(identity)
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        if heartbeat_s > 0:
+            self._beat = threading.Thread(
+                target=self._heartbeats, args=(identity + HEARTBEAT_SUFFIX, replica_id,
+                                               heartbeat_s),
+                daemon=True, name="heartbeat")
+            self._beat.start()
+
+    def _dealer(self, identity: bytes) -> zmq.Socket:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
+        sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+        sock.setsockopt(zmq.LINGER, LINGER_MS)
+        sock.connect(self.address)
+        return sock
+
+    def send(self, message: bytes) -> None:
+        self.sock.send(message, copy=len(message) < 65536)
+
+    def receive(self, block: bool) -> list[bytes]:
+        """Every message queued now; waits for one first only when ``block``."""
+        sock, messages = self.sock, []
+        if block:
+            messages.append(sock.recv())
+        while True:
+            try:
+                messages.append(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return messages
+
+    def say_dead(self, message: bytes, wait_s: float = LINGER_MS / 1000) -> None:
+        """Send a DEAD notice and wait (bounded) until the orchestrator acknowledges it
+        with SHUTDOWN, so the notice is read before the process's exit is seen."""
+        self.sock.send(message)
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                return
+            try:
+                kind, _ = decode(self.sock.recv(zmq.NOBLOCK))
+            except Exception:  # noqa: BLE001 - anything else queued is moot now
+                continue
+            if kind == Msg.SHUTDOWN:
+                return
+
+    def close(self) -> None:
+        """Stop the heartbeat, flush what is queued (bounded by LINGER_MS), free all."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5.0)
+            self._beat = None
+        self.sock.close()
+        self.context.term()
+
+    def _heartbeats(self, identity: bytes, replica_id: str, interval_s: float) -> None:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.SNDHWM, 4)  # a heartbeat that cannot go now is moot later
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        beat = encode(Msg.HEARTBEAT, replica_id)
+        try:
+            while True:
+                try:
+                    sock.send(beat, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                if self._stop.wait(interval_s):
+                    return
+        finally:
+            sock.close()

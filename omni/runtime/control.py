@@ -1,0 +1,107 @@
+"""The orchestrator's end of the control plane: one ZeroMQ ROUTER per pipeline.
+
+Every replica connects a DEALER named ``<replica id>@<incarnation>`` (omni/protocol.py);
+this class knows nothing of replicas beyond those identity bytes: it binds, receives
+``(identity, message)`` pairs for its owner (the launcher), and sends to an identity.
+
+Receiving runs on the event loop's own reader for the socket's file descriptor, which
+is what zmq.asyncio does underneath, minus a future and a task wake-up per message: on
+a 2-core VM each loop iteration is tens of microseconds, and every hop pays it. The
+descriptor is edge-triggered (it signals "the socket's state changed", and reading
+``EVENTS`` re-arms it), so a reader drains until nothing is left, and a send, which can
+consume that signal, checks for pending input and schedules a drain itself.
+
+Sends never block the loop and never drop silently: ``ROUTER_MANDATORY`` turns a send to
+an identity that is not connected into EHOSTUNREACH, and a send past the peer's
+high-water mark into EAGAIN; both raise ``PeerUnreachableError`` for the caller to
+handle (fail the requests bound there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import zmq
+
+from omni.protocol import CONTROL_HWM, check_address
+
+log = logging.getLogger("omni.runtime.control")
+
+MessageHandler = Callable[[bytes, bytes], None]
+
+
+class PeerUnreachableError(ConnectionError):
+    """A control message could not be queued for its peer (gone, or its queue is full)."""
+
+
+class ControlRouter:
+    """Bind, receive on the loop, send by identity; see the module doc."""
+
+    def __init__(self, address: str, on_message: MessageHandler) -> None:
+        self.on_message = on_message
+        self.context = zmq.Context(io_threads=1)
+        self.sock = self.context.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+        self.sock.setsockopt(zmq.LINGER, 0)  # at close every peer is gone or being killed
+        self.sock.bind(check_address(address))
+        # what engines connect to: a tcp port given as * is the one the OS picked
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._fd = self.sock.getsockopt(zmq.FD)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_pending = False
+        self.dropped = 0  # messages that could not be handled (malformed, unknown peer)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self._fd, self.drain)
+
+    def drain(self) -> None:
+        """Hand every message queued now to the handler (also called by the launcher to
+        read what a replica sent before its process ended)."""
+        self._drain_pending = False
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) != 2:  # a DEALER sends one frame; the ROUTER adds the identity
+                self.dropped += 1
+                log.error("dropping a control message of %d frames from %r", len(frames) - 1,
+                          frames[0][:64])
+                continue
+            self.on_message(frames[0], frames[1])
+
+    def send(self, identity: bytes, message: bytes) -> None:
+        try:
+            self.sock.send_multipart((identity, message), zmq.NOBLOCK)
+        except zmq.Again as exc:
+            raise PeerUnreachableError(
+                f"{identity.decode(errors='replace')} has {CONTROL_HWM} control messages "
+                "queued and takes no more") from exc
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise PeerUnreachableError(
+                    f"{identity.decode(errors='replace')} is not connected") from exc
+            raise
+        finally:
+            self._after_send()
+
+    def _after_send(self) -> None:
+        """A send may have consumed the descriptor's signal of input: look, and drain on
+        the next loop iteration if something waits (never inside a caller's handler)."""
+        if (not self._drain_pending and self._loop is not None
+                and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+            self._drain_pending = True
+            self._loop.call_soon(self.drain)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
+        self.sock.close(linger=0)
+        self.context.term()
