@@ -24,6 +24,7 @@ from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
 from omni.runtime.launcher import StartupError
 from omni.runtime.metrics import Metrics
+from omni.runtime.processes import stop_helper_processes
 
 log = logging.getLogger("omni.server")
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StartupError) as exc:
         log.error("%s", exc)
         return 2
+    finally:
+        stop_helper_processes()  # exit only after every process this server started
     return 0
 
 

@@ -13,9 +13,7 @@ the loop's own readers; the heartbeat check is a timer.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -25,10 +23,11 @@ from typing import Any
 
 from omni.config.pipeline import PipelineConfig, StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
-from omni.protocol import Msg, ProtocolError, decode, encode, ipc_address
+from omni.protocol import Msg, ProtocolError, decode, encode, ipc_address, parse_identity
 from omni.runtime.control import ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.pool import Replica, StagePool
+from omni.runtime.processes import process_context
 
 log = logging.getLogger("omni.runtime.launcher")
 
@@ -103,7 +102,12 @@ class EngineGroup:
         replica_id = f"{stage.name}/{index}"
         replica = Replica(replica_id, stage.name, index, None, self.loop.create_future())
         self.replicas[replica_id] = replica
-        self._start_process(spawn, stage, replica)
+        if stage.launch == "external":
+            log.info("waiting for replica %s to connect: python -m omni.engines.proc "
+                     "--connect %s --pipeline PIPELINE --stage %s --index %d", replica_id,
+                     self.control_address, stage.name, index)
+        else:
+            self._start_process(spawn, stage, replica)
         return replica
 
     def _start_process(self, spawn: Any, stage: StageConfig, replica: Replica) -> None:
@@ -163,7 +167,7 @@ class EngineGroup:
     def on_message(self, identity: bytes, message: bytes) -> None:
         replica = self._by_identity.get(identity)
         if replica is None:
-            self._from_unknown(identity)
+            self._from_unknown(identity, message)
             return
         try:
             kind, body = decode(message)
@@ -183,17 +187,35 @@ class EngineGroup:
             log.exception("dropping malformed engine message from %s: handling it raised",
                           replica.replica_id)
 
-    def _from_unknown(self, identity: bytes) -> None:
-        """A heartbeat, or a message of a retired incarnation or a stranger: ignored."""
-        if identity.endswith(HEARTBEAT_SUFFIX):
+    def _from_unknown(self, identity: bytes, message: bytes) -> None:
+        """A heartbeat, an external replica's new incarnation, or a message of a retired
+        incarnation or a stranger (ignored)."""
+        replica = self._external_slot(identity)
+        if replica is not None:
+            replica.incarnation = parse_identity(identity)[1]
+            self._by_identity[identity] = replica
+            self.on_message(identity, message)
+            return
+        if identity.endswith(HEARTBEAT_SUFFIX):  # one that has not said READY yet is moot
             replica = self._by_identity.get(identity[:-len(HEARTBEAT_SUFFIX)])
             if replica is not None:
                 replica.last_heartbeat = time.monotonic()
+            if parse_identity(identity[:-len(HEARTBEAT_SUFFIX)]):
                 return
         if identity not in self._retired and len(self._retired) < 10_000:
             self._retired.add(identity)  # log each stranger once
             log.warning("ignoring control messages from %r: not a current replica "
                         "(a restarted replica's predecessor, or a stranger)", identity[:64])
+
+    def _external_slot(self, identity: bytes) -> Replica | None:
+        """The replica slot an external process with this identity may take: one of a
+        `launch: external` stage, not connected, and no older than its last incarnation."""
+        parsed = parse_identity(identity)
+        replica = self.replicas.get(parsed[0]) if parsed else None
+        if (replica is None or replica.connected or parsed[1] < replica.incarnation
+                or self.pipeline.stage(replica.stage).launch != "external"):
+            return None
+        return replica
 
     def _identify(self, replica: Replica, kind: Msg, body: list) -> None:
         """The first message of an incarnation: READY, or DEAD if loading failed."""
@@ -298,6 +320,18 @@ class EngineGroup:
             replica.alive = False
             log.error("replica %s is down: %s", replica.replica_id, replica.exit_reason)
             self.on_death(replica, replica.exit_reason)
+            if replica.process is None and not self.stopping:
+                self._await_next_incarnation(replica)
+
+    def _await_next_incarnation(self, replica: Replica) -> None:
+        """An external replica is gone: its slot waits for a newer incarnation."""
+        self._retire(replica)
+        replica.incarnation += 1
+        replica.exit_reason = None
+        replica.ready = self.loop.create_future()
+        replica.ready.add_done_callback(self._restarted)
+        log.warning("waiting for replica %s to connect again with --incarnation %d or later",
+                    replica.replica_id, replica.incarnation)
 
     # -- teardown ----------------------------------------------------------------------
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -308,7 +342,8 @@ class EngineGroup:
         for replica in self.replicas.values():
             if replica.alive:
                 self.try_send(replica, encode(Msg.SHUTDOWN))
-            elif not (self._exits[replica.replica_id].done() or replica.exit_reason):
+            elif replica.process is not None and not (
+                    self._exits[replica.replica_id].done() or replica.exit_reason):
                 replica.process.terminate()  # still loading: nothing to drain
             replica.alive = False
         await self._wait_exits(timeout_s, "terminate")
@@ -321,55 +356,21 @@ class EngineGroup:
         if running:
             await asyncio.wait(running, timeout=timeout_s)
         for replica in self.replicas.values():
-            if then and not self._exits[replica.replica_id].done():
+            exited = self._exits.get(replica.replica_id)
+            if then and exited is not None and not exited.done():
                 log.warning("replica %s did not exit; %s", replica.replica_id, then)
                 getattr(replica.process, then)()
 
     def _close(self) -> None:
         for replica in self.replicas.values():
-            if not self._exits[replica.replica_id].done():
+            exited = self._exits.get(replica.replica_id)
+            if exited is not None and not exited.done():
                 self.loop.remove_reader(replica.process.sentinel)
         if self.control is not None:
             self.control.close()
             self.control = None
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")
-
-
-# What a model engine imports anyway; the fork server imports it once, before any fork.
-HEAVY_MODULES = ["torch", "transformers", "omni.engines.proc"]
-
-
-def process_context(pipeline: PipelineConfig) -> Any:
-    """How engine processes start: forked from a fork server, not spawned from scratch.
-
-    A spawned engine re-imports torch and transformers (~4 s of CPU each); with several
-    stages on 2 cores that made READY take 13 s for 3 tiny stages. The fork server (one
-    per server process, started with the first engine) imports them once and forks every
-    engine from there, so imports happen once and their pages are shared copy-on-write.
-    It never touches CUDA, so children initialise CUDA themselves, safely. The preload is
-    decided by the first pipeline that starts an engine.
-    """
-    context = multiprocessing.get_context("forkserver")
-    if any(stage.engine != "echo" for stage in pipeline.stages):
-        context.set_forkserver_preload(HEAVY_MODULES + _model_modules(pipeline))
-    return context
-
-
-def _model_modules(pipeline: PipelineConfig) -> list[str]:
-    """transformers' modeling module of each stage's model directory, by its model_type
-    (a missing one is skipped by the fork server: preloading is only an optimisation)."""
-    modules = []
-    for stage in pipeline.stages:
-        config = os.path.join(stage.model_dir or "", "config.json")
-        try:
-            with open(config) as f:
-                model_type = json.load(f).get("model_type")
-        except (OSError, ValueError):
-            continue
-        if isinstance(model_type, str) and model_type.isidentifier():
-            modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
-    return sorted(set(modules))
 
 
 def _check_rows(body: list, replica: Replica) -> None:
