@@ -1,14 +1,16 @@
 """The baselines ours is compared with, each one request at a time from a sync client.
 
   A   in-process: N EchoEngines chained in this process, no sockets -> the engine work.
-  B0  Unix socket floor: a listening Unix stream socket here, a spawned child that
-      connects and echoes with a bare loop; omni.protocol framing (length + type byte +
-      msgpack array) both ways -> the floor of omni's transport, no engine loop.
-  B   ZeroMQ floor (reference): ROUTER + PULL here, DEALER + PUSH in a spawned child,
-      ipc, single-frame messages with the type byte first -> what the runtime paid when
-      its control plane was ZeroMQ (libzmq I/O threads on both sides).
-  B2  the real engine process: the same client as B0 against `run_engine_process` with an
-      EchoEngine, the transport the orchestrator uses -> B0 plus the engine's loop.
+  B0  raw Unix socket: a listening Unix stream socket here, a spawned child that connects
+      and echoes with a bare loop; the same `omni.protocol.encode` messages behind a
+      4-byte little-endian length (framing defined here: omni no longer frames streams)
+      -> what a plain stream socket costs, the transport omni used before ZeroMQ.
+  B   raw ZeroMQ: a ROUTER here, a DEALER in a spawned child with a bare echo loop, ipc,
+      one frame per message (the same messages) -> the socket pattern the runtime uses
+      (omni/runtime/control.py, omni/engines/proc/channel.py) without the runtime.
+  B2  the real engine process: a ROUTER here as omni/runtime/control.py binds it
+      (ROUTER_MANDATORY, CONTROL_HWM, ipc in a temp dir) against `run_engine_process`
+      with an EchoEngine, driven by identity ``s/0@0`` -> B plus the engine's loop.
 """
 
 from __future__ import annotations
@@ -16,23 +18,24 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
-import os
 import shutil
 import socket
+import struct
 import tempfile
 import time
 import uuid
 from typing import Any
 
-import msgpack
 import zmq
 
 from bench.common import PROMPT, progress, say, summarize
-from omni.protocol import FrameReader, Msg, decode, encode, frame
+from omni.protocol import CONTROL_HWM, Msg, decode, encode, identity, ipc_address
 
-REPLICA_ID = "s0/0"
+REPLICA_ID = "s/0"
+STAGE = "s"
 RECV_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 60.0
+LENGTH = struct.Struct("<I")  # B0's framing: 4-byte little-endian length, then the message
 
 
 # -- A: the echo engine in-process -----------------------------------------------------------
@@ -64,200 +67,230 @@ def bench_inprocess(n: int, args: argparse.Namespace) -> dict[str, Any]:
     return stats
 
 
-# -- B0 / B2: omni's transport, a Unix stream socket -----------------------------------------
-def _bare_echo_child(path: str) -> None:
-    """B0's child: connect, READY, then answer each ADD with one OUTPUTS; no engine."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    reader = FrameReader()
-    sock.sendall(frame(encode(Msg.READY, REPLICA_ID, {"engine": "bare"})))
-    while True:
-        data = sock.recv(RECV_BYTES)
-        if not data:
-            break
-        for message in reader.feed(data):
-            kind, body = decode(message)
-            if kind == Msg.SHUTDOWN:
-                sock.close()
-                return
-            rid, inputs = body[0], body[1]  # ADD: id, inputs, params, sent_at
-            row = [rid, {"text": inputs["prompt"], "trace": ["s0"], "index": 0}, True, None]
-            sock.sendall(frame(encode(Msg.OUTPUTS, REPLICA_ID, [row], {"running": 0})))
-    sock.close()
+def _echo(message: bytes) -> bytes | None:
+    """The bare children's answer to one message: OUTPUTS for ADD, None for SHUTDOWN."""
+    kind, body = decode(message)
+    if kind == Msg.SHUTDOWN:
+        return None
+    rid, inputs = body[0], body[1]  # ADD: id, inputs, params, sent_at
+    row = [rid, {"text": inputs["prompt"], "trace": [STAGE], "index": 0}, True, None]
+    return encode(Msg.OUTPUTS, REPLICA_ID, [row], {"running": 0})
 
 
-class UnixServer:
-    """The orchestrator's side of one control connection, as plain blocking calls."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.tmp = tempfile.mkdtemp(prefix="bench-uds-")
-        self.path = os.path.join(self.tmp, "control.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(1)
-        self.reader = FrameReader()
-        self.conn: socket.socket | None = None
-
-    def accept(self, child: multiprocessing.process.BaseProcess) -> dict[str, Any]:
-        """Wait for the child to connect and say READY; returns its info."""
-        self.listener.settimeout(0.5)
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
-        while self.conn is None:
-            try:
-                self.conn, _ = self.listener.accept()
-            except TimeoutError:
-                if not child.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.label}: child never connected "
-                                       f"(exit code {child.exitcode})") from None
-        self.conn.settimeout(CONNECT_TIMEOUT_S)
-        kind, body = self.receive()
-        self.conn.settimeout(None)
-        if kind != Msg.READY or body[0] != REPLICA_ID:
-            raise RuntimeError(f"{self.label}: expected READY from {REPLICA_ID}, got "
-                               f"{kind.name} {body!r}"[:2000])
-        return body[1]
-
-    def receive(self) -> tuple[Msg, list[Any]]:
-        """Block until one message arrives (the client keeps one request in flight)."""
-        while True:
-            data = self.conn.recv(RECV_BYTES)
-            if not data:
-                raise RuntimeError(f"{self.label}: the child hung up")
-            messages = self.reader.feed(data)
-            if messages:
-                if len(messages) > 1:
-                    raise RuntimeError(f"{self.label}: {len(messages)} messages for 1 request")
-                return decode(messages[0])
-
-    def close(self) -> None:
-        for sock in (self.conn, self.listener):
-            if sock is not None:
-                sock.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+def _add(rid: str) -> bytes:
+    return encode(Msg.ADD, rid, {"prompt": PROMPT}, {}, time.monotonic())
 
 
-def bench_unix(args: argparse.Namespace, *, engine: bool) -> dict[str, Any]:
-    """B0 (bare echo child) or B2 (the real engine process), same client, same wire."""
-    from omni.engines.proc import EngineSpec, run_engine_process
+def _check(label: str, rid: str, kind: Msg, body: list[Any]) -> None:
+    if kind != Msg.OUTPUTS or body[1][0][0] != rid or not body[1][0][2]:
+        raise RuntimeError(f"{label}: unexpected reply {kind.name} {body!r}"[:2000])
 
-    label = "B2 engine process" if engine else "B0 unix socket"
-    server = UnixServer(label)
-    if engine:
-        spec = EngineSpec(replica_id=REPLICA_ID, stage="s0", engine="echo",
-                          control_path=server.path, log_level=logging.WARNING)
-        target, child_args = run_engine_process, (spec,)
-    else:
-        target, child_args = _bare_echo_child, (server.path,)
+
+def _spawn(target: Any, *child_args: Any) -> multiprocessing.process.BaseProcess:
     child = multiprocessing.get_context("spawn").Process(target=target, args=child_args,
                                                          daemon=True)
     child.start()
+    return child
+
+
+def _stop(child: multiprocessing.process.BaseProcess) -> None:
+    child.join(10)
+    if child.is_alive():
+        child.terminate()
+        child.join()
+
+
+def _drive(label: str, args: argparse.Namespace, send: Any, receive: Any) -> dict[str, Any]:
+    """The measured loop shared by B0, B and B2: one ADD, wait for its OUTPUTS."""
     samples: list[int] = []
     sizes = (0, 0)
+    total, clock = args.warmup + args.requests, time.perf_counter_ns
+    for i in range(total):
+        rid = uuid.uuid4().hex
+        t0 = clock()
+        message = _add(rid)
+        send(message)
+        reply = receive()
+        t1 = clock()
+        _check(label, rid, *decode(reply))
+        if i >= args.warmup:
+            samples.append(t1 - t0)
+        sizes = (len(message), len(reply))
+        progress(label, i + 1, total, args.progress_every, samples)
+    stats = summarize(samples)
+    stats["request_bytes"], stats["reply_bytes"] = sizes
+    say(f"[{label}] p50 {stats['p50_us']:.1f} us  p99 {stats['p99_us']:.1f} us "
+        f"(messages {sizes[0]} B out, {sizes[1]} B back, framing excluded)")
+    return stats
+
+
+# -- B0: a raw Unix stream socket -------------------------------------------------------------
+def _frame(message: bytes) -> bytes:
+    return LENGTH.pack(len(message)) + message
+
+
+class _Reader:
+    """Splits a byte stream back into messages; keeps a partial one for later."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, bytearray()
+
+    def messages(self) -> list[bytes]:
+        """At least one whole message (blocking); [] when the peer hung up."""
+        out: list[bytes] = []
+        while not out:
+            data = self.sock.recv(RECV_BYTES)
+            if not data:
+                return []
+            self.buffer += data
+            pos = 0
+            while len(self.buffer) - pos >= LENGTH.size:
+                end = pos + LENGTH.size + LENGTH.unpack_from(self.buffer, pos)[0]
+                if end > len(self.buffer):
+                    break
+                out.append(bytes(self.buffer[pos + LENGTH.size:end]))
+                pos = end
+            del self.buffer[:pos]
+        return out
+
+
+def _unix_echo_child(path: str) -> None:
+    """B0's child: connect, READY, then answer each ADD with one OUTPUTS; no engine."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    sock.sendall(_frame(encode(Msg.READY, REPLICA_ID, {"engine": "bare"})))
+    reader = _Reader(sock)
+    while messages := reader.messages():
+        for message in messages:
+            reply = _echo(message)
+            if reply is None:
+                sock.close()
+                return
+            sock.sendall(_frame(reply))
+    sock.close()
+
+
+def bench_unix(args: argparse.Namespace) -> dict[str, Any]:
+    """B0: a blocking Unix stream socket server here, a bare echo child."""
+    label = "B0 raw unix socket"
+    tmp = tempfile.mkdtemp(prefix="bench-uds-")
+    path = f"{tmp}/control.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(CONNECT_TIMEOUT_S)
+    child = _spawn(_unix_echo_child, path)
+    conn = None
     try:
-        server.accept(child)
-        conn, total, clock = server.conn, args.warmup + args.requests, time.perf_counter_ns
-        for i in range(total):
-            rid = uuid.uuid4().hex
-            t0 = clock()
-            message = frame(encode(Msg.ADD, rid, {"prompt": PROMPT}, {}, time.monotonic()))
-            conn.sendall(message)
-            kind, body = server.receive()
-            t1 = clock()
-            if kind != Msg.OUTPUTS or body[1][0][0] != rid or not body[1][0][2]:
-                raise RuntimeError(f"{label}: unexpected reply {kind.name} {body!r}"[:2000])
-            if i >= args.warmup:
-                samples.append(t1 - t0)
-            sizes = (len(message), len(frame(encode(kind, *body))))
-            progress(label, i + 1, total, args.progress_every, samples)
-        conn.sendall(frame(encode(Msg.SHUTDOWN)))
-        child.join(10)
+        conn, _ = listener.accept()
+        reader = _Reader(conn)
+
+        def receive() -> bytes:
+            messages = reader.messages()
+            if len(messages) != 1:
+                raise RuntimeError(f"{label}: {len(messages)} messages for 1 request")
+            return messages[0]
+
+        if decode(receive())[0] != Msg.READY:
+            raise RuntimeError(f"{label}: the child's first message is not READY")
+        stats = _drive(label, args, lambda m: conn.sendall(_frame(m)), receive)
+        conn.sendall(_frame(encode(Msg.SHUTDOWN)))
+        _stop(child)
     finally:
         if child.is_alive():
             child.terminate()
             child.join()
-        server.close()
-    return _done(label, samples, sizes)
+        for sock in (conn, listener):
+            if sock is not None:
+                sock.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return stats
 
 
-# -- B: raw ZeroMQ round trip between two processes (reference) ------------------------------
-def _zmq_echo_child(requests_ep: str, results_ep: str, identity: bytes) -> None:
-    """DEALER in, PUSH out; one frame per message, type byte first."""
+# -- B and B2: ZeroMQ, ROUTER here, DEALER there -----------------------------------------------
+def _zmq_echo_child(address: str, peer: bytes) -> None:
+    """B's child: a DEALER named like a replica, READY, then a bare echo loop."""
     ctx = zmq.Context(io_threads=1)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(results_ep)
     dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, identity)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(requests_ep)
-    name = identity.decode()
-    dealer.send(b"\x0a" + msgpack.packb([name, {"engine": "raw"}]))
-    while True:
-        message = dealer.recv()
-        if message[:1] == b"\x03":
-            break
-        rid, inputs, _params = msgpack.unpackb(message[1:])
-        row = [rid, {"text": inputs["prompt"], "trace": ["s0"], "index": 0}, True, None]
-        push.send(b"\x0b" + msgpack.packb([name, [row], {"running": 0}]))
-    push.close(linger=1000)
+    dealer.setsockopt(zmq.IDENTITY, peer)
+    dealer.setsockopt(zmq.LINGER, 1000)
+    dealer.connect(address)
+    dealer.send(encode(Msg.READY, REPLICA_ID, {"engine": "bare"}))
+    while (reply := _echo(dealer.recv())) is not None:
+        dealer.send(reply)
     dealer.close()
     ctx.term()
 
 
-def bench_zmq(args: argparse.Namespace) -> dict[str, Any]:
-    """Sync ROUTER/PULL here, a bare DEALER/PUSH echo loop in a spawned child."""
-    label = "B raw zmq"
-    tmp = tempfile.mkdtemp(prefix="bench-zmq-")
-    requests_ep, results_ep = f"ipc://{tmp}/requests", f"ipc://{tmp}/results"
-    ctx = zmq.Context(io_threads=1)
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    router.setsockopt(zmq.LINGER, 0)
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    router.bind(requests_ep)
-    pull.bind(results_ep)
-    identity = REPLICA_ID.encode()
-    child = multiprocessing.get_context("spawn").Process(
-        target=_zmq_echo_child, args=(requests_ep, results_ep, identity), daemon=True)
-    child.start()
-    samples: list[int] = []
-    sizes = (0, 0)
+class _Router:
+    """The orchestrator's side as plain blocking calls, bound as omni/runtime/control.py
+    binds its ROUTER."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tmp = tempfile.mkdtemp(prefix="bench-zmq-")
+        self.address = ipc_address(self.tmp)
+        self.ctx = zmq.Context(io_threads=1)
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.address)
+        self.peer = b""
+
+    def wait_ready(self, child: multiprocessing.process.BaseProcess, peer: bytes) -> None:
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while not self.sock.poll(500):
+            if not child.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: no READY from the child (exit code "
+                                   f"{child.exitcode})")
+        sender, message = self.sock.recv_multipart()
+        kind, body = decode(message)
+        if sender != peer or kind != Msg.READY:
+            raise RuntimeError(f"{self.label}: expected READY from {peer!r}, got {kind.name} "
+                               f"from {sender!r}: {body!r}"[:2000])
+        self.peer = peer
+
+    def send(self, message: bytes) -> None:
+        self.sock.send_multipart((self.peer, message))
+
+    def receive(self) -> bytes:
+        sender, message = self.sock.recv_multipart()
+        if sender != self.peer:
+            raise RuntimeError(f"{self.label}: a message from {sender!r}")
+        return message
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def bench_zmq(args: argparse.Namespace, *, engine: bool) -> dict[str, Any]:
+    """B (a bare DEALER echo child) or B2 (the real engine process), same ROUTER client."""
+    from omni.engines.proc import EngineSpec, run_engine_process
+
+    label = "B2 engine process" if engine else "B raw zmq"
+    router = _Router(label)
+    peer = identity(REPLICA_ID, 0)
+    if engine:
+        spec = EngineSpec(replica_id=REPLICA_ID, stage=STAGE, engine="echo",
+                          control_address=router.address, incarnation=0, heartbeat_s=0,
+                          log_level=logging.WARNING)
+        child = _spawn(run_engine_process, spec)
+    else:
+        child = _spawn(_zmq_echo_child, router.address, peer)
     try:
-        if not router.poll(int(CONNECT_TIMEOUT_S * 1000)):
-            raise RuntimeError(f"{label}: child did not say READY within {CONNECT_TIMEOUT_S} s")
-        router.recv_multipart()  # READY: the ROUTER now knows the peer
-        total, clock = args.warmup + args.requests, time.perf_counter_ns
-        for i in range(total):
-            rid = uuid.uuid4().hex
-            t0 = clock()
-            message = b"\x01" + msgpack.packb([rid, {"prompt": PROMPT}, {}])
-            router.send_multipart([identity, message])
-            reply_frame = pull.recv()
-            reply = msgpack.unpackb(reply_frame[1:])
-            t1 = clock()
-            if reply[1][0][0] != rid:
-                raise RuntimeError(f"{label}: reply for the wrong request")
-            if i >= args.warmup:
-                samples.append(t1 - t0)
-            sizes = (len(message), len(reply_frame))
-            progress(label, i + 1, total, args.progress_every, samples)
-        router.send_multipart([identity, b"\x03" + msgpack.packb([])])
-        child.join(10)
+        router.wait_ready(child, peer)
+        stats = _drive(label, args, router.send, router.receive)
+        router.send(encode(Msg.SHUTDOWN))  # the engine exits on it, as the bare child does
+        _stop(child)
+        if child.exitcode != 0:
+            raise RuntimeError(f"{label}: the child exited with {child.exitcode}")
     finally:
         if child.is_alive():
             child.terminate()
             child.join()
         router.close()
-        pull.close()
-        ctx.term()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return _done(label, samples, sizes)
-
-
-def _done(label: str, samples: list[int], sizes: tuple[int, int]) -> dict[str, Any]:
-    stats = summarize(samples)
-    stats["request_bytes"], stats["reply_bytes"] = sizes
-    say(f"[{label}] p50 {stats['p50_us']:.1f} us  p99 {stats['p99_us']:.1f} us "
-        f"(messages {sizes[0]} B out, {sizes[1]} B back, as sent)")
     return stats

@@ -103,6 +103,25 @@ def hardware() -> dict[str, Any]:
     }
 
 
+def cpu_times() -> list[int]:
+    """The host's `cpu` line of /proc/stat (user nice system idle iowait irq softirq steal
+    ...), in clock ticks; [] where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return []
+
+
+def steal_share(start: list[int], end: list[int]) -> float | None:
+    """Of the vCPU time between two cpu_times(), the share the hypervisor gave to others
+    (steal): on a shared VM, where wake-up latencies stop meaning much."""
+    if len(start) < 8 or len(end) < 8:
+        return None
+    total = sum(end[:8]) - sum(start[:8])
+    return round((end[7] - start[7]) / total, 3) if total > 0 else None
+
+
 async def sse_events(session: Any, url: str, body: dict[str, Any],
                      clock: Any = time.perf_counter) -> Any:
     """POST `body` and yield (arrival time by `clock`, event) for each SSE data event up to

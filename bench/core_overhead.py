@@ -1,27 +1,29 @@
 """Orchestrator overhead per hop: echo pipelines served by AsyncOmni vs baselines.
 
-A *hop* is one stage's round trip through the orchestrator: ADD written on the
-replica's Unix stream connection, the engine process runs one step, OUTPUTS comes back
-on the same connection, the orchestrator routes it. A linear pipeline of N echo stages
+A *hop* is one stage's round trip through the orchestrator: ADD sent on the pipeline's
+ZeroMQ ROUTER to the replica's DEALER (ipc), the engine process runs one step, OUTPUTS
+comes back the same way, the orchestrator routes it. A linear pipeline of N echo stages
 makes N hops per request.
 
 Measured, in one run, one request at a time (concurrency 1) unless said otherwise:
 
   A     in-process: N EchoEngines chained in this process, no sockets (add + step until
         finished, the output fed to the next engine) -> the engine work itself.
-  B0    Unix socket floor: a blocking Unix stream socket server here, a spawned child
-        with a bare echo loop, omni.protocol framing both ways -> omni's transport floor.
-  B     ZeroMQ floor, a reference: ROUTER + PULL here, DEALER + PUSH in a spawned child,
-        ipc, single-frame messages -> what libzmq's I/O threads cost (the runtime used
-        ZeroMQ before and no longer pays it).
-  B2    the real engine process: B0's client against run_engine_process() + EchoEngine
-        -> B0 plus the engine process's loop.
+  B0    raw Unix socket: a blocking Unix stream socket server here, a spawned child with
+        a bare echo loop, the same messages behind a 4-byte length -> a plain stream
+        socket (the transport omni used before ZeroMQ), a baseline.
+  B     raw ZeroMQ: a ROUTER here, a DEALER in a spawned child with a bare echo loop,
+        ipc, one frame per message -> the runtime's socket pattern without the runtime.
+  B2    the real engine process: a ROUTER bound as the orchestrator binds it, driving
+        run_engine_process() + EchoEngine (identity s/0@0) -> B plus the engine's loop.
   ours  omni.AsyncOmni on uvloop serving s0 -> s1 -> ... -> s{N-1} (echo stages, full
-        edges, the last stage final_output text); latency = generate() call to the
-        finished output. Plus one run at concurrency 8 for N=4 (throughput).
+        edges, the last stage final_output text) over ZeroMQ; latency = generate() call
+        to the finished output. Plus one run at concurrency 8 for N=4 (throughput).
 
 per-hop overhead(N) = (ours(N) - A(N)) / N    slope = (ours(Nmax) - ours(Nmin)) / (Nmax - Nmin)
-Target: per-hop p50 <= 150 us. Writes core.md (report) and core.json (raw samples).
+Targets: per-hop p50 <= 150 us; per-hop p50 - B p50 (what the runtime adds to raw
+ZeroMQ) against a previous run's per-hop p50 - B0 p50 (what it added to its raw Unix
+socket), given with --before. Writes core.md (report) and core.json (raw samples).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import logging
 import os
 import pstats
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,8 +48,10 @@ from bench.common import (
     CONCURRENCY_STAGES,
     PROMPT,
     TARGET_US,
+    cpu_times,
     hardware,
     say,
+    steal_share,
 )
 from bench.ours import bench_ours
 
@@ -76,11 +81,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-concurrency", action="store_true",
         help=f"skip the concurrency-{CONCURRENCY} throughput run at N={CONCURRENCY_STAGES}")
     parser.add_argument(
+        "--before", metavar="FILE|REV:PATH",
+        help="a previous run's core.json (a file, or REV:PATH read with git show, e.g. "
+             "227b0c6:bench/results/core.json) to compare with: the report gets a before / "
+             "now table (per-hop p50 and p99, the baselines, per-hop minus the transport)")
+    parser.add_argument(
+        "--before-label", default="before", metavar="TEXT",
+        help="what the --before run was, for the report (default: before)")
+    parser.add_argument(
         "--profile", type=Path, metavar="FILE",
         help="instead of the benchmark: run ours once per --stages under cProfile (the "
              "orchestrator process only, not the engines), save the stats to FILE, print "
              "the top functions; latencies under the profiler are inflated and nothing is "
              "written to --out")
+
+
+def _load_before(source: str) -> dict[str, Any]:
+    """A previous core.json: a file, or REV:PATH read with `git show`."""
+    if not Path(source).is_file() and ":" in source:
+        return json.loads(subprocess.run(["git", "show", source], check=True,
+                                         capture_output=True, text=True).stdout)
+    return json.loads(Path(source).read_text())
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -90,7 +111,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.profile:
         return _profile(args, uvloop)
-    started = time.monotonic()
+    previous = _load_before(args.before) if args.before else None  # fail before the run
+    started, ticks = time.monotonic(), cpu_times()
     results: dict[str, Any] = {
         "command": "python -m bench " + shlex.join(argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -102,9 +124,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     say(f"core overhead: stages {args.stages}, {args.requests} requests + "
         f"{args.warmup} warmup each; load average {results['hardware']['loadavg_at_start']}")
     results["inprocess"] = {str(n): baselines.bench_inprocess(n, args) for n in args.stages}
-    results["unix_socket"] = baselines.bench_unix(args, engine=False)
-    results["zmq"] = baselines.bench_zmq(args)
-    results["engine_process"] = baselines.bench_unix(args, engine=True)
+    results["unix_socket"] = baselines.bench_unix(args)
+    results["zmq"] = baselines.bench_zmq(args, engine=False)
+    results["engine_process"] = baselines.bench_zmq(args, engine=True)
     results["ours"] = {}
     results["ours_concurrent"] = None
 
@@ -117,7 +139,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     uvloop.run(serve_all())
     results["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["cpu_steal_share"] = steal_share(ticks, cpu_times())
     results["derived"] = report.derive(results, args.stages)
+    if previous is not None:
+        results["before"] = report.before(previous, args.before_label, args.before)
     results["wall_s"] = round(time.monotonic() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "core.json").write_text(json.dumps(results, indent=1) + "\n")

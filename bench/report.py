@@ -1,7 +1,9 @@
 """Derived numbers, the Markdown report and its "Reading" prose, all computed from a run.
 
-Result keys: inprocess (A, per N), unix_socket (B0), zmq (B), engine_process (B2),
-ours (per N), ours_concurrent. Every sentence of the Reading is built from them.
+Result keys: inprocess (A, per N), unix_socket (B0, raw Unix socket), zmq (B, raw
+ZeroMQ: the runtime's transport), engine_process (B2), ours (per N), ours_concurrent, and
+optionally before (a previous run, see before()). Every sentence of the Reading is built
+from them.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ def derive(r: dict[str, Any], stages: list[int]) -> dict[str, Any]:
     ours, a = r["ours"], r["inprocess"]
     per_hop = {str(n): {q: round((ours[str(n)][f"{q}_us"] - a[str(n)][f"{q}_us"]) / n, 2)
                         for q in QUANTILES} for n in stages}
-    floor, zmq, eng = r["unix_socket"], r["zmq"], r["engine_process"]
+    unix, zmq, eng = r["unix_socket"], r["zmq"], r["engine_process"]
     d: dict[str, Any] = {
+        "transport": "zmq",  # the runtime's transport: B is its floor
         "per_hop_us": per_hop,
-        "per_hop_p50_over_floor_us": {n: round(v["p50"] - floor["p50_us"], 2)
-                                      for n, v in per_hop.items()},
+        "per_hop_p50_over_unix_us": {n: round(v["p50"] - unix["p50_us"], 2)
+                                     for n, v in per_hop.items()},
         "per_hop_p50_over_zmq_us": {n: round(v["p50"] - zmq["p50_us"], 2)
                                     for n, v in per_hop.items()},
-        "zmq_minus_floor_us": {q: round(zmq[f"{q}_us"] - floor[f"{q}_us"], 2) for q in QUANTILES},
+        "zmq_minus_unix_us": {q: round(zmq[f"{q}_us"] - unix[f"{q}_us"], 2) for q in QUANTILES},
     }
     lo, hi = min(stages), max(stages)
     if hi > lo:
@@ -36,16 +39,34 @@ def derive(r: dict[str, Any], stages: list[int]) -> dict[str, Any]:
         hop = ours[str(hi)]["p50_us"] / hi
     work_1 = (a["1"] if "1" in a else a[str(lo)])["p50_us"] / (1 if "1" in a else lo)
     work = a[str(hi)]["p50_us"] / hi
-    loop = eng["p50_us"] - floor["p50_us"] - work_1
+    loop = eng["p50_us"] - zmq["p50_us"] - work_1
     d["hop_breakdown_p50_us"] = {
         "hop": round(hop, 2),
-        "transport_floor": floor["p50_us"],
+        "transport_floor": zmq["p50_us"],
         "engine_loop": round(loop, 2),
         "engine_work": round(work, 2),
         "engine_work_one_stage": round(work_1, 2),
-        "orchestrator": round(hop - floor["p50_us"] - loop - work, 2),
+        "orchestrator": round(hop - zmq["p50_us"] - loop - work, 2),
     }
     return d
+
+
+def before(prev: dict[str, Any], label: str, source: str) -> dict[str, Any]:
+    """What to compare with from a previous core.json. Its transport is the one its
+    derived numbers name; runs without one are from the Unix-socket runtime (B0)."""
+    transport = prev.get("derived", {}).get("transport", "unix_socket")
+    floor = prev[transport]["p50_us"]
+    per_hop = {n: {"p50": v["p50"], "p99": v["p99"]}
+               for n, v in prev["derived"]["per_hop_us"].items()}
+    return {
+        "label": label, "source": source, "command": prev["command"], "date": prev["date"],
+        "machine": f"{prev['hardware']['cpu_model']}, {prev['hardware']['cores']} cores",
+        "cores": prev["hardware"]["cores"], "transport": transport, "per_hop_us": per_hop,
+        "per_hop_p50_over_transport_us": {n: round(v["p50"] - floor, 2)
+                                          for n, v in per_hop.items()},
+        "p50_us": {k: prev[k]["p50_us"] for k in ("unix_socket", "zmq", "engine_process")},
+        "slope_p50_us": prev["derived"].get("slope_us", {}).get("p50"),
+    }
 
 
 def summary_lines(r: dict[str, Any]) -> str:
@@ -56,15 +77,27 @@ def summary_lines(r: dict[str, Any]) -> str:
         lo, hi = d["slope_between"]
         lines.append(f"marginal stage cost (slope N={lo}..{hi}): p50 {d['slope_us']['p50']:.1f}"
                      f" us, p99 {d['slope_us']['p99']:.1f} us")
-    lines.append(f"round trips p50: B0 unix socket {r['unix_socket']['p50_us']:.1f} us, "
-                 f"B zmq {r['zmq']['p50_us']:.1f} us, B2 engine process "
+    lines.append(f"round trips p50: B0 raw unix socket {r['unix_socket']['p50_us']:.1f} us, "
+                 f"B raw zmq {r['zmq']['p50_us']:.1f} us, B2 engine process "
                  f"{r['engine_process']['p50_us']:.1f} us")
+    lines.append("per-hop p50 - B (raw zmq) p50: " + ", ".join(
+        f"N={n}: {v:.1f} us" for n, v in d["per_hop_p50_over_zmq_us"].items()))
+    if r.get("before"):
+        b = r["before"]
+        lines.append(f"{b['label']}: per-hop p50 - {_NAMES[b['transport']]} p50: " + ", ".join(
+            f"N={n}: {v:.1f} us" for n, v in b["per_hop_p50_over_transport_us"].items()))
     return "\n".join(lines)
 
 
 def _row(name: str, s: dict[str, Any], extra: str = "") -> str:
     return (f"| {name} | {s['p50_us']:.1f} | {s['p90_us']:.1f} | {s['p99_us']:.1f} | "
             f"{s['mean_us']:.1f} | {extra} |")
+
+
+def _steal(r: dict[str, Any]) -> str:
+    share = r.get("cpu_steal_share")
+    return "" if share is None else (f"; CPU steal over the run {100 * share:.1f}% (vCPU time "
+                                     "the hypervisor gave to other guests)")
 
 
 def _bytes(s: dict[str, Any]) -> str:
@@ -85,9 +118,9 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"- CPU: {hw['cpu_model']}, {hw['cores']} cores ({hw['cores_usable']} usable){vm}, "
         f"RAM {hw['ram_gib']} GiB",
         f"- {hw['os']}; load average at start {hw['loadavg_at_start']}, at end "
-        f"{r.get('loadavg_at_end')} (1/5/15 min)",
+        f"{r.get('loadavg_at_end')} (1/5/15 min)" + _steal(r),
         f"- Python {hw['python']}, uvloop {hw['uvloop']}, msgpack {hw['msgpack']}, "
-        f"pyzmq {hw['pyzmq']} / libzmq {hw['libzmq']} (B only)",
+        f"pyzmq {hw['pyzmq']} / libzmq {hw['libzmq']} (the control plane, B, B2, ours)",
         f"- OMP_NUM_THREADS={s['OMP_NUM_THREADS']}; {s['requests']} measured requests per "
         f"row after {s['warmup']} dropped warmup requests; prompt {s['prompt_chars']} chars; "
         "time.perf_counter_ns",
@@ -95,23 +128,25 @@ def render_markdown(r: dict[str, Any]) -> str:
         "## Latency per request (us)",
         "",
         "Concurrency 1 unless said otherwise; every round trip goes to one spawned process. "
-        "*B0* = a Unix stream socket with omni's framing (`omni.protocol`: length, type byte, "
-        "msgpack array) to a bare echo loop: omni's transport floor. *B* = ZeroMQ ipc, "
-        "ROUTER->DEALER / PUSH->PULL, single-frame messages, to a bare echo loop: the "
-        "transport the runtime used before, kept as a reference. *B2* = B0's client against "
-        "the real engine process (`omni.engines.proc.run_engine_process` around an "
-        "EchoEngine). *A* = N echo engines chained in-process (the engine work, no sockets). "
-        "*ours* = `AsyncOmni.generate()` on uvloop to the finished output over "
-        "`s0 -> ... -> s{N-1}`.",
+        "Every message is `omni.protocol.encode`'s (type byte, msgpack array). *B0* = raw "
+        "Unix socket: a stream socket, the messages behind a 4-byte length, to a bare echo "
+        "loop (the transport omni used before ZeroMQ; a baseline). *B* = raw ZeroMQ: a "
+        "ROUTER here, a DEALER child with a bare echo loop, ipc, one frame per message: the "
+        "runtime's socket pattern, its transport floor. *B2* = a ROUTER bound as "
+        "`omni/runtime/control.py` binds it, driving the real engine process "
+        "(`omni.engines.proc.run_engine_process` around an EchoEngine, identity `s/0@0`). "
+        "*A* = N echo engines chained in-process (the engine work, no sockets). *ours* = "
+        "`AsyncOmni.generate()` on uvloop to the finished output over `s0 -> ... -> "
+        "s{N-1}`, control plane on ZeroMQ.",
         "",
         "| configuration | p50 | p90 | p99 | mean | notes |",
         "|---|---:|---:|---:|---:|---|",
-        _row("B0 Unix socket round trip, bare echo", r["unix_socket"],
-             f"omni's transport floor; {_bytes(r['unix_socket'])}"),
-        _row("B ZeroMQ ipc round trip, bare echo", r["zmq"],
-             f"reference: libzmq I/O threads; {_bytes(r['zmq'])}"),
-        _row("B2 omni engine process (echo), sync client", r["engine_process"],
-             "B0 + `run_engine_process`'s single-threaded loop + EchoEngine"),
+        _row("B0 raw Unix socket round trip, bare echo", r["unix_socket"],
+             f"baseline: a plain stream socket; {_bytes(r['unix_socket'])}"),
+        _row("B raw ZeroMQ ipc round trip (ROUTER-DEALER), bare echo", r["zmq"],
+             f"the runtime's transport floor; {_bytes(r['zmq'])}"),
+        _row("B2 omni engine process (echo), sync ROUTER client", r["engine_process"],
+             "B + `run_engine_process`'s loop + EchoEngine"),
     ]
     for n, stats in r["inprocess"].items():
         lines.append(_row(f"A in-process, N={n}", stats))
@@ -129,15 +164,15 @@ def render_markdown(r: dict[str, Any]) -> str:
         "per-hop(N) = (ours(N) - A(N)) / N, per percentile (a difference of percentiles, "
         "not a percentile of differences).",
         "",
-        "| N | per-hop p50 | per-hop p90 | per-hop p99 | per-hop mean | p50 - B0 p50 | "
-        f"p50 - B p50 | p50 <= {TARGET_US:.0f} us? |",
+        "| N | per-hop p50 | per-hop p90 | per-hop p99 | per-hop mean | p50 - B (raw ZeroMQ) "
+        f"p50 | p50 - B0 (raw Unix) p50 | p50 <= {TARGET_US:.0f} us? |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for n, v in d["per_hop_us"].items():
         ok = "yes" if v["p50"] <= TARGET_US else "**no**"
         lines.append(f"| {n} | {v['p50']:.1f} | {v['p90']:.1f} | {v['p99']:.1f} | "
-                     f"{v['mean']:.1f} | {d['per_hop_p50_over_floor_us'][n]:.1f} | "
-                     f"{d['per_hop_p50_over_zmq_us'][n]:.1f} | {ok} |")
+                     f"{v['mean']:.1f} | {d['per_hop_p50_over_zmq_us'][n]:.1f} | "
+                     f"{d['per_hop_p50_over_unix_us'][n]:.1f} | {ok} |")
     if "slope_us" in d:
         lo, hi = d["slope_between"]
         sl = d["slope_us"]
@@ -148,8 +183,52 @@ def render_markdown(r: dict[str, Any]) -> str:
             f"p50 **{sl['p50']:.1f} us**, p90 {sl['p90']:.1f} us, p99 {sl['p99']:.1f} us, "
             f"mean {sl['mean']:.1f} us; it {ok} the {TARGET_US:.0f} us target.",
         ]
+    if r.get("before"):
+        lines += _before_lines(r)
     lines += ["", "## Reading", "", *reading(r), ""]
     return "\n".join(lines)
+
+
+_NAMES = {"unix_socket": "B0 (raw Unix)", "zmq": "B (raw ZeroMQ)"}
+
+
+def _before_lines(r: dict[str, Any]) -> list[str]:
+    b, d = r["before"], r["derived"]
+    now_hw = r["hardware"]
+    lines = [
+        "", f"## Now vs {b['label']}", "",
+        f"{b['label']}: `{b['command']}` on {b['machine']}, {b['date']} (read from "
+        f"`{b['source']}`). Its runtime's transport floor was {_NAMES[b['transport']]}; "
+        "this run's is B (raw ZeroMQ). The target: what the runtime adds on top of its own "
+        "transport, per-hop p50 minus that transport's round trip, should not grow.",
+    ]
+    if b["cores"] != now_hw["cores"]:
+        lines += ["", f"**Different machines** ({b['cores']} cores then, {now_hw['cores']} "
+                  "now): compare with care."]
+    lines += [
+        "",
+        "| N | per-hop p50 now | before | per-hop p99 now | before | now: p50 - B p50 | "
+        f"before: p50 - {_NAMES[b['transport']]} p50 | change |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, v in d["per_hop_us"].items():
+        old = b["per_hop_us"].get(n)
+        if old is None:
+            continue
+        now_over, old_over = d["per_hop_p50_over_zmq_us"][n], b["per_hop_p50_over_transport_us"][n]
+        lines.append(f"| {n} | {v['p50']:.1f} | {old['p50']:.1f} | {v['p99']:.1f} | "
+                     f"{old['p99']:.1f} | {now_over:.1f} | {old_over:.1f} | "
+                     f"{now_over - old_over:+.1f} |")
+    p = b["p50_us"]
+    lines += ["", "| p50 (us) | now | before |", "|---|---:|---:|",
+              f"| B0 raw Unix socket | {r['unix_socket']['p50_us']:.1f} | {p['unix_socket']:.1f} |",
+              f"| B raw ZeroMQ | {r['zmq']['p50_us']:.1f} | {p['zmq']:.1f} |",
+              f"| B2 engine process (each over its runtime's transport) | "
+              f"{r['engine_process']['p50_us']:.1f} | {p['engine_process']:.1f} |"]
+    if b["slope_p50_us"] is not None and "slope_us" in d:
+        lines.append(f"| slope (one more stage) | {d['slope_us']['p50']:.1f} | "
+                     f"{b['slope_p50_us']:.1f} |")
+    return lines
 
 
 def _pct(part: float, whole: float) -> str:
@@ -174,34 +253,34 @@ def reading(r: dict[str, Any]) -> list[str]:
             f"N={n} {v['p50']:.0f} us" for n, v in per_hop.items())
         + f". At N={n_max} a hop costs {hop['p50']:.0f} us at p50 (p99 {hop['p99']:.0f} us), "
         f"which {_versus(hop['p50'], TARGET_US)}.",
-        f"- Our transport floor is a Unix stream socket: B0, a bare child answering over "
-        f"omni.protocol framing, takes {b0['p50_us']:.0f} us p50 / {b0['p99_us']:.0f} us p99 "
-        f"per round trip. That is two process wake-ups (the child to read the request, this "
-        f"process to read the reply), about {b0['p50_us'] / 2:.0f} us each on this machine.",
+        f"- The runtime's transport floor is ZeroMQ: B, a ROUTER here and a bare DEALER "
+        f"child echoing over ipc, takes {b['p50_us']:.0f} us p50 / {b['p99_us']:.0f} us p99 "
+        f"per round trip. A raw Unix stream socket (B0, the same messages behind a length) "
+        f"takes {b0['p50_us']:.0f} us p50 / {b0['p99_us']:.0f} us p99: two process wake-ups, "
+        f"about {b0['p50_us'] / 2:.0f} us each on this machine.",
     ]
-    extra, extra99 = d["zmq_minus_floor_us"]["p50"], d["zmq_minus_floor_us"]["p99"]
+    extra, extra99 = d["zmq_minus_unix_us"]["p50"], d["zmq_minus_unix_us"]["p99"]
     if extra > 0:
         out.append(
-            f"- ZeroMQ (B) is kept to show what the runtime no longer pays: the same exchange "
-            f"over ipc takes {b['p50_us']:.0f} us p50 / {b['p99_us']:.0f} us p99, "
-            f"{extra:.0f} us more than B0 at p50 ({b['p50_us'] / b0['p50_us']:.1f}x) and "
-            f"{extra99:+.0f} us at p99. The difference is libzmq's I/O threads: each send and "
-            "receive is handed to or from an I/O thread on each side, extra wake-ups per "
-            "direction that a plain stream socket does not have.")
+            f"- ZeroMQ costs {extra:.0f} us more than the raw Unix socket at p50 "
+            f"({b['p50_us'] / b0['p50_us']:.1f}x) and {extra99:+.0f} us at p99: each message "
+            "is handed from the sending thread to libzmq's I/O thread and from the receiving "
+            "I/O thread to the reader, wake-ups a plain stream socket does not have. What it "
+            "buys: the engine's I/O thread receives while the engine is inside a step "
+            "(`python -m bench.channel_lag`), with no drainer thread of ours.")
     else:
         out.append(
-            f"- ZeroMQ (B, kept as the reference the runtime moved away from) took "
-            f"{b['p50_us']:.0f} us p50 against B0's {b0['p50_us']:.0f} us: in this run its "
-            "I/O threads did not cost more than the plain socket at p50, so this run does "
-            "not show a transport gain from dropping it.")
-    b2_text = (f"- The real engine process (B2) over the same socket takes {b2['p50_us']:.0f} us "
-               f"p50 / {b2['p99_us']:.0f} us p99, {b2['p50_us'] - b0['p50_us']:+.0f} us against "
-               "B0. ")
+            f"- ZeroMQ (B) took {b['p50_us']:.0f} us p50 against the raw Unix socket's "
+            f"{b0['p50_us']:.0f} us: in this run its I/O threads did not cost more than the "
+            "plain socket at p50.")
+    b2_text = (f"- The real engine process (B2) behind the same ROUTER takes "
+               f"{b2['p50_us']:.0f} us p50 / {b2['p99_us']:.0f} us p99, "
+               f"{b2['p50_us'] - b['p50_us']:+.0f} us against B. ")
     if bd["engine_loop"] > 0:
         b2_text += (f"Of that, {bd['engine_work_one_stage']:.0f} us is EchoEngine's own add + "
                     f"step (A, N=1) and about {bd['engine_loop']:.0f} us is "
-                    "`run_engine_process`'s loop (recv, FrameReader, decode, dispatch, "
-                    "has_work/step, encode, sendall, all on one thread).")
+                    "`run_engine_process`'s loop (recv, decode, dispatch, has_work/step, "
+                    "stats, encode, send, on the main thread).")
     else:
         b2_text += (f"With EchoEngine's own add + step at {bd['engine_work_one_stage']:.0f} us "
                     "(A, N=1), `run_engine_process`'s loop cost nothing measurable over the "
@@ -210,11 +289,11 @@ def reading(r: dict[str, Any]) -> list[str]:
     if "slope_us" in d:
         lo, hi = d["slope_between"]
         slope = d["slope_us"]["p50"]
-        parts = {"the transport floor (B0)": bd["transport_floor"],
-                 "the engine process's loop (B2 - B0 - A)": bd["engine_loop"],
+        parts = {"the transport floor (B, raw ZeroMQ)": bd["transport_floor"],
+                 "the engine process's loop (B2 - B - A)": bd["engine_loop"],
                  "the engine work (A)": bd["engine_work"],
-                 "the orchestrator side (uvloop wake-up, framing and decode, routing, "
-                 "metrics, encode, write; the remainder)": bd["orchestrator"]}
+                 "the orchestrator side (uvloop wake-up, ROUTER receive and decode, "
+                 "routing, metrics, encode, send; the remainder)": bd["orchestrator"]}
         split = "; ".join(f"{k} {v:.0f} us ({_pct(v, slope)})" for k, v in parts.items())
         top = max(parts, key=parts.get)
         noisy = [k.split(" (")[0] for k, v in parts.items() if v < 0]
@@ -274,7 +353,9 @@ def reading(r: dict[str, Any]) -> list[str]:
     out.append(
         f"- Noise: a shared {hw['cores_usable']}-core {kind}; load average "
         f"{hw['loadavg_at_start'][0]:.2f} at start and {r['loadavg_at_end'][0]:.2f} at end "
-        f"(1 min). The orchestrator and every engine loop contend for the same cores, so p99 "
+        f"(1 min)" + (f", CPU steal {100 * r['cpu_steal_share']:.1f}% of the run's vCPU time"
+                      if r.get("cpu_steal_share") is not None else "")
+        + ". The orchestrator and every engine loop contend for the same cores, so p99 "
         f"reflects scheduler wake-ups and GC pauses more than code paths. Within this run the "
         f"p50 of a row's first and second half differ by up to {100 * drift[worst]:.0f}% "
         f"({worst}); compare medians across runs, and p99s only between idle runs.")

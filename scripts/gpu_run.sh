@@ -14,6 +14,11 @@
 #                                        # server start; 8,32 with both sides outlasts a call:
 #                                        # run c=32 one side at a time; TAG=... names the files,
 #                                        # BURSTS=2 runs two per level, sides in both orders)
+#   bash scripts/gpu_run.sh core         # bench core on the host's CPUs (control plane per hop;
+#                                        # before: bench/results/core-h200-host.json)
+#   bash scripts/gpu_run.sh placement    # presets' stages on the GPU (tests), and
+#                                        # `python -m omni.server --model <tiny Qwen-Image>`:
+#                                        # READY line, one image, SIGTERM, nothing left behind
 #   bash scripts/gpu_run.sh thinker [C] [B] # the same Qwen3-Omni model, text only (the thinker
 #                                        # alone): bench ar, 2500-token prompts, concurrency C
 #                                        # (default 1,8,32), bursts B (default 2,1,1): its
@@ -23,7 +28,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker) ;; *) sed -n 2,23p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement) ;; *) sed -n 2,28p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -50,6 +55,27 @@ bench_ar_option() {
 }
 
 case "${1:-}" in
+  core)
+    timeout 400 python3 -m bench core --stages 1,2,4,8 --requests 2000 --warmup 200 \
+      --out "$OUT" --before bench/results/core-h200-host.json \
+      --before-label "before (Unix socket transport)" 2>&1 | grep -v "^\[core\].*requests" | tail -30
+    ;;
+  placement)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_preset_devices_cuda.py \
+      tests/unit/test_stage_devices.py --tb=short 2>&1 | tail -8
+    timeout 120 python3 scripts/build_tiny_models.py --out /tmp/m --only qwen_image 2>&1 | tail -1
+    log="$OUT/server-placement.log"
+    setsid python3 -m omni.server --model /tmp/m/qwen_image --port 0 >"$log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 240); do grep -q "listening on" "$log" && break; sleep 0.5; done
+    port=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' "$log" | grep -oE '[0-9]+$')
+    grep -E "ready \(" "$log"
+    curl -s "localhost:$port/v1/images/generations" -H 'Content-Type: application/json' \
+      -d '{"model":"qwen_image","prompt":"a red cube","size":"32x32","n":1}' \
+      | python3 -c 'import json,sys; d=json.load(sys.stdin); print("image bytes (b64):", len(d["data"][0]["b64_json"]))'
+    kill -TERM $server; wait $server; echo "server exit $?"
+    if kill -0 -$server 2>/dev/null; then echo "LEFT BEHIND:"; ps -o pid,cmd -g $server; else echo "process group empty"; fi
+    ;;
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu --tb=short 2>&1 | tail -30
     timeout 60 python3 -m bench.decode_fill --device cuda --out "$OUT" 2>&1 | tail -6

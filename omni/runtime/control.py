@@ -64,11 +64,15 @@ class ControlRouter:
         read what a replica sent before its process ended)."""
         self._drain_pending = False
         sock = self.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if sock.closed:  # a drain scheduled by a send just before close
+            return
+        while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+            except zmq.Again:  # empty; reading EVENTS re-arms the descriptor's signal
+                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    continue
+                return
             if len(frames) != 2:  # a DEALER sends one frame; the ROUTER adds the identity
                 self.dropped += 1
                 log.error("dropping a control message of %d frames from %r", len(frames) - 1,

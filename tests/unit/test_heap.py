@@ -15,7 +15,9 @@ def test_loaded_objects_are_frozen_and_new_garbage_is_still_collected() -> None:
     loaded = [Node() for _ in range(1000)]
     try:
         frozen = freeze_loaded_objects()
-        assert frozen >= 1000 and gc.get_freeze_count() == frozen
+        # another thread of this process (a test server still up, beating heartbeats) may
+        # free a few frozen objects meanwhile, never add to them
+        assert frozen >= 1000 and frozen - 1000 < gc.get_freeze_count() <= frozen
         tracked = {id(o) for o in gc.get_objects()}
         assert not any(id(node) in tracked for node in loaded)  # skipped by collections
         Node()  # new garbage, unreachable at once

@@ -93,7 +93,7 @@ def _lower_priority(nice: Any) -> None:
     """Stage option `nice` (0 to 19): this engine process yields the CPU to the others when
     both could run. On a machine with fewer cores than busy stages, an upstream stage that
     keeps generating (a thinker) otherwise takes the CPU from the stages that make the first
-    packet (talker, vocoder): bench/results/omni-cpu-nice*.md. Work-conserving: a stage waiting for
+    packet (talker, vocoder): bench/results/archive/omni-cpu-nice*.md. Work-conserving: a stage waiting for
     its input leaves the CPU to the one that feeds it, whatever their priorities."""
     if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
         raise EngineLoadError(f"option nice must be an integer from 0 to 19, got {nice!r}")
@@ -109,7 +109,7 @@ def _option_flag(options: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _serve(spec: EngineSpec, channel: Channel) -> None:
-    from omni.engines import build_engine
+    from omni.engines import build_engine, resolve_device
 
     log.info("loading %s engine for stage '%s'", spec.engine, spec.stage)
     _lower_priority(spec.options.get("nice", 0))
@@ -123,7 +123,9 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
                           getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
-    channel.send(encode(Msg.READY, spec.replica_id, {**engine.info(), **memory}))
+    info = {**engine.info(), **memory}
+    info.setdefault("device", resolve_device(spec.device))  # for the READY log line
+    channel.send(encode(Msg.READY, spec.replica_id, info))
     try:
         EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:
