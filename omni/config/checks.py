@@ -12,6 +12,7 @@ import copy
 import difflib
 import heapq
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
@@ -28,7 +29,6 @@ MEMORY_FIX = (
     "Use an integer number of bytes or a size like '512MiB', '2GiB', '1.5GB' "
     "(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 )
-DEVICE_FIX = "Use 'auto', 'cpu', 'cuda' or 'cuda:N' (N an integer >= 0)"
 
 # Decimal units are powers of 1000, binary (IEC) units powers of 1024, as on disk labels.
 _MEMORY_UNITS = {
@@ -36,8 +36,8 @@ _MEMORY_UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+_STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
-_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 _YAML_TYPE_NAMES = {
     bool: "boolean", int: "integer", float: "number", str: "string",
     list: "list", dict: "mapping", type(None): "null",
@@ -180,19 +180,25 @@ def check_choice(src: str, path: str, value: object, choices: Iterable[str], wha
     return value
 
 
-def check_device(src: str, path: str, value: object) -> str:
-    """'auto', 'cpu', 'cuda' or 'cuda:N', normalised ('cuda:01' -> 'cuda:1').
+def check_stage_name(src: str, path: str, raw: Mapping[str, Any]) -> str:
+    """A stage's `name`: lowercase letters, digits, '_' and '-', not 'stream'."""
+    name = as_str(src, f"{path}.name", require(src, path, raw, "name", "my_stage"))
+    if not _STAGE_NAME_RE.match(name):
+        fixed = re.sub(r"[^a-z0-9_-]+", "_", name.lower()).strip("_") or "stage"
+        raise ConfigError(src, f"{path}.name", f"bad stage name {name!r}",
+                          f"Use lowercase letters, digits, '_' and '-' only, e.g. '{fixed}'")
+    if name == "stream":  # engines read inputs["stream"] as the list of stream producers
+        raise ConfigError(src, f"{path}.name", "'stream' is a reserved name", "Pick another")
+    return name
 
-    'auto' is resolved in the engine process: a GPU when one is visible, else the CPU.
-    """
-    if value == "auto":
-        return value
-    match = _DEVICE_RE.match(value) if isinstance(value, str) else None
-    if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
-        hint = f"Did you mean 'cuda:{value}'? " if _is_index(value) else ""
-        raise ConfigError(src, path, f"bad device {value!r}", hint + DEVICE_FIX)
-    kind, index = match.groups()
-    return kind if index is None else f"{kind}:{int(index)}"
+
+def model_dir_path(src: str, path: str, value: object, base_dir: str | None) -> str | None:
+    """An absolute model_dir; relative to the YAML file (`base_dir`), not the server's
+    cwd, so a file plus its weights can move."""
+    if value is None:
+        return None
+    expanded = os.path.expanduser(as_str(src, path, value))
+    return os.path.abspath(os.path.join(base_dir or os.getcwd(), expanded))
 
 
 def _is_index(value: object) -> bool:
@@ -375,14 +381,6 @@ def parse_defaults(src: str, raw: object, outputs: Outputs) -> tuple[str, ...]:
             raise ConfigError(src, f"default_modalities[{j}]", f"modality {m!r} is not in outputs",
                               did_you_mean(m, outputs))
     return tuple(dict.fromkeys(items))
-
-
-def check_devices(src: str, path: str, value: object) -> tuple[str, ...]:
-    """A non-empty list of devices (a lone string is one item)."""
-    items = as_list(src, path, value)
-    if not items:
-        raise ConfigError(src, path, "the device list is empty", "Use e.g. [cpu] or [cuda:0]")
-    return tuple(check_device(src, f"{path}[{i}]", d) for i, d in enumerate(items))
 
 
 def check_memory(src: str, path: str, value: object) -> int:

@@ -80,7 +80,7 @@ def over_budget(stage: str, used: int | None, budget: int | None,
     """What to tell the operator when a stage holds more device memory after loading
     than its budget (None when it fits or has no budget): the budget sizes the weights and
     the KV cache, and what comes on top (decode graphs, about 1 GiB per AR stage in the
-    H200 runs of bench/results/omni-h200-c32-stream.md, and the largest step's
+    H200 runs of bench/results/archive/omni-h200-c32-stream.md, and the largest step's
     activations, reached at load by warm_prefill) must be left free beside it."""
     if not used or not budget or used <= budget:
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -33,10 +32,11 @@ from omni.config.checks import (
     check_acyclic,
     check_all_needed,
     check_choice,
-    check_devices,
     check_keys,
     check_memory,
+    check_stage_name,
     edge_end,
+    model_dir_path,
     opt_str,
     optional,
     parse_defaults,
@@ -46,6 +46,7 @@ from omni.config.checks import (
     topo_order,
 )
 from omni.config.control import parse_control_bind, parse_heartbeat
+from omni.config.devices import check_devices, default_devices
 from omni.config.memory import check_shares, parse_share
 
 __all__ = [
@@ -63,8 +64,6 @@ TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
-
-_STAGE_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 
 
 class UnknownModalityError(ValueError):
@@ -99,7 +98,7 @@ class StageConfig(_Picklable):
     engine: str
     model: str | None = None
     model_dir: str | None = None
-    devices: tuple[str, ...] = ("cpu",)
+    devices: tuple[str, ...] = ()  # empty: default_devices(engine), auto but for echo
     replicas: int = 1
     memory: int | None = None
     memory_share: float | None = None  # `memory: 60%` (omni/config/memory.py)
@@ -111,7 +110,7 @@ class StageConfig(_Picklable):
     launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
 
     def __post_init__(self) -> None:
-        _set(self, "devices", tuple(self.devices))
+        _set(self, "devices", tuple(self.devices) or default_devices(self.engine))
         _set(self, "params", _frozen(self.params))
         _set(self, "options", _frozen(self.options))
 
@@ -329,11 +328,12 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     memory = raw.get("memory")
     share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
     return StageConfig(
-        name=_stage_name(src, path, raw),
+        name=check_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
         model=opt_str(src, f"{path}.model", raw.get("model")),
-        model_dir=_model_dir(src, f"{path}.model_dir", raw.get("model_dir"), base_dir),
-        devices=check_devices(src, f"{path}.devices", optional(raw, "devices", ["cpu"])),
+        model_dir=model_dir_path(src, f"{path}.model_dir", raw.get("model_dir"), base_dir),
+        devices=check_devices(src, f"{path}.devices",  # a bad engine has failed above
+                              optional(raw, "devices", default_devices(engine))),
         replicas=as_int(src, f"{path}.replicas", optional(raw, "replicas", 1), 1),
         memory=None if memory is None or share else check_memory(src, f"{path}.memory", memory),
         memory_share=share,
@@ -344,25 +344,6 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         launch=check_choice(src, f"{path}.launch", optional(raw, "launch", "local"),
                             ("local", "external"), "launch"),
     )
-
-
-def _stage_name(src: str, path: str, raw: Mapping[str, Any]) -> str:
-    name = as_str(src, f"{path}.name", require(src, path, raw, "name", "my_stage"))
-    if not _STAGE_NAME_RE.match(name):
-        fixed = re.sub(r"[^a-z0-9_-]+", "_", name.lower()).strip("_") or "stage"
-        raise ConfigError(src, f"{path}.name", f"bad stage name {name!r}",
-                          f"Use lowercase letters, digits, '_' and '-' only, e.g. '{fixed}'")
-    if name == "stream":  # engines read inputs["stream"] as the list of stream producers
-        raise ConfigError(src, f"{path}.name", "'stream' is a reserved name", "Pick another")
-    return name
-
-
-def _model_dir(src: str, path: str, value: object, base_dir: str | None) -> str | None:
-    # Relative to the YAML file, not the server's cwd, so a file plus its weights can move.
-    if value is None:
-        return None
-    expanded = os.path.expanduser(as_str(src, path, value))
-    return os.path.abspath(os.path.join(base_dir or os.getcwd(), expanded))
 
 
 def _parse_edges(src: str, raw: object, stages: tuple[StageConfig, ...]) -> tuple[EdgeConfig, ...]:

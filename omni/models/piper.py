@@ -24,6 +24,7 @@ requests with the same speed share an engine step.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from omni.models.speech import (
     texts,
     voice_entry,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PHONEMES = 400  # longest sentence (in phonemes) sent to the model in one call
 _WORD_BREAK = " "  # espeak-ng's phoneme for a word boundary
@@ -114,21 +117,20 @@ class PiperTTS:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if device.startswith("cuda"):
-            providers: list[Any] = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}),
-                                    "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
         try:
             # synthesis=False: a text-only stage (phonemes), no model in memory
-            session = onnxruntime.InferenceSession(str(files.model), sess_options=so,
-                                                   providers=providers) if synthesis else None
+            session = onnxruntime.InferenceSession(
+                str(files.model), sess_options=so,
+                providers=_providers(onnxruntime, device)) if synthesis else None
             self.voice = PiperVoice(config=PiperConfig.from_dict(self.raw_config),
                                     session=session)
         except Exception as e:
             raise EngineLoadError(f"piper: cannot load {files.model}: {e}") from e
         self.files = files
-        self.device = device
+        # where the voice really runs: a GPU only if onnxruntime took its CUDA provider
+        # (it falls back to the CPU when that provider fails to load)
+        on_gpu = session is not None and "CUDAExecutionProvider" in session.get_providers()
+        self.device = device if on_gpu else "cpu"
         self.intra_op_threads = threads
         self.max_phonemes = max_ph
         self.sample_rate = int(self.voice.config.sample_rate)
@@ -226,6 +228,20 @@ def _strip(phonemes: list[str]) -> list[str]:
     while j > i and phonemes[j - 1] == _WORD_BREAK:
         j -= 1
     return phonemes[i:j]
+
+
+def _providers(onnxruntime: Any, device: str) -> list[Any]:
+    """onnxruntime's providers for a resolved device. A CUDA device ('auto' on a GPU host)
+    gets the CUDA provider when this onnxruntime has it (the onnxruntime-gpu build), else
+    the CPU: the CPU build would only warn that the provider is missing and run there."""
+    if not device.startswith("cuda"):
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        log.info("piper: onnxruntime has no CUDA provider (onnxruntime-gpu is not "
+                 "installed): the voice runs on the CPU, not on %s", device)
+        return ["CPUExecutionProvider"]
+    cuda = {"device_id": int(device.partition(":")[2] or 0), "cudnn_conv_algo_search": "HEURISTIC"}
+    return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
 
 
 def load_piper(model_dir: str | os.PathLike[str] | None = None, device: str = "cpu",

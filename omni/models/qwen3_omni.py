@@ -282,12 +282,12 @@ class Code2WavRunner:
         # outgrow the caches. Tiny model, 2-core VM, 48-frame rows: 1582 frames/s at 1
         # row, 1503 at 2, 1338 at 4, 740 at 16, 413 at 32. 64 frames is one full chunk
         # with its left context: short calls, so a request's next input waits less behind
-        # a running one. Against 128 in one run (bench/results/omni-cpu-code2wav-batch-
-        # frames.md, stream c=8): queues on the last-output chain 3.9% vs 7.5% of E2EL,
+        # a running one. Against 128 in one run (bench/results/archive/omni-cpu-code2wav-
+        # batch-frames.md, stream c=8): queues on the last-output chain 3.9% vs 7.5% of E2EL,
         # TTFP and E2EL within the run's noise. On a GPU, 4096: with no limit, 32 complete
         # answers (32 rows of 300 + 25 frames) made one 2.88 GiB activation of a call that
         # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
-        # server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
+        # archive/server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
         # chunks (32 x (25 + 25)) in one call.
         # With a memory budget on a GPU the engine sizes it instead (generation_memory.py).
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64

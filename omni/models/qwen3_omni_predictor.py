@@ -10,7 +10,7 @@ residual codes ...]. Two ways to run that loop, same math:
                     sampling included, can be captured as one CUDA graph (PredictorGraphs).
 
 On a GPU the loop is bound by per-call overhead, not by arithmetic (H200, release-size
-predictor: 15 passes took ~75 ms a frame at any batch size, bench/results/omni-h200.md);
+predictor: 15 passes took ~75 ms a frame at any batch size, bench/results/archive/omni-h200.md);
 one graph replay per step removes the Python and launch cost of ~1,000 small kernels
 (same H200: 89 -> 14 ms a step at batch 1, 91 -> 19 ms at batch 32, greedy codes equal;
 scripts/profile_talker_step.py --graphs).

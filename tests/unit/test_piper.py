@@ -216,3 +216,34 @@ def test_streamed_text_ending_with_an_empty_last_chunk_is_flushed(tts):
     _drain(engine, outputs)
     assert len([o for o in outputs["s"] if o.data and o.data.get("samples")]) == 1
     assert outputs["s"][-1].finished
+
+
+def test_a_cuda_device_without_the_cuda_provider_runs_on_the_cpu_and_says_so(recwarn):
+    # what `auto` gives on a GPU host; this onnxruntime may be the CPU build
+    import onnxruntime
+
+    tts = load_piper(device="cuda")
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        assert tts.device == tts.info()["device"] == "cpu"
+        assert tts.voice.session.get_providers() == ["CPUExecutionProvider"]
+        assert not [w for w in recwarn if "CUDAExecutionProvider" in str(w.message)]
+    assert next(tts.synthesize(SHORT)).size > 0
+    assert load_piper(device="cuda", synthesis=False).device == "cpu"  # phonemes only
+
+
+def test_the_cuda_provider_is_asked_for_on_the_stage_s_gpu():
+    from omni.models.piper import _providers
+
+    class Ort:
+        def __init__(self, *providers: str) -> None:
+            self.providers = list(providers)
+
+        def get_available_providers(self) -> list[str]:
+            return self.providers
+
+    gpu = Ort("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert _providers(gpu, "cpu") == ["CPUExecutionProvider"]
+    assert _providers(Ort("CPUExecutionProvider"), "cuda:1") == ["CPUExecutionProvider"]
+    (name, options), cpu = _providers(gpu, "cuda:1")
+    assert (name, options["device_id"], cpu) == ("CUDAExecutionProvider", 1, "CPUExecutionProvider")
+    assert _providers(gpu, "cuda")[0][1]["device_id"] == 0

@@ -149,8 +149,11 @@ class DiffusionEngine(Engine):
         return outputs
 
     def info(self) -> dict[str, Any]:
-        return {"output": self.denoiser.output, **self.denoiser.info(),
+        info = {"output": self.denoiser.output, **self.denoiser.info(),
                 "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache}
+        if hasattr(self.denoiser, "device"):  # where it runs, for the READY log line
+            info.setdefault("device", str(self.denoiser.device))
+        return info
 
     def stats(self) -> dict[str, Any]:
         return {"waiting": len(self._waiting), "running": len(self._jobs),

@@ -4,7 +4,7 @@ The AR engine's budget sizes its KV cache; a frame runner (e.g. a codec decoder)
 cache, and what grows with load is one call's activations: a vocoder's last layers hold
 thousands of samples x channels per frame. Without a bound, 32 complete answers in one
 call took a codec-decoder stage from ~1 GiB to 13.9 GiB on a shared H200 and ran the
-other stages out of memory (bench/results/server-full-h200-c32-code2wav-oom.log).
+other stages out of memory (bench/results/archive/server-full-h200-c32-code2wav-oom.log).
 
 So with `memory:` set on a CUDA stage, the engine measures at load instead of guessing:
 - weights: what the process holds once the runner is loaded;
