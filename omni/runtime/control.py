@@ -66,13 +66,10 @@ class ControlRouter:
         sock = self.sock
         if sock.closed:  # a drain scheduled by a send just before close
             return
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:  # empty; reading EVENTS re-arms the descriptor's signal
-                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    continue
-                return
+        # EVENTS, not recv until zmq.Again: it re-arms the descriptor's signal too, and
+        # costs half of a raised Again (2.5 vs 5.6 us on the 2-core VM)
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
             if len(frames) != 2:  # a DEALER sends one frame; the ROUTER adds the identity
                 self.dropped += 1
                 log.error("dropping a control message of %d frames from %r", len(frames) - 1,
