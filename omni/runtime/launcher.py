@@ -34,6 +34,7 @@ log = logging.getLogger("omni.runtime.launcher")
 PROGRESS_EVERY_S = 15.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
 HEARTBEAT_SUFFIX = b"#hb"  # the identity of a replica's heartbeat socket: <identity>#hb
+_OPENING = (bytes([Msg.READY]), bytes([Msg.DEAD]))  # what a new incarnation says first
 
 
 class StartupError(RuntimeError):
@@ -191,7 +192,7 @@ class EngineGroup:
         """A heartbeat, an external replica's new incarnation, or a message of a retired
         incarnation or a stranger (ignored)."""
         replica = self._external_slot(identity)
-        if replica is not None:
+        if replica is not None and message[:1] in _OPENING:  # a READY (or DEAD) adopts
             replica.incarnation = parse_identity(identity)[1]
             self._by_identity[identity] = replica
             self.on_message(identity, message)
