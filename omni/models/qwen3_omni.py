@@ -289,7 +289,7 @@ class Code2WavRunner:
         # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
         # archive/server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
         # chunks (32 x (25 + 25)) in one call.
-        # With a memory budget on a GPU the engine sizes it instead (generation_memory.py).
+        # With a memory budget on a GPU the engine sizes it instead (generation/memory.py).
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
         self.device = code2wav.device
 

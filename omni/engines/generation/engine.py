@@ -60,7 +60,7 @@ class GenerationEngine(Engine):
 
     options: max_batch_size (64): the most chunks in one runner call; max_batch_frames
     (0 = no limit): the most rows x frames in one call; by default sized from the stage's
-    memory budget on a GPU (generation_memory.py), else the runner's `batch_frames`.
+    memory budget on a GPU (generation/memory.py), else the runner's `batch_frames`.
     A runner lists the options it reads in its OPTIONS.
     """
 

