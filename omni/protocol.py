@@ -79,6 +79,23 @@ def decode(frame: Buffer) -> tuple[Msg, list[Any]]:
     return kind, body
 
 
+def check_outputs(body: list, replica_id: str) -> None:
+    """An OUTPUTS body from `replica_id` has the shape the orchestrator reads, or
+    ProtocolError: [replica_id, [[request_id, data, finished, error|None], ...], {stats}]."""
+    if body[0] != replica_id:
+        raise ProtocolError(f"OUTPUTS from {replica_id} names {body[0]!r}")
+    rows, stats = body[1], body[2]
+    if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
+            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
+            and (r[3] is None or _is_error(r[3])) for r in rows):
+        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays, "
+                            "error null or [kind, message]")
+
+
+def _is_error(error: Any) -> bool:
+    return isinstance(error, list) and len(error) == 2 and all(isinstance(x, str) for x in error)
+
+
 Handler = Callable[[list[Any]], None]
 
 
@@ -96,6 +113,16 @@ def dispatch(table: dict[Msg, Handler], frame: Buffer) -> None:
 def identity(replica_id: str, incarnation: int) -> bytes:
     """The DEALER identity of one incarnation of a replica."""
     return f"{replica_id}@{incarnation}".encode()
+
+
+HEARTBEAT_SUFFIX = b"#hb"  # a replica's heartbeat socket is named <identity>#hb
+
+
+def heartbeat_owner(raw: bytes) -> bytes | None:
+    """The replica identity whose heartbeat socket this is, or None."""
+    if raw.endswith(HEARTBEAT_SUFFIX) and parse_identity(raw[:-len(HEARTBEAT_SUFFIX)]):
+        return raw[:-len(HEARTBEAT_SUFFIX)]
+    return None
 
 
 def parse_identity(raw: bytes) -> tuple[str, int] | None:

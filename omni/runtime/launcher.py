@@ -23,7 +23,16 @@ from typing import Any
 
 from omni.config.pipeline import PipelineConfig, StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
-from omni.protocol import Msg, ProtocolError, decode, encode, ipc_address, parse_identity
+from omni.protocol import (
+    Msg,
+    ProtocolError,
+    check_outputs,
+    decode,
+    encode,
+    heartbeat_owner,
+    ipc_address,
+    parse_identity,
+)
 from omni.runtime.control import ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.pool import Replica, StagePool
@@ -33,7 +42,6 @@ log = logging.getLogger("omni.runtime.launcher")
 
 PROGRESS_EVERY_S = 15.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
-HEARTBEAT_SUFFIX = b"#hb"  # the identity of a replica's heartbeat socket: <identity>#hb
 _OPENING = (bytes([Msg.READY]), bytes([Msg.DEAD]))  # what a new incarnation says first
 
 
@@ -175,7 +183,7 @@ class EngineGroup:
             if not replica.connected:
                 self._identify(replica, kind, body)
             elif kind == Msg.OUTPUTS:
-                _check_rows(body, replica)
+                check_outputs(body, replica.replica_id)
                 replica.stats = body[2]
                 self.on_outputs(replica, body[1], body[2], len(message))
             elif kind == Msg.DEAD:
@@ -197,12 +205,12 @@ class EngineGroup:
             self._by_identity[identity] = replica
             self.on_message(identity, message)
             return
-        if identity.endswith(HEARTBEAT_SUFFIX):  # one that has not said READY yet is moot
-            replica = self._by_identity.get(identity[:-len(HEARTBEAT_SUFFIX)])
+        owner = heartbeat_owner(identity)
+        if owner is not None:  # one whose replica has not said READY yet is moot
+            replica = self._by_identity.get(owner)
             if replica is not None:
                 replica.last_heartbeat = time.monotonic()
-            if parse_identity(identity[:-len(HEARTBEAT_SUFFIX)]):
-                return
+            return
         if identity not in self._retired and len(self._retired) < 10_000:
             self._retired.add(identity)  # log each stranger once
             log.warning("ignoring control messages from %r: not a current replica "
@@ -372,22 +380,6 @@ class EngineGroup:
             self.control = None
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")
-
-
-def _check_rows(body: list, replica: Replica) -> None:
-    if body[0] != replica.replica_id:
-        raise ProtocolError(f"OUTPUTS from {replica.replica_id} names {body[0]!r}")
-    rows, stats = body[1], body[2]
-    if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
-            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
-            and (r[3] is None or _is_error(r[3])) for r in rows):
-        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays, "
-                            "error null or [kind, message]")
-
-
-def _is_error(error: Any) -> bool:
-    return (isinstance(error, list) and len(error) == 2
-            and all(isinstance(x, str) for x in error))
 
 
 def _describe_exit(replica: Replica) -> str:

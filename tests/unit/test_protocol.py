@@ -16,6 +16,7 @@ from omni.protocol import (
     decode,
     dispatch,
     encode,
+    heartbeat_owner,
     identity,
     parse_identity,
 )
@@ -131,6 +132,9 @@ def test_identities_carry_the_replica_and_its_incarnation():
     assert parse_identity(identity("a@b/1", 12)) == ("a@b/1", 12)
     for raw in (b"talker/0", b"talker/0@", b"@1", b"x@-1", b"x@one", b"\xff\xfe"):
         assert parse_identity(raw) is None, raw
+    assert heartbeat_owner(b"talker/0@3#hb") == b"talker/0@3"
+    for raw in (b"talker/0@3", b"talker/0#hb", b"talker/0@3#hbx", b"#hb"):
+        assert heartbeat_owner(raw) is None, raw
 
 
 @pytest.mark.parametrize("address", ["ipc:///tmp/x/control.sock", "tcp://127.0.0.1:5555",

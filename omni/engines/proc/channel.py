@@ -20,11 +20,18 @@ import time
 
 import zmq
 
-from omni.protocol import CONTROL_HWM, LINGER_MS, Msg, check_address, decode, encode
+from omni.protocol import (
+    CONTROL_HWM,
+    HEARTBEAT_SUFFIX,
+    LINGER_MS,
+    Msg,
+    check_address,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("omni.engine")
 
-HEARTBEAT_SUFFIX = b"#hb"
 
 
 class Channel:
