@@ -201,7 +201,7 @@ def model_dir_path(src: str, path: str, value: object, base_dir: str | None) -> 
     return os.path.abspath(os.path.join(base_dir or os.getcwd(), expanded))
 
 
-def _is_index(value: object) -> bool:
+def is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -211,7 +211,7 @@ def parse_memory(value: int | str) -> int:
     Raises ValueError (whose text includes the accepted forms) on bad input; callers
     parsing a file re-raise it as ConfigError with the field path.
     """
-    if _is_index(value):
+    if is_index(value):
         return _positive_bytes(value, value)
     match = _MEMORY_RE.match(value) if isinstance(value, str) else None
     unit = _MEMORY_UNITS.get(match.group(2).lower()) if match else None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from omni.config.checks import ConfigError, _is_index, as_list
+from omni.config.checks import ConfigError, as_list, is_index
 
 DEVICE_FIX = "Use 'auto', 'cpu', 'cuda' or 'cuda:N' (N an integer >= 0)"
 # engine kinds that load no model: their stages default to the CPU, not to 'auto'
@@ -39,7 +39,7 @@ def check_device(src: str, path: str, value: object) -> str:
         return value
     match = _DEVICE_RE.match(value) if isinstance(value, str) else None
     if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
-        hint = f"Did you mean 'cuda:{value}'? " if _is_index(value) else ""
+        hint = f"Did you mean 'cuda:{value}'? " if is_index(value) else ""
         raise ConfigError(src, path, f"bad device {value!r}", hint + DEVICE_FIX)
     kind, index = match.groups()
     return kind if index is None else f"{kind}:{int(index)}"

@@ -36,6 +36,10 @@ class PeerUnreachableError(ConnectionError):
     """A control message could not be queued for its peer (gone, or its queue is full)."""
 
 
+class BindError(OSError):
+    """The control socket cannot listen at its address."""
+
+
 class ControlRouter:
     """Bind, receive on the loop, send by identity; see the module doc."""
 
@@ -47,7 +51,12 @@ class ControlRouter:
         self.sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.LINGER, 0)  # at close every peer is gone or being killed
-        self.sock.bind(check_address(address))
+        try:
+            self.sock.bind(check_address(address))
+        except zmq.ZMQError as exc:  # e.g. a tcp port in use: nothing of ours stays open
+            self.sock.close(linger=0)
+            self.context.term()
+            raise BindError(f"cannot bind the control socket to {address}: {exc}") from exc
         # what engines connect to: a tcp port given as * is the one the OS picked
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._fd = self.sock.getsockopt(zmq.FD)

@@ -33,7 +33,7 @@ from omni.protocol import (
     ipc_address,
     parse_identity,
 )
-from omni.runtime.control import ControlRouter, PeerUnreachableError
+from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import process_context
@@ -92,8 +92,11 @@ class EngineGroup:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         try:
-            self.control = ControlRouter(self.pipeline.control_bind
-                                         or ipc_address(self._ipc_dir), self.on_message)
+            try:
+                self.control = ControlRouter(self.pipeline.control_bind
+                                             or ipc_address(self._ipc_dir), self.on_message)
+            except BindError as exc:
+                raise StartupError(f"pipeline '{self.pipeline.name}': {exc}") from None
             self.control.attach(self.loop)
             spawn = process_context(self.pipeline)
             for stage in self.pipeline.stages:

@@ -28,6 +28,7 @@ from procutil import (
 from omni import AsyncOmni
 from omni.config.pipeline import load_pipeline_file
 from omni.errors import ReplicaDeadError
+from omni.runtime.launcher import StartupError
 
 
 def test_more_than_a_thousand_messages_to_a_stalled_engine_all_arrive():
@@ -116,3 +117,23 @@ def test_a_stopped_tcp_replica_is_declared_dead_and_a_new_incarnation_takes_over
             process.send_signal(signal.SIGCONT)
             process.kill()
             process.wait(10)
+
+
+def test_a_control_address_in_use_fails_the_start_saying_so():
+    """A second pipeline bound to the first one's tcp port: StartupError naming the
+    address, no engine started, the first keeps serving."""
+    first = make_pipeline("first", [echo_stage("s", final="text")],
+                          control_bind="tcp://127.0.0.1:*")
+
+    async def body():
+        async with serving(first) as omni:
+            taken = omni.orchestrator.engines.control_address
+            second = AsyncOmni(make_pipeline("second", [echo_stage("s", final="text")],
+                                             control_bind=taken), log_level=ENGINE_LOG_LEVEL)
+            with pytest.raises(StartupError, match="cannot bind the control socket to tcp"):
+                await second.start()
+            assert all(r.process is None for r in second.orchestrator.engines.replicas.values())
+            assert not os.path.exists(second.orchestrator.engines._ipc_dir)
+            outputs = await collect(omni.generate({"prompt": "still mine"}))
+            assert "".join(o.data["text"] for o in outputs if not o.finished) == "still mine"
+    run(body())

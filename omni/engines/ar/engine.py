@@ -20,8 +20,8 @@ which a stream edge hands to the next stage (one that reads its hidden states). 
 "auto", a model whose next stage embeds the answer's token ids itself
 (CausalLM.export_prompt_only) exports the prompt's rows only.
 
-Elsewhere: the order of work in one step() (overlap_steps, chain_decode): ar_steps.py;
-media prompts: ar_encoder.py, ar_media.py; KV cache size: kv_cache.sized_cache; output
+Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py;
+media prompts: encoder.py, media.py; KV cache size: kv_cache.sized_cache; output
 limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
 """
 
@@ -109,7 +109,7 @@ class AREngine(StepOrder, Engine):
             prefix_salt=0 if caching else None,
             prefill_beside_decodes=self._opt("prefill_beside_decodes", batched))
         self.graphs = self._make_graphs() if cuda else None
-        if self.options.get("warm_prefill", cuda):  # first-use costs at load (ar_warm.py)
+        if self.options.get("warm_prefill", cuda):  # first-use costs at load (warm.py)
             self._warm_prefill()
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
@@ -118,7 +118,7 @@ class AREngine(StepOrder, Engine):
         # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
         self.overlap = bool(self.options.get("overlap_steps", cuda))
-        self.chain = bool(self.options.get("chain_decode", cuda))  # ar_steps.py
+        self.chain = bool(self.options.get("chain_decode", cuda))  # steps.py
         self.steps = 0
         self.step_time_s = 0.0
 
@@ -289,7 +289,7 @@ class AREngine(StepOrder, Engine):
                  ) -> tuple[list[Sequence], torch.Tensor, Any]:
         """Run the packed batch: the sequences that reach their last token, their logits,
         and (export_hidden_layers) each sequence's rows of the chosen layers. fed: a
-        chained decode step's token ids, on the device, one per sequence (ar_steps.py)."""
+        chained decode step's token ids, on the device, one per sequence (steps.py)."""
         if self._graphable(batch, chained=fed is not None):
             seqs = batch.seqs
             inputs = self._graph_inputs(batch) if fed is None else fed
