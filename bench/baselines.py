@@ -11,6 +11,12 @@
   B2  the real engine process: a ROUTER here as omni/runtime/control.py binds it
       (ROUTER_MANDATORY, CONTROL_HWM, ipc in a temp dir) against `run_engine_process`
       with an EchoEngine, driven by identity ``s/0@0`` -> B plus the engine's loop.
+
+Each of B0, B and B2 also runs *idle* (``gap_s``): the client sleeps before every send, so
+the child and its threads have gone idle when the message arrives, as each stage of an
+N-stage pipeline is while the others run. What waking an idle process costs differs by
+transport: a Unix socket wakes one thread, ZeroMQ three (I/O threads on both sides, then
+the reader).
 """
 
 from __future__ import annotations
@@ -100,13 +106,17 @@ def _stop(child: multiprocessing.process.BaseProcess) -> None:
         child.join()
 
 
-def _drive(label: str, args: argparse.Namespace, send: Any, receive: Any) -> dict[str, Any]:
-    """The measured loop shared by B0, B and B2: one ADD, wait for its OUTPUTS."""
+def _drive(label: str, args: argparse.Namespace, send: Any, receive: Any,
+           gap_s: float = 0.0) -> dict[str, Any]:
+    """The measured loop shared by B0, B and B2: one ADD, wait for its OUTPUTS; with
+    ``gap_s``, sleep that long before each (the peer goes idle)."""
     samples: list[int] = []
     sizes = (0, 0)
     total, clock = args.warmup + args.requests, time.perf_counter_ns
     for i in range(total):
         rid = uuid.uuid4().hex
+        if gap_s:
+            time.sleep(gap_s)
         t0 = clock()
         message = _add(rid)
         send(message)
@@ -170,9 +180,9 @@ def _unix_echo_child(path: str) -> None:
     sock.close()
 
 
-def bench_unix(args: argparse.Namespace) -> dict[str, Any]:
+def bench_unix(args: argparse.Namespace, gap_s: float = 0.0) -> dict[str, Any]:
     """B0: a blocking Unix stream socket server here, a bare echo child."""
-    label = "B0 raw unix socket"
+    label = "B0 raw unix socket" + (" idle" if gap_s else "")
     tmp = tempfile.mkdtemp(prefix="bench-uds-")
     path = f"{tmp}/control.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -193,7 +203,7 @@ def bench_unix(args: argparse.Namespace) -> dict[str, Any]:
 
         if decode(receive())[0] != Msg.READY:
             raise RuntimeError(f"{label}: the child's first message is not READY")
-        stats = _drive(label, args, lambda m: conn.sendall(_frame(m)), receive)
+        stats = _drive(label, args, lambda m: conn.sendall(_frame(m)), receive, gap_s)
         conn.sendall(_frame(encode(Msg.SHUTDOWN)))
         _stop(child)
     finally:
@@ -267,11 +277,11 @@ class _Router:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def bench_zmq(args: argparse.Namespace, *, engine: bool) -> dict[str, Any]:
+def bench_zmq(args: argparse.Namespace, *, engine: bool, gap_s: float = 0.0) -> dict[str, Any]:
     """B (a bare DEALER echo child) or B2 (the real engine process), same ROUTER client."""
     from omni.engines.proc import EngineSpec, run_engine_process
 
-    label = "B2 engine process" if engine else "B raw zmq"
+    label = ("B2 engine process" if engine else "B raw zmq") + (" idle" if gap_s else "")
     router = _Router(label)
     peer = identity(REPLICA_ID, 0)
     if engine:
@@ -283,7 +293,7 @@ def bench_zmq(args: argparse.Namespace, *, engine: bool) -> dict[str, Any]:
         child = _spawn(_zmq_echo_child, router.address, peer)
     try:
         router.wait_ready(child, peer)
-        stats = _drive(label, args, router.send, router.receive)
+        stats = _drive(label, args, router.send, router.receive, gap_s)
         router.send(encode(Msg.SHUTDOWN))  # the engine exits on it, as the bare child does
         _stop(child)
         if child.exitcode != 0:

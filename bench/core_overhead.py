@@ -16,6 +16,9 @@ Measured, in one run, one request at a time (concurrency 1) unless said otherwis
         ipc, one frame per message -> the runtime's socket pattern without the runtime.
   B2    the real engine process: a ROUTER bound as the orchestrator binds it, driving
         run_engine_process() + EchoEngine (identity s/0@0) -> B plus the engine's loop.
+  idle  B0, B and B2 again, the client sleeping --idle-gap-us before each round trip:
+        the peer has gone idle, as every stage of an N-stage pipeline is while the
+        others run -> what waking an idle process costs on each transport.
   ours  omni.AsyncOmni on uvloop serving s0 -> s1 -> ... -> s{N-1} (echo stages, full
         edges, the last stage final_output text) over ZeroMQ; latency = generate() call
         to the finished output. Plus one run at concurrency 8 for N=4 (throughput).
@@ -70,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", default=200, type=_non_negative_int, metavar="W",
         help="requests sent first and dropped from every configuration (default: 200)")
     parser.add_argument(
+        "--idle-gap-us", default=2000, type=_non_negative_int, metavar="US",
+        help="the idle baselines' sleep before each round trip, in microseconds (default: "
+             "2000, about how long a stage of the 8-stage pipeline waits for its turn; 0 "
+             "skips the idle rows)")
+    parser.add_argument(
         "--out", default="bench/results", type=Path, metavar="DIR",
         help="directory for core.md and core.json, created if missing; existing files are "
              "overwritten (default: bench/results)")
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "hardware": hardware(),
         "settings": {"stages": args.stages, "requests": args.requests, "warmup": args.warmup,
                      "prompt_chars": len(PROMPT), "target_us_per_hop": TARGET_US,
+                     "idle_gap_us": args.idle_gap_us,
                      "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]},
     }
     say(f"core overhead: stages {args.stages}, {args.requests} requests + "
@@ -127,6 +136,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     results["unix_socket"] = baselines.bench_unix(args)
     results["zmq"] = baselines.bench_zmq(args, engine=False)
     results["engine_process"] = baselines.bench_zmq(args, engine=True)
+    if args.idle_gap_us:
+        gap_s = args.idle_gap_us / 1e6
+        results["unix_socket_idle"] = baselines.bench_unix(args, gap_s)
+        results["zmq_idle"] = baselines.bench_zmq(args, engine=False, gap_s=gap_s)
+        results["engine_process_idle"] = baselines.bench_zmq(args, engine=True, gap_s=gap_s)
     results["ours"] = {}
     results["ours_concurrent"] = None
 

@@ -27,6 +27,9 @@ def derive(r: dict[str, Any], stages: list[int]) -> dict[str, Any]:
                                     for n, v in per_hop.items()},
         "zmq_minus_unix_us": {q: round(zmq[f"{q}_us"] - unix[f"{q}_us"], 2) for q in QUANTILES},
     }
+    if "zmq_idle" in r:  # the transport floor to a peer that sat idle (stages at N > 1)
+        d["per_hop_p50_over_zmq_idle_us"] = {n: round(v["p50"] - r["zmq_idle"]["p50_us"], 2)
+                                             for n, v in per_hop.items()}
     lo, hi = min(stages), max(stages)
     if hi > lo:
         d["slope_between"] = [lo, hi]
@@ -148,6 +151,11 @@ def render_markdown(r: dict[str, Any]) -> str:
         _row("B2 omni engine process (echo), sync ROUTER client", r["engine_process"],
              "B + `run_engine_process`'s loop + EchoEngine"),
     ]
+    gap = s.get("idle_gap_us")
+    for key, name in _IDLE_ROWS:
+        if key in r:
+            lines.append(_row(f"{name}, idle {gap} us before each", r[key],
+                              "the peer's threads asleep when the message comes"))
     for n, stats in r["inprocess"].items():
         lines.append(_row(f"A in-process, N={n}", stats))
     for n, stats in r["ours"].items():
@@ -165,13 +173,15 @@ def render_markdown(r: dict[str, Any]) -> str:
         "not a percentile of differences).",
         "",
         "| N | per-hop p50 | per-hop p90 | per-hop p99 | per-hop mean | p50 - B (raw ZeroMQ) "
-        f"p50 | p50 - B0 (raw Unix) p50 | p50 <= {TARGET_US:.0f} us? |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"p50 | p50 - B idle p50 | p50 - B0 (raw Unix) p50 | p50 <= {TARGET_US:.0f} us? |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    over_idle = d.get("per_hop_p50_over_zmq_idle_us", {})
     for n, v in d["per_hop_us"].items():
         ok = "yes" if v["p50"] <= TARGET_US else "**no**"
+        idle = f"{over_idle[n]:.1f}" if n in over_idle else "n/a"
         lines.append(f"| {n} | {v['p50']:.1f} | {v['p90']:.1f} | {v['p99']:.1f} | "
-                     f"{v['mean']:.1f} | {d['per_hop_p50_over_zmq_us'][n]:.1f} | "
+                     f"{v['mean']:.1f} | {d['per_hop_p50_over_zmq_us'][n]:.1f} | {idle} | "
                      f"{d['per_hop_p50_over_unix_us'][n]:.1f} | {ok} |")
     if "slope_us" in d:
         lo, hi = d["slope_between"]
@@ -189,6 +199,8 @@ def render_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_IDLE_ROWS = (("unix_socket_idle", "B0 raw Unix socket"), ("zmq_idle", "B raw ZeroMQ"),
+              ("engine_process_idle", "B2 omni engine process"))
 _NAMES = {"unix_socket": "B0 (raw Unix)", "zmq": "B (raw ZeroMQ)"}
 
 
@@ -241,6 +253,20 @@ def _versus(value: float, target: float) -> str:
     return f"misses the {target:.0f} us target by {value - target:.0f} us ({value / target:.1f}x)"
 
 
+def _idle_reading(r: dict[str, Any]) -> str:
+    b0, b, b2 = r["unix_socket"], r["zmq"], r["engine_process"]
+    i0, i, i2 = r["unix_socket_idle"], r["zmq_idle"], r["engine_process_idle"]
+    over = r["derived"]["per_hop_p50_over_zmq_idle_us"]
+    return (
+        f"- Waking an idle peer ({r['settings']['idle_gap_us']} us asleep before each round "
+        f"trip): raw Unix {i0['p50_us']:.0f} us p50 ({i0['p50_us'] - b0['p50_us']:+.0f} "
+        f"against busy), raw ZeroMQ {i['p50_us']:.0f} us ({i['p50_us'] - b['p50_us']:+.0f}), "
+        f"the engine process {i2['p50_us']:.0f} us ({i2['p50_us'] - b2['p50_us']:+.0f}). "
+        "In an N-stage pipeline every stage but the one running is idle, so from N=2 on a "
+        "hop pays the idle figure; per-hop p50 minus B idle p50: " + ", ".join(
+            f"N={n} {v:.0f} us" for n, v in over.items()) + ".")
+
+
 def reading(r: dict[str, Any]) -> list[str]:
     d, hw = r["derived"], r["hardware"]
     per_hop = d["per_hop_us"]
@@ -273,6 +299,8 @@ def reading(r: dict[str, Any]) -> list[str]:
             f"- ZeroMQ (B) took {b['p50_us']:.0f} us p50 against the raw Unix socket's "
             f"{b0['p50_us']:.0f} us: in this run its I/O threads did not cost more than the "
             "plain socket at p50.")
+    if "zmq_idle" in r:
+        out.append(_idle_reading(r))
     b2_text = (f"- The real engine process (B2) behind the same ROUTER takes "
                f"{b2['p50_us']:.0f} us p50 / {b2['p99_us']:.0f} us p99, "
                f"{b2['p50_us'] - b['p50_us']:+.0f} us against B. ")

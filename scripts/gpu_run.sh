@@ -15,7 +15,8 @@
 #                                        # run c=32 one side at a time; TAG=... names the files,
 #                                        # BURSTS=2 runs two per level, sides in both orders)
 #   bash scripts/gpu_run.sh core         # bench core on the host's CPUs (control plane per hop;
-#                                        # before: bench/results/core-h200-host.json)
+#                                        # before: bench/results/core-h200-host.json), after
+#                                        # bench/probes/idle_wake.py (idle wake-up costs)
 #   bash scripts/gpu_run.sh placement    # presets' stages on the GPU (tests), and
 #                                        # `python -m omni.server --model <tiny Qwen-Image>`:
 #                                        # READY line, one image, SIGTERM, nothing left behind
@@ -56,6 +57,7 @@ bench_ar_option() {
 
 case "${1:-}" in
   core)
+    timeout 150 python3 bench/probes/idle_wake.py 2.5
     timeout 400 python3 -m bench core --stages 1,2,4,8 --requests 2000 --warmup 200 \
       --out "$OUT" --before bench/results/core-h200-host.json \
       --before-label "before (Unix socket transport)" 2>&1 | grep -v "^\[core\].*requests" | tail -30

@@ -31,6 +31,10 @@ log = logging.getLogger("omni.runtime.control")
 
 MessageHandler = Callable[[bytes, bytes], None]
 
+# plain ints: pyzmq's flag enums cost an extra ~2 us per use, on every hop
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+
 
 class PeerUnreachableError(ConnectionError):
     """A control message could not be queued for its peer (gone, or its queue is full)."""
@@ -79,8 +83,8 @@ class ControlRouter:
         # costs half of a raised Again (2.5 vs 5.6 us on the 2-core VM)
         self._draining = True
         try:
-            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+            while sock.get(_EVENTS) & _POLLIN:
+                frames = sock.recv_multipart(_NOBLOCK)
                 if len(frames) != 2:  # a DEALER sends one frame; the ROUTER adds the identity
                     log.error("dropping a control message of %d frames from %r",
                               len(frames) - 1, frames[0][:64])
@@ -91,7 +95,10 @@ class ControlRouter:
 
     def send(self, identity: bytes, message: bytes) -> None:
         try:
-            self.sock.send_multipart((identity, message), zmq.NOBLOCK)
+            # two sends, not send_multipart: the same frames without its per-frame checks;
+            # with ROUTER_MANDATORY the identity frame is where an unknown peer raises
+            self.sock.send(identity, _NOBLOCK | _SNDMORE)
+            self.sock.send(message, _NOBLOCK, copy=len(message) < 65536)
         except zmq.Again as exc:
             raise PeerUnreachableError(
                 f"{identity.decode(errors='replace')} has {CONTROL_HWM} control messages "
@@ -109,7 +116,7 @@ class ControlRouter:
         the next loop iteration if something waits (never inside a caller's handler).
         A send made while drain() runs needs no look: drain's loop reads EVENTS next."""
         if (not self._draining and not self._drain_pending and self._loop is not None
-                and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN):
+                and self.sock.get(_EVENTS) & _POLLIN):
             self._drain_pending = True
             self._loop.call_soon(self.drain)
 

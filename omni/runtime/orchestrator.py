@@ -61,13 +61,11 @@ class Orchestrator:
         self._idle = asyncio.Event()
         self._idle.set()
         self.metrics.watch(self._gauges)
-        # bound metric children per stage: .labels() on every hop costs a few microseconds
-        name, stages = pipeline.name, [s.name for s in pipeline.stages]
+        stages = [s.name for s in pipeline.stages]
+        self._measure = self.metrics.for_pipeline(pipeline.name, stages)
         self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[str, ...], RoutePlan] = {}
-        self._stage_latency = {s: self.metrics.stage_latency.labels(name, s) for s in stages}
-        self._stage_first = {s: self.metrics.stage_first_output.labels(name, s) for s in stages}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
 
     async def start(self) -> None:
@@ -160,8 +158,9 @@ class Orchestrator:
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
         try:  # a bug in the bookkeeping must not cost the outputs below
-            self._observe_durations(self.metrics.engine_step, replica.stage, stats.get("step_s"))
-            self._observe_durations(self.metrics.engine_gc_pause, replica.stage,
+            self._observe_durations(self._measure.engine_step[replica.stage],
+                                    stats.get("step_s"))
+            self._observe_durations(self._measure.engine_gc_pause[replica.stage],
                                     stats.get("gc_s"))
         except Exception:
             log.exception("%s: its engine stats could not be recorded", replica.replica_id)
@@ -181,10 +180,10 @@ class Orchestrator:
                         f"{type(exc).__name__}: {exc}", replica.stage))
         self.leads.flush(self.engines.try_send)
 
-    def _observe_durations(self, family: Any, stage: str, durations: Any) -> None:
+    @staticmethod
+    def _observe_durations(histogram: Any, durations: Any) -> None:
         """An engine report's list of durations (steps, GC pauses) into a histogram."""
         if isinstance(durations, list):
-            histogram = family.labels(self.pipeline.name, stage)
             for seconds in durations:
                 if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
                     histogram.observe(seconds)
@@ -220,7 +219,7 @@ class Orchestrator:
     def _stage_done(self, state: RequestState, stage: str, now: float) -> None:
         times = state.times[stage]
         times["finished"] = now
-        self._stage_latency[stage].observe(now - times["queued"])
+        self._measure.stage_latency[stage].observe(now - times["queued"])
         state.done.add(stage)
         state.bound[stage].outstanding.discard(state.engine_id)
         plan = state.plan
@@ -322,16 +321,16 @@ class Orchestrator:
         state.held.clear()
 
     def _observe(self, state: RequestState, outcome: str) -> None:
-        name = self.pipeline.name
-        self.metrics.requests.labels(name, outcome).inc()
+        measure = self._measure
+        measure.requests.labels(self.pipeline.name, outcome).inc()
         if outcome == "ok":
-            self.metrics.latency.labels(name).observe(time.monotonic() - state.arrived)
+            measure.latency.observe(time.monotonic() - state.arrived)
             if state.first_output is not None:
-                self.metrics.first_output.labels(name).observe(state.first_output - state.arrived)
-            self.metrics.observe_transit(name, state.transit)
+                measure.first_output.observe(state.first_output - state.arrived)
+            measure.observe_transit(state.transit)
             for stage, times in state.times.items():
                 if "first_output" in times:
-                    self._stage_first[stage].observe(times["first_output"] - state.arrived)
+                    measure.stage_first[stage].observe(times["first_output"] - state.arrived)
 
     def _request_metrics(self, state: RequestState) -> dict[str, Any]:
         base = state.arrived

@@ -32,6 +32,8 @@ from omni.protocol import (
 
 log = logging.getLogger("omni.engine")
 
+# plain ints: pyzmq's flag enums cost an extra ~2 us per use, on every message
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 class Channel:
@@ -68,8 +70,8 @@ class Channel:
         sock, messages = self.sock, []
         if block:
             messages.append(sock.recv())
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a raised zmq.Again
-            messages.append(sock.recv(zmq.NOBLOCK))
+        while sock.get(_EVENTS) & _POLLIN:  # cheaper than a raised zmq.Again
+            messages.append(sock.recv(_NOBLOCK))
         return messages
 
     def say_dead(self, message: bytes, wait_s: float = LINGER_MS / 1000) -> None:
