@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-speech-chars", type=int, default=4096,
                    help="longest /v1/audio/speech input in characters (default 4096, "
                         "OpenAI's limit); longer gets 400")
+    p.add_argument("--max-audio-mb", type=_positive_float, default=25.0,
+                   help="largest audio file /v1/audio/transcriptions accepts, in MiB "
+                   "(default 25, OpenAI's limit); larger gets 413")
+    p.add_argument("--max-audio-seconds", type=_positive_float, default=300.0,
+                   help="longest audio /v1/audio/transcriptions decodes, in seconds "
+                   "(default 300); longer gets 400")
     p.add_argument("--data-dir", default=None,
                    help="where video jobs and their files persist across restarts (default: "
                    "$OMNI_DATA_DIR, else $XDG_DATA_HOME/omni, else ~/.local/share/omni)")
@@ -85,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity")
     return p.parse_args(argv)
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
 
 
 def _model_target(value: str) -> tuple[str, str]:
@@ -148,6 +161,8 @@ async def serve(args: argparse.Namespace) -> None:
                               max_request_bytes=int(args.max_request_mb * 1024 * 1024),
                               drain_timeout_s=args.drain_timeout,
                               max_speech_chars=args.max_speech_chars,
+                              max_audio_bytes=int(args.max_audio_mb * 1024 * 1024),
+                              max_audio_seconds=args.max_audio_seconds,
                               data_dir=args.data_dir,
                               video_retention_s=args.video_retention_hours * 3600,
                               max_video_jobs=args.max_video_jobs,

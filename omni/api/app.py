@@ -29,10 +29,15 @@ class ServedModel:
     def modalities(self) -> tuple[str, ...]:
         return self.omni.pipeline.modalities
 
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        return self.omni.pipeline.input_modalities
+
     def card(self) -> dict[str, Any]:
         """The /v1/models entry; extra keys beyond OpenAI's are ignored by clients."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "omni",
-                "modalities": list(self.modalities), **self.metadata}
+                "modalities": list(self.modalities),
+                "input_modalities": list(self.input_modalities), **self.metadata}
 
 
 class ModelRegistry:
@@ -66,6 +71,8 @@ class ServerSettings:
     max_request_bytes: int = 16 * 1024 * 1024
     drain_timeout_s: float = 30.0
     max_speech_chars: int = 4096  # OpenAI's limit for /v1/audio/speech input
+    max_audio_bytes: int = 25 * 1024 * 1024  # an uploaded audio file (OpenAI's limit)
+    max_audio_seconds: float = 300.0  # decoded audio; it rides in one control message
     data_dir: str | None = None  # video jobs and files (None: video_jobs.default_data_dir)
     video_retention_s: float = 24 * 3600.0  # finished videos are deleted after this
     max_video_jobs: int = 16  # queued + running video jobs; beyond: 429

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from omni.api import images, speech, system, text, unserved, videos
+from omni.api import images, speech, system, text, transcriptions, unserved, videos
 
 
 def add_routes(app: web.Application) -> None:
     system.add_routes(app)
     text.add_routes(app)
     speech.add_routes(app)
+    transcriptions.add_routes(app)
     images.add_routes(app)
     videos.add_routes(app)
     unserved.add_routes(app)

@@ -56,6 +56,12 @@ def _text_model(request: web.Request, body: dict[str, Any]) -> ServedModel:
     if "text" not in model.modalities:
         raise APIError(400, f"model '{model.id}' does not output text (it outputs "
                        f"{', '.join(model.modalities)})", param="model")
+    if "text" not in model.input_modalities:
+        hint = (" (a speech recognizer: use /v1/audio/transcriptions)"
+                if "audio" in model.input_modalities else "")
+        raise APIError(400, f"model '{model.id}' does not read text (it takes "
+                       f"{', '.join(model.input_modalities) or 'nothing'}){hint}",
+                       param="model")
     return model
 
 

