@@ -60,7 +60,7 @@ case "${1:-}" in
     timeout 150 python3 bench/probes/idle_wake.py 2.5
     timeout 400 python3 -m bench core --stages 1,2,4,8 --requests 2000 --warmup 200 \
       --out "$OUT" --before bench/results/core-h200-host.json \
-      --before-label "before (Unix socket transport)" 2>&1 | grep -v "^\[core\].*requests" | tail -30
+      --before-label "before (the previous H200-host run)" 2>&1 | grep -v "^\[core\].*requests" | tail -30
     ;;
   placement)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_preset_devices_cuda.py \
