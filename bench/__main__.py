@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, core_overhead, diffusion, omni, startup, tts
+    from bench import ar, asr, core_overhead, diffusion, omni, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                     "piper called directly", description=tts.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tts.add_arguments(tts_parser)
+    asr_parser = sub.add_parser(
+        "asr", help="speech recognition: Whisper real-time factor, omni's server vs "
+                    "faster-whisper direct", description=asr.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    asr.add_arguments(asr_parser)
     ar_parser = sub.add_parser(
         "ar", help="text generation: tokens/s, TTFT and decode step vs the HBM roofline, omni "
                    "(HTTP, in-process) vs transformers generate (sequential, batched)",
@@ -57,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return startup.run(args, argv)
     if args.bench == "tts":
         return tts.run(args, argv)
+    if args.bench == "asr":
+        return asr.run(args, argv)
     if args.bench == "ar":
         return ar.run(args, argv)
     if args.bench == "diffusion":

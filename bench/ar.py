@@ -118,20 +118,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- prompts ------------------------------------------------------------------------------
 class Prompts:
-    """Seeded random token ids below the tokenizer's special ids, one list per request."""
+    """Seeded random token ids between the tokenizer's special ids, one list per request:
+    specials in the upper half of the vocabulary (Qwen's) bound it from above, those in
+    the lower half (SmolLM2's, ids 0-16) from below."""
 
     def __init__(self, model_dir: str, length: int, seed: int) -> None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        self.limit = min([len(tok), *tok.all_special_ids])
+        half = len(tok) // 2
+        self.low = max([-1, *(i for i in tok.all_special_ids if i < half)]) + 1
+        self.limit = min([len(tok), *(i for i in tok.all_special_ids if i >= half)])
         self.length, self.seed = length, seed
 
     def burst(self, tag: str, count: int) -> list[list[int]]:
         out = []
         for i in range(count):
             rng = random.Random(f"{self.seed}:{tag}:{i}")
-            out.append([rng.randrange(self.limit) for _ in range(self.length)])
+            out.append([rng.randrange(self.low, self.limit) for _ in range(self.length)])
         return out
 
 

@@ -115,9 +115,10 @@ def _pipeline(config: str, tmp: Path) -> str:
     return str(path)
 
 
-def _start_server(pipeline: str) -> tuple[subprocess.Popen, str]:
+def start_server(pipeline: str, name: str = "tts") -> tuple[subprocess.Popen, str]:
+    """`python -m omni.server --pipeline PIPELINE` serving it as `name`; (process, url)."""
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", pipeline,
-                             "--served-model-name", "tts", "--port", "0"],
+                             "--served-model-name", name, "--port", "0"],
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     deadline = time.monotonic() + 120
     for line in proc.stderr:
@@ -197,7 +198,7 @@ def measure(sides: list[str], levels: list[tuple[int, int]]) -> dict[str, Any]:
             urls = {}
             for side in (s for s in sides if s != "direct"):
                 say(f"[tts] starting the server for {side} ...")
-                proc, urls[side] = _start_server(_pipeline(side, Path(tmp)))
+                proc, urls[side] = start_server(_pipeline(side, Path(tmp)))
                 procs.append(proc)
             return asyncio.run(_measure(sides, urls, levels))
         finally:

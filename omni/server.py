@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -188,8 +189,8 @@ async def serve(args: argparse.Namespace) -> None:
             log.info("serving model '%s' (%s)%s", model.id, "+".join(model.modalities),
                      " [random weights]" if model.metadata.get("random_weights") else "")
         host, port = runner.addresses[0][:2]
-        log.info("listening on http://%s:%d (OpenAI base_url http://%s:%d/v1)", host, port,
-                 host, port)
+        log.info("listening on http://%s:%d (OpenAI base_url http://%s:%d/v1); started in "
+                 "%.1f s", host, port, host, port, time.monotonic() - args.started)
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %g s)", args.drain_timeout)
         await _drain(models, args.drain_timeout)
@@ -204,7 +205,9 @@ async def _drain(models: list[ServedModel], timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
+    args.started = started
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
