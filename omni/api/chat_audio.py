@@ -99,7 +99,8 @@ class AudioChat:
             voice["seed"] = self.call.sampling["seed"]  # a sampling speaker: same seed, same audio
         params.update({s: dict(voice) for s in voice_stages})
         return self.call.model.omni.generate(self.call.inputs, modalities=["text", "audio"],
-                                             params=params, request_id=self.call.id)
+                                             params=params, request_id=self.call.id,
+                                             input_modalities=self.call.input_modalities)
 
     async def encode(self, encoder: AudioEncoder, data: dict[str, Any]) -> bytes:
         if not data.get("samples"):

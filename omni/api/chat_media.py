@@ -25,6 +25,7 @@ import base64
 import binascii
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from omni.api.app import SETTINGS_KEY
@@ -39,10 +40,15 @@ MAX_IMAGE_PIXELS = 64 * 2**20  # larger files are refused before anything decode
 MAX_VIDEO_SECONDS = 600.0
 
 
-async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) -> None:
+async def prepare_media(request: web.Request, model: Any,
+                        body: dict[str, Any]) -> dict[str, Any]:
+    """Check and decode the media parts in place; returns inputs to add beside the
+    messages: ``{"audio": [clips]}`` when a speech stage upstream transcribes the audio
+    parts (each part then stands as ``{"input_audio": {"transcript": i}}``)."""
     messages = body.get("messages")
+    clips: list[dict[str, Any]] = []
     if not isinstance(messages, list):
-        return
+        return {}
     with_audio = body.get("use_audio_in_video", False)
     if not isinstance(with_audio, bool):
         raise APIError(400, "use_audio_in_video must be true or false",
@@ -55,7 +61,7 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
             kind = part.get("type") if isinstance(part, dict) else None
             where = f"messages[{i}].content[{j}]"
             if kind in ("input_audio", "audio_url"):
-                parts[j] = await _audio_part(request, model, part, where)
+                parts[j] = await _audio_part(request, model, part, where, clips)
             elif kind in ("image_url", "video_url"):
                 _check_accepted(model, kind, where)
                 parts[j] = await _visual_part(request, part, kind, where)
@@ -63,6 +69,7 @@ async def prepare_media(request: web.Request, model: Any, body: dict[str, Any]) 
                     await _video_audio(model, parts[j]["video"], where)
             elif kind != "text":
                 _check_accepted(model, kind, where)
+    return {"audio": clips} if clips else {}
 
 
 def _check_accepted(model: Any, kind: Any, where: str) -> None:
@@ -74,17 +81,37 @@ def _check_accepted(model: Any, kind: Any, where: str) -> None:
 
 
 async def _audio_part(request: web.Request, model: Any, part: dict[str, Any],
-                      where: str) -> dict[str, Any]:
+                      where: str, clips: list[dict[str, Any]]) -> dict[str, Any]:
     rate = model.omni.output_info("text").get("input_audio_rate")
-    if not rate:
+    upstream = None if rate else _transcriber_rate(model)
+    if not rate and not upstream:
         raise APIError(400, f"model '{model.id}' does not take audio input", param=where)
     data = await _audio_bytes(request, part, where)
     try:
-        samples = await asyncio.to_thread(decode_audio, data, int(rate), MAX_AUDIO_SECONDS)
+        samples = await asyncio.to_thread(decode_audio, data, int(rate or upstream),
+                                          MAX_AUDIO_SECONDS)
     except ValueError as e:
         raise APIError(400, f"{where}: {e}", param=where) from None
-    return {"type": "input_audio",
-            "input_audio": {"pcm_f32le": samples.tobytes(), "sample_rate": int(rate)}}
+    if rate:  # the text stage hears the audio itself (e.g. Qwen3-Omni's thinker)
+        return {"type": "input_audio",
+                "input_audio": {"pcm_f32le": samples.tobytes(), "sample_rate": int(rate)}}
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    clips.append({"pcm_s16le": pcm, "sample_rate": int(upstream)})
+    return {"type": "input_audio", "input_audio": {"transcript": len(clips) - 1}}
+
+
+def _transcriber_rate(model: Any) -> int | None:
+    """The sample rate of the stage that transcribes a chat's audio before the text stage
+    reads it (omni/config/views.py's assistant: asr -> llm), None if there is none."""
+    pipeline = model.omni.pipeline
+    if "audio" not in model.input_modalities:
+        return None
+    for stage in pipeline.route(["text"], ["text", "audio"]).entries:
+        if "audio" in pipeline.stage(stage).inputs:
+            rate = model.omni.stage_info(stage).get("input_audio_rate")
+            if rate:
+                return int(rate)
+    return None
 
 
 async def _audio_bytes(request: web.Request, part: dict[str, Any], where: str) -> bytes:

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.config.pipeline import UnknownModalityError
+from omni.config.pipeline import UnknownModalityError, UnsupportedInputError
 from omni.errors import (
     AdmissionError,
     DeadlineExceededError,
@@ -55,6 +55,7 @@ _OMNI_ERRORS: list[tuple[type[Exception], int, str, str | None, dict[str, str]]]
     (DeadlineExceededError, 504, "server_error", "deadline_exceeded", {"x-should-retry": "false"}),
     (RequestAbortedError, 503, "server_error", "aborted", {}),
     (UnknownModalityError, 400, "invalid_request_error", None, {}),
+    (UnsupportedInputError, 400, "invalid_request_error", "unsupported_input", {}),
     (InvalidInputError, 400, "invalid_request_error", "invalid_input", {}),
     (DuplicateRequestIdError, 400, "invalid_request_error", "duplicate_request_id", {}),
 ]
@@ -106,7 +107,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     except APIError as exc:
         return exc.response()
-    except (OmniError, UnknownModalityError) as exc:
+    except (OmniError, UnknownModalityError, UnsupportedInputError) as exc:
         return from_exception(exc).response()
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -107,6 +107,10 @@ def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str
             "text_offset": offsets}
 
 
+# inputs beside the messages, per request (omni/api/chat_media.py)
+EXTRA_INPUTS = web.RequestKey("omni_extra_inputs", dict)
+
+
 class TextCall:
     """One text request: runs its choices, and shapes them for its endpoint."""
 
@@ -114,6 +118,9 @@ class TextCall:
         self.request, self.body, self.chat = request, body, chat
         self.model = _text_model(request, body)
         self.inputs = _chat_inputs(body) if chat else _completion_inputs(body)
+        # clips a speech stage upstream transcribes (omni/api/chat_media.py)
+        self.inputs.update(request.get(EXTRA_INPUTS, {}))
+        self.input_modalities = ["text", *(["audio"] if "audio" in self.inputs else [])]
         self.sampling = sampling_params(body)
         self.n = choice_count(body)
         self.logprobs = logprobs_count(body, chat)
@@ -132,7 +139,8 @@ class TextCall:
             params["seed"] += index
         request_id = self.id if self.n == 1 else f"{self.id}-{index}"
         return self.model.omni.generate(self.inputs, modalities=["text"], params={"*": params},
-                                        request_id=request_id)
+                                        request_id=request_id,
+                                        input_modalities=self.input_modalities)
 
     def _logprobs(self, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
         if self.logprobs is None:
@@ -282,7 +290,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     from omni.api.chat_media import prepare_media
 
     restore_audio_turns(request, body)
-    await prepare_media(request, model, body)
+    request[EXTRA_INPUTS] = await prepare_media(request, model, body)
     if wants_audio(body):
         return await chat_with_audio(request, body)
     call = TextCall(request, body, chat=True)

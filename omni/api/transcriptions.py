@@ -85,14 +85,20 @@ def _one(fields: dict[str, list[str]], name: str) -> str | None:
     return values[-1] if values else None
 
 
+def _transcribes(model: ServedModel) -> bool:
+    return ("audio" in model.input_modalities
+            and model.omni.output_info("text").get("task") == "transcription")
+
+
 def _transcriber(request: web.Request, model_id: str | None) -> ServedModel:
     models = request.app[MODELS_KEY]
     if not model_id:
         raise APIError(400, "'model' is required", param="model")
     model = models.get(model_id)
-    if "audio" not in model.input_modalities or "text" not in model.modalities:
-        listening = [m.id for m in models if "audio" in m.input_modalities
-                     and m.modalities == ("text",)]
+    if "audio" in model.input_modalities and model.modalities == ("text",):
+        _stage_info(model)  # 503 while its stage is down, rather than a wrong 400
+    if not _transcribes(model):
+        listening = [m.id for m in models if _transcribes(m)]
         raise APIError(400, f"model '{model.id}' does not transcribe audio; models that do: "
                        f"{', '.join(listening) or 'none'}", param="model")
     return model

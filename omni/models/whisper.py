@@ -72,9 +72,13 @@ class WhisperRunner:
 
     # -- items-mode contract ------------------------------------------------------------
     def split(self, value: Any, params: Mapping[str, Any]) -> list[np.ndarray]:
+        """One clip, or a list of clips (a chat's audio parts): one transcription each,
+        in order."""
         self._language(params)
-        audio = _pcm(value)
-        return [audio]
+        clips = value if isinstance(value, list) else [value]
+        if not clips:
+            raise ValueError("no audio to transcribe")
+        return [_pcm(clip) for clip in clips]
 
     def group_key(self, params: Mapping[str, Any]) -> int:
         return 0

@@ -56,15 +56,24 @@ class AsyncOmni:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def view(self, name: str) -> OmniView:
+        """One of the pipeline's views (omni/config/views.py), run on these engines."""
+        return OmniView(self, name)
+
     async def generate(self, inputs: dict[str, Any], *, modalities: Iterable[str] | None = None,
                        params: Params | None = None, request_id: str | None = None,
-                       timeout_s: float | None = None) -> AsyncIterator[OmniOutput]:
+                       timeout_s: float | None = None, view: str | None = None,
+                       input_modalities: Iterable[str] | None = None,
+                       ) -> AsyncIterator[OmniOutput]:
         """Yield the request's outputs in order; the last one has ``finished=True``.
 
+        ``input_modalities`` (e.g. ["text", "audio"]): what ``inputs`` hold; entry stages
+        that take none of them are skipped (a text question skips a speech recognizer).
         Raises an `omni.errors.OmniError` subclass when the request fails. Leaving the
         loop early (break, cancellation, client disconnect) aborts it in every stage.
         """
-        state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s)
+        state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
+                                         view, input_modalities)
         try:
             while True:
                 item = await state.queue.get()
@@ -100,21 +109,27 @@ class AsyncOmni:
     def health(self) -> dict[str, Any]:
         return self.orchestrator.health()
 
-    def output_info(self, modality: str) -> dict[str, Any]:
+    def output_info(self, modality: str, pipeline: PipelineConfig | None = None) -> dict[str, Any]:
         """What the engine producing ``modality`` reported when it loaded (e.g. a TTS
-        stage's voices and sample rate); {} while none of its replicas is live."""
+        stage's voices and sample rate); {} while none of its replicas is live.
+        ``pipeline``: one of this pipeline's views (its own final stages)."""
+        pipeline = pipeline or self.pipeline
         info: dict[str, Any] = {}
-        for stage in self.pipeline.outputs.get(modality, ()):
+        for stage in pipeline.outputs.get(modality, ()):
             info = self._stage_info(stage)
             if info:
                 break
         if info and "voices" not in info:  # the voice is chosen by an upstream stage
-            for stage in self.pipeline.route([modality]).stages:
+            for stage in pipeline.route([modality]).stages:
                 voices = self._stage_info(stage).get("voices")
                 if voices:
                     info.update(voices=voices, voice_stages=[stage])
                     break
         return info
+
+    def stage_info(self, stage: str) -> dict[str, Any]:
+        """What a stage's engine reported when it loaded; {} while none is live."""
+        return self._stage_info(stage)
 
     def _stage_info(self, stage: str) -> dict[str, Any]:
         for replica in self.orchestrator.engines.pools[stage].live():
@@ -169,3 +184,38 @@ class Omni:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class OmniView:
+    """A served id that runs a view of an AsyncOmni's pipeline (omni/config/views.py) on
+    that AsyncOmni's engines: what the API layer uses of AsyncOmni, nothing started twice."""
+
+    def __init__(self, parent: AsyncOmni, name: str) -> None:
+        self.parent, self.view_name = parent, name
+        self.pipeline = parent.pipeline.views[name]
+        self.orchestrator = parent.orchestrator
+
+    @property
+    def name(self) -> str:
+        return self.view_name
+
+    async def start(self) -> OmniView:
+        return self  # the parent's start() starts the engines
+
+    async def close(self, drain_timeout_s: float | None = None) -> None:
+        return None  # the parent's close() stops them
+
+    def generate(self, inputs: dict[str, Any], **kwargs: Any) -> AsyncIterator[OmniOutput]:
+        return self.parent.generate(inputs, view=self.view_name, **kwargs)
+
+    def output_info(self, modality: str) -> dict[str, Any]:
+        return self.parent.output_info(modality, self.pipeline)
+
+    def stage_info(self, stage: str) -> dict[str, Any]:
+        return self.parent.stage_info(stage)
+
+    def health(self) -> dict[str, Any]:
+        return self.parent.health()
+
+    async def abort(self, request_id: str) -> bool:
+        return self.parent.orchestrator.abort(request_id)

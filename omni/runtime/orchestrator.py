@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from omni.config.pipeline import PipelineConfig, Route
+from omni.config.pipeline import PipelineConfig
 from omni.engines.base import INPUT_FAULT
 from omni.errors import (
     AdmissionError,
@@ -65,7 +65,7 @@ class Orchestrator:
         self._measure = self.metrics.for_pipeline(pipeline.name, stages)
         self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
-        self._plans: dict[tuple[str, ...], RoutePlan] = {}
+        self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
 
     async def start(self) -> None:
@@ -75,14 +75,18 @@ class Orchestrator:
     # -- admission ---------------------------------------------------------------------
     def submit(self, inputs: dict[str, Any], modalities: Iterable[str] | None = None,
                params: Mapping[str, Mapping[str, Any]] | None = None,
-               request_id: str | None = None, timeout_s: float | None = None) -> RequestState:
-        """Admit a request and dispatch its entry stages; raises OmniError subclasses."""
+               request_id: str | None = None, timeout_s: float | None = None,
+               view: str | None = None,
+               input_modalities: Iterable[str] | None = None) -> RequestState:
+        """Admit a request and dispatch its entry stages; raises OmniError subclasses.
+        ``view``: run it on one of the pipeline's views (omni/config/views.py);
+        ``input_modalities``: what the inputs hold, to skip entry stages that take none."""
         if not self.accepting:
             raise ShuttingDownError("server is shutting down; not admitting new requests")
         if len(self.requests) >= self.pipeline.max_inflight:
             raise AdmissionError(f"pipeline '{self.pipeline.name}' has "
                                  f"{self.pipeline.max_inflight} requests in flight; retry later")
-        plan = self._plan(self.pipeline.route(modalities))
+        plan = self._plan(view, modalities, input_modalities)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise DuplicateRequestIdError(f"request id '{request_id}' is already in flight")
@@ -101,10 +105,14 @@ class Orchestrator:
         self.leads.flush(self.engines.try_send)
         return state
 
-    def _plan(self, route: Route) -> RoutePlan:
-        plan = self._plans.get(route.modalities)
+    def _plan(self, view: str | None, modalities: Iterable[str] | None,
+              inputs: Iterable[str] | None) -> RoutePlan:
+        source = self.pipeline if view is None else self.pipeline.views[view]
+        route = source.route(modalities, inputs)
+        key = (view, route.modalities, route.stages)
+        plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[route.modalities] = plan_route(self.pipeline, route)
+            plan = self._plans[key] = plan_route(source, route)
         return plan
 
     def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
@@ -205,7 +213,7 @@ class Orchestrator:
             self.leads.consumer_output(state, stage, data is not None, finished)
         if stage in state.route.finals:
             state.first_output = state.first_output or now
-            modality = self.pipeline.stage(stage).final_output
+            modality = state.plan.final_modality[stage]
             state.queue.put_nowait(OmniOutput(state.request_id, stage, modality, data, finished))
         if data is not None and state.plan.full_consumers[stage]:
             state.chunks.setdefault(stage, []).append(data)
@@ -226,7 +234,8 @@ class Orchestrator:
         for consumer in plan.full_consumers[stage]:
             producers = plan.full_producers[consumer]
             if consumer not in state.bound and all(p in state.done for p in producers):
-                self._dispatch(state, consumer, plan.ready_inputs(consumer, state.chunks))
+                self._dispatch(state, consumer, plan.ready_inputs(consumer, state.chunks,
+                                                                  state.inputs))
                 if state.finished:
                     return
                 self._free_delivered(state, producers)

@@ -4,6 +4,10 @@ A consumer fed only by ``stream`` edges starts with the request (it waits for in
 its engine, with no placeholder tokens or guessed lengths); one with ``full`` producers
 starts when all of those have finished. Stream producers' chunks reach their consumers
 as numbered APPENDs, the last one flagged, whatever the consumer's start time.
+
+Entry stages get the client's inputs. A stage fed by producers gets their chunks, plus the
+client input keys it lists in ``takes_request`` (e.g. an LLM after a speech recognizer
+takes the chat ``messages`` and the transcripts of their audio parts).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class RoutePlan:
     stream_producers: dict[str, tuple[str, ...]]
     full_consumers: dict[str, tuple[str, ...]]
     stream_consumers: dict[str, tuple[str, ...]]
+    final_modality: dict[str, str]  # final stage -> the output modality it gives here
+    request_keys: dict[str, tuple[str, ...]]  # non-entry stage -> client keys it takes
 
     def start_inputs(self, stage: str, client_inputs: dict[str, Any]) -> dict[str, Any]:
         """Entry stages get the client's inputs; stream-fed ones their producer list."""
@@ -29,9 +35,12 @@ class RoutePlan:
             return client_inputs
         return {"stream": list(self.stream_producers[stage])}
 
-    def ready_inputs(self, stage: str, chunks: dict[str, list]) -> dict[str, Any]:
+    def ready_inputs(self, stage: str, chunks: dict[str, list],
+                     client_inputs: dict[str, Any]) -> dict[str, Any]:
         """Inputs of a stage whose full producers have all finished."""
-        inputs: dict[str, Any] = {p: chunks.get(p, []) for p in self.full_producers[stage]}
+        inputs: dict[str, Any] = {k: client_inputs[k] for k in self.request_keys.get(stage, ())
+                                  if k in client_inputs}
+        inputs.update({p: chunks.get(p, []) for p in self.full_producers[stage]})
         if self.stream_producers[stage]:
             inputs["stream"] = list(self.stream_producers[stage])
         return inputs
@@ -51,8 +60,11 @@ def plan_route(pipeline: PipelineConfig, route: Route) -> RoutePlan:
     full_consumers, stream_consumers = split(dict(route.consumers), False)
     start = tuple(s for s in route.stages
                   if s in route.entries or (stream_producers[s] and not full_producers[s]))
+    finals = {s: pipeline.stage(s).final_output for s in route.finals}
+    keys = {s: pipeline.stage(s).takes_request for s in route.stages
+            if s not in route.entries and pipeline.stage(s).takes_request}
     return RoutePlan(route, start, full_producers, stream_producers, full_consumers,
-                     stream_consumers)
+                     stream_consumers, finals, keys)
 
 
 def _delivery(pipeline: PipelineConfig, src: str, dst: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -193,17 +194,20 @@ def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
 
 
 def test_default_server_answers_with_real_weights() -> None:
-    """No flags: SmolLM2 (converted into the model cache on first start; the CI run's
-    server start did that already, $OMNI_CACHE_DIR) and the Piper voice, real weights."""
+    """No flags: the spoken assistant and its three models alone (SmolLM2 converted into
+    the model cache on first start; the CI run's server start did that already,
+    $OMNI_CACHE_DIR), real weights; asked by voice, it answers by voice."""
     import openai
 
     server = Server()
     try:
         server.wait_listening(timeout=240)
         models = _get(server.url("/v1/models"))[1]["data"]
-        assert [m["id"] for m in models] == ["smollm2", "piper", "whisper"]
+        assert [m["id"] for m in models] == ["assistant", "smollm2", "piper", "whisper"]
         assert not any(m["random_weights"] for m in models)
-        assert [m["input_modalities"] for m in models] == [["text"], ["text"], ["audio"]]
+        assert [m["input_modalities"] for m in models] == [
+            ["text", "audio"], ["text"], ["text"], ["audio"]]
+        assert [m.get("view_of") for m in models] == [None] + ["assistant"] * 3
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="none")
         answer = client.chat.completions.create(
             model="smollm2", temperature=0, max_tokens=40, messages=[{
@@ -223,6 +227,17 @@ def test_default_server_answers_with_real_weights() -> None:
         assert wav[:4] == b"RIFF" and len(wav) > 44 + 22050  # over half a second of speech
         heard = client.audio.transcriptions.create(model="whisper", file=("hi.wav", wav))
         assert heard.text.strip(" .").lower() == "the weather is nice today", heard
+        question = client.audio.speech.create(
+            model="piper", voice="alloy", response_format="wav",
+            input="What is the capital of France? Answer in one sentence.").read()
+        spoken = client.chat.completions.create(
+            model="assistant", temperature=0, max_tokens=40, modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"}, messages=[{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {
+                    "data": base64.b64encode(question).decode(), "format": "wav"}}]}])
+        answer = base64.b64decode(spoken.choices[0].message.audio.data)
+        heard = client.audio.transcriptions.create(model="whisper", file=("a.wav", answer))
+        assert "paris" in heard.text.lower(), (heard, spoken.choices[0].message.audio.transcript)
         status, body = _post(server.url("/v1/images/generations"), {"prompt": "x"})
         assert status == 404 and "smollm2" in body["error"]["message"]
         server.proc.send_signal(signal.SIGTERM)

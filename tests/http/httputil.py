@@ -92,6 +92,8 @@ class Server:
             pipeline = load_pipeline(str(target), served_name)
             omni = AsyncOmni(pipeline, metrics=self.metrics, drain_timeout_s=1.0)
             models.append(ServedModel(served_name, omni, metadata={"test": True}))
+            models += [ServedModel(view, omni.view(view), metadata={"test": True})
+                       for view in pipeline.views]  # as omni.server serves them
         self.models = {m.id: m for m in models}
         app = build_app(models, self.metrics, self.settings)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
@@ -116,7 +118,7 @@ class Server:
     def _kill_engines(self) -> None:
         """Last resort: SIGKILL the engine processes this server spawned (by their pid),
         so multiprocessing's exit hook does not wait on them forever."""
-        for model in self.models.values():
+        for model in self.models.values():  # a view shares its pipeline's replicas
             for replica in model.omni.orchestrator.engines.replicas.values():
                 if replica.process.is_alive():
                     replica.process.kill()

@@ -22,7 +22,8 @@ from omni.models.catalog import (  # re-exported: callers pick presets through t
 
 PRESET_DIR = Path(__file__).resolve().parent
 __all__ = ["DEFAULT_PIPELINES", "PRESET_BY_MODEL_TYPE", "PRESET_BY_PIPELINE_CLASS", "PRESET_DIR",
-           "load_pipeline", "pipeline_for_model_dir", "preset_path"]
+           "load_pipeline", "pipeline_for_model_dir", "preset_path", "preset_with_model_dirs",
+           "renamed"]
 
 
 def preset_path(name: str) -> Path:
@@ -45,6 +46,16 @@ def load_pipeline(target: str | os.PathLike, name: str | None = None) -> Pipelin
     else:
         config = load_pipeline_file(preset_path(str(target)))
     return renamed(config, name)
+
+
+def preset_with_model_dirs(name: str, model_dirs: dict[str, str]) -> PipelineConfig:
+    """A built-in preset with some stages' model_dir filled in (stage name -> dir)."""
+    path = preset_path(name)
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    for stage in data.get("stages", []):
+        if stage.get("name") in model_dirs:
+            stage["model_dir"] = str(model_dirs[stage["name"]])
+    return parse_pipeline(data, source=str(path), base_dir=str(PRESET_DIR))
 
 
 def pipeline_for_model_dir(model_dir: str | os.PathLike, name: str | None = None,

@@ -27,7 +27,7 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
             raise ValueError(f"prompt_token_ids out of range [0, {vocab}): {bad[:5]}")
         ids = list(ids)
     elif "messages" in inputs:
-        ids = apply_chat_template(tok, inputs["messages"])
+        ids = apply_chat_template(tok, with_transcripts(inputs["messages"], inputs))
     elif "prompt" in inputs:
         if not isinstance(inputs["prompt"], str):
             raise ValueError("prompt must be a string")
@@ -44,6 +44,37 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     if limit is not None and len(ids) >= limit:
         raise ValueError(f"prompt has {len(ids)} tokens; the model's limit is {limit}")
     return [int(i) for i in ids]
+
+
+def with_transcripts(messages: Any, inputs: Mapping[str, Any]) -> Any:
+    """The chat with each audio placeholder part (``{"type": "input_audio", "input_audio":
+    {"transcript": i}}``, the front end's stand-in for a clip a speech stage upstream
+    transcribed) replaced by a text part holding the i-th transcript: the text of the
+    i-th chunk the upstream stage delivered (full delivery, in order)."""
+    texts = [c.get("text", "") for key, chunks in inputs.items() if key != "messages"
+             and isinstance(chunks, list) for c in chunks if isinstance(c, Mapping)]
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            content = [_transcript_part(part, texts) for part in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def _transcript_part(part: Any, texts: list[str]) -> Any:
+    if not isinstance(part, Mapping) or part.get("type") != "input_audio":
+        return part
+    audio = part.get("input_audio")
+    if not isinstance(audio, Mapping) or "transcript" not in audio:
+        return part
+    index = audio["transcript"]
+    if not isinstance(index, int) or not 0 <= index < len(texts):
+        raise ValueError(f"audio part {index!r} has no transcript ({len(texts)} arrived)")
+    return {"type": "text", "text": texts[index].strip()}
 
 
 def wants_media(lm: CausalLM, inputs: Mapping[str, Any]) -> bool:
