@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, asr, core_overhead, diffusion, omni, startup, tts
+    from bench import ar, asr, assistant, core_overhead, diffusion, omni, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                     "piper called directly", description=tts.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     tts.add_arguments(tts_parser)
+    assistant_parser = sub.add_parser(
+        "assistant", help="the default spoken assistant: time to first audio (asked by text "
+                          "and by voice) vs its critical path", description=assistant.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    assistant.add_arguments(assistant_parser)
     asr_parser = sub.add_parser(
         "asr", help="speech recognition: Whisper real-time factor, omni's server vs "
                     "faster-whisper direct", description=asr.DESCRIPTION,
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return startup.run(args, argv)
     if args.bench == "tts":
         return tts.run(args, argv)
+    if args.bench == "assistant":
+        return assistant.run(args, argv)
     if args.bench == "asr":
         return asr.run(args, argv)
     if args.bench == "ar":

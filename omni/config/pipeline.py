@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -22,7 +22,6 @@ import yaml
 
 from omni.config.checks import (
     ConfigError,
-    ancestors,
     as_bool,
     as_int,
     as_list,
@@ -47,7 +46,14 @@ from omni.config.checks import (
 )
 from omni.config.control import parse_control_bind, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
+from omni.config.frozen import Picklable, set_field
 from omni.config.memory import check_shares, parse_share
+from omni.config.routes import (  # noqa: F401 - re-exported
+    Route,
+    UnknownModalityError,
+    UnsupportedInputError,
+    build_route,
+)
 from omni.config.views import parse_views
 
 __all__ = [
@@ -69,36 +75,13 @@ INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
 
-class UnknownModalityError(ValueError):
-    """A request asked for an output modality the pipeline does not produce."""
-
-
-class UnsupportedInputError(ValueError):
-    """A request's inputs are of modalities no stage on its route takes."""
-
-
 def _frozen(value: Mapping[str, Any]) -> Mapping[str, Any]:
     # A deep copy so that later edits to the caller's dict cannot leak into the config.
     return MappingProxyType(copy.deepcopy(dict(value)))
 
 
-def _set(obj: object, name: str, value: object) -> None:
-    # Normalising fields in __post_init__ of a frozen dataclass needs the back door.
-    object.__setattr__(obj, name, value)
-
-
-class _Picklable:
-    """Pickle support: MappingProxyType cannot be pickled, and configs are sent to
-    spawned engine processes. Rebuild from plain fields; __post_init__ re-freezes them,
-    and cached indexes/routes are rebuilt on demand instead of being shipped."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        values = (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
-        return (type(self), tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
-
-
 @dataclass(frozen=True)
-class StageConfig(_Picklable):
+class StageConfig(Picklable):
     """One stage: a model component run by one engine kind on a resource budget."""
 
     name: str
@@ -119,11 +102,11 @@ class StageConfig(_Picklable):
     takes_request: tuple[str, ...] = ()  # client input keys it also gets when fed by others
 
     def __post_init__(self) -> None:
-        _set(self, "devices", tuple(self.devices) or default_devices(self.engine))
-        _set(self, "inputs", tuple(self.inputs))
-        _set(self, "takes_request", tuple(self.takes_request))
-        _set(self, "params", _frozen(self.params))
-        _set(self, "options", _frozen(self.options))
+        set_field(self, "devices", tuple(self.devices) or default_devices(self.engine))
+        set_field(self, "inputs", tuple(self.inputs))
+        set_field(self, "takes_request", tuple(self.takes_request))
+        set_field(self, "params", _frozen(self.params))
+        set_field(self, "options", _frozen(self.options))
 
 
 @dataclass(frozen=True)
@@ -139,23 +122,7 @@ class EdgeConfig:
 
 
 @dataclass(frozen=True)
-class Route(_Picklable):
-    """The part of the graph one request runs, for one set of output modalities."""
-
-    modalities: tuple[str, ...]
-    stages: tuple[str, ...]
-    finals: frozenset[str]
-    entries: tuple[str, ...]
-    producers: Mapping[str, tuple[str, ...]]
-    consumers: Mapping[str, tuple[str, ...]]
-
-    def __post_init__(self) -> None:
-        _set(self, "producers", MappingProxyType(dict(self.producers)))
-        _set(self, "consumers", MappingProxyType(dict(self.consumers)))
-
-
-@dataclass(frozen=True)
-class PipelineConfig(_Picklable):
+class PipelineConfig(Picklable):
     """A validated pipeline. Build it with parse_pipeline() or load_pipeline_file()."""
 
     name: str
@@ -172,11 +139,11 @@ class PipelineConfig(_Picklable):
     views: Mapping[str, PipelineConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _set(self, "stages", tuple(self.stages))
-        _set(self, "edges", tuple(self.edges))
-        _set(self, "outputs", MappingProxyType({m: tuple(s) for m, s in self.outputs.items()}))
-        _set(self, "default_modalities", tuple(self.default_modalities))
-        _set(self, "views", MappingProxyType(dict(self.views)))
+        set_field(self, "stages", tuple(self.stages))
+        set_field(self, "edges", tuple(self.edges))
+        set_field(self, "outputs", MappingProxyType({m: tuple(s) for m, s in self.outputs.items()}))
+        set_field(self, "default_modalities", tuple(self.default_modalities))
+        set_field(self, "views", MappingProxyType(dict(self.views)))
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -212,7 +179,7 @@ class PipelineConfig(_Picklable):
         key = (self._route_key(modalities), None if inputs is None else frozenset(inputs))
         route = self._routes.get(key)
         if route is None:  # a benign race at worst computes the same route twice
-            route = self._routes[key] = _build_route(self, *key)
+            route = self._routes[key] = build_route(self, *key)
         return route
 
     def _route_key(self, modalities: Iterable[str] | None) -> tuple[str, ...]:
@@ -243,41 +210,6 @@ class PipelineConfig(_Picklable):
     @cached_property
     def _routes(self) -> dict[tuple[tuple[str, ...], frozenset[str] | None], Route]:
         return {}
-
-
-# ----------------------------------------------------------------------------- graph
-
-
-def _build_route(cfg: PipelineConfig, modalities: tuple[str, ...],
-                 inputs: frozenset[str] | None) -> Route:
-    finals = frozenset(s for m in modalities for s in cfg.outputs[m])
-    on_route = ancestors(cfg.edges, finals)
-    while inputs is not None:  # drop entries that take none of the request's inputs
-        fed = {e.dst for e in cfg.edges if e.src in on_route}
-        idle = {s for s in on_route if s not in fed and not inputs & set(cfg.stage(s).inputs)}
-        if not idle:
-            break
-        on_route -= idle
-    if inputs is not None and not finals <= on_route:
-        raise UnsupportedInputError(
-            f"model '{cfg.name}' cannot make {' and '.join(modalities)} output from "
-            f"{' and '.join(sorted(inputs)) or 'no'} input")
-    stages = tuple(sorted(on_route, key=cfg._order.__getitem__))
-    inner = [e for e in cfg.edges if e.src in on_route and e.dst in on_route]
-    producers = {s: _ordered(cfg, (e.src for e in inner if e.dst == s)) for s in stages}
-    consumers = {s: _ordered(cfg, (e.dst for e in inner if e.src == s)) for s in stages}
-    return Route(
-        modalities=modalities,
-        stages=stages,
-        finals=finals,
-        entries=tuple(s for s in stages if not producers[s]),
-        producers=producers,
-        consumers=consumers,
-    )
-
-
-def _ordered(cfg: PipelineConfig, names: Iterable[str]) -> tuple[str, ...]:
-    return tuple(sorted(names, key=cfg._order.__getitem__))
 
 
 # ----------------------------------------------------------------------------- loading

@@ -72,12 +72,34 @@ def split_sentences(text: str, max_chars: int) -> list[str]:
 
 def ended_sentences(text: str) -> tuple[str, str]:
     """(the text up to the last sentence end, the rest): streamed text is spoken a whole
-    sentence at a time, so a voice never reads half a sentence with a falling tone."""
+    sentence at a time, so a voice never reads half a sentence with a falling tone.
+
+    Text that stops right at . ! ? counts as ended unless the word before it reads like a
+    number, an initial or an abbreviation ("3.", "J.", "Dr."): waiting for the space an
+    LLM would send next costs a whole decode step before the first audio, and for a
+    one-sentence answer the space never comes (the stream ends after the full stop)."""
+    if _ends_at_terminal(text):
+        return text, ""
     ends = list(_SENTENCE_END.finditer(text))
     if not ends:
         return "", text
     cut = ends[-1].end()
     return text[:cut], text[cut:]
+
+
+_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "st", "vs", "etc", "prof", "sr", "jr",
+                            "e.g", "i.e", "no", "fig", "approx", "inc", "ltd", "co"})
+
+
+def _ends_at_terminal(text: str) -> bool:
+    if not text or text[-1] not in ".!?。！？":
+        return False
+    if text[-1] in "!?。！？":
+        return True
+    words = text[:-1].split()
+    word = words[-1].lower() if words else ""
+    return bool(word) and not word[-1].isdigit() and len(word) > 1 \
+        and word not in _ABBREVIATIONS
 
 
 def voice_entry(voice_id: str, name: str, language: str, sample_rate: int) -> dict[str, Any]:

@@ -193,6 +193,29 @@ def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
         server.stop()
 
 
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me when you get home tonight.",
+    "The weather was cold and windy this morning.",
+    "She sold her old car to a friend last week.",
+    "We walked along the river until the sun went down.",
+    "A cup of hot tea helps me think.",
+    "The children played in the park after school.",
+    "He forgot his keys on the kitchen table.",
+    "Music filled the room as the guests arrived.",
+    "Turn left at the next corner and keep going.",
+]
+
+
+def _stage_count(server: Server, stage: str) -> float:
+    """Requests the stage finished, from /metrics (omni_stage_latency_seconds_count)."""
+    with urllib.request.urlopen(server.url("/metrics"), timeout=10) as resp:
+        text = resp.read().decode()
+    match = re.search(r'omni_stage_latency_seconds_count\{pipeline="assistant",stage="'
+                      + stage + r'"\} ([0-9.e+]+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
 def test_default_server_answers_with_real_weights() -> None:
     """No flags: the spoken assistant and its three models alone (SmolLM2 converted into
     the model cache on first start; the CI run's server start did that already,
@@ -227,6 +250,30 @@ def test_default_server_answers_with_real_weights() -> None:
         assert wav[:4] == b"RIFF" and len(wav) > 44 + 22050  # over half a second of speech
         heard = client.audio.transcriptions.create(model="whisper", file=("hi.wav", wav))
         assert heard.text.strip(" .").lower() == "the weather is nice today", heard
+        # Whisper hears the voice: ten sentences, word error rate, streamed == whole
+        jiwer = pytest.importorskip("jiwer")
+        norm = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(),
+                              jiwer.RemoveMultipleSpaces(), jiwer.Strip()])
+        heard_all = []
+        for sentence in SENTENCES:
+            clip = client.audio.speech.create(model="piper", voice="alloy", input=sentence,
+                                              response_format="wav").read()
+            heard_all.append(client.audio.transcriptions.create(
+                model="whisper", file=("s.wav", clip)).text)
+        assert len(set(heard_all)) == len(SENTENCES)
+        wer = jiwer.wer([norm(x) for x in SENTENCES], [norm(x) for x in heard_all])
+        assert wer <= 0.10, list(zip(SENTENCES, heard_all, strict=True))
+        events = list(client.audio.transcriptions.create(model="whisper", stream=True,
+                                                         file=("s.wav", clip)))
+        assert events[-1].type == "transcript.text.done" and events[-1].text == heard_all[-1]
+        assert "".join(e.delta for e in events[:-1]) == heard_all[-1]
+        # a text question to the assistant runs no Whisper step
+        asr_before = _stage_count(server, "asr")
+        text_answer = client.chat.completions.create(
+            model="assistant", temperature=0, max_tokens=40,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in text_answer.choices[0].message.content
+        assert _stage_count(server, "asr") == asr_before
         question = client.audio.speech.create(
             model="piper", voice="alloy", response_format="wav",
             input="What is the capital of France? Answer in one sentence.").read()

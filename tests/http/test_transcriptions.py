@@ -181,3 +181,30 @@ def test_size_and_duration_limits(start_server):
     assert got == 400 and "longer than 1.5 s" in body["error"]["message"], body
     got, body = _error(small, model="whisper", file=_silence_wav(1.0))
     assert got == 200 and isinstance(body["text"], str), body
+
+
+def test_long_audio_crosses_whisper_windows_without_losing_words(server, spoken):
+    """Over a minute of speech (the ten sentences three times): Whisper's 30 s windows
+    are crossed twice; every word is still heard once, in order."""
+    import numpy as np
+
+    pieces = []
+    for clip in spoken * 3:
+        with wave.open(io.BytesIO(clip)) as w:
+            rate = w.getframerate()
+            pieces.append(np.frombuffer(w.readframes(w.getnframes()), "<i2"))
+            pieces.append(np.zeros(int(0.3 * rate), "<i2"))
+    audio = np.concatenate(pieces)
+    assert len(audio) / rate > 60
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(audio.tobytes())
+    verbose = _transcribe(server, ("long.wav", out.getvalue(), "audio/wav"),
+                          response_format="verbose_json")
+    assert verbose.duration > 60 and verbose.segments[-1].end > verbose.duration - 10
+    reference = " ".join(SENTENCES * 3)
+    wer = jiwer.wer(NORMALIZE(reference), NORMALIZE(verbose.text))
+    assert wer <= 0.10, verbose.text

@@ -189,6 +189,13 @@ def test_streamed_text_is_spoken_one_ended_sentence_at_a_time(tts):
 
     assert ended_sentences("Hello there. How") == ("Hello there. ", "How")
     assert ended_sentences("no end yet") == ("", "no end yet")
+    # a stream that stops at a full stop: spoken now, unless the stop may not end it
+    assert ended_sentences("It is Paris.") == ("It is Paris.", "")
+    assert ended_sentences("Really?") == ("Really?", "")
+    for held in ("It costs 3.", "Ask Dr.", "By J.", "Hi. Call Mr.", "e.g."):
+        ready, rest = ended_sentences(held)
+        assert ready + rest == held and not rest.startswith(" ") and rest.endswith(".")
+    assert ended_sentences("Hi. Call Mr.") == ("Hi. ", "Call Mr.")
     engine = GenerationEngine(PiperRunner(tts))
     engine.add(EngineRequest("s", {"stream": ["llm"]}, {}))
     engine.append("s", "llm", 0, {"text": "Hello the"}, False)

@@ -46,9 +46,12 @@ def _pipeline(inputs):
                            "edges": [{"from": "a", "to": "b"}], "outputs": {"text": ["b"]}})
 
 
-def test_a_pipeline_takes_what_its_entry_stages_take():
-    assert _pipeline(None).input_modalities == ("text",)
-    assert _pipeline(["audio", "text"]).input_modalities == ("text", "audio")  # b is fed
-    assert _pipeline([]).input_modalities == ()
+def test_a_pipeline_takes_what_some_route_starts_from():
+    # b (image) is fed by a, but starts the route when a takes none of the inputs
+    assert _pipeline(None).input_modalities == ("text", "image")
+    assert _pipeline(["audio", "text"]).input_modalities == ("text", "audio", "image")
+    assert _pipeline([]).input_modalities == ("image",)
+    assert _pipeline(None).route(["text"], ["image"]).stages == ("b",)
+    assert _pipeline(None).route(["text"], ["text", "image"]).stages == ("a", "b")
     with pytest.raises(ConfigError, match="unknown input 'speech'"):
         _pipeline(["speech"])
