@@ -4,7 +4,10 @@
 ``audio_url`` parts (data: or fetched http(s) URLs, --media-fetch) are decoded here, at the
 rate the model's text stage reports as ``input_audio_rate``, into float32 samples that
 ride to the engine in the message (``{"type": "input_audio", "input_audio": {"pcm_f32le":
-bytes, "sample_rate": rate}}``). A model that takes no audio, an undecodable clip or one
+bytes, "sample_rate": rate}}``). When the text stage does not hear audio but a speech
+stage before it does (the assistant: asr -> llm), each clip is decoded at that stage's
+rate into int16 and sent beside the messages (``inputs["audio"]``), its part standing as
+``{"input_audio": {"transcript": i}}`` until the transcript replaces it. A model that takes no audio, an undecodable clip or one
 longer than MAX_AUDIO_SECONDS is a 400 naming the part. ``image_url`` parts (data: or
 fetched URLs) of a model that lists them in ``input_parts`` are checked to be a readable
 image of at most MAX_IMAGE_PIXELS and go to the engine as ``{"type": "image", "image":
