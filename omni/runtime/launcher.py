@@ -16,7 +16,6 @@ import asyncio
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +35,7 @@ from omni.protocol import (
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.pool import Replica, StagePool
-from omni.runtime.processes import process_context
+from omni.runtime.processes import describe_exit, process_context
 
 log = logging.getLogger("omni.runtime.launcher")
 
@@ -299,7 +298,7 @@ class EngineGroup:
     def _after_exit(self, replica: Replica) -> None:
         """Fail the replica and start a new incarnation when the stage asks for restarts."""
         was_ready = replica.ready.done() and not replica.ready.exception()
-        self._fail(replica, _describe_exit(replica))
+        self._fail(replica, describe_exit(replica))
         if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
             delay = RESTART_BACKOFF_S[min(replica.restarts, len(RESTART_BACKOFF_S) - 1)]
             self.loop.call_later(delay, self._restart, replica)
@@ -383,12 +382,3 @@ class EngineGroup:
             self.control = None
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")
-
-
-def _describe_exit(replica: Replica) -> str:
-    code = replica.process.exitcode
-    if code is None:
-        return "process still running but unreachable"
-    if code < 0:
-        return f"process {replica.process.pid} killed by {signal.Signals(-code).name}"
-    return f"process {replica.process.pid} exited with code {code}"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
@@ -60,3 +63,27 @@ def stop_helper_processes() -> None:
                 stop()
             except (OSError, ChildProcessError, RuntimeError):
                 pass  # already gone
+
+
+def describe_exit(replica: Any) -> str:
+    """How a replica's process ended, for logs and errors."""
+    code = replica.process.exitcode
+    if code is None:
+        return "process still running but unreachable"
+    if code < 0:
+        return f"process {replica.process.pid} killed by {signal.Signals(-code).name}"
+    reason = f"process {replica.process.pid} exited with code {code}"
+    return reason + _main_guard_hint() if code == 1 and not replica.connected else reason
+
+
+def _main_guard_hint() -> str:
+    """Why a child may die before saying anything: it re-imports the user's main script
+    (the fork server starts children that way), and a script that starts AsyncOmni at
+    import time fails there with multiprocessing's bootstrapping error on the child's
+    stderr, which the user would otherwise have to find."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file or Path(main_file).resolve().is_relative_to(Path(__file__).parents[1]):
+        return ""  # omni's own entry points are guarded
+    return (f"; it exited before connecting, as a child does when the script it re-imports "
+            f"({main_file}) starts AsyncOmni at import: put that code under "
+            "`if __name__ == \"__main__\":` (the child's traceback is on stderr)")
