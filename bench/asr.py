@@ -1,6 +1,6 @@
 """Speech recognition: Whisper real-time factor, omni's server vs faster-whisper called directly.
 
-Clips: the ten sentences of tests/http/test_transcriptions.py spoken by the Piper voice
+Clips: the ten sentences of omni/fixtures/speech.py spoken by the Piper voice
 (called directly, WAV 22,050 Hz), plus one long clip of all ten back to back (30 s and
 more, so Whisper's long-form windows are crossed).
 
@@ -31,20 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import hardware, say
+from omni.fixtures.speech import SENTENCES
 
 DESCRIPTION = __doc__
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call me when you get home tonight.",
-    "The weather was cold and windy this morning.",
-    "She sold her old car to a friend last week.",
-    "We walked along the river until the sun went down.",
-    "A cup of hot tea helps me think.",
-    "The children played in the park after school.",
-    "He forgot his keys on the kitchen table.",
-    "Music filled the room as the guests arrived.",
-    "Turn left at the next corner and keep going.",
-]
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,8 +26,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,19 +40,6 @@ SENTENCE_END = re.compile(r"[.!?](\s|$)")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="requests per measure (default 5)")
     parser.add_argument("--out", default="bench/results", help="report directory")
-
-
-def _start() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    for line in proc.stderr:
-        found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
-        if found:
-            import threading
-
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, found.group(1)
-    raise RuntimeError(f"the server exited before listening ({proc.wait()})")
 
 
 async def _sse(session: Any, url: str, body: dict[str, Any]) -> Any:
@@ -146,8 +131,10 @@ async def _measure(base: str, rounds: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from bench.tts import start_server
+
     say("[assistant] starting python -m omni.server (the default)")
-    proc, base = _start()
+    proc, base = start_server(None)
     try:
         result = asyncio.run(_measure(base, args.rounds))
     finally:

@@ -115,10 +115,11 @@ def _pipeline(config: str, tmp: Path) -> str:
     return str(path)
 
 
-def start_server(pipeline: str, name: str = "tts") -> tuple[subprocess.Popen, str]:
-    """`python -m omni.server --pipeline PIPELINE` serving it as `name`; (process, url)."""
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", pipeline,
-                             "--served-model-name", name, "--port", "0"],
+def start_server(pipeline: str | None, name: str = "tts") -> tuple[subprocess.Popen, str]:
+    """`python -m omni.server --pipeline PIPELINE` serving it as `name` (no pipeline: the
+    server's default, its own ids); (process, url)."""
+    target = [] if pipeline is None else ["--pipeline", pipeline, "--served-model-name", name]
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", *target, "--port", "0"],
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     deadline = time.monotonic() + 120
     for line in proc.stderr:

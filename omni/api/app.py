@@ -79,6 +79,16 @@ class ServerSettings:
     media_fetch: FetchPolicy = field(default_factory=FetchPolicy)  # media URLs in requests
 
 
+def live_output_info(model: ServedModel, modality: str) -> dict[str, Any]:
+    """What the stage giving ``modality`` reported at load; a 503 while none is live."""
+    info = model.omni.output_info(modality)
+    if not info:
+        raise APIError(503, f"model '{model.id}' has no live {modality} stage right now; "
+                       "retry shortly", "server_error", code="stage_unavailable",
+                       headers={"retry-after": "5"})
+    return info
+
+
 MODELS_KEY = web.AppKey("models", ModelRegistry)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", ServerSettings)

@@ -28,13 +28,12 @@ import base64
 import binascii
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from omni.api.app import SETTINGS_KEY
 from omni.api.errors import APIError
 from omni.media import fetch
-from omni.media.audio import decode_audio
+from omni.media.audio import decode_audio, pcm16
 from omni.media.image import image_size
 from omni.media.video import probe_video
 
@@ -95,11 +94,10 @@ async def _audio_part(request: web.Request, model: Any, part: dict[str, Any],
                                           MAX_AUDIO_SECONDS)
     except ValueError as e:
         raise APIError(400, f"{where}: {e}", param=where) from None
-    if rate:  # the text stage hears the audio itself (e.g. Qwen3-Omni's thinker)
+    if rate:  # the text stage hears the audio itself
         return {"type": "input_audio",
                 "input_audio": {"pcm_f32le": samples.tobytes(), "sample_rate": int(rate)}}
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-    clips.append({"pcm_s16le": pcm, "sample_rate": int(upstream)})
+    clips.append({"pcm_s16le": pcm16(samples), "sample_rate": int(upstream)})
     return {"type": "input_audio", "input_audio": {"transcript": len(clips) - 1}}
 
 

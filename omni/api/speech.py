@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel
+from omni.api.app import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.audio import FORMATS, AudioEncoder
@@ -114,12 +114,7 @@ def audio_model(request: web.Request, model_id: Any) -> ServedModel:
 
 
 def audio_info(model: ServedModel) -> dict[str, Any]:
-    info = model.omni.output_info("audio")
-    if not info:
-        raise APIError(503, f"model '{model.id}' has no live audio stage right now; retry "
-                       "shortly", "server_error", code="stage_unavailable",
-                       headers={"retry-after": "5"})
-    return info
+    return live_output_info(model, "audio")
 
 
 def resolve_voice(model: ServedModel, voice: Any, info: dict[str, Any]) -> str:

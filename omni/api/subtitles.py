@@ -8,7 +8,6 @@ from typing import Any
 
 FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 TEXT_TYPES = {"text": "text/plain", "srt": "text/plain", "vtt": "text/vtt"}
-LANGUAGE_NAMES = {"en": "english"}  # verbose_json names the language, as OpenAI's Whisper does
 
 
 def render(fmt: str, result: dict[str, Any], words: bool) -> tuple[Any, str]:
@@ -18,7 +17,8 @@ def render(fmt: str, result: dict[str, Any], words: bool) -> tuple[Any, str]:
         return {"text": text, "usage": _usage(result)}, "application/json"
     if fmt == "verbose_json":
         body = {"task": "transcribe",
-                "language": LANGUAGE_NAMES.get(result["language"], result["language"]),
+                # the runner's name of it (OpenAI's verbose_json says "english", not "en")
+                "language": result.get("language_name") or result["language"],
                 "duration": result["duration"], "text": text,
                 "segments": [{k: v for k, v in s.items() if k != "words"} for s in segments],
                 "usage": _usage(result)}

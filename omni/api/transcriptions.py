@@ -3,7 +3,8 @@
 The form is read as a stream (the file part is counted against --max-audio-mb, not the
 JSON body limit), the file is decoded off the event loop to 16 kHz mono (any container
 PyAV reads, checked against --max-audio-seconds), and the served model's audio-input
-stage (omni/models/whisper.py) returns the text and its segments, shaped here into the
+stage (a runner that reports ``task: transcription``) returns the text and its segments
+(and the language's name, ``language_name``), shaped here into the
 asked ``response_format``. With ``stream=true`` the reply is SSE: one
 ``transcript.text.delta`` per segment, then ``transcript.text.done``; the transcript comes
 back whole from the stage, so the stream starts when it is known (a failure before that
@@ -18,14 +19,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from aiohttp import BodyPartReader, web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
+from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError
 from omni.api.streams import sse_data, start_sse
 from omni.api.subtitles import FORMATS, render, stream_deltas
-from omni.media.audio import decode_audio
+from omni.media.audio import decode_audio, pcm16
 
 TEXT_FIELD_BYTES = 64 * 1024  # a form field other than the file (a prompt is short)
 GRANULARITIES = ("segment", "word")
@@ -96,7 +96,7 @@ def _transcriber(request: web.Request, model_id: str | None) -> ServedModel:
         raise APIError(400, "'model' is required", param="model")
     model = models.get(model_id)
     if "audio" in model.input_modalities and model.modalities == ("text",):
-        _stage_info(model)  # 503 while its stage is down, rather than a wrong 400
+        live_output_info(model, "text")  # 503 while its stage is down, rather than a wrong 400
     if not _transcribes(model):
         listening = [m.id for m in models if _transcribes(m)]
         raise APIError(400, f"model '{model.id}' does not transcribe audio; models that do: "
@@ -104,9 +104,8 @@ def _transcriber(request: web.Request, model_id: str | None) -> ServedModel:
     return model
 
 
-def parse(request: web.Request, fields: dict[str, list[str]], audio: bytes | None,
+def parse(model: ServedModel, fields: dict[str, list[str]], audio: bytes | None,
           translation: bool, languages: list[str]) -> TranscriptionCall:
-    model = _transcriber(request, _one(fields, "model"))
     if translation:
         only = " (it is English-only)" if languages == ["en"] else ""
         raise APIError(400, f"model '{model.id}' transcribes speech "
@@ -160,17 +159,7 @@ async def _pcm(call: TranscriptionCall, rate: int, max_seconds: float) -> dict[s
         samples = await asyncio.to_thread(decode_audio, call.audio, rate, max_seconds)
     except ValueError as exc:
         raise APIError(400, f"'file' is not usable audio: {exc}", param="file") from None
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-    return {"pcm_s16le": pcm, "sample_rate": rate}
-
-
-def _stage_info(model: ServedModel) -> dict[str, Any]:
-    info = model.omni.output_info("text")
-    if not info:
-        raise APIError(503, f"model '{model.id}' has no live stage right now; retry "
-                       "shortly", "server_error", code="stage_unavailable",
-                       headers={"retry-after": "5"})
-    return info
+    return {"pcm_s16le": pcm16(samples), "sample_rate": rate}
 
 
 async def transcribe(call: TranscriptionCall, info: dict[str, Any],
@@ -193,8 +182,8 @@ async def _handle(request: web.Request, translation: bool) -> web.StreamResponse
     settings = request.app[SETTINGS_KEY]
     fields, audio = await read_form(request, settings.max_audio_bytes)
     model = _transcriber(request, _one(fields, "model"))
-    info = _stage_info(model)
-    call = parse(request, fields, audio, translation, list(info.get("languages") or ()))
+    info = live_output_info(model, "text")
+    call = parse(model, fields, audio, translation, list(info.get("languages") or ()))
     result = await transcribe(call, info, settings.max_audio_seconds)
     headers = {"X-Request-Id": request.headers.get("X-Request-Id") or call.id}
     if call.stream:

@@ -3,8 +3,8 @@
 A pipeline file may list, under ``views``, sub-pipelines made of some of its stages::
 
     views:
-      smollm2: {stages: [llm]}                          # the LLM alone, text in, text out
-      whisper: {stages: [asr], outputs: {text: [asr]}}  # asr's output is final here
+      chat: {stages: [llm]}                              # the LLM alone, text in, text out
+      listen: {stages: [asr], outputs: {text: [asr]}}    # asr's output is final here
 
 Each view is validated like a pipeline of its own (its stages, the edges between them,
 its ``outputs``: given, or the stages' ``final_output``) and served under its name, but

@@ -172,9 +172,7 @@ class AudioEncoder:
     def _resample(self, samples: np.ndarray | None) -> bytes:
         """float32 at in_rate -> s16le bytes at self.rate (None flushes the resampler)."""
         if self._resampler is None:
-            if samples is None:
-                return b""
-            return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+            return b"" if samples is None else pcm16(samples)
         frame = None if samples is None else _frame(samples, self.in_rate)
         return b"".join(f.to_ndarray().astype("<i2").tobytes()
                         for f in self._resampler.resample(frame))
@@ -212,6 +210,11 @@ def wav_header(rate: int, data_bytes: int | None) -> bytes:
         riff, data = 36 + data_bytes, data_bytes
     return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, rate,
                        rate * 2, 2, 16, b"data", data)
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    """float32 samples in [-1, 1] -> 16-bit little-endian PCM bytes."""
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
 
 def decode_audio(data: bytes, rate: int, max_seconds: float) -> np.ndarray:

@@ -105,7 +105,8 @@ class WhisperRunner:
             word_timestamps=words, vad_filter=False)
         rows = [_segment(i, s, words) for i, s in enumerate(segments)]
         return {"text": "".join(r["text"] for r in rows).strip(), "segments": rows,
-                "language": info.language, "duration": round(float(info.duration), 3)}
+                "language": info.language, "language_name": _language_name(info.language),
+                "duration": round(float(info.duration), 3)}
 
     def _language(self, params: Mapping[str, Any]) -> str | None:
         language = params.get("language") or None
@@ -113,6 +114,14 @@ class WhisperRunner:
             raise ValueError(f"this Whisper model is English-only; language '{language}' "
                              "is not supported")
         return language or (self.languages[0] if self.languages else None)
+
+
+def _language_name(code: str) -> str:
+    """Whisper's English name of a language code ("en" -> "english"), as OpenAI reports it
+    (the table transformers ships with its Whisper tokenizer)."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return LANGUAGES.get(code, code)
 
 
 def _pcm(value: Any) -> np.ndarray:

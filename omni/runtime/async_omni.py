@@ -116,12 +116,12 @@ class AsyncOmni:
         pipeline = pipeline or self.pipeline
         info: dict[str, Any] = {}
         for stage in pipeline.outputs.get(modality, ()):
-            info = self._stage_info(stage)
+            info = self.stage_info(stage)
             if info:
                 break
         if info and "voices" not in info:  # the voice is chosen by an upstream stage
             for stage in pipeline.route([modality]).stages:
-                voices = self._stage_info(stage).get("voices")
+                voices = self.stage_info(stage).get("voices")
                 if voices:
                     info.update(voices=voices, voice_stages=[stage])
                     break
@@ -129,9 +129,6 @@ class AsyncOmni:
 
     def stage_info(self, stage: str) -> dict[str, Any]:
         """What a stage's engine reported when it loaded; {} while none is live."""
-        return self._stage_info(stage)
-
-    def _stage_info(self, stage: str) -> dict[str, Any]:
         for replica in self.orchestrator.engines.pools[stage].live():
             return dict(replica.info)
         return {}

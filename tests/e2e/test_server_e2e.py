@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from omni.fixtures.speech import SENTENCES
+
 SLOW = """
 name: slow
 stages:
@@ -193,18 +195,7 @@ def test_errors_are_openai_objects(tmp_path: Path, path: str) -> None:
         server.stop()
 
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call me when you get home tonight.",
-    "The weather was cold and windy this morning.",
-    "She sold her old car to a friend last week.",
-    "We walked along the river until the sun went down.",
-    "A cup of hot tea helps me think.",
-    "The children played in the park after school.",
-    "He forgot his keys on the kitchen table.",
-    "Music filled the room as the guests arrived.",
-    "Turn left at the next corner and keep going.",
-]
+
 
 
 def _stage_count(server: Server, stage: str) -> float:

