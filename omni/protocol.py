@@ -35,6 +35,8 @@ class Msg(enum.IntEnum):
     SHUTDOWN = 3  # []   also the answer to DEAD: the engine may exit now
     APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
     LIMIT = 5  # [[[request_id, max_outputs | None], ...]]   stream flow control (lead.py)
+    SESSION = 6  # [[[session_id, op], ...]]   drop a session's engine state (op: close,
+    #   reset, evict); answered by an OUTPUTS without rows whose stats say what is held
     # engine -> orchestrator
     READY = 10  # [replica_id, info]   the first message of an incarnation
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
@@ -45,7 +47,7 @@ class Msg(enum.IntEnum):
 
 
 TYPE_BYTES = {m: bytes([m]) for m in Msg}
-ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1, Msg.READY: 2,
+ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1, Msg.SESSION: 1, Msg.READY: 2,
          Msg.OUTPUTS: 3, Msg.DEAD: 2, Msg.HEARTBEAT: 1}
 _KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
 

@@ -54,6 +54,7 @@ from omni.config.routes import (  # noqa: F401 - re-exported
     UnsupportedInputError,
     build_route,
 )
+from omni.config.sessions import SessionSettings, parse_sessions
 from omni.config.views import parse_views
 
 __all__ = [
@@ -67,7 +68,7 @@ DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs", "control_bind", "heartbeat_s", "views")
+            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch", "inputs",
               "takes_request")
@@ -137,6 +138,7 @@ class PipelineConfig(Picklable):
     source: str = "<dict>"
     # served ids that run a part of this pipeline on its engines (omni/config/views.py)
     views: Mapping[str, PipelineConfig] = field(default_factory=dict)
+    sessions: SessionSettings = field(default_factory=SessionSettings)
 
     def __post_init__(self) -> None:
         set_field(self, "stages", tuple(self.stages))
@@ -275,6 +277,7 @@ def parse_pipeline(
         heartbeat_s=parse_heartbeat(source, data.get("heartbeat_s", 2.0)),
         source=source,
         views=parse_views(source, data, base_dir, parse_pipeline),
+        sessions=parse_sessions(source, data.get("sessions")),
     )
 
 

@@ -123,6 +123,12 @@ class Engine(abc.ABC):
     def step(self) -> list[StepOutput]:
         """Advance every runnable request once; return their new outputs."""
 
+    def end_session(self, session: str, op: str) -> bool:
+        """Drop what the engine keeps for a session (requests name it in their ``session``
+        param); op is why: close, reset or evict. False when it kept nothing. Engines that
+        keep no per-session state keep this default."""
+        return False
+
     def info(self) -> dict[str, Any]:
         """Capabilities and memory, sent to the orchestrator in READY."""
         return {}

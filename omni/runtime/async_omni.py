@@ -6,15 +6,19 @@ import asyncio
 import logging
 import os
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
 from omni.config.presets import load_pipeline
-from omni.errors import RequestFailedError
+from omni.errors import RequestAbortedError, RequestFailedError
 from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
 from omni.runtime.payloads import ClientPayloads
+from omni.runtime.sessions import PipelineSessions
+from omni.session import Fence, Session, SessionError
+from omni.session.conversation import conversation
 
 Params = Mapping[str, Mapping[str, Any]]
 
@@ -36,6 +40,7 @@ class AsyncOmni:
         self.orchestrator = Orchestrator(pipeline, metrics=metrics, dtype=dtype,
                                          log_level=log_level, startup_timeout_s=startup_timeout_s)
         self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client")
+        self.sessions = PipelineSessions(pipeline, self.orchestrator)
 
     @property
     def name(self) -> str:
@@ -43,10 +48,12 @@ class AsyncOmni:
 
     async def start(self) -> AsyncOmni:
         await self.orchestrator.start()
+        self.sessions.start()
         return self
 
     async def close(self, drain_timeout_s: float | None = None) -> None:
         timeout = self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self.sessions.stop()
         await self.orchestrator.stop(timeout)
         self.payloads.close()
 
@@ -64,16 +71,17 @@ class AsyncOmni:
                        params: Params | None = None, request_id: str | None = None,
                        timeout_s: float | None = None, view: str | None = None,
                        input_modalities: Iterable[str] | None = None,
-                       ) -> AsyncIterator[OmniOutput]:
+                       session: Session | None = None) -> AsyncIterator[OmniOutput]:
         """Yield the request's outputs in order; the last one has ``finished=True``.
 
         ``input_modalities`` (e.g. ["text", "audio"]): what ``inputs`` hold; entry stages
         that take none of them are skipped (a text question skips a speech recognizer).
         Raises an `omni.errors.OmniError` subclass when the request fails. Leaving the
         loop early (break, cancellation, client disconnect) aborts it in every stage.
+        ``session``: run it as a turn of that session (see `respond`).
         """
         state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
-                                         view, input_modalities)
+                                         view, input_modalities, session)
         try:
             while True:
                 item = await state.queue.get()
@@ -105,6 +113,73 @@ class AsyncOmni:
 
     async def abort(self, request_id: str) -> bool:
         return self.orchestrator.abort(request_id)
+
+    # -- sessions (omni/session/, DESIGN.md §7) ----------------------------------------------
+    def open_session(self, kind: str = "conversation",
+                     params: dict[str, Any] | None = None) -> Session:
+        """A new session; SessionCapacityError at once when the pipeline holds its
+        ``sessions.max_sessions``."""
+        return self.sessions.open(kind, params)
+
+    def append(self, session_id: str, item: dict[str, Any],
+               fence: Fence | None = None) -> None:
+        """One input of the session's current turn (a conversation: a chat message)."""
+        session = self.sessions.manager.append(session_id, fence)
+        conversation(session).add(item)
+
+    def signal(self, session_id: str, kind: str, fence: Fence | None = None) -> Fence:
+        """commit (the turn's input is complete), cancel / interrupt (stop the running
+        response: its outputs no longer reach anyone), reset (forget the history and the
+        engine state). Returns the session's new fence."""
+        session = self.sessions.manager.get(session_id)
+        chat = conversation(session)
+        new = self.sessions.manager.signal(session_id, kind, fence)
+        if kind != "commit" and chat.running is not None:
+            self.orchestrator.abort(chat.running, f"session {kind}")
+        if kind == "reset":
+            chat.reset()
+        return new
+
+    def close_session(self, session_id: str, reason: str = "closed by the client") -> bool:
+        session = self.sessions.manager.sessions.get(session_id)
+        if session is not None and session.kind == "conversation":
+            running = conversation(session).running
+            if running is not None:
+                self.orchestrator.abort(running, "the session closed")
+        return self.sessions.manager.close(session_id, reason)
+
+    async def respond(self, session_id: str, *, fence: Fence | None = None,
+                      modalities: Iterable[str] | None = None, params: Params | None = None,
+                      view: str | None = None, instructions: str | None = None,
+                      ) -> AsyncIterator[OmniOutput]:
+        """Answer the conversation so far as one turn of the session: its outputs, as
+        `generate` yields them. The answer's text joins the history when the turn ends
+        (the part produced so far, if it was cancelled). ``instructions``: a system
+        message put first for this turn. One response runs per session at a time."""
+        session = self.sessions.manager.append(session_id, fence)
+        chat = conversation(session)
+        if chat.running is not None:
+            raise SessionError(f"session {session_id} is already answering; cancel first")
+        messages = ([{"role": "system", "content": instructions}] if instructions else []) \
+            + chat.messages
+        chat.running, texts = uuid.uuid4().hex, []
+        session.busy += 1
+        try:
+            async for out in self.generate({"messages": messages}, modalities=modalities,
+                                           params=params, request_id=chat.running,
+                                           view=view, session=session):
+                if out.modality == "text" and out.data:
+                    texts.append(out.data.get("text") or "")
+                yield out
+        except RequestAbortedError:
+            chat.answered("".join(texts))
+            raise
+        else:
+            chat.answered("".join(texts))
+        finally:
+            session.busy -= 1
+            chat.running = None
+            self.sessions.manager.touch(session)
 
     def health(self) -> dict[str, Any]:
         return self.orchestrator.health()
@@ -216,3 +291,24 @@ class OmniView:
 
     async def abort(self, request_id: str) -> bool:
         return self.parent.orchestrator.abort(request_id)
+
+    # sessions are the parent's (one manager per set of engines); turns run on the view
+    @property
+    def sessions(self) -> PipelineSessions:
+        return self.parent.sessions
+
+    def open_session(self, kind: str = "conversation",
+                     params: dict[str, Any] | None = None) -> Session:
+        return self.parent.open_session(kind, params)
+
+    def append(self, session_id: str, item: dict[str, Any], fence: Fence | None = None) -> None:
+        self.parent.append(session_id, item, fence)
+
+    def signal(self, session_id: str, kind: str, fence: Fence | None = None) -> Fence:
+        return self.parent.signal(session_id, kind, fence)
+
+    def close_session(self, session_id: str, reason: str = "closed by the client") -> bool:
+        return self.parent.close_session(session_id, reason)
+
+    def respond(self, session_id: str, **kwargs: Any) -> AsyncIterator[OmniOutput]:
+        return self.parent.respond(session_id, view=self.view_name, **kwargs)

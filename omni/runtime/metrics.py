@@ -182,3 +182,21 @@ def replica_samples(pipeline: str, replica: Any) -> Iterable[Sample]:
     for key, (metric, doc) in ENGINE_GAUGES.items():
         if isinstance(replica.stats.get(key), int):
             yield "gauge", metric, doc, labels, replica.stats[key]
+
+
+def pipeline_samples(orchestrator: Any) -> Iterable[Sample]:
+    """The gauges and counters of one orchestrator's pipeline, read at scrape time."""
+    name = orchestrator.pipeline.name
+    yield "gauge", "omni_requests_in_flight", "Requests admitted, not finished", \
+        {"pipeline": name}, len(orchestrator.requests)
+    for stage, pool in orchestrator.engines.pools.items():
+        labels = {"pipeline": name, "stage": stage}
+        yield "gauge", "omni_stage_queue_length", "Requests bound to a stage, not finished", \
+            labels, pool.queue_length()
+        yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
+            len(pool.live())
+    for replica in orchestrator.engines.replicas.values():
+        yield from replica_samples(name, replica)
+    for (stage, direction), count in orchestrator.control_bytes.items():
+        yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
+            {"pipeline": name, "stage": stage, "direction": direction}, count

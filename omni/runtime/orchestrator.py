@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
@@ -34,10 +34,11 @@ from omni.errors import (
 from omni.protocol import Msg, encode
 from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
-from omni.runtime.metrics import Metrics, Sample, replica_samples
+from omni.runtime.metrics import Metrics, pipeline_samples
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import RoutePlan, plan_route
+from omni.session import Session
 
 log = logging.getLogger("omni.runtime.orchestrator")
 
@@ -60,13 +61,17 @@ class Orchestrator:
         self._stopped = False
         self._idle = asyncio.Event()
         self._idle.set()
-        self.metrics.watch(self._gauges)
+        self.metrics.watch(lambda: pipeline_samples(self))
         stages = [s.name for s in pipeline.stages]
         self._measure = self.metrics.for_pipeline(pipeline.name, stages)
-        self._bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
+        self.control_bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
+        # sessions (omni/runtime/sessions.py): stages that keep their state; hooks
+        self._session_stages = {s.name for s in pipeline.stages if s.engine == "ar"}
+        self.on_session_bytes: Callable[[Replica, dict], None] | None = None
+        self.on_replica_death: Callable[[Replica], None] | None = None
 
     async def start(self) -> None:
         await self.engines.start()
@@ -76,11 +81,12 @@ class Orchestrator:
     def submit(self, inputs: dict[str, Any], modalities: Iterable[str] | None = None,
                params: Mapping[str, Mapping[str, Any]] | None = None,
                request_id: str | None = None, timeout_s: float | None = None,
-               view: str | None = None,
-               input_modalities: Iterable[str] | None = None) -> RequestState:
+               view: str | None = None, input_modalities: Iterable[str] | None = None,
+               session: Session | None = None) -> RequestState:
         """Admit a request and dispatch its entry stages; raises OmniError subclasses.
         ``view``: run it on one of the pipeline's views (omni/config/views.py);
-        ``input_modalities``: what the inputs hold, to skip entry stages that take none."""
+        ``input_modalities``: what the inputs hold, to skip entry stages that take none;
+        ``session``: a turn of it, on the replicas that hold its state (its pins)."""
         if not self.accepting:
             raise ShuttingDownError("server is shutting down; not admitting new requests")
         if len(self.requests) >= self.pipeline.max_inflight:
@@ -91,7 +97,8 @@ class Orchestrator:
         if request_id in self.requests:
             raise DuplicateRequestIdError(f"request id '{request_id}' is already in flight")
         engine_id = f"{request_id}#{next(self._submits)}"
-        state = RequestState(request_id, engine_id, plan, inputs, params or {}, asyncio.Queue())
+        state = RequestState(request_id, engine_id, plan, inputs, params or {}, asyncio.Queue(),
+                             session=session)
         self.requests[request_id] = state
         self._by_engine_id[engine_id] = state
         self._idle.clear()
@@ -116,11 +123,13 @@ class Orchestrator:
         return plan
 
     def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
-        if not state.params:
+        if not state.params and state.session is None:
             return self._default_params[stage]  # only read (encoded), never changed
         merged = dict(self._default_params[stage])
         merged.update(state.params.get("*", {}))
         merged.update(state.params.get(stage, {}))
+        if state.session is not None and stage in self._session_stages:
+            merged["session"] = state.session.id  # its engine keeps the session's state
         return merged
 
     def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
@@ -145,16 +154,25 @@ class Orchestrator:
 
     def _send_to_some_replica(self, state: RequestState, stage: str,
                               message: bytes) -> Replica | None:
-        """Pick a replica and send; one that is dying (not yet known dead) is skipped."""
+        """Pick a replica and send; one that is dying (not yet known dead) is skipped. A
+        session's turn goes where its earlier turns went (pinned), or fails."""
         unreachable: tuple[Replica, ...] = ()
+        pins = state.session.pins if state.session is not None else None
         while True:
             try:
-                replica = self.engines.pools[stage].pick(exclude=unreachable)
+                replica = pins.get(stage) if pins else None
+                if replica is None or not replica.alive or replica in unreachable:
+                    if replica is not None:
+                        raise NoReplicaError(f"stage '{stage}' replica {replica.replica_id}, "
+                                             "which held this session's state, is gone")
+                    replica = self.engines.pools[stage].pick(exclude=unreachable)
             except NoReplicaError as exc:
                 self._finish(state, StageUnavailableError(str(exc)))
                 return None
             try:
-                self._bytes[stage, "out"] += self.engines.send(replica, message)
+                self.control_bytes[stage, "out"] += self.engines.send(replica, message)
+                if pins is not None:
+                    pins[stage] = replica
                 return replica
             except ReplicaUnreachableError:
                 unreachable += (replica,)
@@ -162,7 +180,9 @@ class Orchestrator:
     # -- engine outputs ----------------------------------------------------------------
     def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
                     nbytes: int) -> None:
-        self._bytes[replica.stage, "in"] += nbytes
+        self.control_bytes[replica.stage, "in"] += nbytes
+        if self.on_session_bytes is not None and "session_bytes" in stats:
+            self.on_session_bytes(replica, stats["session_bytes"])
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
         try:  # a bug in the bookkeeping must not cost the outputs below
@@ -272,7 +292,7 @@ class Orchestrator:
             self._finish(state, StageUnavailableError(
                 f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))
             return
-        self._bytes[consumer, "out"] += nbytes
+        self.control_bytes[consumer, "out"] += nbytes
 
     # -- ending ------------------------------------------------------------------------
     def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
@@ -297,6 +317,8 @@ class Orchestrator:
                     f"stage '{replica.stage}' replica {replica.replica_id} died while serving "
                     f"this request: {reason.splitlines()[0]}", replica.stage))
         replica.outstanding.clear()
+        if self.on_replica_death is not None:
+            self.on_replica_death(replica)
 
     def _finish(self, state: RequestState, error: OmniError | None) -> None:
         if state.finished:
@@ -377,19 +399,3 @@ class Orchestrator:
         for request_id in list(self.requests):
             self.abort(request_id, "server shut down before the request finished")
         await self.engines.stop()
-
-    def _gauges(self) -> Iterable[Sample]:
-        name = self.pipeline.name
-        yield "gauge", "omni_requests_in_flight", "Requests admitted, not finished", \
-            {"pipeline": name}, len(self.requests)
-        for stage, pool in self.engines.pools.items():
-            labels = {"pipeline": name, "stage": stage}
-            yield "gauge", "omni_stage_queue_length", "Requests bound to a stage, not finished", \
-                labels, pool.queue_length()
-            yield "gauge", "omni_stage_replicas_live", "Live replicas per stage", labels, \
-                len(pool.live())
-        for replica in self.engines.replicas.values():
-            yield from replica_samples(name, replica)
-        for (stage, direction), count in self._bytes.items():
-            yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
-                {"pipeline": name, "stage": stage, "direction": direction}, count

@@ -12,6 +12,7 @@ from omni.config.pipeline import Route
 from omni.runtime.pool import Replica
 from omni.runtime.routing import RoutePlan
 from omni.runtime.transit import RequestTransit
+from omni.session import Session
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RequestState:
     transit: RequestTransit = field(default_factory=RequestTransit)
     lead_outputs: dict[str, int] = field(default_factory=dict)  # omni/runtime/lead.py: per consumer
     lead_limits: dict[str, int | None] = field(default_factory=dict)  # last sent, per producer
+    session: Session | None = None  # the session this request is a turn of
 
     @property
     def route(self) -> Route:

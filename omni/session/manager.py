@@ -135,6 +135,7 @@ class SessionManager:
         self._by_token.pop(session.resume_token, None)
         for holder in session.held_bytes:
             self._holders.get(holder, set()).discard(session.id)
+        session.held_bytes.clear()  # on_end callbacks free it in the engines
         session.closed = reason
         for callback in session.on_end:
             callback(session, reason)

@@ -25,6 +25,7 @@ ROUND_TRIPS = [
     (Msg.ADD, ["req-1", {"prompt": "héllo ✓"}, {"chunks": 3, "temperature": 0.5}, 12.5]),
     (Msg.ABORT, [["r1", "r2", "r3"]]),
     (Msg.LIMIT, [[["r1", 12], ["r2", None]]]),
+    (Msg.SESSION, [[["s1", "close"], ["s2", "evict"]]]),
     (Msg.SHUTDOWN, []),
     (Msg.READY, ["a/0", {"engine": "echo", "pid": 1234, "memory": 2**40}]),
     (Msg.OUTPUTS, ["a/0", [["r1", {"text": "x", "index": 0, "trace": ["a"]}, False, None],

@@ -28,7 +28,6 @@ limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +48,7 @@ from omni.engines.ar.media import step_media, whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
+from omni.engines.ar.sessions import SessionContexts, SessionTurns
 from omni.engines.ar.state import (
     Flight,
     RequestState,
@@ -79,7 +79,7 @@ AR_OPTIONS = frozenset({
     "prefill_beside_decodes"})
 
 
-class AREngine(StepOrder, Engine):
+class AREngine(StepOrder, SessionTurns, Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
@@ -96,6 +96,7 @@ class AREngine(StepOrder, Engine):
             self.lm.use_experts(str(self.options["experts_implementation"]))
         self.cache = sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
         self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
+        self.sessions = SessionContexts(self.cache)  # KV kept between a session's turns
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # "auto" exports what the next stage reads: for some models the prompt's rows only
@@ -126,17 +127,7 @@ class AREngine(StepOrder, Engine):
         return load_causal_lm(model_dir, dtype=dtype, device=device)
 
     def _warm_prefill(self) -> None:
-        started = time.perf_counter()
-        try:
-            ran = warm_prefill(self.lm, self.cache, self.scheduler.max_batched_tokens,
-                               self._warm_inputs)
-        except torch.cuda.OutOfMemoryError as e:  # what the first big step would hit
-            raise EngineLoadError(
-                f"a prefill step of max_batched_tokens={self.scheduler.max_batched_tokens} "
-                f"does not fit beside the KV cache: lower max_batched_tokens or the KV "
-                f"cache (kv_cache_mb, or the stage's memory budget): {e}") from e
-        log.info("warmed prefill steps of %s tokens in %.1f s", ran,
-                 time.perf_counter() - started)
+        warm_prefill(self.lm, self.cache, self.scheduler.max_batched_tokens, self._warm_inputs)
 
     def _warm_inputs(self, tokens: int) -> dict[str, torch.Tensor]:
         """Model inputs for a warm-up step of `tokens` zero tokens."""
@@ -178,18 +169,19 @@ class AREngine(StepOrder, Engine):
             if rid in self._seqs or rid in self._encoder:
                 raise ValueError(f"request id {rid!r} is already running")
             params = SamplingParams.from_dict(request.params or {})
+            session = self._session_of(request.params or {})
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
             if producer is None and wants_media(self.lm, inputs):  # off the step loop
                 self._encoder.submit(rid, params, encode_prompt, self.lm, inputs)
                 return
             prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
-            self._admit(rid, params, producer, *prompt)
+            self._admit(rid, params, producer, *prompt, session=session)
         except Exception as e:  # bad input fails this request only, at the next step
             self._failed.append(failed_output(rid, e))
 
     def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
-               embeds: Any, media: Any) -> None:
+               embeds: Any, media: Any, session: str | None = None) -> None:
         capacity = self.cache.pool.num_blocks * self.cache.block_size
         if len(ids) >= capacity:
             raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
@@ -197,9 +189,11 @@ class AREngine(StepOrder, Engine):
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
                              IncrementalDetokenizer(self.lm.tokenizer, params.stop),
-                             stream_from=producer)
+                             stream_from=producer, session=session)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
                        media=media)
+        if producer is None:
+            self._attach_session(seq)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
@@ -253,7 +247,7 @@ class AREngine(StepOrder, Engine):
         for rid in ids:
             seq = self._seqs.pop(rid, None)
             if seq is not None:
-                self.scheduler.remove(seq)  # frees its KV blocks
+                self._retire(seq)  # frees its KV blocks, or gives them to its session
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
@@ -264,7 +258,7 @@ class AREngine(StepOrder, Engine):
         return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
                 "dtype": str(self.lm.dtype).removeprefix("torch."), "device": str(self.lm.device),
                 "vocab_size": self.lm.vocab_size, "kv_blocks": self.cache.pool.num_blocks,
-                "block_size": self.cache.block_size,
+                "block_size": self.cache.block_size, "kv_block_bytes": self.cache.block_bytes,
                 "max_num_seqs": self.scheduler.max_num_seqs,
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
                 **(self.lm.media.info() if self.lm.media else {})}
@@ -274,7 +268,9 @@ class AREngine(StepOrder, Engine):
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
                 "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
-                "steps": self.steps, "chained_steps": self.chained_steps}
+                "steps": self.steps, "chained_steps": self.chained_steps,
+                "session_bytes": self.sessions.nbytes(),
+                "session_reused_tokens": self.sessions.reused_tokens}
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
@@ -283,6 +279,7 @@ class AREngine(StepOrder, Engine):
             self.scheduler.remove(seq)
         self._seqs.clear()
         self._failed.clear()
+        self.sessions.release_all()
 
     # -- one step -----------------------------------------------------------------------------
     def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
@@ -368,7 +365,7 @@ class AREngine(StepOrder, Engine):
         seq.state.finish = finish_reason(seq, token, self.lm.eos_token_ids,
                                          self.lm.max_positions)
         if seq.state.finish is not None:
-            self.scheduler.remove(seq)
+            self._retire(seq)
 
     def _emit(self, seq: Sequence, result: Any) -> StepOutput:
         state: RequestState = seq.state
@@ -382,12 +379,12 @@ class AREngine(StepOrder, Engine):
         if finish is None:
             return StepOutput(seq.id, data=data)
         self._seqs.pop(seq.id, None)
-        self.scheduler.remove(seq)
+        self._retire(seq)
         return StepOutput(seq.id, data=data, finished=True)
 
     def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput:
         self._seqs.pop(seq.id, None)
-        self.scheduler.remove(seq)
+        self._retire(seq)
         rest = seq.state.detok.push([], final=True)[0] if text is None else text
         return StepOutput(seq.id, finished=True, data={
             "token_ids": [], "text": rest, "finish_reason": reason,

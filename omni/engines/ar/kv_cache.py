@@ -126,6 +126,7 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.decode_kernel = decode_kernel  # "sdpa" or "triton": paged_attention.decode_step
+        self.block_bytes = self.bytes_per_block(num_layers, kv_heads, head_dim, block_size, dtype)
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int,

@@ -15,6 +15,8 @@ back; nothing is published for prefix caching and nothing enters the scheduler.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,9 @@ import torch
 
 from omni.engines.ar.kv_cache import PagedKVCache
 from omni.engines.ar.paged_attention import build_layout
+from omni.engines.base import EngineLoadError
+
+log = logging.getLogger("omni.engines.ar.warm")
 
 SHORT_PROMPT = 16  # tokens of the one-sequence warm-up step
 BATCH_SEQUENCES = 4  # sequences sharing the full warm-up step
@@ -29,6 +34,22 @@ BATCH_SEQUENCES = 4  # sequences sharing the full warm-up step
 
 def warm_prefill(lm: Any, cache: PagedKVCache, max_batched_tokens: int,
                  inputs: Callable[[int], dict[str, torch.Tensor]]) -> list[int]:
+    """Run the warm-up steps and log them; a step that does not fit beside the KV cache
+    is a load error that says which setting to lower."""
+    started = time.perf_counter()
+    try:
+        ran = warm_steps(lm, cache, max_batched_tokens, inputs)
+    except torch.cuda.OutOfMemoryError as e:  # what the first big step would hit
+        raise EngineLoadError(
+            f"a prefill step of max_batched_tokens={max_batched_tokens} does not fit beside "
+            f"the KV cache: lower max_batched_tokens or the KV cache (kv_cache_mb, or the "
+            f"stage's memory budget): {e}") from e
+    log.info("warmed prefill steps of %s tokens in %.1f s", ran, time.perf_counter() - started)
+    return ran
+
+
+def warm_steps(lm: Any, cache: PagedKVCache, max_batched_tokens: int,
+               inputs: Callable[[int], dict[str, torch.Tensor]]) -> list[int]:
     """Run the warm-up steps; returns the tokens of each step that ran (a step whose
     blocks the pool cannot lend is skipped). inputs(n): the model's inputs for n tokens
     (input_ids, or inputs_embeds for a model fed embeddings)."""

@@ -34,7 +34,8 @@ class EngineLoop:
         self.inbound = InboundTimes()
         self.gc_pauses: GcPauses | None = None  # while run() runs: it registers and removes
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
-                         Msg.LIMIT: self._limit, Msg.SHUTDOWN: self._stop}
+                         Msg.LIMIT: self._limit, Msg.SESSION: self._session,
+                         Msg.SHUTDOWN: self._stop}
 
     def run(self) -> None:
         self.gc_pauses = GcPauses()
@@ -118,6 +119,19 @@ class EngineLoop:
             log.error("dropping malformed LIMIT from orchestrator: %s", exc)
             return
         self.engine.limit(limits)
+
+    def _session(self, body: list[Any]) -> None:
+        """Drop sessions' engine state, then say what is held now (stats only)."""
+        try:
+            ends = [(str(session), str(op)) for session, op in body[0]]
+        except (TypeError, ValueError) as exc:
+            log.error("dropping malformed SESSION from orchestrator: %s", exc)
+            return
+        for session, op in ends:
+            self.engine.end_session(session, op)
+        stats = self.engine.stats()
+        stats["sent_at"] = time.monotonic()
+        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, [], stats))
 
     def _stop(self, body: list[Any]) -> None:
         self.running = False

@@ -1,0 +1,154 @@
+"""A session's KV blocks, held by the AR engine between its turns.
+
+A request that names a session (param ``session``) does not give its blocks back when it
+finishes: the session keeps them, with the tokens whose KV they hold (the prompt and the
+answer, all but the last sampled token, which was never fed). The blocks stay referenced,
+so no other request's prefix-cache pressure can evict them; only the session layer can,
+through ``release`` (close, reset, or its byte budget: omni/session/manager.py).
+
+The next turn's prompt (the conversation so far, rendered again, plus the new message)
+shares a long prefix with those tokens. ``attach`` hands the blocks of that common prefix
+to the new sequence, which then prefills only what follows. The full blocks are taken as
+they are (their content never changes, and the prefix cache may share them); a partly
+matching last block is copied into a fresh block (copy on write), because positions past
+the match are about to be overwritten and the old block may be shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Tokens
+from dataclasses import dataclass
+from typing import Any
+
+from omni.engines.ar.kv_cache import OutOfBlocksError, PagedKVCache, SequenceBlocks
+from omni.engines.ar.scheduler import Sequence
+
+
+@dataclass
+class HeldContext:
+    tokens: list[int]  # their KV is in blocks, in this order
+    blocks: SequenceBlocks
+
+
+class SessionContexts:
+    """Every session's held blocks in one engine."""
+
+    def __init__(self, cache: PagedKVCache) -> None:
+        self.cache = cache
+        self.held: dict[str, HeldContext] = {}
+        self.reused_tokens = 0  # prompt tokens a session turn did not recompute
+
+    def __contains__(self, session: str) -> bool:
+        return session in self.held
+
+    def hold(self, session: str, seq: Sequence) -> None:
+        """A finished (or aborted) turn: its computed tokens' blocks move to the session,
+        replacing any older context of it. A sequence without blocks (already held, or
+        preempted) changes nothing."""
+        if not seq.blocks.table:
+            return
+        self.release(session)
+        computed = min(seq.computed, len(seq.prompt) + len(seq.output))
+        blocks = seq.blocks
+        seq.blocks = SequenceBlocks()  # the scheduler's remove() now frees nothing
+        keep = self.cache.blocks_for(computed)
+        for block in blocks.table[keep:]:
+            self.cache.pool.release(block)
+        del blocks.table[keep:]
+        del blocks.hashes[keep:]
+        if computed == 0:
+            return
+        self.held[session] = HeldContext(seq.tokens[:computed], blocks)
+
+    def attach(self, session: str, seq: Sequence) -> int:
+        """Give a new turn the session's blocks of its longest common prefix (all but the
+        prompt's last token, whose logits are needed); returns the tokens reused."""
+        held = self.held.pop(session, None)
+        if held is None:
+            return 0
+        size = self.cache.block_size
+        common = _common_prefix(held.tokens, seq.prompt, len(seq.prompt) - 1)
+        full, rest = divmod(common, size)
+        table = held.blocks.table
+        seq.blocks.table = table[:full]
+        seq.blocks.hashes = held.blocks.hashes[:full]
+        if rest:
+            try:
+                copy = self.cache.pool.allocate()
+            except OutOfBlocksError:
+                rest, common = 0, full * size
+            else:
+                self._copy_rows(table[full], copy, rest)
+                seq.blocks.table.append(copy)
+        for block in table[full:]:
+            self.cache.pool.release(block)
+        seq.blocks.cached_tokens = seq.computed = common
+        self.reused_tokens += common
+        return common
+
+    def _copy_rows(self, source: int, target: int, rows: int) -> None:
+        size = self.cache.block_size
+        src, dst = slice(source * size, source * size + rows), slice(target * size,
+                                                                     target * size + rows)
+        for k, v in zip(self.cache.k, self.cache.v, strict=True):
+            k[dst] = k[src]
+            v[dst] = v[src]
+
+    def release(self, session: str) -> bool:
+        held = self.held.pop(session, None)
+        if held is None:
+            return False
+        self.cache.free(held.blocks)
+        return True
+
+    def release_all(self) -> None:
+        for session in list(self.held):
+            self.release(session)
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held per session (whole blocks)."""
+        per_block = self.cache.block_bytes
+        return {s: len(h.blocks.table) * per_block for s, h in self.held.items()}
+
+
+def _common_prefix(a: Tokens[int], b: Tokens[int], limit: int) -> int:
+    n = min(len(a), len(b), max(limit, 0))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class SessionTurns:
+    """The AR engine's side of sessions (a mixin of AREngine): a request's ``session``
+    param, its blocks attached at admission and held when it leaves the scheduler."""
+
+    sessions: SessionContexts
+    scheduler: Any
+    export_layers: Any
+
+    def _session_of(self, params: dict[str, Any]) -> str | None:
+        """The session a request belongs to, where its KV can be held: not with hidden
+        states exported (a reused prefix would not be exported again)."""
+        session = params.get("session")
+        if session is None or self.export_layers is not None:
+            return None
+        if not isinstance(session, str) or not session:
+            raise ValueError(f"param session must be a non-empty string, got {session!r}")
+        return session
+
+    def _attach_session(self, seq: Sequence) -> None:
+        session = seq.state.session
+        if session is not None and seq.embeds is None and seq.media is None:
+            self.sessions.attach(session, seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        """Out of the scheduler; its blocks go to its session, if it has one."""
+        session = seq.state.session
+        if session is not None and seq.embeds is None and seq.media is None:
+            self.sessions.hold(session, seq)
+        self.scheduler.remove(seq)
+
+    def end_session(self, session: str, op: str) -> bool:
+        """Drop what the engine holds for a session (close, reset, eviction alike)."""
+        return self.sessions.release(session)
