@@ -93,16 +93,28 @@ MODELS_KEY = web.AppKey("models", ModelRegistry)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", ServerSettings)
 OPEN_PATHS = ("/health", "/metrics")
+WS_KEY_PREFIX = "openai-insecure-api-key."
 
 
 def _auth_middleware(api_key: str) -> Any:
     expected = f"Bearer {api_key}".encode()
+
+    def subprotocol_key(request: web.Request) -> bytes:
+        """A browser's WebSocket cannot set headers: OpenAI's convention sends the key as
+        the subprotocol ``openai-insecure-api-key.<key>``."""
+        for name in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+            name = name.strip()
+            if name.startswith(WS_KEY_PREFIX):
+                return f"Bearer {name[len(WS_KEY_PREFIX):]}".encode("utf-8", "surrogateescape")
+        return b""
 
     @web.middleware
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
             # surrogateescape: a header with undecodable bytes is a wrong key, not a crash
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not given and request.headers.get("Upgrade", "").lower() == "websocket":
+                given = subprotocol_key(request)
             if not hmac.compare_digest(given, expected):
                 raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
                                "<key>')", code="invalid_api_key")

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from omni.api import images, speech, system, text, transcriptions, unserved, videos
+from omni.api import (
+    images,
+    realtime,
+    speech,
+    system,
+    text,
+    transcriptions,
+    unserved,
+    videos,
+)
 
 
 def add_routes(app: web.Application) -> None:
@@ -12,6 +21,7 @@ def add_routes(app: web.Application) -> None:
     text.add_routes(app)
     speech.add_routes(app)
     transcriptions.add_routes(app)
+    realtime.add_routes(app)
     images.add_routes(app)
     videos.add_routes(app)
     unserved.add_routes(app)

@@ -240,3 +240,32 @@ def decode_audio(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
     if not out or not sum(len(o) for o in out):
         raise ValueError("the audio holds no samples")
     return np.concatenate(out).astype(np.float32, copy=False)
+
+
+class PcmResampler:
+    """16-bit mono PCM at one rate -> at another, chunk by chunk (a realtime client's
+    24 kHz microphone stream -> the 16 kHz a recognizer and a VAD take). libswresample
+    keeps its filter state between chunks, so the pieces join without clicks."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        import av
+
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._resampler = (None if in_rate == out_rate else
+                           av.AudioResampler(format="s16", layout="mono", rate=out_rate))
+
+    def feed(self, pcm: bytes) -> bytes:
+        """ValueError for an odd number of bytes (not 16-bit samples)."""
+        if len(pcm) % 2:
+            raise ValueError(f"16-bit PCM has an even number of bytes, got {len(pcm)}")
+        if self._resampler is None or not pcm:
+            return pcm
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        return self._resample(_frame(samples, self.in_rate))
+
+    def flush(self) -> bytes:
+        return b"" if self._resampler is None else self._resample(None)
+
+    def _resample(self, frame: Any) -> bytes:
+        return b"".join(f.to_ndarray().astype("<i2").tobytes()
+                        for f in self._resampler.resample(frame))

@@ -1,0 +1,136 @@
+"""A realtime session's input audio: the buffer, its transcription, server VAD.
+
+The client appends pcm16 at 24 kHz (base64); it is resampled once to 16 kHz (what the
+recognizer and the VAD take) and kept in the input buffer. A commit turns the buffer
+into a user item whose transcript comes from the model's transcription stage (a view of
+the same pipeline whose text stage reports ``task: transcription``: Whisper in the
+default assistant), run as its own request.
+
+Server VAD (``turn_detection: server_vad``) is an engine stage too (the pipeline's
+``voice_activity`` output, Silero VAD in the default): while the session listens, one
+request of it stays open and every appended chunk is fed to it (``AsyncOmni.feed``); its
+speech_started / speech_stopped events come back as outputs, in milliseconds of the
+session's input audio. The orchestrator forwards those messages and never reads audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from omni.media.audio import PcmResampler
+
+INPUT_RATE = 16_000  # what the recognizer and the VAD take
+BYTES_PER_MS = INPUT_RATE * 2 // 1000
+
+
+class InputAudio:
+    """The input buffer: 16 kHz pcm16 since the last commit or clear, and where it starts
+    in the session's audio clock (ms since the first append)."""
+
+    def __init__(self, max_seconds: float, in_rate: int = 24_000) -> None:
+        self.resampler = PcmResampler(in_rate, INPUT_RATE)
+        self.max_bytes = int(max_seconds * INPUT_RATE) * 2
+        self.buffer = bytearray()
+        self.start_ms = 0  # the buffer's first sample on the session's audio clock
+        self.total_bytes = 0  # every 16 kHz byte appended so far
+
+    def append(self, pcm24: bytes) -> bytes:
+        """The 16 kHz pcm of this chunk, now in the buffer; ValueError when it is not
+        16-bit audio or the buffer would pass its limit."""
+        pcm = self.resampler.feed(pcm24)
+        if len(self.buffer) + len(pcm) > self.max_bytes:
+            raise ValueError(f"the input audio buffer holds at most "
+                             f"{self.max_bytes // (2 * INPUT_RATE)} s; commit or clear it")
+        self.buffer += pcm
+        self.total_bytes += len(pcm)
+        return pcm
+
+    @property
+    def now_ms(self) -> int:
+        return self.total_bytes // BYTES_PER_MS
+
+    def take(self, from_ms: int | None = None) -> bytes:
+        """The buffer's audio (from ``from_ms`` on the session clock, if later than its
+        start), emptied."""
+        skip = 0 if from_ms is None else max(0, (from_ms - self.start_ms) * BYTES_PER_MS)
+        audio = bytes(self.buffer[skip:])
+        self.clear()
+        return audio
+
+    def clear(self) -> None:
+        self.buffer.clear()
+        self.start_ms = self.now_ms
+
+
+def transcriber(omni: Any) -> Any | None:
+    """What transcribes speech on this model's engines: a view whose only output is text
+    from a stage that reports ``task: transcription``, or None (no audio input)."""
+    root = getattr(omni, "parent", omni)
+    candidates = [(None, root.pipeline)] + list(root.pipeline.views.items())
+    for name, pipeline in candidates:
+        if pipeline.modalities == ("text",) and "audio" in pipeline.input_modalities \
+                and root.output_info("text", pipeline).get("task") == "transcription":
+            return root if name is None else root.view(name)
+    return None
+
+
+async def transcribe(listener: Any, pcm16k: bytes, request_id: str) -> dict[str, Any]:
+    """The transcription stage's result for 16 kHz pcm16 ({"text", "duration", ...})."""
+    result: dict[str, Any] = {}
+    outputs = listener.generate({"audio": {"pcm_s16le": pcm16k, "sample_rate": INPUT_RATE}},
+                                modalities=["text"], request_id=request_id)
+    async with contextlib.aclosing(outputs):
+        async for out in outputs:
+            if out.modality == "text" and out.data:
+                result = out.data
+    return result
+
+
+def has_vad(omni: Any) -> bool:
+    return "voice_activity" in getattr(omni, "parent", omni).pipeline.modalities
+
+
+class ServerVad:
+    """One open VAD request of the session's input audio; events go to ``on_event``."""
+
+    def __init__(self, omni: Any, settings: dict[str, Any],
+                 on_event: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        self.omni = getattr(omni, "parent", omni)
+        self.request_id = f"vad-{uuid.uuid4().hex}"
+        self.on_event = on_event
+        params = {k: settings[k] for k in ("threshold", "prefix_padding_ms",
+                                           "silence_duration_ms")}
+        self.outputs = self.omni.generate({}, modalities=["voice_activity"],
+                                          input_modalities=["audio"], stream_input=True,
+                                          request_id=self.request_id, params={"*": params})
+        self.task: asyncio.Task | None = None
+        self.offset_ms = 0  # the session clock when this VAD stream started
+
+    async def start(self, offset_ms: int) -> None:
+        """Open the request: its task runs until it waits for the first output, so the
+        request is admitted (and can be fed) when this returns."""
+        self.offset_ms = offset_ms
+        self.task = asyncio.ensure_future(self._read())
+        await asyncio.sleep(0)
+
+    def feed(self, pcm16k: bytes) -> None:
+        if self.task is not None and not self.task.done():
+            self.omni.feed(self.request_id, {"audio": pcm16k, "sample_rate": INPUT_RATE})
+
+    async def _read(self) -> None:
+        async with contextlib.aclosing(self.outputs):
+            async for out in self.outputs:
+                for event in (out.data or {}).get("events", ()):
+                    await self.on_event({**event, "audio_ms": event["audio_ms"]
+                                         + self.offset_ms})
+
+    async def close(self) -> None:
+        if self.task is None:
+            return
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task

@@ -1,0 +1,362 @@
+"""GET /v1/realtime: the OpenAI realtime API over a WebSocket (protocols.md §5).
+
+One connection is one attached session (omni/session/): ``session.created`` comes first
+and carries ``resume_token``; a client that reconnects within the pipeline's
+``sessions.resume_grace_s`` with ``?resume_token=...`` gets the same session back (its
+settings, its conversation, its engines' KV). A connection beyond the pipeline's
+``sessions.max_sessions`` is closed with 1013 (try again later) after one ``error`` event.
+
+Client events are JSON (text frames; binary frames are read as JSON too). A malformed or
+unknown event gets an ``error`` event naming the ``event_id`` that caused it and the
+socket stays open; a client that keeps sending bad events (MAX_BAD_EVENTS) is closed with
+1008; a frame over the size limit with 1009 (aiohttp's reader). When the session ends
+under the connection (its replica died, its lease ran out) the client gets an ``error``
+event and a 1011 close, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from omni.api.realtime import audio_input
+from omni.api.realtime.config import VAD_DEFAULTS, ConfigError, SessionConfig
+from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id, user_item
+from omni.api.realtime.response import Response, spec_from
+from omni.errors import OmniError
+from omni.session import Session, SessionError
+
+log = logging.getLogger("omni.api.realtime")
+MAX_BAD_EVENTS = 50  # a client this wrong is not going to recover: 1008
+
+
+class ClientError(Exception):
+    """A client event the server cannot take: an ``error`` event, the socket stays."""
+
+    def __init__(self, message: str, code: str = "invalid_event", param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+class RealtimeConnection:
+    """One client on one session (see module doc)."""
+
+    def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
+                 max_audio_seconds: float) -> None:
+        self.ws, self.model, self.omni, self.session, self.beta = (ws, model, model.omni,
+                                                                   session, beta)
+        self.ids = EventIds()
+        state = session.state.setdefault("realtime", {})
+        self.config: SessionConfig = state.get("config") or self._default_config()
+        self.items: Items = state.setdefault("items", Items())
+        state["config"] = self.config
+        self.audio = audio_input.InputAudio(max_audio_seconds)
+        self.listener = audio_input.transcriber(self.omni)
+        self.response: Response | None = None
+        self.vad: audio_input.ServerVad | None = None
+        self.speech_item: str | None = None  # the item the speech heard now will become
+        self.speech_from = 0  # where that speech started, on the session's audio clock
+        self.bad_events = 0
+        self.tasks: set[asyncio.Task] = set()
+        self._send_lock = asyncio.Lock()
+
+    def _default_config(self) -> SessionConfig:
+        info = self.omni.output_info("audio") if "audio" in self.model.modalities else {}
+        voices = tuple(v["id"] for v in info.get("voices") or ())
+        if info.get("openai_voice_alias"):
+            from omni.models.speech import OPENAI_VOICES
+            voices += tuple(sorted(OPENAI_VOICES))
+        vad = audio_input.has_vad(self.omni)
+        return SessionConfig(self.model.id, ["audio"] if voices else ["text"],
+                             voices[0] if voices else None, voices,
+                             turn_detection=dict(VAD_DEFAULTS) if vad else None)
+
+    # -- sending -----------------------------------------------------------------------
+    async def send(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if self.beta and kind in BETA_NAMES:
+            if BETA_NAMES[kind] is None:
+                return
+            event = {**event, "type": BETA_NAMES[kind]}
+        body = json.dumps({"event_id": self.ids.next(), **event}, default=self._render)
+        async with self._send_lock:
+            if not self.ws.closed:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await self.ws.send_str(body)
+
+    def _render(self, value: Any) -> Any:
+        if isinstance(value, Item):
+            return value.render(self.beta)
+        raise TypeError(f"cannot send {type(value).__name__}")
+
+    async def error(self, message: str, code: str | None, param: str | None = None,
+                    event_id: str | None = None, type_: str = "invalid_request_error") -> None:
+        await self.send({"type": "error", "error": {"type": type_, "code": code,
+                                                    "message": message, "param": param,
+                                                    "event_id": event_id}})
+
+    # -- the loop ----------------------------------------------------------------------
+    async def run(self) -> None:
+        self.session.on_end.append(self._session_ended)
+        await self.send({"type": "session.created", "resume_token": self.session.resume_token,
+                         "session": self.config.render(self.session.id, self.beta)})
+        await self._listen()
+        async for message in self.ws:
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                break
+            await self._receive(message.data)
+            if self.bad_events > MAX_BAD_EVENTS:
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION,
+                                    message=b"too many invalid events")
+                break
+
+    async def _receive(self, raw: str | bytes) -> None:
+        event_id = None
+        try:
+            event = json.loads(raw)
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise ClientError("an event is a JSON object with a string 'type'")
+            event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+            handler = HANDLERS.get(event["type"])
+            if handler is None:
+                raise ClientError(f"unknown event type {event['type']!r}", "unknown_event",
+                                  "type")
+            self.session = self.omni.sessions.manager.append(self.session.id)
+            await handler(self, event)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self.bad_events += 1
+            await self.error(f"the event is not valid JSON: {exc}", "invalid_json")
+        except ClientError as exc:
+            self.bad_events += 1
+            await self.error(str(exc), exc.code, exc.param, event_id)
+        except ConfigError as exc:
+            self.bad_events += 1
+            await self.error(str(exc), "invalid_value", exc.param, event_id)
+        except (SessionError, OmniError) as exc:
+            await self.error(str(exc), "session_error", None, event_id, "server_error")
+
+    async def close(self) -> None:
+        """The client left (or the session ended): stop its work, keep the session for a
+        resume (the reaper closes it after the grace period)."""
+        if self.response is not None:
+            self._cancel_response("client_disconnected")
+        if self.vad is not None:
+            await self.vad.close()
+        for task in list(self.tasks):
+            task.cancel()
+        with contextlib.suppress(ValueError):
+            self.session.on_end.remove(self._session_ended)
+        self.omni.sessions.manager.detach(self.session.id)
+
+    def _session_ended(self, session: Session, reason: str) -> None:
+        async def tell() -> None:
+            await self.error(f"the session ended: {reason}", "session_ended",
+                             type_="server_error")
+            await self.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"session ended")
+        self._spawn(tell())
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    # -- session -----------------------------------------------------------------------
+    async def session_update(self, event: dict[str, Any]) -> None:
+        before = self.config.turn_detection
+        self.config.update(event.get("session"))
+        if self.config.turn_detection is not None and not audio_input.has_vad(self.omni):
+            self.config.turn_detection = before
+            raise ConfigError(f"model '{self.model.id}' has no voice activity detector; use "
+                              "turn_detection null and commit the audio yourself",
+                              "session.turn_detection")
+        await self.send({"type": "session.updated",
+                         "session": self.config.render(self.session.id, self.beta)})
+        if self.config.turn_detection != before:
+            await self._listen()
+
+    async def _listen(self) -> None:
+        """(Re)start the server VAD after a change of turn detection."""
+        if self.vad is not None:
+            await self.vad.close()
+            self.vad = None
+        if self.config.turn_detection is not None:
+            self.vad = audio_input.ServerVad(self.omni, self.config.turn_detection,
+                                             self._vad_event)
+            await self.vad.start(self.audio.now_ms)
+
+    # -- input audio -------------------------------------------------------------------
+    async def audio_append(self, event: dict[str, Any]) -> None:
+        try:
+            pcm = base64.b64decode(event.get("audio") or "", validate=True)
+            pcm16k = self.audio.append(pcm)
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise ClientError(f"'audio' must be base64 pcm16 at 24 kHz: {exc}",
+                              "invalid_audio", "audio") from None
+        if self.vad is not None:
+            self.vad.feed(pcm16k)
+
+    async def audio_commit(self, event: dict[str, Any], from_ms: int | None = None) -> None:
+        if not self.audio.buffer:
+            raise ClientError("the input audio buffer is empty", "input_audio_buffer_commit_empty")
+        if self.listener is None:
+            raise ClientError(f"model '{self.model.id}' does not take audio input",
+                              "unsupported_input")
+        item_id, self.speech_item = self.speech_item or new_id("item"), None
+        item = Item(item_id, "user", [{"type": "input_audio", "transcript": None}])
+        previous = self.items.add(item)
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item_id,
+                         "previous_item_id": previous})
+        await self._item_added(item, previous)
+        self._transcribe(item, self.audio.take(from_ms))
+
+    async def audio_clear(self, event: dict[str, Any]) -> None:
+        self.audio.clear()
+        await self.send({"type": "input_audio_buffer.cleared"})
+
+    def _transcribe(self, item: Item, pcm16k: bytes) -> None:
+        async def run() -> None:
+            try:
+                result = await audio_input.transcribe(self.listener, pcm16k, f"asr-{item.id}")
+            except Exception as exc:
+                await self.send({"type": "conversation.item.input_audio_transcription.failed",
+                                 "item_id": item.id, "content_index": 0, "error": {
+                                     "type": "server_error", "message": str(exc)}})
+                return
+            item.parts[0]["transcript"] = transcript = (result.get("text") or "").strip()
+            await self.send({"type": "conversation.item.input_audio_transcription.completed",
+                             "item_id": item.id, "content_index": 0, "transcript": transcript,
+                             "usage": {"type": "duration",
+                                       "seconds": round(len(pcm16k) / 32000, 3)}})
+        item.transcribing = self._spawn(run())
+
+    async def _vad_event(self, event: dict[str, Any]) -> None:
+        settings = self.config.turn_detection or {}
+        if event.get("type") == "speech_started":
+            self.speech_item = new_id("item")
+            self.speech_from = int(event["audio_ms"])
+            await self.send({"type": "input_audio_buffer.speech_started",
+                             "audio_start_ms": self.speech_from, "item_id": self.speech_item})
+            if self.response is not None and settings.get("interrupt_response", True):
+                self._cancel_response("turn_detected")  # barge-in
+        elif event.get("type") == "speech_stopped" and self.speech_item is not None:
+            await self.send({"type": "input_audio_buffer.speech_stopped",
+                             "audio_end_ms": int(event["audio_ms"]), "item_id": self.speech_item})
+            await self.audio_commit({}, self.speech_from)
+            if settings.get("create_response", True):
+                await self.response_create({})
+
+    # -- conversation ------------------------------------------------------------------
+    async def _item_added(self, item: Item, previous: str | None) -> None:
+        await self.send({"type": "conversation.item.added", "previous_item_id": previous,
+                         "item": item})
+        await self.send({"type": "conversation.item.done", "previous_item_id": previous,
+                         "item": item})
+
+    async def item_create(self, event: dict[str, Any]) -> None:
+        try:
+            item = user_item(event.get("item"))
+            audio = [p.pop("audio") for p in item.parts if "audio" in p]
+            previous = self.items.add(item, event.get("previous_item_id"))
+        except KeyError:
+            raise ClientError("previous_item_id names no item", "item_not_found",
+                              "previous_item_id") from None
+        except ValueError as exc:
+            raise ClientError(str(exc), "invalid_item", "item") from None
+        await self._item_added(item, previous)
+        if audio and audio[0] and item.role == "user":
+            if self.listener is None:
+                raise ClientError(f"model '{self.model.id}' does not take audio input",
+                                  "unsupported_input")
+            buffer = audio_input.InputAudio(30.0)
+            try:
+                pcm16k = buffer.append(base64.b64decode(audio[0], validate=True))
+            except (binascii.Error, ValueError) as exc:
+                raise ClientError(f"input_audio.audio: {exc}", "invalid_audio") from None
+            self._transcribe(item, pcm16k)
+
+    async def item_delete(self, event: dict[str, Any]) -> None:
+        try:
+            self.items.delete(event.get("item_id"))
+        except KeyError:
+            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
+        await self.send({"type": "conversation.item.deleted", "item_id": event["item_id"]})
+
+    async def item_retrieve(self, event: dict[str, Any]) -> None:
+        try:
+            item = self.items.get(event.get("item_id"))
+        except KeyError:
+            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
+        await self.send({"type": "conversation.item.retrieved", "item": item})
+
+    async def item_truncate(self, event: dict[str, Any]) -> None:
+        try:
+            item = self.items.get(event.get("item_id"))
+        except KeyError:
+            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
+        await self.send({"type": "conversation.item.truncated", "item_id": item.id,
+                         "content_index": event.get("content_index", 0),
+                         "audio_end_ms": event.get("audio_end_ms", 0)})
+
+    # -- responses ---------------------------------------------------------------------
+    async def response_create(self, event: dict[str, Any]) -> None:
+        if self.response is not None:
+            raise ClientError("a response is already in progress; cancel it first",
+                              "conversation_already_has_active_response")
+        raw = event.get("response") or {}
+        if not isinstance(raw, dict):
+            raise ClientError("'response' must be an object", "invalid_value", "response")
+        spec = spec_from(self.config, raw)
+        info = self.omni.output_info("audio") if "audio" in spec.output_modalities else {}
+        response = Response(self.omni, self.session.id, spec, self.send, info,
+                            self.items.last_id)
+        self.response = response
+
+        async def run() -> None:
+            try:
+                messages = await self.items.messages()
+                self.items.add(response.item)
+                await response.run(messages)
+            finally:
+                if self.response is response:
+                    self.response = None
+        response.task = self._spawn(run())
+
+    async def response_cancel(self, event: dict[str, Any]) -> None:
+        if self.response is None or (event.get("response_id") not in (None, self.response.id)):
+            raise ClientError("no response to cancel", "response_cancel_not_active")
+        self._cancel_response("client_cancelled")
+
+    def _cancel_response(self, reason: str) -> None:
+        response = self.response
+        if response is None:
+            return
+        response.cancel(reason)
+        with contextlib.suppress(SessionError):
+            self.omni.signal(self.session.id, "interrupt" if reason == "turn_detected"
+                             else "cancel")
+
+    async def ignore(self, event: dict[str, Any]) -> None:
+        """Events meant for WebRTC (output_audio_buffer.clear): nothing to do over WS."""
+
+
+HANDLERS = {
+    "session.update": RealtimeConnection.session_update,
+    "input_audio_buffer.append": RealtimeConnection.audio_append,
+    "input_audio_buffer.commit": RealtimeConnection.audio_commit,
+    "input_audio_buffer.clear": RealtimeConnection.audio_clear,
+    "conversation.item.create": RealtimeConnection.item_create,
+    "conversation.item.delete": RealtimeConnection.item_delete,
+    "conversation.item.retrieve": RealtimeConnection.item_retrieve,
+    "conversation.item.truncate": RealtimeConnection.item_truncate,
+    "response.create": RealtimeConnection.response_create,
+    "response.cancel": RealtimeConnection.response_cancel,
+    "output_audio_buffer.clear": RealtimeConnection.ignore,
+}

@@ -1,0 +1,131 @@
+"""Conversation items of a realtime session and the events that name them.
+
+Items are what the client sees (``conversation.item.*``); the session's chat history
+(omni/session/conversation.py) is rebuilt from them before each response, so deleting
+or truncating an item changes what the next answer reads. A user's audio item holds no
+audio here: it is transcribed when committed, and its transcript is what the model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# GA event name -> beta event name, where they differ (protocols.md §5.3); None: GA only
+BETA_NAMES: dict[str, str | None] = {
+    "conversation.item.added": "conversation.item.created",
+    "conversation.item.done": None,
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+}
+# content part types: GA -> beta
+BETA_PARTS = {"output_text": "text", "output_audio": "audio"}
+MAX_ITEMS = 512
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass(eq=False)
+class Item:
+    id: str
+    role: str
+    parts: list[dict[str, Any]]  # GA content parts, without audio bytes
+    status: str = "completed"
+    transcribing: asyncio.Future | None = None  # an audio item's transcript, once known
+
+    @property
+    def text(self) -> str:
+        return "".join(p.get("text") or p.get("transcript") or "" for p in self.parts)
+
+    def render(self, beta: bool) -> dict[str, Any]:
+        parts = [{**p, "type": BETA_PARTS.get(p["type"], p["type"])} if beta else dict(p)
+                 for p in self.parts]
+        return {"id": self.id, "object": "realtime.item", "type": "message",
+                "status": self.status, "role": self.role, "content": parts}
+
+
+@dataclass
+class Items:
+    """The conversation's items in order."""
+
+    order: list[Item] = field(default_factory=list)
+
+    def add(self, item: Item, previous_id: str | None = None) -> str | None:
+        """Insert after ``previous_id`` (None: at the end); returns the previous item's id.
+        KeyError for an unknown previous id; ValueError when the conversation is full."""
+        if len(self.order) >= MAX_ITEMS:
+            raise ValueError(f"the conversation holds its maximum of {MAX_ITEMS} items; "
+                             "delete some (conversation.item.delete)")
+        index = len(self.order) if previous_id is None else self.index(previous_id) + 1
+        self.order.insert(index, item)
+        return self.order[index - 1].id if index else None
+
+    def index(self, item_id: Any) -> int:
+        for i, item in enumerate(self.order):
+            if item.id == item_id:
+                return i
+        raise KeyError(item_id)
+
+    def get(self, item_id: Any) -> Item:
+        return self.order[self.index(item_id)]
+
+    def delete(self, item_id: Any) -> None:
+        del self.order[self.index(item_id)]
+
+    @property
+    def last_id(self) -> str | None:
+        return self.order[-1].id if self.order else None
+
+    async def messages(self) -> list[dict[str, Any]]:
+        """The chat history the model reads (waits for transcripts being made)."""
+        pending = [i.transcribing for i in self.order if i.transcribing is not None]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return [{"role": i.role, "content": i.text} for i in self.order if i.text]
+
+
+def user_item(content: Any) -> Item:
+    """A conversation.item.create's message; ValueError saying what is wrong."""
+    if not isinstance(content, dict) or content.get("type", "message") != "message":
+        raise ValueError("only message items are served (function calls are not)")
+    role = content.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise ValueError("item.role must be user, assistant or system")
+    parts = content.get("content")
+    if not isinstance(parts, list) or not parts:
+        raise ValueError("item.content must be a non-empty list of content parts")
+    kept = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"a {kind} part needs a 'text' string")
+            kept.append({"type": "output_text" if role == "assistant" else "input_text",
+                         "text": part["text"]})
+        elif kind in ("input_audio", "output_audio", "audio"):
+            kept.append({"type": "output_audio" if role == "assistant" else "input_audio",
+                         "transcript": part.get("transcript"), "audio": part.get("audio")})
+        else:
+            raise ValueError(f"content part type {kind!r} is not served here")
+    item_id = content.get("id") if isinstance(content.get("id"), str) else new_id("item")
+    return Item(item_id, role, kept)
+
+
+class EventIds:
+    """``event_id`` of every server event: unique within the connection."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+
+    def next(self) -> str:
+        return f"event_{self._prefix}{next(self._count)}"
