@@ -143,8 +143,9 @@ class RealtimeConnection:
             await self.error(str(exc), "session_error", None, event_id, "server_error")
 
     async def close(self) -> None:
-        """The client left (or the session ended): stop its work, keep the session for a
-        resume (the reaper closes it after the grace period)."""
+        """The client left (or the session ended): stop its work. A normal close (1000)
+        ends the session; any other way out (1001 going away, a dropped connection)
+        keeps it detached for a resume, until the grace period closes it."""
         if self.response is not None:
             self._cancel_response("client_disconnected")
         if self.vad is not None:
@@ -153,7 +154,10 @@ class RealtimeConnection:
             task.cancel()
         with contextlib.suppress(ValueError):
             self.session.on_end.remove(self._session_ended)
-        self.omni.sessions.manager.detach(self.session.id)
+        if self.ws.close_code == WSCloseCode.OK:
+            self.omni.close_session(self.session.id, "the client closed the connection")
+        else:
+            self.omni.sessions.manager.detach(self.session.id)
 
     def _session_ended(self, session: Session, reason: str) -> None:
         async def tell() -> None:

@@ -157,6 +157,9 @@ class Response:
         for key in ("prompt_tokens", "cached_tokens", "completion_tokens"):
             if key in data:
                 usage[key] = int(data[key])
+        # a cancelled answer never gets its completion_tokens: count what came
+        usage["streamed_tokens"] = usage.get("streamed_tokens", 0) + len(data.get("token_ids")
+                                                                         or ())
         piece = data.get("text") or ""
         if not piece:
             return
@@ -205,7 +208,7 @@ class Response:
 
     def _usage(self) -> dict[str, Any]:
         u = self.spec.usage
-        text_out = u.get("completion_tokens", 0)
+        text_out = u.get("completion_tokens", u.get("streamed_tokens", 0))
         audio_out = -(-u.get("audio_samples", 0) // 256)  # acoustic frames, as chat counts
         prompt = u.get("prompt_tokens", 0)
         return {"total_tokens": prompt + text_out + audio_out, "input_tokens": prompt,
