@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -66,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-audio-seconds", type=_positive_float, default=300.0,
                    help="longest audio /v1/audio/transcriptions decodes, in seconds "
                    "(default 300); longer gets 400")
+    p.add_argument("--max-sessions", type=_positive_int, default=None, metavar="N",
+                   help="realtime/duplex sessions each served pipeline holds at once "
+                        "(overrides its sessions.max_sessions, default 64); a connection "
+                        "beyond it is closed with 1013 (try again later)")
     p.add_argument("--data-dir", default=None,
                    help="where video jobs and their files persist across restarts (default: "
                    "$OMNI_DATA_DIR, else $XDG_DATA_HOME/omni, else ~/.local/share/omni)")
@@ -100,6 +105,13 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
 def _model_target(value: str) -> tuple[str, str]:
     return ("model", value)
 
@@ -127,6 +139,9 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
                           "more --served-model-name values than --model/--pipeline values")
     for i, name in enumerate(args.served_model_name):
         pipelines[i] = renamed(pipelines[i], name)
+    if args.max_sessions is not None:
+        pipelines = [dataclasses.replace(p, sessions=p.sessions.replace(
+            max_sessions=args.max_sessions)) for p in pipelines]
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,

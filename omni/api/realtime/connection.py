@@ -200,10 +200,17 @@ class RealtimeConnection:
     async def audio_append(self, event: dict[str, Any]) -> None:
         try:
             pcm = base64.b64decode(event.get("audio") or "", validate=True)
-            pcm16k = self.audio.append(pcm)
         except (binascii.Error, ValueError, TypeError) as exc:
             raise ClientError(f"'audio' must be base64 pcm16 at 24 kHz: {exc}",
                               "invalid_audio", "audio") from None
+        self.append_pcm(pcm)
+
+    def append_pcm(self, pcm: bytes) -> None:
+        """24 kHz pcm16 into the buffer (and the VAD, when it listens)."""
+        try:
+            pcm16k = self.audio.append(pcm)
+        except ValueError as exc:
+            raise ClientError(f"input audio: {exc}", "invalid_audio", "audio") from None
         if self.vad is not None:
             self.vad.feed(pcm16k)
 
@@ -242,6 +249,12 @@ class RealtimeConnection:
         item.transcribing = self._spawn(run())
 
     async def _vad_event(self, event: dict[str, Any]) -> None:
+        try:
+            await self._on_speech(event)
+        except (ClientError, ConfigError, SessionError, OmniError) as exc:
+            await self.error(str(exc), getattr(exc, "code", None) or "vad_turn_failed")
+
+    async def _on_speech(self, event: dict[str, Any]) -> None:
         settings = self.config.turn_detection or {}
         if event.get("type") == "speech_started":
             self.speech_item = new_id("item")
@@ -311,6 +324,9 @@ class RealtimeConnection:
 
     # -- responses ---------------------------------------------------------------------
     async def response_create(self, event: dict[str, Any]) -> None:
+        previous = self.response
+        if previous is not None and previous.spec.reason is not None and previous.task:
+            await previous.task  # cancelled or interrupted: its last events go first
         if self.response is not None:
             raise ClientError("a response is already in progress; cancel it first",
                               "conversation_already_has_active_response")
@@ -320,7 +336,7 @@ class RealtimeConnection:
         spec = spec_from(self.config, raw)
         info = self.omni.output_info("audio") if "audio" in spec.output_modalities else {}
         response = Response(self.omni, self.session.id, spec, self.send, info,
-                            self.items.last_id)
+                            self.items.last_id, self.audio_out)
         self.response = response
 
         async def run() -> None:
@@ -346,6 +362,8 @@ class RealtimeConnection:
         with contextlib.suppress(SessionError):
             self.omni.signal(self.session.id, "interrupt" if reason == "turn_detected"
                              else "cancel")
+
+    audio_out = None  # a response's audio: base64 deltas (duplex.py sends binary frames)
 
     async def ignore(self, event: dict[str, Any]) -> None:
         """Events meant for WebRTC (output_audio_buffer.clear): nothing to do over WS."""

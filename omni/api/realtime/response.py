@@ -26,6 +26,7 @@ from omni.media.audio import AudioEncoder
 from omni.session.conversation import conversation
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+SendAudio = Callable[[bytes, dict[str, Any]], Awaitable[None]]
 MAX_AUDIO_DELTA = 48_000  # pcm16 bytes per delta (1 s at 24 kHz): long audio is split
 
 
@@ -68,8 +69,10 @@ class Response:
     """A running response; ``run`` sends every event of it, whatever happens."""
 
     def __init__(self, omni: Any, session_id: str, spec: ResponseSpec, send: Send,
-                 audio_info: dict[str, Any], previous_id: str | None) -> None:
+                 audio_info: dict[str, Any], previous_id: str | None,
+                 send_audio: SendAudio | None = None) -> None:
         self.omni, self.session_id, self.spec, self.send = omni, session_id, spec, send
+        self.send_audio = send_audio or self._audio_deltas  # duplex: binary frames
         self.id, self.item = new_id("resp"), Item(new_id("item"), "assistant", [],
                                                   "in_progress")
         self.audio = "audio" in spec.output_modalities
@@ -134,7 +137,7 @@ class Response:
                 elif out.modality == "audio" and encoder is not None:
                     await self._audio(encoder, out.data)
         if encoder is not None:
-            await self._send_audio(encoder.finish())
+            await self._pcm_out(encoder.finish())
 
     def _modalities(self) -> list[str]:
         return ["text", "audio"] if self.audio else ["text"]
@@ -174,13 +177,16 @@ class Response:
             return
         samples = data["audio"].numpy().astype(np.float32, copy=False)
         self.spec.usage["audio_samples"] = self.spec.usage.get("audio_samples", 0) + samples.size
-        await self._send_audio(await asyncio.to_thread(encoder.encode, samples))
+        await self._pcm_out(await asyncio.to_thread(encoder.encode, samples))
 
-    async def _send_audio(self, pcm: bytes) -> None:
+    async def _pcm_out(self, pcm: bytes) -> None:
+        if pcm and self.spec.reason is None:  # nothing more once cancelled or interrupted
+            await self.send_audio(pcm, self._ids())
+
+    async def _audio_deltas(self, pcm: bytes, ids: dict[str, Any]) -> None:
         for start in range(0, len(pcm), MAX_AUDIO_DELTA):
             delta = base64.b64encode(pcm[start:start + MAX_AUDIO_DELTA]).decode()
-            await self.send({"type": "response.output_audio.delta", **self._ids(),
-                             "delta": delta})
+            await self.send({"type": "response.output_audio.delta", **ids, "delta": delta})
 
     async def _finish(self, status: str, error: Any) -> None:
         self.item.status = "completed" if status == "completed" else "incomplete"
