@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, asr, assistant, core_overhead, diffusion, omni, startup, tts
+    from bench import ar, asr, assistant, core_overhead, diffusion, omni, sessions, startup, tts
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
                           "and by voice) vs its critical path", description=assistant.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     assistant.add_arguments(assistant_parser)
+    sessions_parser = sub.add_parser(
+        "sessions", help="realtime sessions: a turn with history vs a plain request, many "
+                         "sessions on one replica, voice turns vs their critical path",
+        description=sessions.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sessions.add_arguments(sessions_parser)
     asr_parser = sub.add_parser(
         "asr", help="speech recognition: Whisper real-time factor, omni's server vs "
                     "faster-whisper direct", description=asr.DESCRIPTION,
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return tts.run(args, argv)
     if args.bench == "assistant":
         return assistant.run(args, argv)
+    if args.bench == "sessions":
+        return sessions.run(args, argv)
     if args.bench == "asr":
         return asr.run(args, argv)
     if args.bench == "ar":

@@ -15,6 +15,10 @@ from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
 from omni.runtime.metrics import Metrics
 
+# outputs the realtime layer reads (speech started / stopped), not answers a client asks
+# for: left off the model card
+SIGNAL_MODALITIES = ("voice_activity",)
+
 
 @dataclass
 class ServedModel:
@@ -36,7 +40,7 @@ class ServedModel:
     def card(self) -> dict[str, Any]:
         """The /v1/models entry; extra keys beyond OpenAI's are ignored by clients."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "omni",
-                "modalities": list(self.modalities),
+                "modalities": [m for m in self.modalities if m not in SIGNAL_MODALITIES],
                 "input_modalities": list(self.input_modalities), **self.metadata}
 
 

@@ -11,7 +11,6 @@ from omni.api import (
     system,
     text,
     transcriptions,
-    unserved,
     videos,
 )
 
@@ -24,4 +23,3 @@ def add_routes(app: web.Application) -> None:
     realtime.add_routes(app)
     images.add_routes(app)
     videos.add_routes(app)
-    unserved.add_routes(app)

@@ -155,14 +155,17 @@ class PipelineConfig(Picklable):
     @cached_property
     def input_modalities(self) -> tuple[str, ...]:
         """What clients may send: each modality some route starts from (an entry stage
-        that takes it, once entries that take none of it are left out)."""
+        that takes it, once entries that take none of it are left out), for some output
+        (the assistant's voice_activity takes audio only, its text takes text too)."""
         taken = []
         for modality in INPUT_MODALITIES:
-            try:
-                self.route(self.modalities, [modality])
-            except UnsupportedInputError:
-                continue
-            taken.append(modality)
+            for output in self.modalities:
+                try:
+                    self.route([output], [modality])
+                except UnsupportedInputError:
+                    continue
+                taken.append(modality)
+                break
         return tuple(taken)
 
     def stage(self, name: str) -> StageConfig:
@@ -289,6 +292,9 @@ def _parse_stages(src: str, raw: object, base_dir: str | None) -> tuple[StageCon
     seen: dict[str, int] = {}
     for i, item in enumerate(as_list(src, "stages", raw, wrap_str=False)):
         stage = _parse_stage(src, f"stages[{i}]", item, base_dir)
+        if stage.name == "client":  # the producer name of a client's stream input
+            raise ConfigError(src, f"stages[{i}].name", "'client' is a reserved name",
+                              "Pick another")
         if stage.name in seen:
             raise ConfigError(src, f"stages[{i}].name",
                               f"duplicate stage name '{stage.name}' (also stages[{seen[stage.name]}])",

@@ -48,10 +48,19 @@ def _whisper(model_dir: str | None, device: str, dtype: str, options: Mapping[st
     return build_whisper_runner(model_dir, device, dtype, options)
 
 
+def _silero_vad(model_dir: str | None, device: str, dtype: str,
+                options: Mapping[str, Any]) -> Any:
+    from omni.models.silero_vad import build_silero_vad_runner
+
+    # no model_dir: the weights packaged in the silero-vad wheel
+    return build_silero_vad_runner(model_dir, device, dtype, options)
+
+
 GENERATION_RUNNERS = {"piper": _piper_part("fused"), "whisper": _whisper,
                       "piper_phonemizer": _piper_part("phonemizer"),
                       "piper_synthesizer": _piper_part("synthesizer"),
-                      "qwen3_omni_code2wav": _code2wav, "vits": _vits}
+                      "qwen3_omni_code2wav": _code2wav, "vits": _vits,
+                      "silero_vad": _silero_vad}
 
 
 def _denoiser(family: str) -> Any:
@@ -113,19 +122,31 @@ _OPTION_HOLDERS = {
     "qwen3_omni_code2wav": ("omni.models.qwen3_omni", "Code2WavRunner"),
     "vits": ("omni.models.vits", "VitsRunner"),
     "whisper": ("omni.models.whisper", "WhisperRunner"),
+    "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
 }
 
 
+def _holder(model: str) -> Any:
+    holder = _OPTION_HOLDERS.get(model)
+    if holder is None:
+        return None
+    module, name = holder
+    return getattr(importlib.import_module(module), name)
+
+
 def adapter_options(model: str) -> frozenset[str]:
     """The stage options the adapter of ``model`` reads (its class's OPTIONS); empty for a
     model it does not know (building it then fails, naming the known ones)."""
-    holder = _OPTION_HOLDERS.get(model)
-    if holder is None:
-        return frozenset()
-    module, name = holder
-    return frozenset(getattr(importlib.import_module(module), name).OPTIONS)
+    holder = _holder(model)
+    return frozenset() if holder is None else frozenset(holder.OPTIONS)
+
+
+def adapter_streams(model: str) -> bool:
+    """Whether the runner of ``model`` keeps per-request state fed piece by piece
+    (``streams = True``: the streaming engine, omni/engines/generation/streams.py)."""
+    return bool(getattr(_holder(model), "streams", False))
 
 
 def _build(registry: Mapping[str, Any], kind: str, model: str, model_dir: str | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -82,6 +83,23 @@ class AsyncOmni:
         """
         state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
                                          view, input_modalities, session)
+        async with contextlib.aclosing(self._read(state)) as outputs:
+            async for item in outputs:
+                yield item
+
+    def open_stream(self, inputs: dict[str, Any], *, modalities: Iterable[str],
+                    input_modalities: Iterable[str], params: Params | None = None,
+                    request_id: str | None = None, timeout_s: float | None = None,
+                    view: str | None = None) -> InputStream:
+        """A request whose input keeps coming (audio as it is spoken): admitted now, fed
+        with `InputStream.feed`, read from `InputStream.outputs`, ended by ``last`` or
+        `InputStream.aclose` (which aborts it wherever it still runs)."""
+        state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
+                                         view, input_modalities, stream_input=True)
+        return InputStream(self, state, self._read(state))
+
+    async def _read(self, state: Any) -> AsyncIterator[OmniOutput]:
+        """A submitted request's outputs; leaving early aborts it."""
         try:
             while True:
                 item = await state.queue.get()
@@ -113,6 +131,12 @@ class AsyncOmni:
 
     async def abort(self, request_id: str) -> bool:
         return self.orchestrator.abort(request_id)
+
+    def feed(self, request_id: str, data: dict[str, Any], last: bool = False) -> None:
+        """More input of a request opened with `open_stream` (e.g. {"audio": pcm16,
+        "sample_rate": 16000}), to its entry stages; ``last`` ends it. RequestAbortedError
+        once it is not in flight; InvalidInputError after ``last`` or for another request."""
+        self.orchestrator.feed(request_id, data, last)
 
     # -- sessions (omni/session/, DESIGN.md §7) ----------------------------------------------
     def open_session(self, kind: str = "conversation",
@@ -258,6 +282,23 @@ class Omni:
         self.close()
 
 
+class InputStream:
+    """A request admitted with more input to come (AsyncOmni.open_stream)."""
+
+    def __init__(self, omni: AsyncOmni, state: Any, outputs: AsyncIterator[OmniOutput]) -> None:
+        self.omni, self.state, self.outputs = omni, state, outputs
+        self.request_id = state.request_id
+
+    def feed(self, data: dict[str, Any], last: bool = False) -> None:
+        self.omni.feed(self.request_id, data, last)
+
+    async def aclose(self) -> None:
+        """Abort it where it still runs (also when its outputs were never read)."""
+        if not self.state.finished:
+            self.omni.orchestrator.abort(self.request_id, "the input stream was closed")
+        await self.outputs.aclose()
+
+
 class OmniView:
     """A served id that runs a view of an AsyncOmni's pipeline (omni/config/views.py) on
     that AsyncOmni's engines: what the API layer uses of AsyncOmni, nothing started twice."""
@@ -291,6 +332,12 @@ class OmniView:
 
     async def abort(self, request_id: str) -> bool:
         return self.parent.orchestrator.abort(request_id)
+
+    def feed(self, request_id: str, data: dict[str, Any], last: bool = False) -> None:
+        self.parent.feed(request_id, data, last)
+
+    def open_stream(self, inputs: dict[str, Any], **kwargs: Any) -> InputStream:
+        return self.parent.open_stream(inputs, view=self.view_name, **kwargs)
 
     # sessions are the parent's (one manager per set of engines); turns run on the view
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -200,3 +201,33 @@ def pipeline_samples(orchestrator: Any) -> Iterable[Sample]:
     for (stage, direction), count in orchestrator.control_bytes.items():
         yield "counter", "omni_control_bytes", "Control-plane bytes moved per stage", \
             {"pipeline": name, "stage": stage, "direction": direction}, count
+
+
+# -- per request: what the orchestrator records when a request ends ----------------------
+
+
+def end_request(measure: PipelineMetrics, state: Any, outcome: str) -> dict[str, Any]:
+    """Record an ended request (a RequestState) in its pipeline's histograms; return its
+    timings, relative to its arrival, which its last output carries to the client."""
+    measure.requests.labels(measure.pipeline, outcome).inc()
+    now, base = time.monotonic(), state.arrived
+    if outcome == "ok":
+        measure.latency.observe(now - base)
+        if state.first_output is not None:
+            measure.first_output.observe(state.first_output - base)
+        measure.observe_transit(state.transit)
+        for stage, times in state.times.items():
+            if "first_output" in times:
+                measure.stage_first[stage].observe(times["first_output"] - base)
+    stages = {s: {k: round(v - base, 6) for k, v in t.items()} for s, t in state.times.items()}
+    first = None if state.first_output is None else round(state.first_output - base, 6)
+    return {"e2e_s": round(now - base, 6), "first_output_s": first, "stages": stages,
+            "transit": state.transit.summary()}
+
+
+def observe_durations(histogram: Any, durations: Any) -> None:
+    """An engine report's list of durations (steps, GC pauses) into a histogram."""
+    if isinstance(durations, list):
+        for seconds in durations:
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                histogram.observe(seconds)

@@ -34,10 +34,10 @@ from omni.errors import (
 from omni.protocol import Msg, encode
 from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
-from omni.runtime.metrics import Metrics, pipeline_samples
+from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeline_samples
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_state import OmniOutput, RequestState
-from omni.runtime.routing import RoutePlan, plan_route
+from omni.runtime.routing import CLIENT, RoutePlan, plan_route
 from omni.session import Session
 
 log = logging.getLogger("omni.runtime.orchestrator")
@@ -57,6 +57,7 @@ class Orchestrator:
         self.requests: dict[str, RequestState] = {}  # by client request id
         self._by_engine_id: dict[str, RequestState] = {}
         self._submits = itertools.count()
+        self._feeding: set[RequestState] = set()  # stream_input requests before their last
         self.accepting = False
         self._stopped = False
         self._idle = asyncio.Event()
@@ -82,11 +83,12 @@ class Orchestrator:
                params: Mapping[str, Mapping[str, Any]] | None = None,
                request_id: str | None = None, timeout_s: float | None = None,
                view: str | None = None, input_modalities: Iterable[str] | None = None,
-               session: Session | None = None) -> RequestState:
+               session: Session | None = None, stream_input: bool = False) -> RequestState:
         """Admit a request and dispatch its entry stages; raises OmniError subclasses.
         ``view``: run it on one of the pipeline's views (omni/config/views.py);
         ``input_modalities``: what the inputs hold, to skip entry stages that take none;
-        ``session``: a turn of it, on the replicas that hold its state (its pins)."""
+        ``session``: a turn of it, on the replicas that hold its state (its pins);
+        ``stream_input``: the client sends more input later, through `feed`."""
         if not self.accepting:
             raise ShuttingDownError("server is shutting down; not admitting new requests")
         if len(self.requests) >= self.pipeline.max_inflight:
@@ -102,11 +104,14 @@ class Orchestrator:
         self.requests[request_id] = state
         self._by_engine_id[engine_id] = state
         self._idle.clear()
+        if stream_input:
+            self._feeding.add(state)
+            state.seq.update({(CLIENT, s): 0 for s in plan.route.entries})
         timeout_s = timeout_s or self.pipeline.request_timeout_s
         state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
                                                                request_id, timeout_s)
         for stage in plan.start:
-            self._dispatch(state, stage, plan.start_inputs(stage, inputs))
+            self._dispatch(state, stage, plan.start_inputs(stage, inputs, stream_input))
             if state.finished:
                 break
         self.leads.flush(self.engines.try_send)
@@ -186,10 +191,8 @@ class Orchestrator:
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
         try:  # a bug in the bookkeeping must not cost the outputs below
-            self._observe_durations(self._measure.engine_step[replica.stage],
-                                    stats.get("step_s"))
-            self._observe_durations(self._measure.engine_gc_pause[replica.stage],
-                                    stats.get("gc_s"))
+            observe_durations(self._measure.engine_step[replica.stage], stats.get("step_s"))
+            observe_durations(self._measure.engine_gc_pause[replica.stage], stats.get("gc_s"))
         except Exception:
             log.exception("%s: its engine stats could not be recorded", replica.replica_id)
         for engine_id, data, finished, error in rows:
@@ -207,14 +210,6 @@ class Orchestrator:
                         f"internal error handling stage '{replica.stage}' output: "
                         f"{type(exc).__name__}: {exc}", replica.stage))
         self.leads.flush(self.engines.try_send)
-
-    @staticmethod
-    def _observe_durations(histogram: Any, durations: Any) -> None:
-        """An engine report's list of durations (steps, GC pauses) into a histogram."""
-        if isinstance(durations, list):
-            for seconds in durations:
-                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
-                    histogram.observe(seconds)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
                          finished: bool, error: list[str] | None) -> None:
@@ -294,6 +289,28 @@ class Orchestrator:
             return
         self.control_bytes[consumer, "out"] += nbytes
 
+    def feed(self, request_id: str, data: dict[str, Any], last: bool = False) -> None:
+        """More input of a ``stream_input`` request, for its entry stages as APPENDs from
+        producer "client" (to them a stream edge, so no audio passes here); ``last`` ends it."""
+        state = self.requests.get(request_id)
+        if state is None:
+            raise RequestAbortedError(f"request {request_id} is not in flight (it finished, "
+                                      "failed or was aborted): its input is not taken")
+        if state not in self._feeding:
+            raise InvalidInputError(f"request {request_id} " + (
+                "has had its last input" if (CLIENT, state.route.entries[0]) in state.seq
+                else "was not opened as a stream (AsyncOmni.open_stream)"))
+        for stage in state.route.entries:
+            if stage in state.done or state.finished:
+                continue
+            try:
+                self._send_append(state, stage, [CLIENT, state.seq[CLIENT, stage], data, last])
+            except (TypeError, ValueError, OverflowError) as exc:  # the first: none got it
+                raise InvalidInputError(f"stream input cannot be encoded: {exc}") from None
+            state.seq[CLIENT, stage] += 1
+        if last:
+            self._feeding.discard(state)
+
     # -- ending ------------------------------------------------------------------------
     def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
         """Abort a request at every stage it is running on; False if it is not in flight."""
@@ -324,6 +341,7 @@ class Orchestrator:
         if state.finished:
             return
         state.finished = True
+        self._feeding.discard(state)
         if state.deadline is not None:
             state.deadline.cancel()
         self._release_stages(state, failed=error is not None)
@@ -331,14 +349,14 @@ class Orchestrator:
         del self._by_engine_id[state.engine_id]
         if not self.requests:
             self._idle.set()
-        outcome = "ok" if error is None else type(error).__name__
-        self._observe(state, outcome)
+        timings = end_request(self._measure, state,
+                              "ok" if error is None else type(error).__name__)
         if error is not None:
             log.info("request %s ended: %s", state.request_id, error)
             state.queue.put_nowait(error)
         else:
             state.queue.put_nowait(OmniOutput(state.request_id, "", None, None, True, True,
-                                              self._request_metrics(state)))
+                                              timings))
 
     def _release_stages(self, state: RequestState, failed: bool) -> None:
         """Abort the request where it still runs; after a failure also where it finished,
@@ -350,25 +368,6 @@ class Orchestrator:
                 self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
         state.chunks.clear()
         state.held.clear()
-
-    def _observe(self, state: RequestState, outcome: str) -> None:
-        measure = self._measure
-        measure.requests.labels(self.pipeline.name, outcome).inc()
-        if outcome == "ok":
-            measure.latency.observe(time.monotonic() - state.arrived)
-            if state.first_output is not None:
-                measure.first_output.observe(state.first_output - state.arrived)
-            measure.observe_transit(state.transit)
-            for stage, times in state.times.items():
-                if "first_output" in times:
-                    measure.stage_first[stage].observe(times["first_output"] - state.arrived)
-
-    def _request_metrics(self, state: RequestState) -> dict[str, Any]:
-        base = state.arrived
-        stages = {s: {k: round(v - base, 6) for k, v in t.items()} for s, t in state.times.items()}
-        first = None if state.first_output is None else round(state.first_output - base, 6)
-        return {"e2e_s": round(time.monotonic() - base, 6), "first_output_s": first,
-                "stages": stages, "transit": state.transit.summary()}
 
     # -- lifecycle and health ----------------------------------------------------------
     def health(self) -> dict[str, Any]:

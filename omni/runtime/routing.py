@@ -8,6 +8,10 @@ as numbered APPENDs, the last one flagged, whatever the consumer's start time.
 Entry stages get the client's inputs. A stage fed by producers gets their chunks, plus the
 client input keys it lists in ``takes_request`` (e.g. an LLM after a speech recognizer
 takes the chat ``messages`` and the transcripts of their audio parts).
+
+A request submitted with ``stream_input`` (audio as it is spoken) also tells its entry
+stages to expect stream input from ``CLIENT``, the client itself: its later input then
+reaches them as numbered APPENDs, like a producer stage's (``Orchestrator.feed``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig, Route
+
+CLIENT = "client"  # the producer name of a client's stream input: no stage may be called so
 
 
 @dataclass(frozen=True)
@@ -29,10 +35,12 @@ class RoutePlan:
     final_modality: dict[str, str]  # final stage -> the output modality it gives here
     request_keys: dict[str, tuple[str, ...]]  # non-entry stage -> client keys it takes
 
-    def start_inputs(self, stage: str, client_inputs: dict[str, Any]) -> dict[str, Any]:
-        """Entry stages get the client's inputs; stream-fed ones their producer list."""
+    def start_inputs(self, stage: str, client_inputs: dict[str, Any],
+                     client_stream: bool = False) -> dict[str, Any]:
+        """Entry stages get the client's inputs (and the client as their stream producer
+        with ``client_stream``); stream-fed ones their producer list."""
         if stage in self.route.entries:
-            return client_inputs
+            return {**client_inputs, "stream": [CLIENT]} if client_stream else client_inputs
         return {"stream": list(self.stream_producers[stage])}
 
     def ready_inputs(self, stage: str, chunks: dict[str, list],

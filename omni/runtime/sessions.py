@@ -43,6 +43,7 @@ class PipelineSessions:
         self._budget_from_engines = budget is None
         orchestrator.on_session_bytes = self._bytes_reported
         orchestrator.on_replica_death = self._replica_died
+        orchestrator.metrics.watch(self._samples)
         self._reaper: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -85,6 +86,17 @@ class PipelineSessions:
             if any(r is replica for r in session.pins.values()):
                 self.manager.close(session.id, f"stage '{replica.stage}' replica "
                                    f"{replica.replica_id}, which held this session, died")
+
+    def _samples(self) -> Any:
+        m, labels = self.manager, {"pipeline": self.orchestrator.pipeline.name}
+        yield "gauge", "omni_sessions_open", "Sessions open (attached or awaiting a resume)", \
+            labels, len(m)
+        yield "gauge", "omni_session_state_bytes", "Engine state held for sessions (KV)", \
+            labels, m.held_bytes
+        yield "gauge", "omni_session_state_budget_bytes", "Session state budget; over it the " \
+            "least recently used session's state is dropped", labels, m.byte_budget or 0
+        yield "counter", "omni_session_evictions", "Sessions whose engine state was dropped " \
+            "to fit the budget", labels, m.evictions
 
     # -- leases ------------------------------------------------------------------------
     def _schedule_reap(self) -> None:

@@ -56,7 +56,7 @@ def _audio_part(wav: bytes) -> dict:
             "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
 
 
-def test_one_pipeline_four_ids_three_processes(server):
+def test_one_pipeline_four_ids_four_processes(server):
     async def listing():
         return [m async for m in server.client().models.list()]
     cards = {m.id: m.model_extra for m in run(listing())}
@@ -68,7 +68,7 @@ def test_one_pipeline_four_ids_three_processes(server):
     omnis = {id(server.models[name].omni.orchestrator) for name in cards}
     assert len(omnis) == 1  # every id runs on the same engines
     replicas = server.models["assistant"].omni.orchestrator.engines.replicas
-    assert sorted(replicas) == ["asr/0", "llm/0", "tts/0"]
+    assert sorted(replicas) == ["asr/0", "llm/0", "tts/0", "vad/0"]  # vad: realtime turns
 
 
 def test_a_text_question_runs_no_whisper_step(server):

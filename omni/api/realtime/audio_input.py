@@ -97,36 +97,35 @@ def has_vad(omni: Any) -> bool:
 class ServerVad:
     """One open VAD request of the session's input audio; events go to ``on_event``."""
 
+    LIFETIME_S = 24 * 3600.0  # the request lives as long as the connection listens
+
     def __init__(self, omni: Any, settings: dict[str, Any],
                  on_event: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         self.omni = getattr(omni, "parent", omni)
-        self.request_id = f"vad-{uuid.uuid4().hex}"
-        self.on_event = on_event
-        params = {k: settings[k] for k in ("threshold", "prefix_padding_ms",
-                                           "silence_duration_ms")}
-        self.outputs = self.omni.generate({}, modalities=["voice_activity"],
-                                          input_modalities=["audio"], stream_input=True,
-                                          request_id=self.request_id, params={"*": params})
+        self.settings, self.on_event = settings, on_event
+        self.stream: Any = None
         self.task: asyncio.Task | None = None
         self.offset_ms = 0  # the session clock when this VAD stream started
 
-    async def start(self, offset_ms: int) -> None:
-        """Open the request: its task runs until it waits for the first output, so the
-        request is admitted (and can be fed) when this returns."""
+    def start(self, offset_ms: int) -> None:
+        """Open the request (admitted at once, so it can be fed) and read its events."""
+        params = {k: self.settings[k] for k in ("threshold", "prefix_padding_ms",
+                                                "silence_duration_ms")}
         self.offset_ms = offset_ms
+        self.stream = self.omni.open_stream(
+            {}, modalities=["voice_activity"], input_modalities=["audio"],
+            params={"*": params}, request_id=f"vad-{uuid.uuid4().hex}",
+            timeout_s=self.LIFETIME_S)
         self.task = asyncio.ensure_future(self._read())
-        await asyncio.sleep(0)
 
     def feed(self, pcm16k: bytes) -> None:
         if self.task is not None and not self.task.done():
-            self.omni.feed(self.request_id, {"audio": pcm16k, "sample_rate": INPUT_RATE})
+            self.stream.feed({"audio": pcm16k, "sample_rate": INPUT_RATE})
 
     async def _read(self) -> None:
-        async with contextlib.aclosing(self.outputs):
-            async for out in self.outputs:
-                for event in (out.data or {}).get("events", ()):
-                    await self.on_event({**event, "audio_ms": event["audio_ms"]
-                                         + self.offset_ms})
+        async for out in self.stream.outputs:
+            for event in (out.data or {}).get("events", ()):
+                await self.on_event({**event, "audio_ms": event["audio_ms"] + self.offset_ms})
 
     async def close(self) -> None:
         if self.task is None:
@@ -134,3 +133,4 @@ class ServerVad:
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.task
+        await self.stream.aclose()

@@ -194,7 +194,7 @@ class RealtimeConnection:
         if self.config.turn_detection is not None:
             self.vad = audio_input.ServerVad(self.omni, self.config.turn_detection,
                                              self._vad_event)
-            await self.vad.start(self.audio.now_ms)
+            self.vad.start(self.audio.now_ms)
 
     # -- input audio -------------------------------------------------------------------
     async def audio_append(self, event: dict[str, Any]) -> None:

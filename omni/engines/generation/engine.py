@@ -371,10 +371,13 @@ class GenerationEngine(Engine):
 
 def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,
                             options: Mapping[str, Any],
-                            memory_bytes: int | None = None) -> GenerationEngine:
+                            memory_bytes: int | None = None) -> Engine:
     """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
-    from omni.models import adapter_options, build_runner
+    from omni.models import adapter_options, adapter_streams, build_runner
 
+    if adapter_streams(model):  # per-request recurrent state: generation/streams.py
+        from omni.engines.generation.streams import build_streaming_engine
+        return build_streaming_engine(model, model_dir, device, dtype, options)
     check_options(f"generation engine ({model})", options,
                   GenerationEngine.OPTIONS | adapter_options(model))
     return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options,
