@@ -189,9 +189,11 @@ class AsyncOmni:
         chat.running, texts = uuid.uuid4().hex, []
         session.busy += 1
         try:
+            # the history is text (audio arrives transcribed): no entry stage that hears
             async for out in self.generate({"messages": messages}, modalities=modalities,
                                            params=params, request_id=chat.running,
-                                           view=view, session=session):
+                                           view=view, session=session,
+                                           input_modalities=["text"]):
                 if out.modality == "text" and out.data:
                     texts.append(out.data.get("text") or "")
                 yield out

@@ -259,10 +259,11 @@ class RealtimeConnection:
         if event.get("type") == "speech_started":
             self.speech_item = new_id("item")
             self.speech_from = int(event["audio_ms"])
+            if self.response is not None and settings.get("interrupt_response", True):
+                # barge-in, before the event: no audio of the answer follows it
+                self._cancel_response("turn_detected")
             await self.send({"type": "input_audio_buffer.speech_started",
                              "audio_start_ms": self.speech_from, "item_id": self.speech_item})
-            if self.response is not None and settings.get("interrupt_response", True):
-                self._cancel_response("turn_detected")  # barge-in
         elif event.get("type") == "speech_stopped" and self.speech_item is not None:
             await self.send({"type": "input_audio_buffer.speech_stopped",
                              "audio_end_ms": int(event["audio_ms"]), "item_id": self.speech_item})

@@ -51,8 +51,13 @@ class DuplexConnection(RealtimeConnection):
         await super().session_update(event)
 
     async def audio_out(self, pcm: bytes, ids: dict[str, Any]) -> None:
-        if not self.ws.closed:
-            await self.ws.send_bytes(pcm)
+        """A binary frame of the running answer; checked under the send lock, so once a
+        barge-in's speech_started is on the wire, no frame of the old answer follows."""
+        async with self._send_lock:
+            live = self.response is not None and self.response.id == ids["response_id"] \
+                and self.response.spec.reason is None
+            if live and not self.ws.closed:
+                await self.ws.send_bytes(pcm)
 
 
 def check_duplex_model(model: Any) -> None:

@@ -152,8 +152,14 @@ class Response:
         params = {s: dict(text) for s in pipeline.outputs.get("text", ())}
         if self.audio and self.spec.voice:
             stages = self.audio_info.get("voice_stages") or pipeline.outputs.get("audio", ())
-            params.update({s: {"voice": self.spec.voice} for s in stages})
+            params.update({s: {"voice": self._engine_voice()} for s in stages})
         return params
+
+    def _engine_voice(self) -> str | None:
+        """The model's own voice id: OpenAI's names map to its alias where it has one."""
+        ids = [v["id"] for v in self.audio_info.get("voices") or ()]
+        alias = self.audio_info.get("openai_voice_alias")
+        return alias if self.spec.voice not in ids and alias else self.spec.voice
 
     async def _text(self, data: dict[str, Any]) -> None:
         usage = self.spec.usage
