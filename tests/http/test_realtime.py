@@ -129,6 +129,9 @@ def test_bad_events_get_error_events_and_the_socket_stays(server):
                                                "audio": "###"}), "invalid_audio"),
                                   (json.dumps({"type": "session.update", "session": {
                                       "output_modalities": ["audio"]}}), "invalid_value"),
+                                  (json.dumps({"type": "session.update", "session": {
+                                      "turn_detection": {"type": "server_vad"}}}),
+                                   "invalid_value"),  # this model has no VAD stage
                                   (json.dumps({"type": "response.cancel"}),
                                    "response_cancel_not_active")):
                     await ws.send_str(bad)
@@ -145,6 +148,21 @@ def test_bad_events_get_error_events_and_the_socket_stays(server):
                 closed = await ws.receive(timeout=10)
                 assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
                 assert ws.close_code == 1009
+    run(body())
+
+
+def test_a_client_that_keeps_sending_bad_events_is_closed_with_1008(server):
+    async def body():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"{server.url}/v1/realtime?model=chat",
+                                       headers={"Authorization": f"Bearer {KEY}"}) as ws:
+                await ws.receive_json()
+                for _ in range(60):
+                    await ws.send_str("{oops")
+                errors = 0
+                while (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+                    errors += 1
+                assert errors == 51 and ws.close_code == 1008  # MAX_BAD_EVENTS + 1, then out
     run(body())
 
 

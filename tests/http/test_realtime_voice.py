@@ -20,6 +20,7 @@ from omni.models.smollm2 import ensure_smollm2
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 INTERRUPT = "Stop. Tell me a number between one and ten."
+STORY = "Tell me a long story about a brave knight and a dragon."  # a long answer to cut
 RATE = 24_000
 CHUNK = RATE * 2 * 20 // 1000  # 20 ms of pcm16
 
@@ -41,7 +42,7 @@ def spoken(server):
         return reply.read()
 
     async def both():
-        return {t: await speak(t) for t in (QUESTION, INTERRUPT)}
+        return {t: await speak(t) for t in (QUESTION, INTERRUPT, STORY)}
     audio = run(both())
     assert all(max(abs(int.from_bytes(a[i:i + 2], "little", signed=True))
                    for i in range(0, len(a), 2)) > 3000 for a in audio.values())  # not silent
@@ -139,8 +140,7 @@ def test_duplex_barge_in(server, spoken):
                     "instructions": "Answer with a long, detailed story.",
                     "max_output_tokens": 300}}))
                 assert (await ws.receive_json())["type"] == "session.updated"
-                mic = asyncio.ensure_future(stream_at_pace(ws.send_bytes, spoken[QUESTION],
-                                                           1.0))
+                mic = asyncio.ensure_future(stream_at_pace(ws.send_bytes, spoken[STORY], 1.0))
                 log: list[tuple[str, int]] = []  # (event type or "audio", bytes)
                 barge = None
                 dones = []
