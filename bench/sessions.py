@@ -85,10 +85,14 @@ async def turn(ws: Any, text: str) -> tuple[float, dict[str, Any]]:
     start = time.perf_counter()
     await send(ws, "response.create")
     first = None
-    for event in await until(ws, "response.done"):
+    while True:  # each event timed as it arrives
+        event = await ws.receive_json(timeout=300)
+        if event["type"] == "error":
+            raise RuntimeError(f"error event: {event['error']}")
         if first is None and event["type"] == "response.output_text.delta":
             first = time.perf_counter() - start
-    return first or float("nan"), event["response"]
+        if event["type"] == "response.done":
+            return first or float("nan"), event["response"]
 
 
 # -- part history ----------------------------------------------------------------------------
@@ -126,8 +130,10 @@ async def _plain_ttft(http: Any, base: str, messages: list[dict[str, Any]]) -> f
     start, first = time.perf_counter(), None
     async with http.post(f"{base}/v1/chat/completions", json=body) as r:
         async for line in r.content:
-            if first is None and line.startswith(b"data: {") and b'"content":"' in line:
-                first = time.perf_counter() - start
+            if first is None and line.startswith(b"data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    first = time.perf_counter() - start
     return first or float("nan")
 
 

@@ -102,7 +102,7 @@ def load_silero_vad(path: str | os.PathLike[str] | None = None,
 
 @dataclass(frozen=True)
 class VadEvent:
-    kind: Literal["speech_started", "speech_stopped"]
+    kind: Literal["speech_started", "speech_paused", "speech_resumed", "speech_stopped"]
     audio_ms: int  # from the stream's first sample (or its last reset)
 
 
@@ -115,10 +115,16 @@ class VadStream:
     the previous turn's end. ``speech_stopped``: once ``silence_duration_ms`` of non-speech
     has followed it; audio_ms = where the silence began. Speech is on at p >= threshold,
     off at p < threshold - 0.15, unchanged in between.
+
+    With ``pauses``, also ``speech_paused`` when that silence begins (audio_ms: where) and
+    ``speech_resumed`` when speech comes back before it has lasted silence_duration_ms: a
+    listener may start work on the turn during the silence window (a recognizer's
+    transcript of it) and drop it if the speaker goes on.
     """
 
     def __init__(self, model: SileroVad, threshold: float = 0.5, prefix_padding_ms: int = 300,
-                 silence_duration_ms: int = 500, min_speech_ms: int = 64) -> None:
+                 silence_duration_ms: int = 500, min_speech_ms: int = 64,
+                 pauses: bool = False) -> None:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         for name, v in (("prefix_padding_ms", prefix_padding_ms),
@@ -131,6 +137,7 @@ class VadStream:
         self.prefix_padding_ms = int(prefix_padding_ms)
         self.silence_duration_ms = int(silence_duration_ms)
         self.min_speech_ms = int(min_speech_ms)
+        self.pauses = bool(pauses)
         self.reset()
 
     def reset(self) -> None:
@@ -191,12 +198,16 @@ class VadStream:
         return VadEvent("speech_started", start // _MS)
 
     def _while_speaking(self, p: float, begin: int) -> VadEvent | None:
+        change = None
         if p >= self.threshold:
+            if self._silence is not None:
+                change = VadEvent("speech_resumed", begin // _MS)
             self._silence = None
         elif p < self.threshold - HYSTERESIS and self._silence is None:
             self._silence = begin
+            change = VadEvent("speech_paused", begin // _MS)
         if self._silence is None or self._done - self._silence < self.silence_duration_ms * _MS:
-            return None
+            return change if self.pauses else None
         end, self._floor = self._silence, self._silence
         self.speaking, self._start, self._silence = False, None, None
         return VadEvent("speech_stopped", end // _MS)
@@ -229,8 +240,9 @@ class VadRequest:
 class SileroVadRunner:
     """Streaming runner: per request a VadStream over one shared model. Params (per request,
     the realtime API's server_vad ones): threshold (0..1), prefix_padding_ms,
-    silence_duration_ms, min_speech_ms. Input pieces: {"audio": pcm16 little-endian mono
-    bytes, "sample_rate": 16000}. Events: {"type": "speech_started" | "speech_stopped",
+    silence_duration_ms, min_speech_ms; pauses (true: also speech_paused / speech_resumed,
+    VadStream's doc). Input pieces: {"audio": pcm16 little-endian mono bytes,
+    "sample_rate": 16000}. Events: {"type": "speech_started" | "speech_stopped" | ...,
     "audio_ms": int}, audio_ms counted from the request's first sample."""
 
     streams = True
@@ -246,7 +258,7 @@ class SileroVadRunner:
         self.vad = load_silero_vad(path, threads)
 
     def open_stream(self, params: Mapping[str, Any]) -> VadRequest:
-        kwargs = {}
+        kwargs: dict[str, Any] = {"pauses": params.get("pauses") is True}
         for name in STREAM_PARAMS:
             value = params.get(name)
             if value is None:

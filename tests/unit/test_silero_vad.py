@@ -125,6 +125,19 @@ def test_hysteresis_and_blips_on_scripted_probabilities():
         VadEvent("speech_started", 0), VadEvent("speech_stopped", 4 * win)]
 
 
+def test_pauses_report_where_a_silence_begins_and_when_speech_comes_back():
+    win = WINDOW // MS
+    lo, hi = 0.1, 0.9
+    probs = [hi, hi, lo, hi, lo, lo, lo]
+    assert _scripted(probs, silence_duration_ms=2 * win, pauses=True) == [
+        VadEvent("speech_started", 0), VadEvent("speech_paused", 2 * win),
+        VadEvent("speech_resumed", 3 * win), VadEvent("speech_paused", 4 * win),
+        VadEvent("speech_stopped", 4 * win)]  # the last pause is where the turn ends
+    # off by default: the same audio gives only the turn
+    assert [e.kind for e in _scripted(probs, silence_duration_ms=2 * win)] == [
+        "speech_started", "speech_stopped"]
+
+
 def test_the_test_audio_is_speech_over_noise(speech):
     x, onset, end = speech[0]
     assert x.dtype == np.float32 and 1.0 < len(x) / SAMPLE_RATE < 6.0

@@ -53,6 +53,11 @@ class InputAudio:
     def now_ms(self) -> int:
         return self.total_bytes // BYTES_PER_MS
 
+    def peek(self, from_ms: int, to_ms: int) -> bytes:
+        """The buffer's audio between two points of the session clock, left in place."""
+        first = max(0, (from_ms - self.start_ms) * BYTES_PER_MS)
+        return bytes(self.buffer[first:max(first, (to_ms - self.start_ms) * BYTES_PER_MS)])
+
     def take(self, from_ms: int | None = None) -> bytes:
         """The buffer's audio (from ``from_ms`` on the session clock, if later than its
         start), emptied."""
@@ -111,6 +116,7 @@ class ServerVad:
         """Open the request (admitted at once, so it can be fed) and read its events."""
         params = {k: self.settings[k] for k in ("threshold", "prefix_padding_ms",
                                                 "silence_duration_ms")}
+        params["pauses"] = True  # speech_paused: transcribe during the silence window
         self.offset_ms = offset_ms
         self.stream = self.omni.open_stream(
             {}, modalities=["voice_activity"], input_modalities=["audio"],

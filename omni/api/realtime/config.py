@@ -19,6 +19,14 @@ VAD_DEFAULTS = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300
                 "interrupt_response": True}
 
 
+class ClientError(Exception):
+    """A client event the server cannot take: an ``error`` event, the socket stays."""
+
+    def __init__(self, message: str, code: str = "invalid_event", param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
 class ConfigError(ValueError):
     """A session setting the server cannot honour; ``param`` names it."""
 

@@ -27,9 +27,10 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from omni.api.realtime import audio_input
-from omni.api.realtime.config import VAD_DEFAULTS, ConfigError, SessionConfig
+from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
 from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id, user_item
 from omni.api.realtime.response import Response, spec_from
+from omni.api.realtime.turns import VadTurns
 from omni.errors import OmniError
 from omni.session import Session, SessionError
 
@@ -37,15 +38,7 @@ log = logging.getLogger("omni.api.realtime")
 MAX_BAD_EVENTS = 50  # a client this wrong is not going to recover: 1008
 
 
-class ClientError(Exception):
-    """A client event the server cannot take: an ``error`` event, the socket stays."""
-
-    def __init__(self, message: str, code: str = "invalid_event", param: str | None = None):
-        super().__init__(message)
-        self.code, self.param = code, param
-
-
-class RealtimeConnection:
+class RealtimeConnection(VadTurns):
     """One client on one session (see module doc)."""
 
     def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
@@ -63,6 +56,7 @@ class RealtimeConnection:
         self.vad: audio_input.ServerVad | None = None
         self.speech_item: str | None = None  # the item the speech heard now will become
         self.speech_from = 0  # where that speech started, on the session's audio clock
+        self.early: tuple[int, asyncio.Task, bytes] | None = None  # (paused at, transcript)
         self.bad_events = 0
         self.tasks: set[asyncio.Task] = set()
         self._send_lock = asyncio.Lock()
@@ -214,7 +208,8 @@ class RealtimeConnection:
         if self.vad is not None:
             self.vad.feed(pcm16k)
 
-    async def audio_commit(self, event: dict[str, Any], from_ms: int | None = None) -> None:
+    async def audio_commit(self, event: dict[str, Any], from_ms: int | None = None,
+                           early: tuple[asyncio.Task, bytes] | None = None) -> None:
         if not self.audio.buffer:
             raise ClientError("the input audio buffer is empty", "input_audio_buffer_commit_empty")
         if self.listener is None:
@@ -226,16 +221,23 @@ class RealtimeConnection:
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id,
                          "previous_item_id": previous})
         await self._item_added(item, previous)
-        self._transcribe(item, self.audio.take(from_ms))
+        pcm = self.audio.take(from_ms)
+        self._transcribe(item, early[1] if early else pcm, early[0] if early else None)
 
     async def audio_clear(self, event: dict[str, Any]) -> None:
         self.audio.clear()
         await self.send({"type": "input_audio_buffer.cleared"})
 
-    def _transcribe(self, item: Item, pcm16k: bytes) -> None:
+    def _transcribe(self, item: Item, pcm16k: bytes,
+                    started: asyncio.Task | None = None) -> None:
+        """The item's transcript, from ``started`` (a transcription begun during the
+        silence window) or a new one."""
+        task = started or self._spawn(audio_input.transcribe(self.listener, pcm16k,
+                                                             f"asr-{item.id}"))
+
         async def run() -> None:
             try:
-                result = await audio_input.transcribe(self.listener, pcm16k, f"asr-{item.id}")
+                result = await task
             except Exception as exc:
                 await self.send({"type": "conversation.item.input_audio_transcription.failed",
                                  "item_id": item.id, "content_index": 0, "error": {
@@ -247,29 +249,6 @@ class RealtimeConnection:
                              "usage": {"type": "duration",
                                        "seconds": round(len(pcm16k) / 32000, 3)}})
         item.transcribing = self._spawn(run())
-
-    async def _vad_event(self, event: dict[str, Any]) -> None:
-        try:
-            await self._on_speech(event)
-        except (ClientError, ConfigError, SessionError, OmniError) as exc:
-            await self.error(str(exc), getattr(exc, "code", None) or "vad_turn_failed")
-
-    async def _on_speech(self, event: dict[str, Any]) -> None:
-        settings = self.config.turn_detection or {}
-        if event.get("type") == "speech_started":
-            self.speech_item = new_id("item")
-            self.speech_from = int(event["audio_ms"])
-            if self.response is not None and settings.get("interrupt_response", True):
-                # barge-in, before the event: no audio of the answer follows it
-                self._cancel_response("turn_detected")
-            await self.send({"type": "input_audio_buffer.speech_started",
-                             "audio_start_ms": self.speech_from, "item_id": self.speech_item})
-        elif event.get("type") == "speech_stopped" and self.speech_item is not None:
-            await self.send({"type": "input_audio_buffer.speech_stopped",
-                             "audio_end_ms": int(event["audio_ms"]), "item_id": self.speech_item})
-            await self.audio_commit({}, self.speech_from)
-            if settings.get("create_response", True):
-                await self.response_create({})
 
     # -- conversation ------------------------------------------------------------------
     async def _item_added(self, item: Item, previous: str | None) -> None:

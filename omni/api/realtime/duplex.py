@@ -18,8 +18,8 @@ from aiohttp import web
 
 from omni.api.errors import APIError
 from omni.api.realtime import audio_input
-from omni.api.realtime.config import VAD_DEFAULTS, ConfigError, SessionConfig
-from omni.api.realtime.connection import ClientError, RealtimeConnection
+from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
+from omni.api.realtime.connection import RealtimeConnection
 
 
 class DuplexConnection(RealtimeConnection):

@@ -1,0 +1,77 @@
+"""Server-VAD turns of a realtime session (a mixin of RealtimeConnection).
+
+The VAD stage's events drive the turn: speech_started opens it (and interrupts an answer
+being given: barge-in), speech_stopped commits the audio and, with create_response,
+starts the answer. speech_paused (the silence begins) starts the turn's transcription at
+once, while the silence window runs; speech_resumed (the speaker went on) drops it. So
+when the turn ends its transcript is ready or nearly: the recognizer's time overlaps the
+window instead of following it (bench/results/sessions.md, part voice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from omni.api.realtime import audio_input
+from omni.api.realtime.config import ClientError, ConfigError
+from omni.api.realtime.items import new_id
+from omni.errors import OmniError
+from omni.session import SessionError
+
+EARLY_TAIL_MS = 200  # audio kept past the start of a pause for an early transcript
+
+
+class VadTurns:
+    """Needs the connection's send, error, audio, listener, config, response, the
+    speech_* fields and audio_commit / response_create / _cancel_response / _spawn."""
+
+    early: tuple[int, asyncio.Task, bytes] | None = None  # (paused at, transcript, audio)
+
+    async def _vad_event(self, event: dict[str, Any]) -> None:
+        try:
+            await self._on_speech(event)
+        except (ClientError, ConfigError, SessionError, OmniError) as exc:
+            await self.error(str(exc), getattr(exc, "code", None) or "vad_turn_failed")
+
+    async def _on_speech(self, event: dict[str, Any]) -> None:
+        settings = self.config.turn_detection or {}
+        if event.get("type") == "speech_started":
+            self.speech_item = new_id("item")
+            self.speech_from = int(event["audio_ms"])
+            if self.response is not None and settings.get("interrupt_response", True):
+                # barge-in, before the event: no audio of the answer follows it
+                self._cancel_response("turn_detected")
+            await self.send({"type": "input_audio_buffer.speech_started",
+                             "audio_start_ms": self.speech_from, "item_id": self.speech_item})
+        elif event.get("type") == "speech_paused" and self.speech_item is not None \
+                and self.listener is not None:
+            self._drop_early()
+            self.early = self._early_transcript(int(event["audio_ms"]))
+        elif event.get("type") == "speech_resumed":
+            self._drop_early()  # the speaker went on: that transcript is of half a turn
+        elif event.get("type") == "speech_stopped" and self.speech_item is not None:
+            await self.send({"type": "input_audio_buffer.speech_stopped",
+                             "audio_end_ms": int(event["audio_ms"]), "item_id": self.speech_item})
+            early = self.early if self.early and self.early[0] == event["audio_ms"] else None
+            if early is None:
+                self._drop_early()
+            self.early = None
+            await self.audio_commit({}, self.speech_from, early[1:] if early else None)
+            if settings.get("create_response", True):
+                await self.response_create({})
+
+    def _early_transcript(self, paused_ms: int) -> tuple[int, asyncio.Task, bytes]:
+        """Transcribe the turn as it stands when its silence begins, while the silence
+        window runs (the transcript the turn needs is then ready, or nearly, when it
+        ends); EARLY_TAIL_MS past the pause keeps the last sound whole."""
+        pcm = self.audio.peek(self.speech_from, paused_ms + EARLY_TAIL_MS)
+        task = self._spawn(audio_input.transcribe(self.listener, pcm,
+                                                  f"asr-{self.speech_item}-{paused_ms}"))
+        return paused_ms, task, pcm
+
+    def _drop_early(self) -> None:
+        if self.early is not None:
+            self.early[1].cancel()  # its request is aborted where it runs
+            self.early = None
+
