@@ -281,6 +281,14 @@ def test_resume_within_the_grace_period_and_not_after(server):
             with pytest.raises(aiohttp.WSServerHandshakeError) as info:
                 await http.ws_connect(url, headers=auth)
             assert info.value.status == 404
+        # the reaped session's KV is back in the engine
+        llm = server.inspect(lambda: list(
+            server.models["chat"].omni.orchestrator.engines.replicas.values())[0])
+        for _ in range(100):
+            if server.inspect(lambda: llm.stats.get("session_bytes")) == {}:
+                break
+            await asyncio.sleep(0.05)
+        assert server.inspect(lambda: llm.stats.get("session_bytes")) == {}
     run(body())
 
 

@@ -99,6 +99,8 @@ def test_ga_voice_turn_with_server_vad(server, spoken):
         assert done.status == "completed", done.status_details
         assert done.usage.output_token_details.audio_tokens > 0
         assert "Paris" in done.output[0].content[0].transcript
+        idle = await server.wait_idle("assistant", 10.0)  # the VAD stream ended with the socket
+        assert not idle["requests"] and not any(idle["outstanding"].values()), idle
         return b"".join(audio)
     answer = run(body())
     assert "paris" in hear(server, answer).lower()  # Whisper hears it in the spoken answer
@@ -159,6 +161,8 @@ def test_duplex_barge_in(server, spoken):
                     if event["type"] == "response.done":
                         dones.append(event["response"])
                 await barge
+            idle = await server.wait_idle("assistant", 10.0)
+            assert not idle["requests"] and not any(idle["outstanding"].values()), idle
         first, second = dones
         assert first["status"] == "cancelled"
         assert first["status_details"]["reason"] == "turn_detected"

@@ -99,7 +99,7 @@ class SessionConfig:
                     "input_audio_format": "pcm16", "output_audio_format": "pcm16",
                     "input_audio_transcription": self.transcription,
                     "turn_detection": self.turn_detection, "tools": [], "tool_choice": "auto",
-                    "temperature": self.temperature or 0.8,
+                    "temperature": 0.8 if self.temperature is None else self.temperature,
                     "max_response_output_tokens": self.max_output_tokens}
         return {"type": "realtime", "object": "realtime.session", "id": session_id,
                 "model": self.model, "output_modalities": list(self.output_modalities),
