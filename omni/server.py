@@ -71,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="realtime/duplex sessions each served pipeline holds at once "
                         "(overrides its sessions.max_sessions, default 64); a connection "
                         "beyond it is closed with 1013 (try again later)")
+    p.add_argument("--policy-seed", type=int, default=None, metavar="S",
+                   help="OpenPI robot policies: call k of every connection draws its noise "
+                   "from seed S + k, so a robot's run is reproducible (default: a random S "
+                   "per connection); an integer 'seed' key in an observation overrides it")
+    p.add_argument("--max-observation-mb", type=_positive_float, default=64.0,
+                   help="largest OpenPI observation frame, in MiB (default 64: several "
+                   "camera images); larger closes the connection with 1009")
     p.add_argument("--data-dir", default=None,
                    help="where video jobs and their files persist across restarts (default: "
                    "$OMNI_DATA_DIR, else $XDG_DATA_HOME/omni, else ~/.local/share/omni)")
@@ -182,6 +189,8 @@ async def serve(args: argparse.Namespace) -> None:
                               data_dir=args.data_dir,
                               video_retention_s=args.video_retention_hours * 3600,
                               max_video_jobs=args.max_video_jobs,
+                              policy_seed=args.policy_seed,
+                              max_observation_bytes=int(args.max_observation_mb * 2**20),
                               media_fetch=FetchPolicy(
                                   args.media_fetch, int(args.max_media_mb * 1024 * 1024),
                                   args.media_fetch_timeout))

@@ -81,6 +81,8 @@ class ServerSettings:
     video_retention_s: float = 24 * 3600.0  # finished videos are deleted after this
     max_video_jobs: int = 16  # queued + running video jobs; beyond: 429
     media_fetch: FetchPolicy = field(default_factory=FetchPolicy)  # media URLs in requests
+    policy_seed: int | None = None  # OpenPI: call k of a connection draws seed + k
+    max_observation_bytes: int = 64 * 1024 * 1024  # one OpenPI frame (several cameras)
 
 
 def live_output_info(model: ServedModel, modality: str) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def live_output_info(model: ServedModel, modality: str) -> dict[str, Any]:
 MODELS_KEY = web.AppKey("models", ModelRegistry)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SETTINGS_KEY = web.AppKey("settings", ServerSettings)
-OPEN_PATHS = ("/health", "/metrics")
+OPEN_PATHS = ("/health", "/metrics", "/healthz")
 WS_KEY_PREFIX = "openai-insecure-api-key."
 
 
@@ -119,6 +121,8 @@ def _auth_middleware(api_key: str) -> Any:
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not given and request.headers.get("Upgrade", "").lower() == "websocket":
                 given = subprotocol_key(request)
+            if given.startswith(b"Api-Key "):  # openpi-client's header
+                given = b"Bearer " + given[len(b"Api-Key "):]
             if not hmac.compare_digest(given, expected):
                 raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
                                "<key>')", code="invalid_api_key")

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from omni.api import (
     images,
+    openpi,
     realtime,
     speech,
     system,
@@ -23,3 +24,4 @@ def add_routes(app: web.Application) -> None:
     realtime.add_routes(app)
     images.add_routes(app)
     videos.add_routes(app)
+    openpi.add_routes(app)

@@ -65,6 +65,14 @@ def build_engine(spec: EngineSpec) -> Engine:
                                   "adapter name (omni/models: DIFFUSION_DENOISERS)")
         return build_diffusion_engine(spec.model, spec.model_dir, resolve_device(spec.device),
                                       spec.dtype, spec.options)
+    if spec.engine == "policy":
+        from omni.engines.policy.engine import build_policy_engine
+
+        if not spec.model:
+            raise EngineLoadError(f"stage '{spec.stage}': engine 'policy' needs a model "
+                                  "adapter name (omni/models: POLICIES)")
+        return build_policy_engine(spec.model, spec.model_dir, resolve_device(spec.device),
+                                   spec.dtype, spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
-        "(available: ar, diffusion, echo, generation, vllm)")
+        "(available: ar, diffusion, echo, generation, policy, vllm)")

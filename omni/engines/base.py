@@ -230,3 +230,67 @@ class Denoiser(Protocol):
         """Capabilities and limits for READY (tasks, sizes, steps)."""
 
     # optional: preview(job) -> dict, the current estimate of the final output's fields
+
+
+@dataclass(eq=False)
+class PolicyJob:
+    """One observation's action chunk in the making (the policy engine's unit).
+
+    The adapter fills ``inputs`` (its model inputs, until the prefix pass), ``state`` (the
+    robot state as the model takes it) and ``actions`` (the noise x_1 drawn from the
+    seed); its prefix pass sets ``prefix`` (whatever its per-step forward reads: a KV
+    cache) and drops ``inputs``. The engine integrates ``actions`` from t = 1 to 0.
+    """
+
+    request_id: str
+    inputs: dict[str, Any]
+    state: torch.Tensor
+    actions: torch.Tensor  # x_t, (1, horizon, width), the model's dtype
+    steps: int
+    seed: int
+    prefix_key: Hashable  # jobs with equal keys share a prefix pass
+    step_key: Hashable = None  # jobs with equal keys share a step (set by the prefix pass)
+    prefix: Any = None
+    session: str | None = None
+    step: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # the adapter's own (action width)
+
+    def tensor_bytes(self) -> int:
+        import torch
+
+        held = [self.state, self.actions, *self.inputs.values()]
+        if isinstance(self.prefix, dict):
+            held += list(self.prefix.values())
+        total = 0
+        for item in held:
+            for t in item if isinstance(item, list | tuple) else (item,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+
+class Policy(Protocol):
+    """What a model adapter provides to the policy engine (engines/policy/engine.py):
+    flow matching split so the engine runs the steps and batches them across robots."""
+
+    def prepare(self, request_id: str, observation: Mapping[str, Any], seed: int,
+                steps: int | None) -> PolicyJob:
+        """Validate and preprocess one observation (ValueError says what is wrong); draw
+        its noise from ``seed``. No model call."""
+
+    def prefix(self, jobs: list[PolicyJob]) -> None:
+        """ONE prefix pass (images + prompt + state -> what each step reads) for jobs of
+        equal ``prefix_key``; sets each job's ``prefix`` and ``step_key``."""
+
+    def velocity(self, jobs: list[PolicyJob], actions: torch.Tensor,
+                 timesteps: torch.Tensor) -> torch.Tensor:
+        """ONE forward(state, noise, timestep, cache) for jobs of equal ``step_key``:
+        the flow's velocity at each job's own timestep, shaped like ``actions``."""
+
+    def finish(self, job: PolicyJob) -> dict[str, Any]:
+        """The finished chunk in robot units: {"actions": float32 (horizon, width)}."""
+
+    def info(self) -> dict[str, Any]:
+        """Capabilities for READY (horizon, action width, cameras, steps)."""

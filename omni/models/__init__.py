@@ -82,6 +82,15 @@ def _denoiser(family: str) -> Any:
 DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan")}
 
 
+def _pi0(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+    from omni.models.pi0 import build_pi0_policy
+
+    return build_pi0_policy(model_dir, device, dtype, options)
+
+
+POLICIES = {"pi0": _pi0}
+
+
 def _talker(model_dir: str, dtype: str, device: str) -> Any:
     from omni.models.qwen3_omni_talker import load_talker
 
@@ -107,6 +116,12 @@ def build_denoiser(model: str, model_dir: str | None, device: str, dtype: str,
     return _build(DIFFUSION_DENOISERS, "diffusion", model, model_dir, device, dtype, options)
 
 
+def build_policy(model: str, model_dir: str | None, device: str, dtype: str,
+                 options: Mapping[str, Any]) -> Any:
+    """The policy-engine adapter of ``model``; EngineLoadError names the known ones."""
+    return _build(POLICIES, "policy", model, model_dir, device, dtype, options)
+
+
 def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The generation-engine runner of ``model``; EngineLoadError names the known ones."""
@@ -125,6 +140,7 @@ _OPTION_HOLDERS = {
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
+    "pi0": ("omni.models.pi0", "PI0Policy"),
 }
 
 

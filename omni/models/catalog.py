@@ -19,6 +19,8 @@ PRESET_BY_MODEL_TYPE = {
     "llama": "qwen3.yaml",
     # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
     "qwen3_omni_moe": "qwen3_omni.yaml",
+    # a robot policy (LeRobot's release layout: config.json "type": "pi0")
+    "pi0": "pi0.yaml",
 }
 
 # model_index.json _class_name -> preset file (diffusers pipeline directories)

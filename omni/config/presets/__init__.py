@@ -80,7 +80,9 @@ def _preset_file_for(model_dir: Path) -> str:
         path = model_dir / file
         if not path.is_file():
             continue
-        value = json.loads(path.read_text()).get(key)
+        config = json.loads(path.read_text())
+        # LeRobot's policy releases name their family "type", not "model_type"
+        value = config.get(key) or (config.get("type") if file == "config.json" else None)
         if value in presets:
             return presets[value]
         raise ConfigError(str(path), key, f"'{value}' has no built-in pipeline",

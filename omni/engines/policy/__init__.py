@@ -1,0 +1,1 @@
+"""The policy engine: observation -> action chunk (engine.py)."""

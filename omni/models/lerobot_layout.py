@@ -1,0 +1,153 @@
+"""A policy release in LeRobot's layout: its config, dataset statistics and tokenizer.
+
+LeRobot ships (e.g. ``lerobot/pi0_base``): ``config.json`` (``"type": "pi0"``, features,
+chunk size, ...), ``model.safetensors``, ``policy_preprocessor.json`` /
+``policy_postprocessor.json`` whose normalizer steps name a ``state_file`` of statistics
+(keys ``observation.state.mean``, ``action.std``, ``action.q01``, ...) and a ``norm_map``
+(``MEAN_STD``, ``QUANTILES``, ``MIN_MAX`` or ``IDENTITY`` per feature type). The
+tokenizer is named (``google/paligemma-3b-pt-224``), not shipped: offline it must sit in
+the directory's ``tokenizer/`` folder (or the stage option ``tokenizer``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+
+EPS = 1e-8
+
+
+@dataclass
+class Normalizer:
+    """One feature's statistics and mode (LeRobot's normalize / unnormalize)."""
+
+    mode: str
+    stats: dict[str, torch.Tensor]
+
+    @property
+    def width(self) -> int | None:
+        for t in self.stats.values():
+            return int(t.shape[-1])
+        return None
+
+    def _bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = ("q01", "q99") if self.mode == "QUANTILES" else ("min", "max")
+        return self.stats[lo], self.stats[hi]
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "MEAN_STD":
+            return (x - self.stats["mean"]) / (self.stats["std"] + EPS)
+        if self.mode in ("QUANTILES", "MIN_MAX"):
+            lo, hi = self._bounds()
+            return 2 * (x - lo) / (hi - lo + EPS) - 1
+        return x
+
+    def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "MEAN_STD":
+            return x * (self.stats["std"] + EPS) + self.stats["mean"]
+        if self.mode in ("QUANTILES", "MIN_MAX"):
+            lo, hi = self._bounds()
+            return (x + 1) / 2 * (hi - lo + EPS) + lo
+        return x
+
+
+IDENTITY = Normalizer("IDENTITY", {})
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise EngineLoadError(f"{model_dir}: no readable config.json ({e})") from e
+
+
+def _steps(model_dir: Path, name: str) -> list[dict[str, Any]]:
+    path = model_dir / f"{name}.json"
+    if not path.exists():
+        return []
+    try:
+        return list(json.loads(path.read_text()).get("steps", []))
+    except (OSError, ValueError, AttributeError) as e:
+        raise EngineLoadError(f"{path}: unreadable ({e})") from e
+
+
+def _normalizer(model_dir: Path, processor: str, feature: str, kind: str,
+                config: dict[str, Any]) -> Normalizer:
+    """The statistics of ``feature`` (e.g. "observation.state") from the processor's
+    normalizer step; IDENTITY when the release ships none."""
+    from safetensors.torch import load_file
+
+    for step in _steps(model_dir, processor):
+        name = step.get("registry_name", "")
+        if "normalizer" not in name or "state_file" not in step:
+            continue
+        norm_map = (step.get("config") or {}).get("norm_map") \
+            or config.get("normalization_mapping") or {}
+        mode = str(norm_map.get(kind, "IDENTITY")).upper()
+        if mode == "IDENTITY":
+            return IDENTITY
+        try:
+            tensors = load_file(str(model_dir / step["state_file"]))
+        except OSError as e:
+            raise EngineLoadError(f"{model_dir}: {step['state_file']}: {e}") from e
+        prefix = f"{feature}."
+        stats = {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
+        need = {"MEAN_STD": ("mean", "std"), "QUANTILES": ("q01", "q99"),
+                "MIN_MAX": ("min", "max")}.get(mode)
+        if need is None:
+            raise EngineLoadError(f"{model_dir}: normalization {mode!r} of {feature} is not "
+                                  "supported (MEAN_STD, QUANTILES, MIN_MAX, IDENTITY)")
+        if all(n in stats for n in need):
+            return Normalizer(mode, stats)
+    return IDENTITY
+
+
+@dataclass
+class LeRobotRelease:
+    config: dict[str, Any]
+    state: Normalizer
+    actions: Normalizer
+    tokenizer_dir: Path
+    prompt_length: int
+
+    @property
+    def cameras(self) -> list[str]:
+        """The release's camera features, in its order."""
+        features = self.config.get("input_features") or {}
+        return [k for k, v in features.items() if (v or {}).get("type") == "VISUAL"]
+
+    @property
+    def action_width(self) -> int | None:
+        """The robot's action width: the action feature's shape, else its statistics."""
+        feature = (self.config.get("output_features") or {}).get("action") or {}
+        shape = feature.get("shape")
+        if isinstance(shape, list) and shape:
+            return int(shape[-1])
+        return self.actions.width
+
+
+def read_release(model_dir: str | Path, tokenizer: str | None = None) -> LeRobotRelease:
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    tok = Path(tokenizer) if tokenizer else model_dir / "tokenizer"
+    if not (tok / "tokenizer_config.json").exists() and not (tok / "tokenizer.json").exists():
+        if (model_dir / "tokenizer_config.json").exists():
+            tok = model_dir
+        else:
+            raise EngineLoadError(
+                f"{model_dir}: no tokenizer. LeRobot releases name theirs "
+                "(google/paligemma-3b-pt-224) without shipping it: copy its files into "
+                f"{model_dir / 'tokenizer'} or set the stage option 'tokenizer' to a folder")
+    return LeRobotRelease(
+        config=config,
+        state=_normalizer(model_dir, "policy_preprocessor", "observation.state", "STATE",
+                          config),
+        actions=_normalizer(model_dir, "policy_postprocessor", "action", "ACTION", config),
+        tokenizer_dir=tok, prompt_length=int(config.get("tokenizer_max_length", 48)))

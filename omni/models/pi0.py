@@ -1,0 +1,211 @@
+"""π0 (Physical Intelligence) on transformers' PI0ForConditionalGeneration, as a policy
+for the policy engine (omni/engines/policy/engine.py).
+
+- Loading: a release in LeRobot's layout (lerobot_layout.py); transformers reads its
+  config.json as a PI0Config and renames LeRobot's weight names itself.
+- Inputs, per observation (policy_inputs.py finds cameras, state and prompt): each camera
+  fitted and padded to the model's image size and normalised as PI0ImageProcessor does;
+  the prompt + "\\n" tokenized with <bos>, cut and right-padded to the release's
+  ``tokenizer_max_length`` (48) as LeRobot's tokenizer step does, after the image tokens
+  (256 per camera on the real model), pads masked; the state normalised with the release's
+  statistics and zero-padded to ``max_state_dim``. Padding the prompt to a fixed length
+  gives every observation with the same camera count the same prefix length, so robots
+  with different prompts share the prefix pass and every step.
+- The split (engine contract ``Policy``): `prefix` is sample_actions' VLM pass (image and
+  prompt embeddings -> a KV cache); `velocity` is its per-step ``self(state, noise,
+  timestep, cache)`` on a cache made of each robot's own prefix KV, concatenated; the
+  engine takes the Euler steps. tests/proc/test_policy_engine.py checks the result equals
+  ``sample_actions`` for the same noise.
+- Outputs: the chunk cut to the robot's action width (the release's action feature) and
+  un-normalised with its statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni.arrays import pack_tree, unpack_tree
+from omni.engines.base import EngineLoadError, PolicyJob
+from omni.models.lerobot_layout import LeRobotRelease, read_release
+from omni.models.policy_inputs import (
+    cameras,
+    image_uint8,
+    prompt_text,
+    resize_pad,
+    state_vector,
+)
+
+log = logging.getLogger("omni.models.pi0")
+
+
+class PI0Policy:
+    """options: cameras / state_keys (key paths, policy_inputs.py), default_prompt,
+    tokenizer (a folder, when the release has no tokenizer/), steps (flow-matching steps;
+    default the config's num_inference_steps), action_width (default: the release's)."""
+
+    OPTIONS = frozenset({"cameras", "state_keys", "default_prompt", "tokenizer", "steps",
+                         "action_width"})
+
+    def __init__(self, model: Any, tokenizer: Any, release: LeRobotRelease, device: str,
+                 options: Mapping[str, Any]) -> None:
+        self.model, self.tokenizer, self.release = model, tokenizer, release
+        self.device = torch.device(device)
+        self.dtype = next(model.parameters()).dtype
+        cfg = model.config
+        vision = cfg.vlm_config.vision_config
+        self.image_size = int(vision.image_size)
+        self.tokens_per_image = (vision.image_size // vision.patch_size) ** 2
+        self.image_token_id = int(cfg.vlm_config.image_token_id)
+        self.horizon, self.max_action_dim = int(cfg.chunk_size), int(cfg.max_action_dim)
+        self.max_state_dim = int(cfg.max_state_dim)
+        self.steps = int(options.get("steps") or cfg.num_inference_steps)
+        self.action_width = int(options.get("action_width") or release.action_width
+                                or self.max_action_dim)
+        if not 1 <= self.action_width <= self.max_action_dim:
+            raise EngineLoadError(f"action_width {self.action_width} must be 1.."
+                                  f"{self.max_action_dim}")
+        self.camera_keys = list(options.get("cameras") or []) or None
+        self.state_keys = list(options.get("state_keys") or []) or None
+        self.default_prompt = options.get("default_prompt")
+        self.prompt_length = release.prompt_length
+        self._cache_ids: tuple[str, ...] = ()
+        self._cache: Any = None
+
+    # -- contract -----------------------------------------------------------------------
+    def prepare(self, request_id: str, inputs: Mapping[str, Any], seed: int,
+                steps: int | None) -> PolicyJob:
+        obs = unpack_tree(inputs.get("observation"))
+        if not isinstance(obs, dict):
+            raise ValueError("the request needs an 'observation' dict")
+        frames = [resize_pad(image_uint8(name, value), self.image_size)
+                  for name, value in cameras(obs, self.camera_keys)]
+        ids, mask = self._prompt(prompt_text(obs, self.default_prompt), len(frames))
+        noise = torch.randn(1, self.horizon, self.max_action_dim,
+                            generator=torch.Generator().manual_seed(seed))
+        inputs = {"pixel_values": torch.stack(frames)[None].to(self.device, self.dtype),
+                  "input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        return PolicyJob(request_id, inputs, state=self._state(obs),
+                         actions=noise.to(self.device, self.dtype),
+                         steps=steps or self.steps, seed=seed, prefix_key=len(frames))
+
+    @torch.no_grad()
+    def prefix(self, jobs: list[PolicyJob]) -> None:
+        """sample_actions' prefix pass, for several robots at once."""
+        pixels = torch.cat([j.inputs["pixel_values"] for j in jobs])
+        ids = torch.cat([j.inputs["input_ids"] for j in jobs])
+        mask = torch.cat([j.inputs["attention_mask"] for j in jobs])
+        cameras_mask = torch.ones(pixels.shape[:2], dtype=torch.bool, device=self.device)
+        embeds = self.model.model.embed_prefix(ids, pixels, cameras_mask)
+        cache = self.model.model.vlm(
+            inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
+            token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True).cache
+        for i, job in enumerate(jobs):
+            job.prefix = {"kv": [(layer.keys[i:i + 1], layer.values[i:i + 1])
+                                 for layer in cache.layers], "mask": mask[i:i + 1]}
+            job.step_key = mask.shape[1]
+
+    @torch.no_grad()
+    def velocity(self, jobs: list[PolicyJob], actions: torch.Tensor,
+                 timesteps: torch.Tensor) -> torch.Tensor:
+        mask = torch.cat([j.prefix["mask"] for j in jobs])
+        out = self.model(state=torch.cat([j.state for j in jobs]), noise=actions,
+                         timestep=timesteps, attention_mask=mask,
+                         cache=self._batch_cache(jobs, mask.shape[1]))
+        return out.logits
+
+    def finish(self, job: PolicyJob) -> dict[str, Any]:
+        chunk = job.actions[0, :, :self.action_width].float().cpu()
+        stats = self.release.actions
+        if stats.width == self.action_width:
+            chunk = stats.unnormalize(chunk)
+        return {"actions": chunk.contiguous()}
+
+    def info(self) -> dict[str, Any]:
+        return {"policy": "pi0", "horizon": self.horizon, "action_width": self.action_width,
+                "state_width": self.release.state.width or self.max_state_dim,
+                "cameras": self.release.cameras, "image_size": self.image_size,
+                "steps": self.steps, "prompt_tokens": self.prompt_length,
+                "dtype": str(self.dtype).removeprefix("torch.")}
+
+    def warm(self) -> None:
+        """One prefix pass and one step on a blank observation at load, so the first
+        robot does not pay for first-call initialisation (about 1.5 s on the CPU)."""
+        blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
+        width = self.release.state.width or self.max_state_dim
+        n_cameras = max(1, len(self.release.cameras))
+        obs = {**{f"camera{i}": blank for i in range(n_cameras)},
+               "state": np.zeros(width, np.float32), "prompt": ""}
+        saved = self.camera_keys, self.state_keys
+        self.camera_keys = self.state_keys = None
+        try:
+            job = self.prepare("warm-up", {"observation": pack_tree(obs)}, 0, 1)
+        finally:
+            self.camera_keys, self.state_keys = saved
+        self.prefix([job])
+        self.velocity([job], job.actions, torch.ones(1, device=self.device))
+        self._cache_ids, self._cache = (), None
+
+    # -- pieces -------------------------------------------------------------------------
+    def _prompt(self, prompt: str, n_cameras: int) -> tuple[torch.Tensor, torch.Tensor]:
+        text = self.tokenizer(prompt + "\n", add_special_tokens=True)["input_ids"]
+        text = text[:self.prompt_length]
+        pad = self.prompt_length - len(text)
+        pad_id = self.tokenizer.pad_token_id or 0
+        images = n_cameras * self.tokens_per_image
+        ids = [self.image_token_id] * images + text + [pad_id] * pad
+        mask = [1] * (images + len(text)) + [0] * pad
+        return torch.tensor([ids]), torch.tensor([mask])
+
+    def _state(self, obs: Mapping[str, Any]) -> torch.Tensor:
+        state = torch.from_numpy(state_vector(obs, self.state_keys))
+        stats, n = self.release.state, state.shape[0]
+        if stats.width is not None and n != stats.width:
+            raise ValueError(f"the state has {n} values; this policy's robot has "
+                             f"{stats.width}")
+        if n > self.max_state_dim:
+            raise ValueError(f"the state has {n} values; at most {self.max_state_dim}")
+        state = torch.nn.functional.pad(stats.normalize(state), (0, self.max_state_dim - n))
+        return state[None].to(self.device, self.dtype)
+
+    def _batch_cache(self, jobs: list[PolicyJob], prefix_len: int) -> Any:
+        """The robots' prefix KV as one cache; kept while the same robots step together
+        (cut back to the prefix after each step, as sample_actions does)."""
+        from transformers import DynamicCache
+
+        ids = tuple(j.request_id for j in jobs)
+        if ids == self._cache_ids and self._cache is not None:
+            self._cache.crop(prefix_len - self._cache.get_seq_length())
+            return self._cache
+        layers = zip(*(j.prefix["kv"] for j in jobs), strict=True)
+        data = [(torch.cat([k for k, _ in per_job]), torch.cat([v for _, v in per_job]))
+                for per_job in layers]
+        self._cache_ids, self._cache = ids, DynamicCache(ddp_cache_data=data)
+        return self._cache
+
+
+def build_pi0_policy(model_dir: str | None, device: str, dtype: str,
+                     options: Mapping[str, Any]) -> PI0Policy:
+    from transformers import AutoTokenizer, PI0ForConditionalGeneration
+
+    from omni.models.diffusion import torch_dtype
+
+    if not model_dir:
+        raise EngineLoadError("model 'pi0' needs a model_dir (a π0 release directory)")
+    release = read_release(model_dir, options.get("tokenizer"))
+    kind = release.config.get("type") or release.config.get("model_type")
+    if kind != "pi0":
+        raise EngineLoadError(f"{model_dir} holds a {kind!r} model, not pi0")
+    tokenizer = AutoTokenizer.from_pretrained(str(release.tokenizer_dir))
+    model = PI0ForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch_dtype(dtype, device), attn_implementation="sdpa")
+    model = model.to(device).eval()
+    log.info("pi0 loaded from %s on %s (%s)", model_dir, device,
+             str(next(model.parameters()).dtype).removeprefix("torch."))
+    policy = PI0Policy(model, tokenizer, release, device, options)
+    policy.warm()
+    return policy

@@ -1,0 +1,169 @@
+"""The OpenPI WebSocket on the tiny π0 with a plain aiohttp client speaking openpi's
+msgpack-numpy (the unmodified openpi-client runs in tests/openpi/, in its own
+environment): metadata first, lockstep, addressing at / and /openpi/{model}, /healthz,
+the Api-Key header, seeds, errors that keep the socket, 1009, 1013 beyond max_sessions,
+and a killed replica closing with an error frame while a new robot reaches the restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import textwrap
+
+import aiohttp
+import numpy as np
+import pytest
+from httputil import ServerSettings, run
+
+from omni.api.openpi import codec
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+KEY = "robot-key"
+FRAME_LIMIT = 2 * 1024 * 1024
+HEADERS = {"Authorization": f"Api-Key {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tmp_path_factory):
+    model_dir = ensure_tiny_model("pi0", tmp_path_factory.getbasetemp() / "models")
+    pipeline = textwrap.dedent(f"""\
+        name: robot
+        default_modalities: [actions]
+        sessions: {{max_sessions: 3}}
+        stages:
+          - {{name: policy, engine: policy, model: pi0, model_dir: {model_dir},
+              final_output: actions, restart: true}}
+        """)
+    return start_server({"robot": pipeline},
+                        ServerSettings(api_key=KEY, policy_seed=7, drain_timeout_s=2.0,
+                                       max_observation_bytes=FRAME_LIMIT))
+
+
+def observation(i: int = 0, **extra) -> dict:
+    rng = np.random.default_rng(i)
+    return {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/state": rng.standard_normal(8), "prompt": "stack the cups", **extra}
+
+
+async def connect(session: aiohttp.ClientSession, path: str = "/"):
+    ws = await session.ws_connect(path, headers=HEADERS, max_msg_size=0)
+    metadata = await ws.receive(timeout=30)
+    assert metadata.type == aiohttp.WSMsgType.BINARY  # the server speaks first, in msgpack
+    return ws, codec.unpackb(metadata.data)
+
+
+async def infer(ws, obs: dict):
+    await ws.send_bytes(codec.packb(obs))
+    reply = await ws.receive(timeout=30)
+    if reply.type == aiohttp.WSMsgType.BINARY:
+        return codec.unpackb(reply.data)
+    return reply
+
+
+def test_actions_in_lockstep_with_timing_and_reproducible_seeds(server):
+    async def body():
+        async with server.session() as http:
+            ws, meta = await connect(http)
+            assert meta["action_horizon"] == 50 and meta["action_dim"] == 7
+            first = await infer(ws, observation())
+            second = await infer(ws, observation())
+            assert first["actions"].shape == (50, 7) and first["actions"].dtype == np.float32
+            assert first["seed"] == 7 and second["seed"] == 8  # --policy-seed 7: call k: 7 + k
+            assert "prev_total_ms" in second["server_timing"]
+            assert second["episode_step"] == 2
+            assert not np.allclose(first["actions"], second["actions"])
+            await ws.close()
+            # another connection, same path: the same seeds give the same chunks
+            ws, _ = await connect(http, "/openpi/robot")
+            again = await infer(ws, observation())
+            assert np.array_equal(again["actions"], first["actions"])
+            pinned = await infer(ws, observation(seed=8))
+            assert np.array_equal(pinned["actions"], second["actions"])
+            await ws.close()
+            health = await http.get("/healthz")
+            assert health.status == 200 and await health.text() == "OK\n"
+    run(body())
+
+
+def test_bad_input_is_a_text_frame_and_the_robot_goes_on(server):
+    async def body():
+        async with server.session() as http:
+            ws, _ = await connect(http)
+            for bad in (b"\xc1 not msgpack", codec.packb([1, 2]),
+                        codec.packb({"prompt": "no camera"}),
+                        codec.packb(observation(seed="seven")),
+                        codec.packb({**observation(), "observation/state": np.zeros(3)})):
+                await ws.send_bytes(bad)
+                reply = await ws.receive(timeout=30)
+                assert reply.type == aiohttp.WSMsgType.TEXT and "bad observation" in reply.data
+            await ws.send_str("hello")
+            reply = await ws.receive(timeout=30)
+            assert reply.type == aiohttp.WSMsgType.TEXT and "binary" in reply.data
+            good = await infer(ws, observation())
+            assert good["actions"].shape == (50, 7)
+            await ws.close()
+    run(body())
+
+
+def test_auth_addressing_and_frame_limit(server):
+    async def body():
+        async with server.session() as http:
+            for headers in ({}, {"Authorization": "Api-Key wrong"}):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                    await http.ws_connect("/", headers=headers)
+                assert info.value.status == 401
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await http.ws_connect("/openpi/nope", headers=HEADERS)
+            assert info.value.status == 404
+            plain = await http.get("/", headers=HEADERS)
+            assert plain.status == 426 and "openpi" in (await plain.json())["error"]["message"]
+            ws, _ = await connect(http)
+            await ws.send_bytes(b"\x00" * (FRAME_LIMIT + 1))
+            closed = await ws.receive(timeout=30)
+            assert closed.type == aiohttp.WSMsgType.CLOSE and closed.data == 1009
+    run(body())
+
+
+def test_beyond_max_sessions_closes_with_1013(server):
+    async def body():
+        async with server.session() as http:
+            held = [(await connect(http))[0] for _ in range(3)]
+            extra = await http.ws_connect("/", headers=HEADERS)
+            text = await extra.receive(timeout=30)
+            assert text.type == aiohttp.WSMsgType.TEXT and "too many robots" in text.data
+            closed = await extra.receive(timeout=30)
+            assert closed.type == aiohttp.WSMsgType.CLOSE and closed.data == 1013
+            for ws in held:
+                await ws.close()
+            await asyncio.sleep(0.2)
+            assert server.inspect(lambda: len(server.models["robot"].omni.sessions.manager)) == 0
+    run(body())
+
+
+def test_a_killed_replica_sends_an_error_frame_and_a_new_robot_reaches_the_restart(server):
+    async def body():
+        async with server.session() as http:
+            ws, _ = await connect(http)
+            await infer(ws, observation())
+            replicas = server.inspect(lambda: list(
+                server.models["robot"].omni.orchestrator.engines.replicas.values()))
+            os.kill(replicas[0].process.pid, signal.SIGKILL)
+            await ws.send_bytes(codec.packb(observation()))
+            error = await ws.receive(timeout=30)
+            assert error.type == aiohttp.WSMsgType.TEXT and "policy failed" in error.data
+            closed = await ws.receive(timeout=30)
+            assert closed.type == aiohttp.WSMsgType.CLOSE and closed.data in (1011, 1013)
+            for _ in range(600):  # the replica restarts (restart: true)
+                ws, _ = await http.ws_connect("/", headers=HEADERS), None
+                first = await ws.receive(timeout=30)
+                if first.type == aiohttp.WSMsgType.BINARY:
+                    break
+                assert "no live replica" in first.data  # 1013 until it is back
+                await ws.receive(timeout=30)
+                await asyncio.sleep(0.1)
+            reply = await infer(ws, observation())
+            assert reply["actions"].shape == (50, 7)
+            await ws.close()
+    run(body())
