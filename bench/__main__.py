@@ -13,7 +13,18 @@ import sys  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import ar, asr, assistant, core_overhead, diffusion, omni, sessions, startup, tts
+    from bench import (
+        ar,
+        asr,
+        assistant,
+        core_overhead,
+        diffusion,
+        omni,
+        robots,
+        sessions,
+        startup,
+        tts,
+    )
 
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -46,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
                          "sessions on one replica, voice turns vs their critical path",
         description=sessions.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sessions.add_arguments(sessions_parser)
+    robots_parser = sub.add_parser(
+        "robots", help="robot policies: OpenPI round trip and chunks/s at N robots, omni's "
+                       "server vs the policy in-process", description=robots.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    robots.add_arguments(robots_parser)
     asr_parser = sub.add_parser(
         "asr", help="speech recognition: Whisper real-time factor, omni's server vs "
                     "faster-whisper direct", description=asr.DESCRIPTION,
@@ -76,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return assistant.run(args, argv)
     if args.bench == "sessions":
         return sessions.run(args, argv)
+    if args.bench == "robots":
+        return robots.run(args, argv)
     if args.bench == "asr":
         return asr.run(args, argv)
     if args.bench == "ar":

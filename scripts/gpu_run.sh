@@ -24,12 +24,15 @@
 #                                        # alone): bench ar, 2500-token prompts, concurrency C
 #                                        # (default 1,8,32), bursts B (default 2,1,1): its
 #                                        # TTFT without the talker and code2wav beside it
+#   bash scripts/gpu_run.sh robots       # π0 at its real size (PaliGemma 3B + 300M expert,
+#                                        # random, bf16): tests/gpu/test_pi0_cuda.py, then bench
+#                                        # robots (OpenPI round trip c=1, chunks/s at 8 and 32)
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement) ;; *) sed -n 2,28p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement|robots) ;; *) sed -n 2,30p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -56,6 +59,17 @@ bench_ar_option() {
 }
 
 case "${1:-}" in
+  robots)
+    only_model pi0
+    [ -d /tmp/m/pi0 ] || timeout 300 python3 -c "from omni.fixtures.tiny_pi0 import build_pi0; \
+build_pi0('/tmp/m/pi0', {}, dtype='bfloat16', device='cuda')" 2>&1 | tail -2
+    say "model ready ($(du -sh /tmp/m/pi0 | cut -f1))"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pi0_cuda.py --tb=short 2>&1 | tail -8
+    timeout 360 python3 -m bench robots --model /tmp/m/pi0 --rounds 30 --concurrency 8,32 \
+      --calls 5 --out "$OUT" --tag h200 > "$OUT/bench-robots.log" 2>&1
+    grep -E "^\[robots\]" "$OUT/bench-robots.log"; grep -E "Error|error" "$OUT/bench-robots.log" | tail -5
+    say "robots done"
+    ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5
     timeout 400 python3 -m bench core --stages 1,2,4,8 --requests 2000 --warmup 200 \
