@@ -13,6 +13,7 @@ from omni.api import (
     text,
     transcriptions,
     videos,
+    world,
 )
 
 
@@ -25,3 +26,4 @@ def add_routes(app: web.Application) -> None:
     images.add_routes(app)
     videos.add_routes(app)
     openpi.add_routes(app)
+    world.add_routes(app)

@@ -69,6 +69,10 @@ def _denoiser(family: str) -> Any:
         if not model_dir:
             raise EngineLoadError(f"model '{family}' needs a model_dir (a diffusers "
                                   "pipeline directory)")
+        if family == "cosmos3_world":
+            from omni.models.cosmos3_world import build_cosmos3_world
+
+            return build_cosmos3_world(model_dir, device, dtype, options)
         if family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image
 
@@ -79,7 +83,8 @@ def _denoiser(family: str) -> Any:
     return build
 
 
-DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan")}
+DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
+                       "cosmos3_world": _denoiser("cosmos3_world")}
 
 
 def _pi0(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
@@ -141,6 +146,7 @@ _OPTION_HOLDERS = {
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
+    "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
 }
 
 

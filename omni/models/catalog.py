@@ -29,4 +29,5 @@ PRESET_BY_PIPELINE_CLASS = {
     "QwenImageEditPipeline": "qwen_image.yaml",
     "WanPipeline": "wan.yaml",
     "WanImageToVideoPipeline": "wan.yaml",
+    "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
 }

@@ -18,13 +18,14 @@ from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
 from omni.runtime.payloads import ClientPayloads
 from omni.runtime.sessions import PipelineSessions
+from omni.runtime.worlds import WorldSessions
 from omni.session import Fence, Session, SessionError
 from omni.session.conversation import conversation
 
 Params = Mapping[str, Mapping[str, Any]]
 
 
-class AsyncOmni:
+class AsyncOmni(WorldSessions):
     """One pipeline served from this process: engines start on `start()` / `async with`.
 
     ``params`` of `generate` maps a stage name (or ``"*"`` for every stage) to that

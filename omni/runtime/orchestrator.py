@@ -71,7 +71,7 @@ class Orchestrator:
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
         # sessions (omni/runtime/sessions.py): stages that keep their state; hooks
         self._session_stages = {s.name for s in pipeline.stages
-                                if s.engine in ("ar", "policy")}
+                                if s.engine in ("ar", "policy", "diffusion")}
         self.on_session_bytes: Callable[[Replica, dict], None] | None = None
         self.on_replica_death: Callable[[Replica], None] | None = None
 

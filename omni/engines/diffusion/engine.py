@@ -148,6 +148,11 @@ class DiffusionEngine(Engine):
         self._failed = []
         return outputs
 
+    def end_session(self, session: str, op: str) -> bool:
+        """World sessions (a denoiser that keeps per-session state, e.g. cosmos3_world)."""
+        end = getattr(self.denoiser, "end_session", None)
+        return bool(end(session, op)) if end is not None else False
+
     def info(self) -> dict[str, Any]:
         info = {"output": self.denoiser.output, **self.denoiser.info(),
                 "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache}
@@ -159,7 +164,9 @@ class DiffusionEngine(Engine):
         return {"waiting": len(self._waiting), "running": len(self._jobs),
                 "tensor_bytes": sum(j.tensor_bytes() for j in self._jobs.values()),
                 "transformer_calls": self.calls, "rows_run": self.rows_run,
-                "steps_skipped": self.steps_skipped, "max_rows": self.max_rows}
+                "steps_skipped": self.steps_skipped, "max_rows": self.max_rows,
+                **({"session_bytes": self.denoiser.session_bytes()}
+                   if hasattr(self.denoiser, "session_bytes") else {})}
 
     # -- phases -------------------------------------------------------------------------
     def _admit(self) -> None:

@@ -1,0 +1,176 @@
+"""GET /v1/world?model=ID: world-model sessions over a WebSocket (docs/worlds.md).
+
+JSON control events in both directions; each chunk of frames is a ``chunk`` event
+followed by ONE binary message: the frames as raw RGB, uint8, frame-major
+(F x H x W x 3 bytes, shape in the event). A connection is one session: the first event
+opens it, closing the socket ends it. Errors are ``error`` events and the connection
+stays; a connection beyond ``max_sessions`` is closed with 1013, a bad key gets 401
+before the upgrade.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
+from omni.api.errors import APIError
+from omni.errors import OmniError, RejectedInputError
+from omni.session import Session, SessionCapacityError, SessionError
+
+log = logging.getLogger("omni.api.world")
+MAX_ACTION_ROWS = 4096
+
+
+def world_model(request: web.Request) -> ServedModel:
+    models = request.app[MODELS_KEY]
+    model_id = request.query.get("model")
+    worlds = [m.id for m in models if "world_model" in _tasks(m)]
+    if not model_id:
+        raise APIError(400, "the 'model' query parameter is required, e.g. /v1/world?model="
+                       f"{worlds[0] if worlds else 'MODEL'}", param="model")
+    model = models.get(model_id)
+    if model.id not in worlds:
+        raise APIError(400, f"model '{model.id}' is not a world model", param="model")
+    return model
+
+
+def _tasks(model: ServedModel) -> list[str]:
+    for stage in model.omni.pipeline.outputs.get("video", ()):
+        tasks = model.omni.stage_info(stage).get("tasks")
+        if tasks:
+            return list(tasks)
+    return []
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def world_socket(request: web.Request) -> web.WebSocketResponse:
+    model = world_model(request)
+    settings = request.app[SETTINGS_KEY]
+    ws = web.WebSocketResponse(max_msg_size=settings.max_request_bytes, heartbeat=30.0)
+    await ws.prepare(request)
+    connection = WorldConnection(ws, model)
+    try:
+        await connection.run()
+    finally:
+        connection.close()
+    return ws
+
+
+class WorldConnection:
+    def __init__(self, ws: web.WebSocketResponse, model: ServedModel) -> None:
+        self.ws, self.model = ws, model
+        self.session: Session | None = None
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.ws.send_json({"type": kind, **fields})
+
+    async def error(self, message: str, code: str = "invalid_request") -> None:
+        await self.send("error", error={"code": code, "message": message})
+
+    async def run(self) -> None:
+        async for message in self.ws:
+            if message.type != WSMsgType.TEXT:
+                if message.type == WSMsgType.BINARY:
+                    await self.error("send JSON events as text messages")
+                    continue
+                break
+            try:
+                event = json.loads(message.data)
+                if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                    raise ClientError("an event is a JSON object with a 'type'")
+                await self.handle(event)
+            except (ValueError, ClientError) as exc:  # JSONDecodeError is a ValueError
+                await self.error(str(exc), getattr(exc, "code", "invalid_request"))
+            except SessionCapacityError as exc:
+                await self.error(str(exc), "session_limit_reached")
+                await self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too many sessions")
+                return
+            except (SessionError, OmniError) as exc:
+                await self.error(str(exc), "session_error" if isinstance(exc, SessionError)
+                                 else "step_failed")
+
+    async def handle(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "session.open":
+            await self.open(event)
+        elif self.session is None:
+            raise ClientError("open the session first ('session.open')", "no_session")
+        elif kind == "step":
+            await self.step(event)
+        elif kind == "reset":
+            self.model.omni.reset_world(self.session.id)
+            await self.send("session.reset", session_id=self.session.id)
+        elif kind == "close":
+            await self.ws.close()
+        else:
+            raise ClientError(f"unknown event type {kind!r}; the events are session.open, "
+                              "step, reset, close", "unknown_event")
+
+    async def open(self, event: dict[str, Any]) -> None:
+        if self.session is not None:
+            raise ClientError("this connection's session is open already")
+        try:
+            image = base64.b64decode(event.get("image") or "", validate=True)
+        except (binascii.Error, TypeError):
+            raise ClientError("'image' must be a base64 image file (PNG, JPEG)") from None
+        if not image:
+            raise ClientError("'image' (the first frame, base64 PNG or JPEG) is required")
+        defaults = {k: event[k] for k in ("seed", "steps", "chunk_size", "guidance_scale",
+                                          "view_point") if k in event}
+        self.session = self.model.omni.open_world(image, event.get("prompt"),
+                                                  event.get("domain"), **defaults)
+        log.info("world session %s opened (%s)", self.session.id, event.get("domain"))
+        await self.send("session.created", session={
+            "id": self.session.id, "model": self.model.id, "domain": event.get("domain"),
+            "frame_encoding": "rgb24"})
+
+    async def step(self, event: dict[str, Any]) -> None:
+        actions = event.get("actions")
+        if not isinstance(actions, list) or not actions or len(actions) > MAX_ACTION_ROWS:
+            raise ClientError(f"'actions' must be a list of 1..{MAX_ACTION_ROWS} rows")
+        try:
+            array = np.asarray(actions, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ClientError("'actions' rows must be lists of numbers of one width") from None
+        if array.ndim != 2:
+            raise ClientError("'actions' rows must be lists of numbers of one width")
+        params = {k: event[k] for k in ("seed", "steps") if k in event}
+        try:
+            async for out in self.model.omni.world_step(self.session.id, array, **params):
+                data = out.data or {}
+                if "progress" in data:
+                    await self.send("step.progress", **data["progress"])
+                if "video" in data:
+                    await self.chunk(data)
+        except RejectedInputError as exc:
+            raise ClientError(str(exc), "invalid_step") from None
+
+    async def chunk(self, data: dict[str, Any]) -> None:
+        frames = data["video"]
+        frames = frames.numpy() if hasattr(frames, "numpy") else np.asarray(frames)
+        count, height, width = (int(n) for n in frames.shape[:3])
+        await self.send("chunk", index=data.get("chunk"), frames=count, height=height,
+                        width=width, channels=3, fps=data.get("fps"), encoding="rgb24",
+                        bytes=int(frames.nbytes), seed=data.get("seed"),
+                        steps=data.get("steps"), denoise_s=data.get("denoise_s"))
+        await self.ws.send_bytes(np.ascontiguousarray(frames, dtype=np.uint8).tobytes())
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.model.omni.close_session(self.session.id, "the client disconnected")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/world", world_socket)

@@ -1,0 +1,113 @@
+"""The per-request and per-step pieces of ``Cosmos3OmniPipeline.__call__`` (diffusers
+0.42.1), for forward_dynamics without sound: what a request packs once, and the
+transformer passes of one step. Kept line for line with the pipeline's order of
+operations so a step equals the pipeline's own (cosmos3_world.py says what is left out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# the transformer's per-modality arguments, read from a packed request by name
+_FIELDS = ("input_ids", "text_indexes", "position_ids", "und_len", "sequence_length",
+           "vision_token_shapes", "vision_sequence_indexes", "vision_mse_loss_indexes",
+           "vision_noisy_frame_indexes", "action_token_shapes", "action_sequence_indexes",
+           "action_mse_loss_indexes", "action_noisy_frame_indexes")
+
+
+def packed_request(pipe: Any, action: Any, prompt: str, ratios: Any, generator: Any,
+                   device: str, fps: float) -> dict[str, Any]:
+    """Tokens, initial latents, masks and the cond / uncond packs of one request."""
+    from diffusers.video_processor import VideoProcessor
+
+    num_frames = action.chunk_size + 1
+    probe = pipe.video_processor.preprocess_video([action.image])
+    height, width = VideoProcessor.classify_height_width_bin(
+        int(probe.shape[-2]), int(probe.shape[-1]), ratios=ratios)
+    cond_ids, uncond_ids = pipe.tokenize_prompt(
+        prompt, None, num_frames=num_frames, height=height, width=width, fps=fps,
+        use_system_prompt=None, add_resolution_template=True, add_duration_template=True,
+        action_mode=action.mode, action_view_point=action.view_point)
+    cond_text = pipe._prepare_text_segment(cond_ids, device=device)
+    uncond_text = pipe._prepare_text_segment(uncond_ids, device=device)
+    (latents, _sound, action_latents, fps_vision, _fps_sound, vision_mask, _sound_mask,
+     action_mask, domain_id, _image_size, raw_action_dim, action_cond_indexes) = \
+        pipe.prepare_latents(
+            image=None, video=None, condition_frame_indexes_vision=(0, 1),
+            condition_video_keep="first", num_frames=num_frames, height=height, width=width,
+            fps=fps, latents=None, sound_latents=None, action_latents=None,
+            generator=generator, device=device, dtype=torch.float32, enable_sound=False,
+            action=action)
+    cond_indexes = [int(i) for i in
+                    torch.nonzero(vision_mask[:, 0, 0] > 0, as_tuple=False).flatten()]
+
+    def pack(text: dict[str, Any]) -> dict[str, Any]:
+        vision = pipe._prepare_vision_segment(
+            input_vision_tokens=latents, has_image_condition=bool(cond_indexes),
+            mrope_offset=text["vision_start_temporal_offset"], vision_fps=fps_vision,
+            curr=text["und_len"], device=device, condition_frame_indexes=cond_indexes)
+        acts: dict[str, Any] = {}
+        if action_latents is not None:
+            acts = pipe._prepare_action_segment(
+                input_action_tokens=action_latents, condition_frame_indexes=action_cond_indexes,
+                mrope_offset=text["vision_start_temporal_offset"], action_fps=fps_vision,
+                curr=text["und_len"] + vision["num_vision_tokens"], device=device)
+        mrope = [text["text_mrope_ids"], vision["vision_mrope_ids"]]
+        if acts:
+            mrope.append(acts["action_mrope_ids"])
+        return {**text, **vision, **acts, "position_ids": torch.cat(mrope, dim=1),
+                "sequence_length": text["und_len"] + vision["num_vision_tokens"]
+                + acts.get("action_len", 0)}
+
+    return {"latents": latents, "action_latents": action_latents, "vision_mask": vision_mask,
+            "action_mask": action_mask, "domain_id": domain_id,
+            "raw_action_dim": raw_action_dim, "cond": pack(cond_text),
+            "uncond": pack(uncond_text)}
+
+
+def _pass(pipe: Any, packed: dict[str, Any], state: dict[str, Any], vision: torch.Tensor,
+          actions: torch.Tensor | None, timestep: float, device: str) -> torch.Tensor:
+    noisy_vision = packed["num_noisy_vision_tokens"]
+    noisy_actions = packed.get("num_noisy_action_tokens")
+    kwargs = {name: packed.get(name) for name in _FIELDS}
+    preds_vision, preds_sound, preds_action = pipe.transformer(
+        **kwargs, vision_tokens=[vision],
+        vision_timesteps=torch.full((noisy_vision,), timestep, device=device),
+        sound_tokens=None, sound_token_shapes=None, sound_sequence_indexes=None,
+        sound_mse_loss_indexes=None, sound_timesteps=None, sound_noisy_frame_indexes=None,
+        action_tokens=[actions] if actions is not None else None,
+        action_timesteps=(torch.full((noisy_actions,), timestep, device=device)
+                          if actions is not None else None),
+        action_domain_ids=[state["domain_id"]] if state["domain_id"] is not None else None,
+        return_dict=False)
+    action_mask = state["action_mask"]
+    v_vision, _, _ = pipe._mask_velocity_predictions(
+        preds_vision, preds_sound, vision_condition_mask=[state["vision_mask"]],
+        sound_condition_mask=None, preds_action=preds_action,
+        action_condition_mask=[action_mask] if action_mask is not None else None,
+        raw_action_dim=state["raw_action_dim"])
+    return v_vision.float()
+
+
+def velocity(pipe: Any, job: Any, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """The guided vision velocity of one job at its current step (the pipeline's loop
+    body up to the scheduler step)."""
+    state, i = job.state, job.step
+    t = job.timesteps[i]
+    sigma = float(job.scheduler.sigmas[i])
+    timestep = t.item()
+    vision = job.latents[0].to(device=device, dtype=dtype)
+    actions = state["action_latents"]
+    actions = actions.to(device=device, dtype=dtype) if actions is not None else None
+    steps = len(job.timesteps)
+    with pipe.transformer.cache_context("cond", step_index=i, sigma=sigma,
+                                        num_inference_steps=steps):
+        cond = _pass(pipe, state["cond"], state, vision, actions, timestep, device)
+    if not job.guided:
+        return cond
+    with pipe.transformer.cache_context("uncond", step_index=i, sigma=sigma,
+                                        num_inference_steps=steps):
+        uncond = _pass(pipe, state["uncond"], state, vision, actions, timestep, device)
+    return uncond + state["scale"] * (cond - uncond)

@@ -1,0 +1,99 @@
+"""World-model sessions on AsyncOmni (a pipeline with a world stage, e.g. Cosmos 3):
+open with a first frame, a prompt and an embodiment domain; each step sends actions and
+yields the next chunk of frames; reset goes back to the first frame.
+
+The engine keeps each session's frames (omni/models/cosmos3_world.py); this side keeps
+what it needs to (re)start the rollout: the first frame (PNG), the prompt and the domain,
+sent with the first step after opening or a reset. A reset is the session layer's
+(a new epoch, the engine state dropped); so is eviction under the session budget, after
+which a step is refused until the client resets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from omni.arrays import pack
+from omni.errors import InvalidInputError
+from omni.session import Session, SessionError
+
+WORLD = "world"
+STEP_PARAMS = ("seed", "steps", "chunk_size", "guidance_scale", "view_point")
+
+
+def _png(image: Any) -> bytes:
+    if isinstance(image, bytes | bytearray) and image:
+        return bytes(image)
+    if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[-1] == 3 \
+            and image.dtype == np.uint8:
+        from omni.models.cosmos3_world import encode_png
+
+        return encode_png(image)
+    raise InvalidInputError("the first frame must be image bytes (PNG, JPEG, ...) or a uint8 "
+                            "array (H, W, 3)")
+
+
+class WorldSessions:
+    """AsyncOmni's world-session methods (mixed into AsyncOmni)."""
+
+    def open_world(self, image: bytes | np.ndarray, prompt: str, domain: str,
+                   **defaults: Any) -> Session:
+        """A new world session; ``defaults``: step params for every step (seed, steps,
+        chunk_size, guidance_scale, view_point). SessionCapacityError when full."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidInputError("a world session needs a prompt")
+        unknown = sorted(set(defaults) - set(STEP_PARAMS))
+        if unknown:
+            raise InvalidInputError(f"unknown step param(s) {', '.join(unknown)}; "
+                                    f"known: {', '.join(STEP_PARAMS)}")
+        domains = self._world_domains()
+        if domains and domain not in domains:
+            raise InvalidInputError(f"unknown domain {domain!r}; this model serves "
+                                    f"{', '.join(sorted(domains))}")
+        session = self.sessions.open(WORLD, {"prompt": prompt, "domain": domain})
+        session.state.update(first=_png(image), fresh=True, defaults=dict(defaults))
+        return session
+
+    async def world_step(self, session_id: str, actions: np.ndarray,
+                         **params: Any) -> AsyncIterator[Any]:
+        """The next chunk: progress outputs, then one with ``video`` uint8 (F, H, W, 3)."""
+        session = self.sessions.manager.append(session_id, None)
+        if session.kind != WORLD:
+            raise SessionError(f"session {session_id} is not a world session")
+        if session.busy:
+            raise SessionError(f"session {session_id} is already stepping")
+        actions = np.asarray(actions)
+        if actions.dtype.kind not in "fiu":
+            raise InvalidInputError("'actions' must be numbers (T, width)")
+        inputs: dict[str, Any] = {"actions": pack(actions), "prompt": session.params["prompt"],
+                                  "domain": session.params["domain"]}
+        if session.state["fresh"]:
+            inputs["image"] = session.state["first"]
+        step_params = {**session.state["defaults"], **params}
+        session.busy += 1
+        try:
+            async for out in self.generate(inputs, params={"*": step_params},
+                                           session=session):
+                if out.data and "video" in out.data:  # the chunk (then the request's end)
+                    session.state["fresh"] = False
+                yield out
+        finally:
+            session.busy -= 1
+            self.sessions.manager.touch(session)
+
+    def reset_world(self, session_id: str) -> None:
+        """Back to the first frame: the engine drops the rollout, the next step restarts
+        it from the first frame."""
+        session = self.sessions.manager.get(session_id)
+        self.sessions.manager.signal(session_id, "reset")
+        session.state["fresh"] = True
+
+    def _world_domains(self) -> dict[str, int]:
+        for stage in self.pipeline.outputs.get("video", ()):
+            domains = self.stage_info(stage).get("domains")
+            if domains:
+                return domains
+        return {}

@@ -1,0 +1,130 @@
+"""World sessions on the tiny random Cosmos 3, loaded by the real adapter from the
+diffusers release layout, in the diffusion engine, against diffusers' own
+``Cosmos3OmniPipeline`` called with the same inputs.
+
+The conditioning rule checked here (omni/models/cosmos3_world.py): chunk k+1 is the
+pipeline's forward_dynamics from the last frame of chunk k (uint8 RGB), with the
+session's prompt and domain and the step's actions and seed; chunk 1 starts from the
+session's first frame, and so does the first chunk after a reset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omni.arrays import pack
+from omni.engines.base import EngineRequest
+from omni.engines.diffusion.engine import DiffusionEngine
+from omni.fixtures.tiny_models import ensure_tiny_model
+from omni.models import build_denoiser
+from omni.models.cosmos3_world import encode_png
+
+torch.set_num_threads(1)
+PROMPT, DOMAIN, STEPS = "pick up the red cup", "droid_lerobot", 4
+FIRST = np.random.RandomState(3).randint(0, 255, (64, 64, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def denoiser(tmp_path_factory):
+    model_dir = ensure_tiny_model("cosmos3", tmp_path_factory.getbasetemp() / "models")
+    return build_denoiser("cosmos3_world", str(model_dir), "cpu", "float32", {})
+
+
+def actions(seed: int, width: int = 10) -> np.ndarray:
+    return np.random.RandomState(seed).randn(4, width).astype(np.float32)
+
+
+def step(engine, rid, session, seed, acts, first=None, **params):
+    inputs = {"actions": pack(acts), "prompt": PROMPT, "domain": DOMAIN}
+    if first is not None:
+        inputs["image"] = encode_png(first)
+    engine.add(EngineRequest(rid, inputs, {"session": session, "seed": seed, "steps": STEPS,
+                                           **params}))
+
+
+def drain(engine):
+    results, errors = {}, {}
+    while engine.has_work():
+        for out in engine.step():
+            if out.error:
+                errors[out.request_id] = out.error
+            elif out.finished:
+                results[out.request_id] = out.data
+    return results, errors
+
+
+def reference(pipe, image: np.ndarray, seed: int, acts: np.ndarray) -> torch.Tensor:
+    from diffusers import CosmosActionCondition
+    from PIL import Image
+
+    action = CosmosActionCondition(
+        mode="forward_dynamics", chunk_size=4, domain_name=DOMAIN, resolution_tier=256,
+        raw_actions=torch.from_numpy(acts), image=Image.fromarray(image))
+    video = pipe(prompt=PROMPT, action=action, num_inference_steps=STEPS, guidance_scale=1.0,
+                 generator=torch.Generator().manual_seed(seed), output_type="np").video
+    return (torch.from_numpy(video).clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def test_three_steps_each_conditioned_on_the_last_frame_then_reset(denoiser):
+    engine = DiffusionEngine(denoiser, {})
+    chunks = []
+    for k in range(3):
+        step(engine, f"s{k}", "w", 10 + k, actions(k), first=FIRST if k == 0 else None)
+        results, errors = drain(engine)
+        assert not errors, errors
+        chunks.append(results[f"s{k}"])
+    assert [c["chunk"] for c in chunks] == [1, 2, 3]
+    video = [c["video"] for c in chunks]
+    assert video[0].shape == (5, 64, 64, 3) and video[0].dtype == torch.uint8
+    assert int(video[1].int().sub(video[0].int()).abs().max()) > 0  # frames vary
+    expected = reference(denoiser.pipe, FIRST, 10, actions(0))
+    assert torch.equal(video[0], expected)
+    for k in (1, 2):  # chunk k+1 from chunk k's last frame
+        expected = reference(denoiser.pipe, video[k - 1][-1].numpy(), 10 + k, actions(k))
+        assert torch.equal(video[k], expected), k
+    # the same step from the first frame differs: the conditioning is what made chunk 2
+    assert not torch.equal(video[1], reference(denoiser.pipe, FIRST, 11, actions(1)))
+    assert engine.end_session("w", "reset")
+    step(engine, "again", "w", 10, actions(0))
+    results, _ = drain(engine)
+    assert torch.equal(results["again"]["video"], video[0])  # back to the first frame
+    assert engine.stats()["session_bytes"]["w"] == 2 * 64 * 64 * 3
+    assert engine.end_session("w", "close") and engine.stats()["session_bytes"] == {}
+
+
+def test_sessions_step_side_by_side_and_stay_their_own(denoiser):
+    engine = DiffusionEngine(denoiser, {})
+    other = np.random.RandomState(9).randint(0, 255, (64, 96, 3), dtype=np.uint8)
+    step(engine, "a", "wa", 1, actions(1), first=FIRST)
+    step(engine, "b", "wb", 2, actions(2), first=other)
+    results, errors = drain(engine)
+    assert not errors
+    assert torch.equal(results["a"]["video"], reference(denoiser.pipe, FIRST, 1, actions(1)))
+    assert torch.equal(results["b"]["video"], reference(denoiser.pipe, other, 2, actions(2)))
+    assert results["b"]["video"].shape[1:3] == (64, 96)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"domain": "mars_rover"}, "unknown domain"),
+    ({"actions": pack(np.zeros((4, 7), np.float32))}, "width 7"),
+    ({"actions": pack(np.full((4, 10), np.nan, np.float32))}, "finite"),
+    ({"actions": [1, 2]}, "must be an array"),
+    ({"image": b"not an image"}, "not an image"),
+])
+def test_bad_steps_fail_alone(denoiser, change, message):
+    engine = DiffusionEngine(denoiser, {})
+    step(engine, "good", "g", 1, actions(1), first=FIRST)
+    inputs = {"actions": pack(actions(2)), "prompt": PROMPT, "domain": DOMAIN,
+              "image": encode_png(FIRST), **change}
+    engine.add(EngineRequest("bad", inputs, {"session": "b", "seed": 1, "steps": STEPS}))
+    results, errors = drain(engine)
+    assert "good" in results and message in errors["bad"], errors
+
+
+def test_a_step_without_state_is_refused(denoiser):
+    engine = DiffusionEngine(denoiser, {})
+    step(engine, "lost", "never-opened", 1, actions(1))
+    step(engine, "odd", "w", 1, actions(1), first=FIRST, chunk_size=3)
+    _, errors = drain(engine)
+    assert "reset it" in errors["lost"] and "multiple of 4" in errors["odd"]
