@@ -67,47 +67,60 @@ def packed_request(pipe: Any, action: Any, prompt: str, ratios: Any, generator: 
             "uncond": pack(uncond_text)}
 
 
-def _pass(pipe: Any, packed: dict[str, Any], state: dict[str, Any], vision: torch.Tensor,
-          actions: torch.Tensor | None, timestep: float, device: str) -> torch.Tensor:
-    noisy_vision = packed["num_noisy_vision_tokens"]
+def call_kwargs(packed: dict[str, Any], state: dict[str, Any], vision: torch.Tensor,
+                actions: torch.Tensor | None, timestep: float, device: str) -> dict[str, Any]:
+    """The transformer's arguments for one pass (cond or uncond) of one request."""
     noisy_actions = packed.get("num_noisy_action_tokens")
-    kwargs = {name: packed.get(name) for name in _FIELDS}
-    preds_vision, preds_sound, preds_action = pipe.transformer(
-        **kwargs, vision_tokens=[vision],
-        vision_timesteps=torch.full((noisy_vision,), timestep, device=device),
-        sound_tokens=None, sound_token_shapes=None, sound_sequence_indexes=None,
-        sound_mse_loss_indexes=None, sound_timesteps=None, sound_noisy_frame_indexes=None,
-        action_tokens=[actions] if actions is not None else None,
-        action_timesteps=(torch.full((noisy_actions,), timestep, device=device)
-                          if actions is not None else None),
-        action_domain_ids=[state["domain_id"]] if state["domain_id"] is not None else None,
-        return_dict=False)
+    return {**{name: packed.get(name) for name in _FIELDS}, "vision_tokens": [vision],
+            "vision_timesteps": torch.full((packed["num_noisy_vision_tokens"],), timestep,
+                                           device=device),
+            "action_tokens": [actions] if actions is not None else None,
+            "action_timesteps": (torch.full((noisy_actions,), timestep, device=device)
+                                 if actions is not None else None),
+            "action_domain_ids": ([state["domain_id"]] if state["domain_id"] is not None
+                                  else None)}
+
+
+def masked_velocity(pipe: Any, state: dict[str, Any], pred_vision: torch.Tensor,
+                    pred_action: torch.Tensor | None) -> torch.Tensor:
+    """The pipeline's _mask_velocity_predictions for one pass: condition positions zero."""
     action_mask = state["action_mask"]
     v_vision, _, _ = pipe._mask_velocity_predictions(
-        preds_vision, preds_sound, vision_condition_mask=[state["vision_mask"]],
-        sound_condition_mask=None, preds_action=preds_action,
+        [pred_vision], None, vision_condition_mask=[state["vision_mask"]],
+        sound_condition_mask=None, preds_action=None if pred_action is None else [pred_action],
         action_condition_mask=[action_mask] if action_mask is not None else None,
         raw_action_dim=state["raw_action_dim"])
     return v_vision.float()
 
 
-def velocity(pipe: Any, job: Any, dtype: torch.dtype, device: str) -> torch.Tensor:
-    """The guided vision velocity of one job at its current step (the pipeline's loop
-    body up to the scheduler step)."""
-    state, i = job.state, job.step
-    t = job.timesteps[i]
-    sigma = float(job.scheduler.sigmas[i])
-    timestep = t.item()
-    vision = job.latents[0].to(device=device, dtype=dtype)
-    actions = state["action_latents"]
-    actions = actions.to(device=device, dtype=dtype) if actions is not None else None
-    steps = len(job.timesteps)
-    with pipe.transformer.cache_context("cond", step_index=i, sigma=sigma,
-                                        num_inference_steps=steps):
-        cond = _pass(pipe, state["cond"], state, vision, actions, timestep, device)
-    if not job.guided:
-        return cond
-    with pipe.transformer.cache_context("uncond", step_index=i, sigma=sigma,
-                                        num_inference_steps=steps):
-        uncond = _pass(pipe, state["uncond"], state, vision, actions, timestep, device)
-    return uncond + state["scale"] * (cond - uncond)
+def velocities(pipe: Any, jobs: list[Any], processor: Any, dtype: torch.dtype,
+               device: str) -> list[torch.Tensor]:
+    """The guided vision velocity of each job at its own step, every pass of every job in
+    ONE transformer call (cosmos3_batch.py packs them; attention stays per sample). The
+    pipeline's ``cache_context`` is left out: it only scopes diffusers' optional caching
+    hooks, per sample, and none is installed here."""
+    from omni.models.cosmos3_batch import pack
+
+    calls, owners = [], []
+    for index, job in enumerate(jobs):
+        state = job.state
+        timestep = job.timesteps[job.step].item()
+        vision = job.latents[0].to(device=device, dtype=dtype)
+        actions = state["action_latents"]
+        actions = actions.to(device=device, dtype=dtype) if actions is not None else None
+        for kind in ("cond", "uncond") if job.guided else ("cond",):
+            calls.append(call_kwargs(state[kind], state, vision, actions, timestep, device))
+            owners.append(index)
+    kwargs, processor.lengths = pack(calls)
+    try:
+        preds_vision, _sound, preds_action = pipe.transformer(**kwargs)
+    finally:
+        processor.lengths = []
+    passes: list[list[torch.Tensor]] = [[] for _ in jobs]
+    for i, owner in enumerate(owners):
+        action = preds_action[i] if preds_action is not None else None
+        passes[owner].append(masked_velocity(pipe, jobs[owner].state, preds_vision[i], action))
+    out = []
+    for job, (cond, *rest) in zip(jobs, passes, strict=True):
+        out.append(cond if not rest else rest[0] + job.state["scale"] * (cond - rest[0]))
+    return out

@@ -22,8 +22,8 @@ test_world_sessions.py checks a step equals the pipeline called with the same in
 Not reproduced: FP8 mixed-precision schedules (ModelOpt checkpoints), sound, the
 safety checker (off: ``cosmos_guardrail`` is not installable here).
 
-One transformer call per job and pass: the transformer packs one sample per sequence
-with no attention mask, so two sessions in one call would attend to each other.
+Steps of different sessions (each at its own timestep, guided or not) share ONE
+transformer call: cosmos3_batch.py packs them and keeps attention per sample.
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ class Cosmos3WorldDenoiser:
         self.max_chunk = int(options.get("max_chunk", 32))
         self.default_guidance = float(options.get("default_guidance", 1.0))
         self.worlds: dict[str, World] = {}
+        from omni.models.cosmos3_batch import install
+
+        self.attention = install(pipe.transformer)  # per-sample attention over packed calls
 
     def info(self) -> dict[str, Any]:
         return {"tasks": ["world_model"], "pipeline": PIPELINE, "fps": FPS,
@@ -203,13 +206,14 @@ class Cosmos3WorldDenoiser:
 
     # -- denoising ----------------------------------------------------------------------
     def group_key(self, job: DenoiseJob) -> Any:
-        return PIPELINE  # every running step joins the engine step (one call each: see above)
+        return PIPELINE  # any steps of any sessions share one call (cosmos3_batch.py)
 
     @torch.inference_mode()
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
-        from omni.models.cosmos3_packing import velocity
+        from omni.models.cosmos3_packing import velocities
 
-        return [velocity(self.pipe, job, self.dtype, self.device)[None] for job in jobs]
+        return [v[None] for v in velocities(self.pipe, jobs, self.attention, self.dtype,
+                                            self.device)]
 
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
