@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         sessions,
         startup,
         tts,
+        worlds,
     )
 
     parser = argparse.ArgumentParser(
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                        "server vs the policy in-process", description=robots.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     robots.add_arguments(robots_parser)
+    worlds_parser = sub.add_parser(
+        "worlds", help="world sessions (Cosmos 3): steps/s and frames/s at N sessions, omni's "
+                       "server vs the diffusers pipeline per step", description=worlds.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    worlds.add_arguments(worlds_parser)
     asr_parser = sub.add_parser(
         "asr", help="speech recognition: Whisper real-time factor, omni's server vs "
                     "faster-whisper direct", description=asr.DESCRIPTION,
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return sessions.run(args, argv)
     if args.bench == "robots":
         return robots.run(args, argv)
+    if args.bench == "worlds":
+        return worlds.run(args, argv)
     if args.bench == "asr":
         return asr.run(args, argv)
     if args.bench == "ar":
