@@ -292,5 +292,8 @@ class Policy(Protocol):
     def finish(self, job: PolicyJob) -> dict[str, Any]:
         """The finished chunk in robot units: {"actions": float32 (horizon, width)}."""
 
+    # optional: timestep(job) -> float and advance(job, velocity) -> the next actions, for
+    # a family whose schedule or integrator is not flow matching's Euler from t = 1 to 0
+
     def info(self) -> dict[str, Any]:
         """Capabilities for READY (horizon, action width, cameras, steps)."""

@@ -11,7 +11,8 @@ diffusion engine owns denoising:
 - one flow-matching step per engine step: the running jobs of the oldest job's
   ``step_key`` (equal prefix length) share ONE forward call, up to ``max_batch`` robots,
   each at its own timestep; the engine takes the Euler step x += dt * v (t from 1 to 0,
-  dt = -1 / steps, as the model's own ``sample_actions``). Robots that arrive while
+  dt = -1 / steps, as the model's own ``sample_actions``). A policy family with another
+  schedule or integrator gives ``timestep(job)`` / ``advance(job, velocity)`` itself. Robots that arrive while
   others are mid-chunk join at the next step: nobody waits for a chunk to finish.
 - finish: a job after its last step leaves with ``actions`` (horizon, width) in robot
   units (the adapter cuts and un-normalises them).
@@ -76,6 +77,17 @@ def request_steps(params: Mapping[str, Any]) -> int | None:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"'steps' must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     return steps
+
+
+def euler_timestep(job: PolicyJob) -> float:
+    """Flow matching from t = 1 to 0 in equal steps, in π0's own arithmetic
+    (sample_actions: t = 1 + step * dt), so the result matches it bit for bit."""
+    return 1.0 + job.step * (-1.0 / job.steps)
+
+
+def euler_advance(job: PolicyJob, velocity: torch.Tensor) -> torch.Tensor:
+    """x_{t+dt} = x_t + dt * v (dt = -1 / steps)."""
+    return job.actions + (-1.0 / job.steps) * velocity
 
 
 class PolicyEngine(Engine):
@@ -190,9 +202,9 @@ class PolicyEngine(Engine):
 
     def _flow_step(self, batch: list[PolicyJob]) -> None:
         actions = torch.cat([j.actions for j in batch])
-        # the model's own arithmetic (sample_actions: t = 1 + step * dt), bit for bit
-        timesteps = torch.tensor([1.0 + j.step * (-1.0 / j.steps) for j in batch],
-                                 dtype=torch.float32, device=actions.device)
+        timestep = getattr(self.policy, "timestep", euler_timestep)
+        timesteps = torch.tensor([timestep(j) for j in batch], dtype=torch.float32,
+                                 device=actions.device)
         try:
             velocity = self.policy.velocity(batch, actions, timesteps)
         except Exception as e:  # noqa: BLE001
@@ -202,8 +214,9 @@ class PolicyEngine(Engine):
         self.step_calls += 1
         self.rows_run += len(batch)
         self.max_rows = max(self.max_rows, len(batch))
+        advance = getattr(self.policy, "advance", euler_advance)
         for i, job in enumerate(batch):
-            job.actions = job.actions + (-1.0 / job.steps) * velocity[i:i + 1]
+            job.actions = advance(job, velocity[i:i + 1])
             job.step += 1
 
     def _finish(self, job: PolicyJob) -> None:
