@@ -17,7 +17,8 @@ caption with the view point, resolution and duration templates), the text / visi
 action segments packed once per request, the initial latents (frame 0 clean, the rest
 noise from the request's seed), a per-request copy of the UniPC scheduler, the
 conditional (and with guidance > 1 the unconditional) transformer pass per step with
-the condition positions' velocity zeroed, and the VAE decode. tests/unit/
+the condition positions' velocity zeroed, and the VAE decode; the condition frame is
+encoded alone (first_frame_encoder: exact, see there). tests/unit/
 test_world_sessions.py checks a step equals the pipeline called with the same inputs.
 Not reproduced: FP8 mixed-precision schedules (ModelOpt checkpoints), sound, the
 safety checker (off: ``cosmos_guardrail`` is not installable here).
@@ -244,8 +245,26 @@ def encode_png(frame: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def first_frame_encoder(encode: Any, temporal: int) -> Any:
+    """``Cosmos3OmniPipeline._encode_video`` for a clip that repeats one frame (how
+    forward_dynamics conditions on an image): encode that frame alone and leave the other
+    latent frames zero. Exact, not an approximation: the Wan VAE is causal (latent frame 0
+    comes from pixel frame 0 alone) and the pipeline uses only latent frame 0 of a
+    single-image condition (the others are multiplied by a zero mask). The pipeline
+    encodes all chunk_size + 1 frames: about 4/5 of a tiny model's step on the CPU."""
+    def encode_video(x: torch.Tensor) -> torch.Tensor:
+        frames = x.shape[2]
+        if frames == 1 or not torch.equal(x[:, :, 1:], x[:, :, :1].expand_as(x[:, :, 1:])):
+            return encode(x)
+        first = encode(x[:, :, :1])
+        rest = first.new_zeros((*first.shape[:2], (frames - 1) // temporal, *first.shape[3:]))
+        return torch.cat([first, rest], dim=2)
+    return encode_video
+
+
 def build_cosmos3_world(model_dir: str, device: str, dtype: str,
                         options: Mapping[str, Any]) -> Cosmos3WorldDenoiser:
     pipe = common.load_pipeline(model_dir, _classes(), device, dtype, safety_checker=None,
                                 enable_safety_checker=False)
+    pipe._encode_video = first_frame_encoder(pipe._encode_video, pipe.vae_scale_factor_temporal)
     return Cosmos3WorldDenoiser(pipe, device, options)
