@@ -27,12 +27,14 @@
 #   bash scripts/gpu_run.sh robots       # π0 at its real size (PaliGemma 3B + 300M expert,
 #                                        # random, bf16): tests/gpu/test_pi0_cuda.py, then bench
 #                                        # robots (OpenPI round trip c=1, chunks/s at 8 and 32)
+#   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
+#                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
 # Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement|robots) ;; *) sed -n 2,30p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement|robots|worlds) ;; *) sed -n 2,33p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -69,6 +71,17 @@ build_pi0('/tmp/m/pi0', {}, dtype='bfloat16', device='cuda')" 2>&1 | tail -2
       --calls 5 --out "$OUT" --tag h200 > "$OUT/bench-robots.log" 2>&1
     grep -E "^\[robots\]" "$OUT/bench-robots.log"; grep -E "Error|error" "$OUT/bench-robots.log" | tail -5
     say "robots done"
+    ;;
+  worlds)
+    only_model cosmos3
+    [ -d /tmp/m/cosmos3 ] || timeout 300 python3 -c "from omni.fixtures.tiny_cosmos3 import \
+build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='bfloat16')" \
+      2>&1 | tail -2
+    say "model ready ($(du -sh /tmp/m/cosmos3 | cut -f1))"
+    timeout 420 python3 -m bench worlds --model /tmp/m/cosmos3 --sessions 1,8 --steps 3 \
+      --denoise 10 --size 256 --out "$OUT" --tag h200 > "$OUT/bench-worlds.log" 2>&1
+    grep -E "^\[worlds\]" "$OUT/bench-worlds.log"; grep -E "Error|error" "$OUT/bench-worlds.log" | tail -5
+    say "worlds done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5
