@@ -95,17 +95,17 @@ def image_uint8(name: str, value: Any) -> torch.Tensor:
 def resize_pad(image: torch.Tensor, side: int, mean: float = 0.5,
                std: float = 0.5) -> torch.Tensor:
     """uint8 (3, H, W) -> float (3, side, side) as transformers' PI0ImageProcessor makes
-    it: fit inside side x side keeping the aspect ratio (bicubic, antialiased, rounded
-    back to uint8 as torchvision does for uint8), rescale to [0, 1], normalise, pad the
-    bottom and right with zeros (after normalising). Written here because that processor
-    needs torchvision, which cannot be installed beside the CPU torch."""
+    it: fit inside side x side keeping the aspect ratio (bicubic, antialiased, on the
+    uint8 pixels: torch's native uint8 kernel, which torchvision uses for uint8 on the CPU
+    and which rounds differently from resizing floats), rescale to [0, 1], normalise, pad
+    the bottom and right with zeros (after normalising). Written here because that
+    processor needs torchvision, which cannot be installed beside the CPU torch."""
     _, h, w = image.shape
     scale = min(side / h, side / w)
     new_h, new_w = int(h * scale), int(w * scale)
     if (new_h, new_w) != (h, w):
-        resized = F.interpolate(image[None].float(), size=(new_h, new_w), mode="bicubic",
-                                align_corners=False, antialias=True)[0]
-        image = resized.clamp_(0, 255).round_().to(torch.uint8)
+        image = F.interpolate(image[None].cpu(), size=(new_h, new_w), mode="bicubic",
+                              align_corners=False, antialias=True)[0]
     pixels = (image.float() / 255.0 - mean) / std
     return F.pad(pixels, (0, side - new_w, 0, side - new_h))
 

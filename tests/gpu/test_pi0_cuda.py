@@ -29,9 +29,9 @@ def test_preprocessing_matches_pi0_image_processor(shape):
     theirs = PI0ImageProcessor()(images=[hwc], return_tensors="pt")["pixel_values"][0]
     ours = resize_pad(image_uint8("cam", frame), 224)
     assert ours.shape == theirs.shape
-    # bicubic rounding to uint8 may differ by one level: 2/255 after normalising to [-1, 1]
-    assert float((ours - theirs).abs().max()) <= 2 / 255 + 1e-6
-    assert float((ours - theirs).abs().mean()) < 1e-3
+    diff = (ours - theirs).abs()
+    # the same uint8 kernel and the same arithmetic after it: equal up to float rounding
+    assert float(diff.max()) < 1e-6, (float(diff.max()), float(diff.mean()))
 
 
 def test_policy_engine_on_cuda_matches_sample_actions(tmp_path):
