@@ -17,6 +17,7 @@ from omni.errors import RequestAbortedError, RequestFailedError
 from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
 from omni.runtime.payloads import ClientPayloads
+from omni.runtime.policies import PolicyCalls
 from omni.runtime.sessions import PipelineSessions
 from omni.runtime.worlds import WorldSessions
 from omni.session import Fence, Session, SessionError
@@ -25,7 +26,7 @@ from omni.session.conversation import conversation
 Params = Mapping[str, Mapping[str, Any]]
 
 
-class AsyncOmni(WorldSessions):
+class AsyncOmni(WorldSessions, PolicyCalls):
     """One pipeline served from this process: engines start on `start()` / `async with`.
 
     ``params`` of `generate` maps a stage name (or ``"*"`` for every stage) to that

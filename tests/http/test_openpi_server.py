@@ -167,3 +167,28 @@ def test_a_killed_replica_sends_an_error_frame_and_a_new_robot_reaches_the_resta
             assert reply["actions"].shape == (50, 7)
             await ws.close()
     run(body())
+
+
+def test_async_omni_act_matches_the_socket(server):
+    """AsyncOmni.act, the Python path, gives what the socket gives for the same seed."""
+    omni = server.models["robot"].omni
+
+    async def direct():
+        robot = omni.open_robot()
+        try:
+            first = await omni.act(observation(), seed=7, session=robot)
+            second = await omni.act(observation(), seed=7, session=robot)
+        finally:
+            omni.close_session(robot.id)
+        return first, second
+    first, second = server.call(direct(), timeout=60)
+    assert first["episode_step"] == 1 and second["episode_step"] == 2
+    assert np.array_equal(first["actions"].numpy(), second["actions"].numpy())
+
+    async def socket():
+        async with server.session() as http:
+            ws, _ = await connect(http)
+            reply = await infer(ws, observation(seed=7))
+            await ws.close()
+            return reply["actions"]
+    assert np.array_equal(run(socket()), first["actions"].numpy())
