@@ -93,7 +93,14 @@ def _pi0(model_dir: str | None, device: str, dtype: str, options: Mapping[str, A
     return build_pi0_policy(model_dir, device, dtype, options)
 
 
-POLICIES = {"pi0": _pi0}
+def _cosmos3_policy(model_dir: str | None, device: str, dtype: str,
+                    options: Mapping[str, Any]) -> Any:
+    from omni.models.cosmos3_policy import build_cosmos3_policy
+
+    return build_cosmos3_policy(model_dir, device, dtype, options)
+
+
+POLICIES = {"pi0": _pi0, "cosmos3_policy": _cosmos3_policy}
 
 
 def _talker(model_dir: str, dtype: str, device: str) -> Any:
@@ -147,6 +154,7 @@ _OPTION_HOLDERS = {
     "wan": ("omni.models.wan", "WanDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
+    "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),
 }
 
 

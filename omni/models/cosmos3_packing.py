@@ -82,45 +82,59 @@ def call_kwargs(packed: dict[str, Any], state: dict[str, Any], vision: torch.Ten
 
 
 def masked_velocity(pipe: Any, state: dict[str, Any], pred_vision: torch.Tensor,
-                    pred_action: torch.Tensor | None) -> torch.Tensor:
-    """The pipeline's _mask_velocity_predictions for one pass: condition positions zero."""
+                    pred_action: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pipeline's _mask_velocity_predictions for one pass: condition positions zero;
+    (vision, action or None) as float32."""
     action_mask = state["action_mask"]
-    v_vision, _, _ = pipe._mask_velocity_predictions(
+    v_vision, _, v_action = pipe._mask_velocity_predictions(
         [pred_vision], None, vision_condition_mask=[state["vision_mask"]],
         sound_condition_mask=None, preds_action=None if pred_action is None else [pred_action],
         action_condition_mask=[action_mask] if action_mask is not None else None,
         raw_action_dim=state["raw_action_dim"])
-    return v_vision.float()
+    return v_vision.float(), None if v_action is None else v_action.float()
 
 
-def velocities(pipe: Any, jobs: list[Any], processor: Any, dtype: torch.dtype,
-               device: str) -> list[torch.Tensor]:
-    """The guided vision velocity of each job at its own step, every pass of every job in
-    ONE transformer call (cosmos3_batch.py packs them; attention stays per sample). The
-    pipeline's ``cache_context`` is left out: it only scopes diffusers' optional caching
-    hooks, per sample, and none is installed here."""
+def velocities(pipe: Any, jobs: list[Any], processor: Any, dtype: torch.dtype, device: str,
+               latents: Any, actions: Any, timestep: Any
+               ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The guided (vision, action) velocities of each job at its own step, every pass of
+    every job in ONE transformer call (cosmos3_batch.py packs them; attention stays per
+    sample). ``latents`` / ``actions`` / ``timestep``: a job's vision latents, action
+    latents (or None) and current timestep. The pipeline's ``cache_context`` is left out:
+    it only scopes diffusers' optional caching hooks, per sample, and none is installed."""
     from omni.models.cosmos3_batch import pack
 
     calls, owners = [], []
     for index, job in enumerate(jobs):
         state = job.state
-        timestep = job.timesteps[job.step].item()
-        vision = job.latents[0].to(device=device, dtype=dtype)
-        actions = state["action_latents"]
-        actions = actions.to(device=device, dtype=dtype) if actions is not None else None
-        for kind in ("cond", "uncond") if job.guided else ("cond",):
-            calls.append(call_kwargs(state[kind], state, vision, actions, timestep, device))
+        vision = latents(job).to(device=device, dtype=dtype)
+        action = actions(job)
+        action = action.to(device=device, dtype=dtype) if action is not None else None
+        for kind in ("cond", "uncond") if job_guided(job) else ("cond",):
+            calls.append(call_kwargs(state[kind], state, vision, action, timestep(job), device))
             owners.append(index)
     kwargs, processor.lengths = pack(calls)
     try:
         preds_vision, _sound, preds_action = pipe.transformer(**kwargs)
     finally:
         processor.lengths = []
-    passes: list[list[torch.Tensor]] = [[] for _ in jobs]
+    passes: list[list[tuple]] = [[] for _ in jobs]
     for i, owner in enumerate(owners):
         action = preds_action[i] if preds_action is not None else None
         passes[owner].append(masked_velocity(pipe, jobs[owner].state, preds_vision[i], action))
-    out = []
-    for job, (cond, *rest) in zip(jobs, passes, strict=True):
-        out.append(cond if not rest else rest[0] + job.state["scale"] * (cond - rest[0]))
-    return out
+    return [_guided(job.state.get("scale", 1.0), p) for job, p in zip(jobs, passes, strict=True)]
+
+
+def job_guided(job: Any) -> bool:
+    return bool(getattr(job, "guided", False) or job.state.get("guided", False))
+
+
+def _guided(scale: float, passes: list[tuple]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    (cond_v, cond_a), *rest = passes
+    if not rest:
+        return cond_v, cond_a
+    uncond_v, uncond_a = rest[0]
+    vision = uncond_v + scale * (cond_v - uncond_v)
+    action = None if cond_a is None else uncond_a + scale * (cond_a - uncond_a)
+    return vision, action

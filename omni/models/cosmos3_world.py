@@ -213,8 +213,11 @@ class Cosmos3WorldDenoiser:
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
         from omni.models.cosmos3_packing import velocities
 
-        return [v[None] for v in velocities(self.pipe, jobs, self.attention, self.dtype,
-                                            self.device)]
+        out = velocities(self.pipe, jobs, self.attention, self.dtype, self.device,
+                         latents=lambda job: job.latents[0],
+                         actions=lambda job: job.state["action_latents"],
+                         timestep=lambda job: job.timesteps[job.step].item())
+        return [vision[None] for vision, _ in out]
 
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
