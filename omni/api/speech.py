@@ -121,17 +121,27 @@ def resolve_voice(model: ServedModel, voice: Any, info: dict[str, Any]) -> str:
     """The model's voice id a request names; OpenAI's names only where the model maps them."""
     if isinstance(voice, dict):
         voice = voice.get("id")
-    ids = [v["id"] for v in info.get("voices") or ()]
+    voices = list(info.get("voices") or ())
+    ids = [v["id"] for v in voices]
+    names = [v.get("name") or v["id"] for v in voices]
+    # listed as users know them: Qwen3-Omni's "Ethan" (its config says "ethan"), Piper's
+    # "en_US-joe-medium (joe)"
+    labels = ", ".join(n if n.casefold() == i.casefold() else f"{i} ({n})"
+                       for i, n in zip(ids, names, strict=True))
     if not isinstance(voice, str) or not voice:
-        raise APIError(400, f"'voice' is required: one of {', '.join(ids)}", param="voice")
+        raise APIError(400, f"'voice' is required: one of {labels}", param="voice")
     if voice in ids:
         return voice
+    by_case = {i.casefold(): i for i in ids} | {
+        n.casefold(): i for n, i in zip(names, ids, strict=True)}
+    if voice.casefold() in by_case:  # voice names are matched case-insensitively
+        return by_case[voice.casefold()]
     alias = info.get("openai_voice_alias")
     if alias and voice.lower() in OPENAI_VOICES:
         return alias
     hint = (f" (OpenAI's voice names map to '{alias}' on this model)" if alias else "")
     raise APIError(400, f"unknown voice '{voice}' for model '{model.id}'; valid voices: "
-                   f"{', '.join(ids)}{hint}", param="voice")
+                   f"{labels}{hint}", param="voice")
 
 
 def _text(body: dict[str, Any], limit: int) -> str:

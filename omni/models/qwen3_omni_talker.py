@@ -189,7 +189,8 @@ class TalkerFeed:
         return FeedState(generator=generator)
 
     def info(self) -> dict[str, Any]:
-        return {"voices": [{"id": v, "name": v} for v in sorted(self.speakers)],
+        # ids as the config spells them ("ethan"), names as the model card does ("Ethan")
+        return {"voices": [{"id": v, "name": v.capitalize()} for v in sorted(self.speakers)],
                 "num_code_groups": self.num_groups,
                 "codebook_size": int(self.cfg.code_predictor_config.vocab_size)}
 

@@ -138,7 +138,8 @@ def test_voices_and_bad_requests(server):
     async def body():
         async with server.session() as session:
             async with session.get("/v1/audio/voices", params={"model": "omni"}) as resp:
-                assert [v["id"] for v in (await resp.json())["voices"]] == ["ethan"]
+                listed = (await resp.json())["voices"]
+                assert [(v["id"], v["name"]) for v in listed] == [("ethan", "Ethan")]
             async with session.post("/v1/audio/speech", json={
                     "model": "omni", "input": "hi", "voice": "ethan"}) as resp:
                 assert resp.status == 400
@@ -146,7 +147,11 @@ def test_voices_and_bad_requests(server):
         async with server.client(timeout=30) as client:
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(**speak("wav", voice="nobody"), **SEEDED)
-            assert info.value.body["param"] == "voice" and "ethan" in info.value.message
+            assert info.value.body["param"] == "voice" and "Ethan" in info.value.message
+            # the model card's spelling (transformers lower-cases it too) is accepted
+            spoken = await client.chat.completions.create(**speak("wav", voice="Ethan"),
+                                                          **SEEDED)
+            assert spoken.choices[0].message.audio.data
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(**speak("wav"), stream=True, **SEEDED)
             assert info.value.body["param"] == "audio.format"
