@@ -172,6 +172,8 @@ def test_explicit_null_n_means_default(main_server):
     status, _, body = run(_post(main_server, CHAT, json={"model": "echo", "messages": HELLO,
                                                          "n": None}))
     assert status == 200, body
+    assert [c["index"] for c in body["choices"]] == [0]  # one choice, as with n omitted
+    assert body["choices"][0]["message"]["content"]
 
 
 def test_unserved_workload_endpoints_name_served_models(main_server):

@@ -59,11 +59,18 @@ def test_completion_logprobs_and_penalties(ar_server):
                 frequency_penalty=0.5, **FIXED)
             plain = await client.completions.create(model="qwen3", prompt="Once upon a time",
                                                     **FIXED)
+            greedy = await client.completions.create(model="qwen3", prompt="Once upon a time",
+                                                     logprobs=1, **FIXED)
         lp = done.choices[0].logprobs
         assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
         assert lp.text_offset[0] == 0 and all(len(d) <= 2 for d in lp.top_logprobs)
         assert plain.choices[0].logprobs is None
         assert done.usage.completion_tokens == 6
+        # the penalties changed what was said: greedy alone repeats itself on this fixture,
+        # penalised it may not repeat a token it used
+        assert plain.choices[0].text == greedy.choices[0].text
+        assert done.choices[0].text != plain.choices[0].text
+        assert len(set(lp.tokens)) > len(set(greedy.choices[0].logprobs.tokens))
     run(body())
 
 
