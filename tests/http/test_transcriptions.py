@@ -9,14 +9,12 @@ import asyncio
 import io
 import wave
 
+import jiwer
 import openai
 import pytest
 from httputil import ServerSettings, assert_error_object, run
 
 from omni.fixtures.speech import SENTENCES
-
-jiwer = pytest.importorskip("jiwer")
-
 
 NORMALIZE = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(),
                            jiwer.RemoveMultipleSpaces(), jiwer.Strip()])

