@@ -44,6 +44,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni.engines.base import (
+    ENGINE_FAULT,
+    INPUT_FAULT,
     DenoiseJob,
     Denoiser,
     Engine,
@@ -125,7 +127,7 @@ class DiffusionEngine(Engine):
             self._waiting[rid] = (self.denoiser.plan(request.inputs or {}, params), previews,
                                   threshold, time.monotonic())
         except (ValueError, TypeError) as e:
-            self._fail(rid, f"bad input: {e}")
+            self._fail(rid, f"bad input: {e}", INPUT_FAULT)
 
     def abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
@@ -180,7 +182,7 @@ class DiffusionEngine(Engine):
                 job.preview_steps = preview_steps(previews, job.steps)
                 job.cache_threshold, job.arrival = threshold, arrival
             except (ValueError, TypeError) as e:
-                self._fail(rid, f"bad input: {e}")
+                self._fail(rid, f"bad input: {e}", INPUT_FAULT)
                 continue
             except Exception as e:  # a model failure on this input: fail it alone
                 log.exception("request %s: encoding failed", rid)
@@ -283,8 +285,10 @@ class DiffusionEngine(Engine):
                 outputs.append(StepOutput(job.request_id, data, finished=True))
         return outputs
 
-    def _fail(self, request_id: str, message: str) -> None:
-        self._failed.append(StepOutput(request_id, finished=True, error=message))
+    def _fail(self, request_id: str, message: str, kind: str = ENGINE_FAULT) -> None:
+        """``kind``: INPUT_FAULT for what the client must fix (the API answers 400)."""
+        self._failed.append(StepOutput(request_id, finished=True, error=message,
+                                       error_kind=kind))
 
 
 def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype: str,
