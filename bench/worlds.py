@@ -101,12 +101,12 @@ async def _session(url: str, i: int, args: argparse.Namespace, latencies: list[f
                    counts: list[int]) -> None:
     import aiohttp
 
-    from omni.models.cosmos3_world import encode_png
+    from omni.media.image import encode_image
 
     async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
         await ws.send_json({"type": "session.open", "prompt": PROMPT, "domain": DOMAIN,
                             "steps": args.denoise, "chunk_size": args.chunk,
-                            "image": base64.b64encode(encode_png(
+                            "image": base64.b64encode(encode_image(
                                 first_frame(i, args.size))).decode()})
         assert (await ws.receive_json(timeout=120))["type"] == "session.created"
         for k in range(args.steps):

@@ -30,7 +30,6 @@ transformer call: cosmos3_batch.py packs them and keeps attention per sample.
 from __future__ import annotations
 
 import copy
-import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -239,13 +238,6 @@ class Cosmos3WorldDenoiser:
             out.append({"video": frames, "fps": FPS,
                         "chunk": 0 if world is None else world.chunks})
         return out
-
-
-def encode_png(frame: np.ndarray) -> bytes:
-    """A uint8 RGB frame as PNG bytes (what a world session's first frame travels as)."""
-    buffer = io.BytesIO()
-    _pil(frame).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def first_frame_encoder(encode: Any, temporal: int) -> Any:

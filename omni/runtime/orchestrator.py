@@ -38,6 +38,7 @@ from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeli
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
+from omni.runtime.sessions import session_stages
 from omni.session import Session
 
 log = logging.getLogger("omni.runtime.orchestrator")
@@ -69,9 +70,7 @@ class Orchestrator:
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
-        # sessions (omni/runtime/sessions.py): stages that keep their state; hooks
-        self._session_stages = {s.name for s in pipeline.stages
-                                if s.engine in ("ar", "policy", "diffusion")}
+        self._session_stages = session_stages(pipeline)  # stages keeping session state
         self.on_session_bytes: Callable[[Replica, dict], None] | None = None
         self.on_replica_death: Callable[[Replica], None] | None = None
 

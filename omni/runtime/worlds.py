@@ -1,8 +1,8 @@
-"""World-model sessions on AsyncOmni (a pipeline with a world stage, e.g. Cosmos 3):
+"""World-model sessions on AsyncOmni (a pipeline whose video stage is a world model):
 open with a first frame, a prompt and an embodiment domain; each step sends actions and
 yields the next chunk of frames; reset goes back to the first frame.
 
-The engine keeps each session's frames (omni/models/cosmos3_world.py); this side keeps
+The engine keeps each session's frames (its world adapter in omni/models/); this side keeps
 what it needs to (re)start the rollout: the first frame (PNG), the prompt and the domain,
 sent with the first step after opening or a reset. A reset is the session layer's
 (a new epoch, the engine state dropped); so is eviction under the session budget, after
@@ -29,9 +29,9 @@ def _png(image: Any) -> bytes:
         return bytes(image)
     if isinstance(image, np.ndarray) and image.ndim == 3 and image.shape[-1] == 3 \
             and image.dtype == np.uint8:
-        from omni.models.cosmos3_world import encode_png
+        from omni.media.image import encode_image
 
-        return encode_png(image)
+        return encode_image(image)
     raise InvalidInputError("the first frame must be image bytes (PNG, JPEG, ...) or a uint8 "
                             "array (H, W, 3)")
 

@@ -16,7 +16,7 @@ import pytest
 from httputil import ServerSettings, run
 
 from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models.cosmos3_world import encode_png
+from omni.media.image import encode_image
 
 KEY = "world-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -49,7 +49,7 @@ async def connect(http):
 async def open_session(ws, image=FIRST, **extra):
     await ws.send_json({"type": "session.open", "prompt": "open the drawer",
                         "domain": "droid_lerobot", "seed": 5,
-                        "image": base64.b64encode(encode_png(image)).decode(), **extra})
+                        "image": base64.b64encode(encode_image(image)).decode(), **extra})
     return await ws.receive_json(timeout=60)
 
 

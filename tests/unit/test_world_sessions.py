@@ -17,8 +17,8 @@ from omni.arrays import pack
 from omni.engines.base import EngineRequest
 from omni.engines.diffusion.engine import DiffusionEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
+from omni.media.image import encode_image
 from omni.models import build_denoiser
-from omni.models.cosmos3_world import encode_png
 
 torch.set_num_threads(1)
 PROMPT, DOMAIN, STEPS = "pick up the red cup", "droid_lerobot", 4
@@ -52,7 +52,7 @@ def actions(seed: int, width: int = 10) -> np.ndarray:
 def step(engine, rid, session, seed, acts, first=None, **params):
     inputs = {"actions": pack(acts), "prompt": PROMPT, "domain": DOMAIN}
     if first is not None:
-        inputs["image"] = encode_png(first)
+        inputs["image"] = encode_image(first)
     engine.add(EngineRequest(rid, inputs, {"session": session, "seed": seed, "steps": STEPS,
                                            **params}))
 
@@ -144,7 +144,7 @@ def test_bad_steps_fail_alone(denoiser, change, message):
     engine = DiffusionEngine(denoiser, {})
     step(engine, "good", "g", 1, actions(1), first=FIRST)
     inputs = {"actions": pack(actions(2)), "prompt": PROMPT, "domain": DOMAIN,
-              "image": encode_png(FIRST), **change}
+              "image": encode_image(FIRST), **change}
     engine.add(EngineRequest("bad", inputs, {"session": "b", "seed": 1, "steps": STEPS}))
     results, errors = drain(engine)
     assert "good" in results and message in errors["bad"], errors

@@ -3,11 +3,11 @@
 The client appends pcm16 at 24 kHz (base64); it is resampled once to 16 kHz (what the
 recognizer and the VAD take) and kept in the input buffer. A commit turns the buffer
 into a user item whose transcript comes from the model's transcription stage (a view of
-the same pipeline whose text stage reports ``task: transcription``: Whisper in the
-default assistant), run as its own request.
+the same pipeline whose text stage reports ``task: transcription``), run as its own
+request.
 
 Server VAD (``turn_detection: server_vad``) is an engine stage too (the pipeline's
-``voice_activity`` output, Silero VAD in the default): while the session listens, one
+``voice_activity`` output): while the session listens, one
 request of it stays open and every appended chunk is fed to it (``AsyncOmni.feed``); its
 speech_started / speech_stopped events come back as outputs, in milliseconds of the
 session's input audio. The orchestrator forwards those messages and never reads audio.

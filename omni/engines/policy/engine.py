@@ -1,6 +1,6 @@
 """Policy engine: robot observations -> action chunks, batched across robots.
 
-The engine knows no model: a *policy* adapter (omni/models/, e.g. pi0.py) splits flow
+The engine knows no model: a *policy* adapter (omni/models/) splits flow
 matching into a prefix pass (images + prompt + state -> a cache) and a per-step
 forward (the velocity at (x_t, t) given that cache). The engine owns the loop, as the
 diffusion engine owns denoising:
