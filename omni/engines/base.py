@@ -293,7 +293,8 @@ class Policy(Protocol):
         """The finished chunk in robot units: {"actions": float32 (horizon, width)}."""
 
     # optional: timestep(job) -> float and advance(job, velocity) -> the next actions, for
-    # a family whose schedule or integrator is not flow matching's Euler from t = 1 to 0
+    # a family whose schedule or integrator is not flow matching's Euler from t = 1 to 0;
+    # idle(), called when no robot is stepping, frees what it keeps across steps
 
     def info(self) -> dict[str, Any]:
         """Capabilities for READY (horizon, action width, cameras, steps)."""

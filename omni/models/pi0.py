@@ -148,6 +148,10 @@ class PI0Policy:
             self.camera_keys, self.state_keys = saved
         self.prefix([job])
         self.velocity([job], job.actions, torch.ones(1, device=self.device))
+        self.idle()
+
+    def idle(self) -> None:
+        """Drop the batch cache (the engine calls this when no robot is stepping)."""
         self._cache_ids, self._cache = (), None
 
     # -- pieces -------------------------------------------------------------------------

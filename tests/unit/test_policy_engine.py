@@ -159,10 +159,12 @@ def test_abort_mid_chunk_frees_the_job(policy):
     engine.add(request("b", observation(1), seed=1))
     engine.step()
     engine.step()
+    assert policy._cache is not None  # a batch is stepping
     engine.abort(["a"])
     results, errors = drain(engine)
     assert set(results) == {"b"} and not errors
     assert engine.stats()["running"] == 0 and engine.stats()["tensor_bytes"] == 0
+    assert policy._cache is None  # the batch's concatenated KV went with its robots
 
 
 def test_steps_and_camera_count_are_honoured(policy):

@@ -137,6 +137,7 @@ class PolicyEngine(Engine):
             self._waiting.pop(rid, None)
             self._jobs.pop(rid, None)  # its cache goes with it
         self._out = [o for o in self._out if o.request_id not in ids]
+        self._release_if_idle()
 
     def has_work(self) -> bool:
         return bool(self._out or self._waiting or self._jobs)
@@ -148,8 +149,16 @@ class PolicyEngine(Engine):
             self._flow_step(batch)
         for job in [j for j in self._jobs.values() if j.step >= j.steps]:
             self._finish(job)
+        self._release_if_idle()
         outputs, self._out = self._out, []
         return outputs
+
+    def _release_if_idle(self) -> None:
+        """Nobody is stepping: the adapter frees what it kept across steps (a batch's
+        concatenated cache), so no buffer outlives the robots it was built for."""
+        idle = getattr(self.policy, "idle", None)
+        if not self._jobs and idle is not None:
+            idle()
 
     def end_session(self, session: str, op: str) -> bool:
         return self._episodes.pop(session, None) is not None
