@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from omni.engines.base import Engine, EngineLoadError
 
 if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
+
+
+# engine kind -> (module, builder, the omni/models registry of its adapters)
+ADAPTER_ENGINES = {
+    "diffusion": ("omni.engines.diffusion.engine", "build_diffusion_engine",
+                  "DIFFUSION_DENOISERS"),
+    "policy": ("omni.engines.policy.engine", "build_policy_engine", "POLICIES"),
+}
 
 
 def resolve_device(device: str) -> str:
@@ -57,22 +66,15 @@ def build_engine(spec: EngineSpec) -> Engine:
         return build_generation_engine(spec.model, spec.model_dir, device, spec.dtype,
                                        spec.options,
                                        budget_bytes(spec.memory, spec.memory_share, device))
-    if spec.engine == "diffusion":
-        from omni.engines.diffusion.engine import build_diffusion_engine
-
+    if spec.engine in ADAPTER_ENGINES:
+        # engines driving a model adapter named by the stage (omni/models: its registry)
+        module, builder, registry = ADAPTER_ENGINES[spec.engine]
         if not spec.model:
-            raise EngineLoadError(f"stage '{spec.stage}': engine 'diffusion' needs a model "
-                                  "adapter name (omni/models: DIFFUSION_DENOISERS)")
-        return build_diffusion_engine(spec.model, spec.model_dir, resolve_device(spec.device),
-                                      spec.dtype, spec.options)
-    if spec.engine == "policy":
-        from omni.engines.policy.engine import build_policy_engine
-
-        if not spec.model:
-            raise EngineLoadError(f"stage '{spec.stage}': engine 'policy' needs a model "
-                                  "adapter name (omni/models: POLICIES)")
-        return build_policy_engine(spec.model, spec.model_dir, resolve_device(spec.device),
-                                   spec.dtype, spec.options)
+            raise EngineLoadError(f"stage '{spec.stage}': engine '{spec.engine}' needs a "
+                                  f"model adapter name (omni/models: {registry})")
+        build = getattr(importlib.import_module(module), builder)
+        return build(spec.model, spec.model_dir, resolve_device(spec.device), spec.dtype,
+                     spec.options)
     raise EngineLoadError(
         f"stage '{spec.stage}': engine kind '{spec.engine}' is not available in this build "
         "(available: ar, diffusion, echo, generation, policy, vllm)")
