@@ -98,6 +98,23 @@ def _is_error(error: Any) -> bool:
     return isinstance(error, list) and len(error) == 2 and all(isinstance(x, str) for x in error)
 
 
+# orchestrator -> engine: the fields an engine loop reads before its own checks of a
+# request (an unhashable request id would otherwise raise in the loop, outside them)
+_INBOUND_CHECKS: dict[Msg, Callable[[list], bool]] = {
+    Msg.ADD: lambda b: isinstance(b[0], str),
+    Msg.APPEND: lambda b: isinstance(b[0], str) and isinstance(b[1], str),
+    Msg.ABORT: lambda b: isinstance(b[0], list) and all(isinstance(r, str) for r in b[0]),
+}
+
+
+def check_inbound(kind: Msg, body: list) -> None:
+    """An engine-bound body has the field types the engine loop reads, or ProtocolError
+    (LIMIT and SESSION bodies are checked where they are read)."""
+    check = _INBOUND_CHECKS.get(kind)
+    if check is not None and not check(body):
+        raise ProtocolError(f"{kind.name} body has fields of the wrong type")
+
+
 Handler = Callable[[list[Any]], None]
 
 
@@ -117,7 +134,8 @@ def identity(replica_id: str, incarnation: int) -> bytes:
     return f"{replica_id}@{incarnation}".encode()
 
 
-HEARTBEAT_SUFFIX = b"#hb"  # a replica's heartbeat socket is named <identity>#hb
+HEARTBEAT_SUFFIX = b"#hb"
+_INCARNATION = re.compile(r"[0-9]{1,18}")  # a replica's heartbeat socket is named <identity>#hb
 
 
 def heartbeat_owner(raw: bytes) -> bytes | None:
@@ -130,7 +148,8 @@ def heartbeat_owner(raw: bytes) -> bytes | None:
 def parse_identity(raw: bytes) -> tuple[str, int] | None:
     """(replica id, incarnation) of an identity, or None for anything else."""
     replica_id, sep, incarnation = raw.decode("utf-8", "replace").rpartition("@")
-    if not sep or not incarnation.isdigit() or not replica_id:
+    # ASCII digits only, and few: str.isdigit() also takes "²", which int() refuses
+    if not sep or not _INCARNATION.fullmatch(incarnation) or not replica_id:
         return None
     return replica_id, int(incarnation)
 

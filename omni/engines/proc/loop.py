@@ -15,7 +15,7 @@ from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
 from omni.engines.proc.channel import Channel
 from omni.heap import GcPauses
 from omni.payloads import PayloadPlane
-from omni.protocol import Msg, ProtocolError, decode, encode
+from omni.protocol import Msg, ProtocolError, check_inbound, decode, encode
 from omni.transit import InboundTimes
 
 log = logging.getLogger("omni.engine")
@@ -71,6 +71,7 @@ class EngineLoop:
             handler = self.handlers.get(kind)
             if handler is None:
                 raise ProtocolError(f"unexpected {kind.name} from the orchestrator")
+            check_inbound(kind, body)
         except ProtocolError as exc:
             log.error("dropping malformed message from orchestrator: %s", exc)
             return
