@@ -222,6 +222,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(known)}")
     sides = [s for s in known if s in sides]
     plan = _plan(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # the server's log goes there too
     engine_options = _engine_options(args.engine_option)
     out = Path(args.out)
     stem = f"ar-{args.tag}" if args.tag else "ar"
@@ -247,7 +248,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             side_target = target if side != VLLM_SIDE else target_for(
                 model_dir, device, Path(tmp), None, engine="vllm")
             result["results"][side], info = uvloop.run(measure(
-                side, side_target, dtype, args.server_timeout, plan, prompts, args.new_tokens))
+                side, side_target, dtype, args.server_timeout, plan, prompts, args.new_tokens,
+                server_log=out / f"{stem}-{side}-server.log"))
             if info and side != VLLM_SIDE:
                 result["engine_info"] = info
     from bench.ar_hf import copy_bandwidth

@@ -141,16 +141,19 @@ async def inproc_request(omni: Any, ids: list[int], new_tokens: int,
 
 async def measure(side: str, target: tuple[str, str], dtype: str, timeout: float,
                   plan: list[tuple[int, int]], prompts: Any,
-                  new_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                  new_tokens: int, server_log: Path | None = None
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Start `side` (a server subprocess, or AsyncOmni here), run every level, stop it.
-    Returns the results per concurrency and what the engine reported at load (in-process)."""
+    Returns the results per concurrency and what the engine reported at load (in-process).
+    The server's log goes to server_log (its slow-step warnings explain TTFT outliers)."""
     import aiohttp
 
     proc = session = omni = None
     info: dict[str, Any] = {}
     try:
         if side == "ours-http":
-            proc, url = await asyncio.to_thread(start_server, target, dtype, timeout)
+            proc, url = await asyncio.to_thread(start_server, target, dtype, timeout,
+                                                server_log)
             session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=3600),
                 connector=aiohttp.TCPConnector(limit=max(c for c, _ in plan) + 8))

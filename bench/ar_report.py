@@ -24,7 +24,9 @@ def summarize(runs: list[dict[str, Any]], wall: float, new_tokens: int) -> dict[
            "ttft_p50_ms": ms("ttft", 0.5), "ttft_p99_ms": ms("ttft", 0.99),
            "itl_p50_ms": ms("itl", 0.5), "itl_p99_ms": ms("itl", 0.99),
            "step_p50_ms": round(percentile(gaps, 0.5), 3) if gaps else None,
-           "done_p50_ms": ms("done", 0.5),
+           "done_p50_ms": ms("done", 0.5), "ttft_max_ms": ms("ttft", 1.0),
+           # every request's, in burst order: an outlier's burst and place show here
+           "ttft_all_ms": [round(r["ttft"] * 1000, 1) for r in runs],
            "short_requests": sum(1 for r in runs if r["tokens"] != new_tokens)}
     if any("ttft_text" in r for r in runs):
         out["ttft_text_p50_ms"] = ms("ttft_text", 0.5)

@@ -19,6 +19,20 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_qwen3(tmp_path_factory.mktemp("cuda") / "qwen3"))
 
 
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory):
+    # a larger init: greedy answers that vary, so order and positions count
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("varied") / "qwen3",
+                                initializer_range=0.5))
+
+
+def _assert_varied(out: dict[str, list[int]]) -> None:
+    """Outputs a comparison can fail on: every answer has several distinct tokens and the
+    answers differ (the default tiny Qwen3 repeats one token whatever the prompt)."""
+    assert all(len(set(ids)) >= 3 for ids in out.values()), out
+    assert len({tuple(ids) for ids in out.values()}) == len(out), out
+
+
 def _greedy(engine: AREngine, n: int = 16, prompts: list[str] = PROMPTS
             ) -> dict[str, list[int]]:
     for i, p in enumerate(prompts):
@@ -32,15 +46,17 @@ def _greedy(engine: AREngine, n: int = 16, prompts: list[str] = PROMPTS
     return out
 
 
-def test_cuda_greedy_matches_generate_and_graphs_match_eager(model_dir):
+def test_cuda_greedy_matches_generate_and_graphs_match_eager(varied):
     from transformers import AutoModelForCausalLM
 
+    model_dir = varied
     graphed = AREngine(model_dir, device="cuda", dtype="float32")
     eager = AREngine(model_dir, device="cuda", dtype="float32",
                      options={"cuda_graphs": False})
     captured = len(graphed.graphs.graphs)  # every bucket, at load: none while serving
     assert captured == len(graphed.graphs.batch_buckets) * len(graphed.graphs.context_buckets)
     got = _greedy(graphed)
+    _assert_varied(got)
     assert graphed.graphs.replays > 0 and len(graphed.graphs.graphs) == captured
     assert got == _greedy(eager)
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
@@ -54,10 +70,12 @@ def test_cuda_greedy_matches_generate_and_graphs_match_eager(model_dir):
     assert graphed.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block
 
 
-def test_bf16_graphs_match_eager(model_dir):
-    graphed = AREngine(model_dir, device="cuda", dtype="bfloat16")
-    eager = AREngine(model_dir, device="cuda", dtype="bfloat16", options={"cuda_graphs": False})
-    assert _greedy(graphed, 24) == _greedy(eager, 24)
+def test_bf16_graphs_match_eager(varied):
+    graphed = AREngine(varied, device="cuda", dtype="bfloat16")
+    eager = AREngine(varied, device="cuda", dtype="bfloat16", options={"cuda_graphs": False})
+    got = _greedy(graphed, 24)
+    _assert_varied(got)
+    assert got == _greedy(eager, 24)
 
 
 def test_qwen3_omni_thinker_graphs_match_eager(tmp_path_factory):
@@ -99,13 +117,15 @@ def test_triton_decode_kernel_matches_sdpa_bf16():
         assert (out.float() - ref).abs().max().item() < 2e-2
 
 
-def test_graphed_triton_decode_matches_eager_sdpa(model_dir):
-    graphed = AREngine(model_dir, device="cuda", dtype="float32",
+def test_graphed_triton_decode_matches_eager_sdpa(varied):
+    graphed = AREngine(varied, device="cuda", dtype="float32",
                        options={"attention_kernel": "triton"})
-    eager = AREngine(model_dir, device="cuda", dtype="float32",
+    eager = AREngine(varied, device="cuda", dtype="float32",
                      options={"cuda_graphs": False, "attention_kernel": "sdpa"})
     assert graphed.cache.decode_kernel == "triton" and graphed.graphs is not None
-    assert _greedy(graphed, 24) == _greedy(eager, 24)
+    got = _greedy(graphed, 24)
+    _assert_varied(got)
+    assert got == _greedy(eager, 24)
 
 
 def test_overlapped_steps_equal_step_by_step_with_graphs(model_dir):
@@ -137,13 +157,6 @@ def test_overlapped_steps_equal_step_by_step_with_graphs(model_dir):
     assert len(got["s1"]) == len(want["s1"]) - 1  # its in-flight row was dropped
     assert got["s1"] == want["s1"][:len(got["s1"])]
     assert over.stats()["kv_blocks_used"] == 1  # only the graphs' scratch block
-
-
-@pytest.fixture(scope="module")
-def varied(tmp_path_factory):
-    # a larger init: greedy answers that vary, so order and positions count
-    return str(build_tiny_qwen3(tmp_path_factory.mktemp("varied") / "qwen3",
-                                initializer_range=0.5))
 
 
 def test_chained_decode_equals_step_by_step_with_graphs(varied):
@@ -191,3 +204,27 @@ def test_padded_prefill_equals_per_sequence_on_cuda(varied, monkeypatch):
     assert calls  # the padded path ran
     monkeypatch.setattr(paged_attention, "_pads_cheaply", lambda *_: False)
     assert got == run()
+
+
+def test_memory_budget_counts_graphs_and_prefill_peak(varied):
+    """With `memory` set, the decode graphs' pool and the warm-up prefill's peak are
+    measured at load and the KV cache gets the rest: the process reserves no more than
+    the budget, and the graphs' figure is positive (a baseline with cached free blocks
+    once made it negative)."""
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    budget = 1024 * 2**20
+    engine = AREngine(varied, device="cuda", dtype="float32", memory_bytes=budget)
+    info = engine.info()
+    assert info["graph_bytes"] > 0 and info["runtime_bytes"] >= info["graph_bytes"]
+    kv = engine.cache.pool.num_blocks * engine.cache.block_bytes
+    weights = sum(p.numel() * p.element_size() for p in engine.lm.model.parameters())
+    assert weights + kv + info["runtime_bytes"] <= budget
+    got = _greedy(engine, 16)  # serving's steps stay inside it too
+    _assert_varied(got)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - before <= budget * 1.05
+    unbudgeted = AREngine(varied, device="cuda", dtype="float32",
+                          options={"kv_cache_mb": kv // 2**20})
+    assert got == _greedy(unbudgeted, 16)

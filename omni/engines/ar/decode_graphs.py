@@ -84,11 +84,16 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor | None]] = {}
         self.replays = 0
         self.warmed = False  # every bucket captured: a capture now would stall requests
+        self.pool_bytes = 0  # device memory the captured graphs hold (measured by warm)
 
     def warm(self) -> None:
         """Capture every batch bucket at every context bucket (all rows are padding rows),
         so no request waits on a compile or a capture. The graphs' memory (their pool:
-        outputs and scratch) is outside the stage's KV budget: the log says how much."""
+        outputs and scratch) is measured; a stage with a memory budget counts it (budget.py)."""
+        # emptied first: a capture empties the allocator's cache itself (torch.cuda.graph),
+        # so a baseline with cached free blocks in it made the figure negative (-7384 MiB)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         for length in self.context_buckets:
             started = time.perf_counter()
@@ -105,8 +110,9 @@ class DecodeGraphs:
             log.info("captured the decode graphs for context %d (batch %d to %d) in %.1f s",
                      length, self.batch_buckets[0], self.batch_buckets[-1],
                      time.perf_counter() - started)
-        log.info("%d decode graphs hold %.0f MiB", len(self.graphs),
-                 (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
+        torch.cuda.empty_cache()  # what stays is the graphs' pool (and compiled code's)
+        self.pool_bytes = torch.cuda.memory_reserved(self.device) - reserved
+        log.info("%d decode graphs hold %.0f MiB", len(self.graphs), self.pool_bytes / 2**20)
         self.warmed = True
 
     def bucket(self, batch: int, context: int) -> tuple[int, int]:
@@ -208,3 +214,25 @@ class DecodeGraphs:
             "captured the decode graph for batch %d, context %d in %.2f s (%d graphs)",
             b, length, time.perf_counter() - started, len(self.graphs))
         return graph, logits, hidden
+
+
+def decode_graphs_for(engine: Any, embeds: tuple[int, torch.dtype] | None = None
+                      ) -> DecodeGraphs | None:
+    """An AR engine's decode graphs over its cache, every bucket captured; None (eager
+    decode steps, logged) when a capture fails."""
+    limit = min(engine._opt("max_graph_context", 8192), engine.lm.max_positions or 8192)
+    compiled = engine.blocks if engine.options.get("compile_decode", True) else None
+    graphs = DecodeGraphs(engine.lm.model, engine.cache, engine.scheduler.max_num_seqs, limit,
+                          engine.lm.device, compiled,
+                          keeps_logits=engine.lm.keeps_logits, embeds=embeds,
+                          export_layers=None if engine.export_prompt_only
+                          else engine.export_layers)  # decode steps: no prompt rows
+    try:
+        graphs.warm()
+    except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
+        log.warning("CUDA graphs disabled for %s: capture failed (%s: %s); decode "
+                    "steps run eagerly", engine.lm.model_dir, type(e).__name__, e)
+        engine.cache.pool.release(graphs.scratch // engine.cache.block_size)
+        torch.cuda.synchronize(engine.lm.device)
+        return None
+    return graphs

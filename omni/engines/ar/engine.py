@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from omni.engines.ar.budget import measure_runtime_bytes
+from omni.engines.ar.decode_graphs import decode_graphs_for
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
 from omni.engines.ar.encoder import PromptEncoder
 from omni.engines.ar.fused_projections import fuse_projections
@@ -94,24 +96,17 @@ class AREngine(StepOrder, SessionTurns, Engine):
         self.lm.use_attention(ATTN_NAME)
         if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
             self.lm.use_experts(str(self.options["experts_implementation"]))
-        self.cache = sized_cache(self.lm, self.options, self.memory_bytes, self._opt)
-        self.blocks = bind_cache(self.lm.model, self.cache)  # the decoder layers
-        self.sessions = SessionContexts(self.cache)  # KV kept between a session's turns
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # "auto" exports what the next stage reads: for some models the prompt's rows only
         self.export_prompt_only = (self.export_layers is not None and self.lm.export_prompt_only
                                    and self.options.get("export_hidden_layers") == "auto")
-        # a cached prefix is not recomputed, so its hidden states could not be exported
-        caching = self.options.get("prefix_caching", self.export_layers is None)
-        batched = self._opt("max_batched_tokens", 8192 if cuda else 512)
-        self.scheduler = Scheduler(
-            self.cache, max_num_seqs=self._opt("max_num_seqs", 64), max_batched_tokens=batched,
-            prefix_salt=0 if caching else None,
-            prefill_beside_decodes=self._opt("prefill_beside_decodes", batched))
-        self.graphs = self._make_graphs() if cuda else None
-        if self.options.get("warm_prefill", cuda):  # first-use costs at load (warm.py)
-            self._warm_prefill()
+        self.runtime_bytes = 0  # graphs + a prefill step's peak, inside the budget (budget.py)
+        kv_budget = memory_bytes
+        if cuda and memory_bytes is not None and "kv_cache_blocks" not in self.options:
+            self.runtime_bytes = measure_runtime_bytes(self, self._max_batched())
+            kv_budget = memory_bytes - self.runtime_bytes
+        self.serve_on(sized_cache(self.lm, self.options, kv_budget, self._opt))
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
@@ -122,6 +117,31 @@ class AREngine(StepOrder, SessionTurns, Engine):
         self.chain = bool(self.options.get("chain_decode", cuda))  # steps.py
         self.steps = 0
         self.step_time_s = 0.0
+
+    def serve_on(self, cache: Any) -> None:
+        """Bind the KV cache, make the scheduler over it, capture the decode graphs and run
+        the warm-up prefill steps (CUDA)."""
+        cuda = self.lm.device.type == "cuda"
+        self.cache = cache
+        self.blocks = bind_cache(self.lm.model, cache)  # the decoder layers
+        self.sessions = SessionContexts(cache)  # KV kept between a session's turns
+        # a cached prefix is not recomputed, so its hidden states could not be exported
+        caching = self.options.get("prefix_caching", self.export_layers is None)
+        batched = self._max_batched()
+        self.scheduler = Scheduler(
+            cache, max_num_seqs=self._opt("max_num_seqs", 64), max_batched_tokens=batched,
+            prefix_salt=0 if caching else None,
+            prefill_beside_decodes=self._opt("prefill_beside_decodes", batched))
+        self.graphs = self._make_graphs() if cuda else None
+        if self.options.get("warm_prefill", cuda):  # first-use costs at load (warm.py)
+            self._warm_prefill()
+
+    def drop_runtime(self) -> None:
+        """Let go of the cache, graphs and scheduler serve_on made (a budget's probe)."""
+        self.graphs = self.cache = self.blocks = self.sessions = self.scheduler = None
+
+    def _max_batched(self) -> int:
+        return self._opt("max_batched_tokens", 8192 if self.lm.device.type == "cuda" else 512)
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         return load_causal_lm(model_dir, dtype=dtype, device=device)
@@ -141,26 +161,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
 
     def _make_graphs(self, embeds: tuple[int, torch.dtype] | None = None) -> Any:
         """Decode graphs (CUDA); embeds = (width, dtype) when decode feeds embeddings."""
-        if not self.options.get("cuda_graphs", True):
-            return None
-        from omni.engines.ar.decode_graphs import DecodeGraphs
-
-        limit = min(self._opt("max_graph_context", 8192), self.lm.max_positions or 8192)
-        compiled = self.blocks if self.options.get("compile_decode", True) else None
-        graphs = DecodeGraphs(self.lm.model, self.cache, self.scheduler.max_num_seqs, limit,
-                              self.lm.device, compiled,
-                              keeps_logits=self.lm.keeps_logits, embeds=embeds,
-                              export_layers=None if self.export_prompt_only
-                              else self.export_layers)  # decode steps: no prompt rows
-        try:
-            graphs.warm()
-        except Exception as e:  # e.g. a layer that syncs with the host (data-dependent MoE)
-            log.warning("CUDA graphs disabled for %s: capture failed (%s: %s); decode "
-                        "steps run eagerly", self.lm.model_dir, type(e).__name__, e)
-            self.cache.pool.release(graphs.scratch // self.cache.block_size)
-            torch.cuda.synchronize(self.lm.device)
-            return None
-        return graphs
+        return decode_graphs_for(self, embeds) if self.options.get("cuda_graphs", True) else None
 
     # -- contract ---------------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -261,6 +262,8 @@ class AREngine(StepOrder, SessionTurns, Engine):
                 "block_size": self.cache.block_size, "kv_block_bytes": self.cache.block_bytes,
                 "max_num_seqs": self.scheduler.max_num_seqs,
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
+                "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
+                "runtime_bytes": self.runtime_bytes,
                 **(self.lm.media.info() if self.lm.media else {})}
 
     def stats(self) -> dict[str, Any]:

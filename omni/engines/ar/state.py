@@ -44,6 +44,7 @@ class Flight:
     next_ids: torch.Tensor | None = None  # greedy tokens picked on the device (chainable)
     host_ids: torch.Tensor | None = None  # their copy on the host
     event: Any = None  # recorded after that copy (CUDA)
+    tokens: int = 0  # tokens the step fed (prompt chunks and decode rows)
 
 
 def exported_rows(batch: Any, rows: torch.Tensor, prompt_only: bool) -> list[Any]:

@@ -40,6 +40,9 @@ from omni.engines.base import StepOutput
 
 log = logging.getLogger("omni.engines.ar.engine")
 
+SLOW_STEP_S = 0.5  # a step this long, and SLOW_STEP_FACTOR times the usual, is logged
+SLOW_STEP_FACTOR = 10.0
+
 
 class StepOrder:
     """AREngine's step() (a mixin: the engine provides scheduler, cache, _forward, ...)."""
@@ -47,6 +50,7 @@ class StepOrder:
     overlap: bool
     chain: bool
     chained_steps: int = 0  # steps launched by _chain
+    _usual_step_s: float = 0.0  # see _timed
     _inflight: Flight | None
 
     @torch.inference_mode()
@@ -90,7 +94,7 @@ class StepOrder:
             for seq in batch.seqs:
                 outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
             return None
-        flight = Flight(batch.seqs, hidden, sampled, logits, started)
+        flight = Flight(batch.seqs, hidden, sampled, logits, started, tokens=sum(batch.counts))
         if self._chainable(batch, sampled):
             _pick_on_device(flight)
         return flight
@@ -123,7 +127,8 @@ class StepOrder:
             log.warning("chained decode step failed (%s: %s); launching it the usual way",
                         type(e).__name__, e)
             return None
-        chained = Flight(batch.seqs, None, sampled, logits, started, settle=batch)
+        chained = Flight(batch.seqs, None, sampled, logits, started, settle=batch,
+                         tokens=len(batch.seqs))
         _pick_on_device(chained)  # plain greedy rows stay plain greedy
         self.chained_steps += 1
         return chained
@@ -161,8 +166,22 @@ class StepOrder:
         for seq, result in ready:
             self._record(seq, result.token)
         self.steps += 1
-        self.step_time_s += time.perf_counter() - flight.started
+        self._timed(flight, time.perf_counter() - flight.started)
         return ready
+
+    def _timed(self, flight: Flight, took_s: float) -> None:
+        """Count the step's time; say so when one step took far longer than the usual
+        ones: a first-use cost on the request path (a kernel compiled for a new shape, a
+        graph captured late) shows up here as a stall of every running request. CUDA only:
+        on a CPU a long prompt's step is legitimately hundreds of decode steps long."""
+        self.step_time_s += took_s
+        usual = self._usual_step_s
+        if usual and flight.logits.is_cuda and took_s > max(SLOW_STEP_S, SLOW_STEP_FACTOR * usual):
+            log.warning("slow step: %.0f ms for %d rows, %d tokens (usual %.1f ms); every "
+                        "running request waited for it", took_s * 1e3, len(flight.seqs),
+                        flight.tokens, usual * 1e3)
+        # the usual step: an exponential average that one outlier barely moves
+        self._usual_step_s = took_s if not usual else 0.95 * usual + 0.05 * min(took_s, 4 * usual)
 
     def _prompt_next(self) -> bool:
         """Whether the next step feeds prompt tokens (a request waits with a free row, or
