@@ -29,6 +29,7 @@ from aiohttp import web
 
 from omni.api.app import METRICS_KEY
 from omni.api.errors import APIError, sse_error_event
+from omni.api.schemas.text import CHAT_AUDIO_FORMATS, ChatCompletionRequest
 from omni.api.speech import audio_info, resolve_voice
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.api.text import TextCall, TextResult, usage
@@ -36,8 +37,7 @@ from omni.media.audio import AudioEncoder
 from omni.media.playback import PlaybackClock
 
 # OpenAI's chat audio formats -> omni/media/audio.py's
-FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "aac": "aac",
-           "pcm16": "pcm"}
+FORMATS = {name: "pcm" if name == "pcm16" else name for name in CHAT_AUDIO_FORMATS}
 AUDIO_TTL_S = 3600
 MAX_REMEMBERED = 10000
 PCM_PIECE = 6  # bytes: whole 16-bit samples and whole base64 groups
@@ -68,14 +68,8 @@ class Transcripts:
 TRANSCRIPTS_KEY = web.AppKey("transcripts", Transcripts)
 
 
-def wants_audio(body: dict[str, Any]) -> bool:
-    modalities = body.get("modalities")
-    if modalities is None:
-        return False
-    if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities):
-        raise APIError(400, "'modalities' must be a list like [\"text\", \"audio\"]",
-                       param="modalities")
-    return "audio" in modalities
+def wants_audio(req: ChatCompletionRequest) -> bool:
+    return "audio" in (req.modalities or ())
 
 
 @dataclass
@@ -130,27 +124,23 @@ class AudioChat:
         return body
 
 
-def parse(request: web.Request, body: dict[str, Any]) -> AudioChat:
-    call = TextCall(request, body, chat=True)
+def parse(request: web.Request, body: dict[str, Any], req: ChatCompletionRequest) -> AudioChat:
+    call = TextCall(request, body, req)
     if "audio" not in call.model.modalities:
         raise APIError(400, f"model '{call.model.id}' does not speak (it outputs "
                        f"{', '.join(call.model.modalities)}); drop \"audio\" from "
                        "'modalities'", param="modalities")
     if call.n != 1:
         raise APIError(400, "'n' must be 1 with audio output", param="n")
-    audio = body.get("audio")
-    if not isinstance(audio, dict) or "voice" not in audio or "format" not in audio:
+    if req.audio is None:
         raise APIError(400, "'audio' with 'voice' and 'format' is required when "
                        "'modalities' has \"audio\"", param="audio")
-    fmt = audio["format"]
-    if fmt not in FORMATS:
-        raise APIError(400, f"'audio.format' must be one of {', '.join(FORMATS)}",
-                       param="audio.format")
-    if body.get("stream") and fmt != "pcm16":
+    fmt = req.audio.format  # one of FORMATS (schemas/text.py)
+    if req.stream and fmt != "pcm16":
         raise APIError(400, f"'audio.format' does not support '{fmt}' when stream=true. "
                        "Supported values are: 'pcm16'", param="audio.format")
     info = audio_info(call.model)
-    voice = resolve_voice(call.model, audio["voice"], info)
+    voice = resolve_voice(call.model, body["audio"]["voice"], info)
     return AudioChat(call, voice, FORMATS[fmt], int(info.get("sample_rate", 24000)), info)
 
 
@@ -183,7 +173,7 @@ async def complete(chat: AudioChat) -> web.Response:
         parts.append(await asyncio.to_thread(encoder.finish))
     finally:
         encoder.close()
-    mirror = bool(chat.call.body.get("audio_transcript_in_content"))
+    mirror = bool(chat.call.req.audio_transcript_in_content)
     message = {"role": "assistant", "content": result.text if mirror else None,
                "refusal": None, "annotations": [], "tool_calls": None,
                "audio": {"id": chat.audio_id, "data": base64.b64encode(b"".join(parts)).decode(),
@@ -203,7 +193,7 @@ def _remember(chat: AudioChat, transcript: str) -> None:
 
 async def stream(chat: AudioChat) -> web.StreamResponse:
     call = chat.call
-    include_usage = bool((call.body.get("stream_options") or {}).get("include_usage"))
+    include_usage = call.req.include_usage
     outputs = chat.outputs()
     item = await first_output(outputs)
     response = await start_sse(call.request, call.client_request_id)
@@ -261,6 +251,7 @@ async def stream(chat: AudioChat) -> web.StreamResponse:
     return response
 
 
-async def chat_with_audio(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-    chat = parse(request, body)
-    return await (stream(chat) if body.get("stream") else complete(chat))
+async def chat_with_audio(request: web.Request, body: dict[str, Any],
+                          req: ChatCompletionRequest) -> web.StreamResponse:
+    chat = parse(request, body, req)
+    return await (stream(chat) if req.stream else complete(chat))

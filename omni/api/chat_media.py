@@ -51,10 +51,7 @@ async def prepare_media(request: web.Request, model: Any,
     clips: list[dict[str, Any]] = []
     if not isinstance(messages, list):
         return {}
-    with_audio = body.get("use_audio_in_video", False)
-    if not isinstance(with_audio, bool):
-        raise APIError(400, "use_audio_in_video must be true or false",
-                       param="use_audio_in_video")
+    with_audio = bool(body.get("use_audio_in_video"))  # a bool: schemas/text.py checked it
     for i, message in enumerate(messages):
         parts = message.get("content") if isinstance(message, dict) else None
         if not isinstance(parts, list):

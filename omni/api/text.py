@@ -20,8 +20,9 @@ from aiohttp import web
 
 from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.schemas import parse
+from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
-from omni.api.text_params import choice_count, logprobs_count, sampling_params
 
 
 @dataclass
@@ -65,30 +66,6 @@ def _text_model(request: web.Request, body: dict[str, Any]) -> ServedModel:
     return model
 
 
-def _completion_inputs(body: dict[str, Any]) -> dict[str, Any]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return {"prompt": prompt}
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        return {"prompt_token_ids": prompt}
-    raise APIError(400, "'prompt' must be a string or a list of token ids", param="prompt")
-
-
-def _chat_inputs(body: dict[str, Any]) -> dict[str, Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "'messages' must be a non-empty list", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str | list):
-            raise APIError(400, f"messages[{i}] needs a string 'role' and a 'content'",
-                           param=f"messages[{i}]")
-    return {"messages": messages}
-
-
 def _chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     def one(e: dict[str, Any]) -> dict[str, Any]:
         return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode())}
@@ -112,18 +89,23 @@ EXTRA_INPUTS = web.RequestKey("omni_extra_inputs", dict)
 
 
 class TextCall:
-    """One text request: runs its choices, and shapes them for its endpoint."""
+    """One text request: runs its choices, and shapes them for its endpoint. ``body`` is
+    the raw JSON that ``req`` was validated from: chat messages go to the engine as sent
+    (with the fields this server does not declare), after chat_media.py rewrote their
+    media parts in place."""
 
-    def __init__(self, request: web.Request, body: dict[str, Any], chat: bool) -> None:
-        self.request, self.body, self.chat = request, body, chat
+    def __init__(self, request: web.Request, body: dict[str, Any],
+                 req: ChatCompletionRequest | CompletionRequest) -> None:
+        chat = isinstance(req, ChatCompletionRequest)
+        self.request, self.body, self.req, self.chat = request, body, req, chat
         self.model = _text_model(request, body)
-        self.inputs = _chat_inputs(body) if chat else _completion_inputs(body)
+        self.inputs = {"messages": body["messages"]} if chat else req.inputs()
         # clips a speech stage upstream transcribes (omni/api/chat_media.py)
         self.inputs.update(request.get(EXTRA_INPUTS, {}))
         self.input_modalities = ["text", *(["audio"] if "audio" in self.inputs else [])]
-        self.sampling = sampling_params(body)
-        self.n = choice_count(body)
-        self.logprobs = logprobs_count(body, chat)
+        self.sampling = req.sampling()
+        self.n = req.choices
+        self.logprobs = req.logprobs_count()
         if self.logprobs is not None:
             self.sampling["logprobs"] = self.logprobs
         prefix = "chatcmpl" if chat else "cmpl"
@@ -224,7 +206,7 @@ class _Merged:
 
 async def _stream(call: TextCall) -> web.StreamResponse:
     chunk_object = "chat.completion.chunk" if call.chat else "text_completion"
-    include_usage = bool((call.body.get("stream_options") or {}).get("include_usage"))
+    include_usage = call.req.include_usage
     merged = _Merged(call)
     try:
         index, item = await merged.next(None)  # an early error becomes a proper status
@@ -275,12 +257,14 @@ async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResp
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    call = TextCall(request, await read_json(request), chat=False)
-    return await (_stream(call) if call.body.get("stream") else _complete(call))
+    body = await read_json(request)
+    call = TextCall(request, body, parse(CompletionRequest, body))
+    return await (_stream(call) if call.req.stream else _complete(call))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
+    req = parse(ChatCompletionRequest, body)
     model = request.app[MODELS_KEY].get(body.get("model"))
     if "text" not in model.modalities and "image" in model.modalities:
         from omni.api.chat_images import chat_image
@@ -291,10 +275,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     restore_audio_turns(request, body)
     request[EXTRA_INPUTS] = await prepare_media(request, model, body)
-    if wants_audio(body):
-        return await chat_with_audio(request, body)
-    call = TextCall(request, body, chat=True)
-    return await (_stream(call) if call.body.get("stream") else _complete(call))
+    if wants_audio(req):
+        return await chat_with_audio(request, body, req)
+    call = TextCall(request, body, req)
+    return await (_stream(call) if req.stream else _complete(call))
 
 
 def add_routes(app: web.Application) -> None:

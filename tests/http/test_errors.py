@@ -150,7 +150,7 @@ def test_missing_model_is_400(main_server, payload):
 
 def test_missing_or_bad_messages_is_400(main_server):
     for messages, param in [(None, "messages"), ([], "messages"),
-                            ([{"content": "no role"}], "messages[0]")]:
+                            ([{"content": "no role"}], "messages[0].role")]:
         status, _, body = run(_post(main_server, CHAT, json={"model": "echo",
                                                              "messages": messages}))
         assert status == 400

@@ -1,0 +1,83 @@
+"""Declared request bodies (pydantic v2) and the one place their errors become 400s.
+
+Pydantic, not msgspec: its JSON Schema (2020-12) is what OpenAPI 3.1 embeds as is, so
+/openapi.json is generated from the same classes that validate; vLLM's OpenAI server uses
+it too, so field semantics match what its users know. Unknown fields are accepted and
+ignored (OpenAI clients send fields newer than this server); a known field of the wrong
+type or out of range is a 400 whose ``param`` is the field's path (``messages[0].role``).
+
+Fields that need a clearer message than pydantic's own are declared with `checked`: the
+message ("must be a number in [0, 2]") is shown after the field's name with the value
+that was sent.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic_core import PydanticCustomError
+
+from omni.api.errors import APIError
+
+Model = TypeVar("Model", bound=BaseModel)
+SHOWN_CHARS = 60  # of a refused value, in a message
+
+
+class RequestModel(BaseModel):
+    """A request body: unknown fields are accepted and ignored (extras pass through)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+def checked(kind: Any, message: str) -> Any:
+    """``kind`` whose every validation failure reads "'<field>' <message>, got <value>"."""
+    def wrap(value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("omni_checked", message + ", got {got}",
+                                      {"got": _shown(value)}) from None
+    return Annotated[kind, WrapValidator(wrap)]
+
+
+def cross_field(param: str, message: str) -> PydanticCustomError:
+    """A rule between fields (raised by a model validator), reported on ``param``."""
+    return PydanticCustomError("omni_cross_field", message, {"param": param})
+
+
+def parse(model: type[Model], body: dict[str, Any]) -> Model:
+    """``body`` validated as ``model``; the first problem as a 400 OpenAI error."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise to_api_error(exc) from None
+
+
+def to_api_error(exc: ValidationError) -> APIError:
+    error = exc.errors(include_url=False)[0]
+    param = field_path(error["loc"]) or (error.get("ctx") or {}).get("param")
+    if error["type"] == "omni_cross_field":
+        return APIError(400, error["msg"], param=error["ctx"]["param"])
+    if error["type"] == "omni_checked":
+        return APIError(400, f"'{param}' {error['msg']}", param=param)
+    if error["type"] == "missing":
+        return APIError(400, f"'{param}' is required", param=param)
+    if error["type"] == "too_short":
+        return APIError(400, f"'{param}' must have at least {error['ctx']['min_length']} "
+                        "item(s)", param=param)
+    return APIError(400, f"'{param}': {error['msg'].lower()}, got {_shown(error['input'])}",
+                    param=param)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """("messages", 0, "role") -> "messages[0].role"."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
