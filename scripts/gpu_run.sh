@@ -4,6 +4,10 @@
 #   bash scripts/gpu_run.sh tests        # tests/gpu (tiny models), diffusers tests need its wheel
 #   bash scripts/gpu_run.sh ar [TAG]     # Qwen3-8B shape: bench ar, fuse_projections off vs on
 #                                        # (VALUES="true" runs only the default)
+#   bash scripts/gpu_run.sh ttft [TAG]   # Qwen3-8B shape through `python -m omni.server`: bench
+#                                        # ar ours-http, c=1,8,32, 3 bursts each, 128-token
+#                                        # prompts, 256 new tokens; the server's log (slow steps,
+#                                        # graph memory) comes back beside the report
 #   bash scripts/gpu_run.sh step [TAG]   # Qwen3-8B shape: bench.ar_step (host phases vs the GPU's
 #                                        # replay; step orders off, on, chain; top kernels)
 #   bash scripts/gpu_run.sh moe [TAG]    # Qwen3-30B-A3B shape (12 layers): bench ar,
@@ -34,7 +38,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|step|moe|omni|thinker|core|placement|robots|worlds) ;; *) sed -n 2,33p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|worlds) ;; *) sed -n 2,37p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -115,6 +119,17 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
+    ;;
+  ttft)
+    only_model q8
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    say "model ready"
+    timeout 420 python3 -m bench ar --model /tmp/m/q8 --sides ours-http --concurrency 1,8,32 \
+      --bursts 3,3,3 --prompt-len 128 --new-tokens 256 --tag "qwen3-8b-${2:-h200}-ttft-http" \
+      --out "$OUT" > "$OUT/bench-ar-ttft.log" 2>&1
+    grep -E "^\[ar\]|Error" "$OUT/bench-ar-ttft.log" | tail -8
+    grep -hE "slow step|decode graphs hold|captured the decode graph|ready" "$OUT"/*server.log | tail -20
     ;;
   step)
     only_model q8
