@@ -21,13 +21,14 @@ from aiohttp import web
 
 from omni.api.app import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.schemas import parse
+from omni.api.schemas.speech import SpeechRequest
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
-from omni.media.audio import FORMATS, AudioEncoder
+from omni.media.audio import AudioEncoder
 from omni.media.playback import PlaybackClock
-from omni.models.speech import OPENAI_VOICES, SPEED_MAX, SPEED_MIN
+from omni.models.speech import OPENAI_VOICES
 
 log = logging.getLogger("omni.api.speech")
-STREAM_FORMATS = ("audio", "sse")
 
 
 @dataclass
@@ -144,56 +145,27 @@ def resolve_voice(model: ServedModel, voice: Any, info: dict[str, Any]) -> str:
                    f"{labels}{hint}", param="voice")
 
 
-def _text(body: dict[str, Any], limit: int) -> str:
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "'input' must be a non-empty string", param="input")
-    if len(text) > limit:
-        raise APIError(400, f"'input' is {len(text)} characters; the limit is {limit}",
+def _text(req: SpeechRequest, limit: int) -> str:
+    if len(req.input) > limit:
+        raise APIError(400, f"'input' is {len(req.input)} characters; the limit is {limit}",
                        param="input", code="string_above_max_length")
-    return text
-
-
-def _choice(body: dict[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = body.get(name)
-    if value is None:
-        return default
-    if value not in allowed:
-        raise APIError(400, f"'{name}' must be one of {', '.join(allowed)}, got {value!r}",
-                       param=name)
-    return value
-
-
-def _speed(body: dict[str, Any]) -> float:
-    speed = body.get("speed")
-    if speed is None:
-        return 1.0
-    if isinstance(speed, bool) or not isinstance(speed, int | float) \
-            or not SPEED_MIN <= speed <= SPEED_MAX:
-        raise APIError(400, f"'speed' must be a number in [{SPEED_MIN}, {SPEED_MAX}], got "
-                       f"{speed!r}", param="speed")
-    return float(speed)
+    return req.input
 
 
 def parse_speech(request: web.Request, body: dict[str, Any]) -> SpeechCall:
-    model = audio_model(request, body.get("model"))
+    req = parse(SpeechRequest, body)
+    model = audio_model(request, req.model)
     pipeline = model.omni.pipeline
     if set(pipeline.route(["audio"]).stages) & set(pipeline.outputs.get("text", ())):
         raise APIError(400, f"model '{model.id}' speaks its own answers, it does not read "
                        "text aloud; use /v1/chat/completions with \"modalities\": [\"text\", "
                        "\"audio\"]", param="model")
-    text = _text(body, request.app[SETTINGS_KEY].max_speech_chars)
-    fmt = _choice(body, "response_format", tuple(FORMATS), "mp3")
-    stream_format = _choice(body, "stream_format", STREAM_FORMATS, "audio") \
-        if body.get("stream_format") is not None else None
-    speed = _speed(body)
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise APIError(400, "'instructions' must be a string", param="instructions")
+    text = _text(req, request.app[SETTINGS_KEY].max_speech_chars)
     info = audio_info(model)
-    voice = resolve_voice(model, body.get("voice"), info)
-    return SpeechCall(request, model, text, voice, fmt, speed, stream_format,
-                      int(info["sample_rate"]), instructions or None)
+    voice = resolve_voice(model, req.voice, info)
+    return SpeechCall(request, model, text, voice, req.response_format or "mp3",
+                      req.speed or 1.0, req.stream_format, int(info["sample_rate"]),
+                      req.instructions or None)
 
 
 # -- responses ----------------------------------------------------------------------

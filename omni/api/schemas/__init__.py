@@ -13,15 +13,16 @@ that was sent.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from omni.api.errors import APIError
 
 Model = TypeVar("Model", bound=BaseModel)
 SHOWN_CHARS = 60  # of a refused value, in a message
+MAX_SEED = 2**63 - 1
 
 
 class RequestModel(BaseModel):
@@ -39,6 +40,30 @@ def checked(kind: Any, message: str) -> Any:
             raise PydanticCustomError("omni_checked", message + ", got {got}",
                                       {"got": _shown(value)}) from None
     return Annotated[kind, WrapValidator(wrap)]
+
+
+def number_in(low: float, high: float, description: str = "") -> Any:
+    return checked(Annotated[float, Field(ge=low, le=high, strict=True, allow_inf_nan=False,
+                                          description=description or None)],
+                   f"must be a number in [{low:g}, {high:g}]")
+
+
+def int_in(low: int, high: int = MAX_SEED, description: str = "") -> Any:
+    shown = (f"an integer >= {low} (below 2**63)" if high == MAX_SEED
+             else f"an integer in [{low}, {high}]")
+    return checked(Annotated[int, Field(ge=low, le=high, strict=True,
+                                        description=description or None)],
+                   f"must be {shown}")
+
+
+def choice(values: tuple[str, ...]) -> Any:
+    return checked(Literal[values], f"must be one of {', '.join(values)}")
+
+
+# the model id; a missing or unknown one is answered by the model registry, whose message
+# lists the served models (so it is not typed for validation, only documented)
+ModelId = Annotated[Any, WithJsonSchema(
+    {"type": "string", "description": "a served model's id (GET /v1/models)"})]
 
 
 def cross_field(param: str, message: str) -> PydanticCustomError:

@@ -6,35 +6,24 @@ driven from Python gets the same rules; here they become 400s naming the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictStr, WithJsonSchema, model_validator
+from pydantic import Field, StrictBool, StrictStr, model_validator
 
-from omni.api.schemas import RequestModel, checked, cross_field
+from omni.api.schemas import (
+    ModelId,
+    RequestModel,
+    checked,
+    choice,
+    cross_field,
+    int_in,
+    number_in,
+)
 
 MAX_N = 16
 MAX_STOPS = 16
-MAX_SEED = 2**63 - 1
 
 
-def number_in(low: float, high: float, description: str = "") -> Any:
-    return checked(Annotated[float, Field(ge=low, le=high, strict=True, allow_inf_nan=False,
-                                          description=description or None)],
-                   f"must be a number in [{low:g}, {high:g}]")
-
-
-def int_in(low: int, high: int = MAX_SEED, description: str = "") -> Any:
-    shown = (f"an integer >= {low} (below 2**63)" if high == MAX_SEED
-             else f"an integer in [{low}, {high}]")
-    return checked(Annotated[int, Field(ge=low, le=high, strict=True,
-                                        description=description or None)],
-                   f"must be {shown}")
-
-
-# the model id; a missing or unknown one is answered by the model registry, whose message
-# lists the served models (so it is not typed for validation, only documented)
-ModelId = Annotated[Any, WithJsonSchema(
-    {"type": "string", "description": "a served model's id (GET /v1/models)"})]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, strict=True)]], Field(min_length=1)]
 StopString = Annotated[StrictStr, Field(min_length=1)]
 Stop = checked(StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)],
@@ -139,8 +128,7 @@ CHAT_AUDIO_FORMATS = ("wav", "mp3", "flac", "opus", "aac", "pcm16")
 
 class ChatAudio(RequestModel):
     voice: checked(StrictStr | ChatAudioRef, "must be a voice name or {\"id\": ...}")
-    format: checked(Literal[CHAT_AUDIO_FORMATS],  # type: ignore[valid-type]
-                    f"must be one of {', '.join(CHAT_AUDIO_FORMATS)}")
+    format: choice(CHAT_AUDIO_FORMATS)
 
 
 class ChatCompletionRequest(SamplingFields):
