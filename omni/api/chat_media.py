@@ -34,11 +34,10 @@ from omni.api.app import SETTINGS_KEY
 from omni.api.errors import APIError
 from omni.media import fetch
 from omni.media.audio import decode_audio, pcm16
-from omni.media.image import image_size
+from omni.media.image import MAX_IMAGE_PIXELS, check_image
 from omni.media.video import probe_video
 
 MAX_AUDIO_SECONDS = 300.0
-MAX_IMAGE_PIXELS = 64 * 2**20  # larger files are refused before anything decodes them
 MAX_VIDEO_SECONDS = 600.0
 
 
@@ -143,7 +142,7 @@ async def _visual_part(request: web.Request, part: dict[str, Any], kind: str,
     try:
         data = (await fetch.load(url, request.app[SETTINGS_KEY].media_fetch)).data
         if kind == "image_url":
-            width, height = image_size(data)
+            width, height = check_image(data, MAX_IMAGE_PIXELS)
         else:
             width, height, seconds = await asyncio.to_thread(probe_video, data)
             if seconds > MAX_VIDEO_SECONDS:

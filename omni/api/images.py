@@ -26,7 +26,14 @@ from omni.api import media_params as mp
 from omni.api.app import ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
-from omni.media.image import IMAGE_FORMATS, MIME, apply_mask, check_mask, encode_image
+from omni.media.image import (
+    IMAGE_FORMATS,
+    MIME,
+    apply_mask,
+    check_image,
+    check_mask,
+    encode_image,
+)
 
 log = logging.getLogger("omni.api.images")
 QUALITIES = ("auto", "low", "medium", "high", "xhigh", "max", "standard", "hd")
@@ -162,6 +169,10 @@ async def _file_bytes(part: Any, name: str) -> bytes:
     data = await asyncio.to_thread(part.file.read)
     if not data:
         raise APIError(400, f"'{name}' is empty", param=name)
+    try:  # its header, before an engine decodes it
+        check_image(data)
+    except ValueError as e:
+        raise APIError(400, f"'{name}': {e}", param=name) from None
     return data
 
 

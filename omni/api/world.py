@@ -22,6 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.errors import OmniError, RejectedInputError
+from omni.media.image import MAX_IMAGE_PIXELS, check_image
 from omni.session import Session, SessionCapacityError, SessionError
 
 log = logging.getLogger("omni.api.world")
@@ -87,11 +88,8 @@ class WorldConnection:
                     continue
                 break
             try:
-                event = json.loads(message.data)
-                if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                    raise ClientError("an event is a JSON object with a 'type'")
-                await self.handle(event)
-            except (ValueError, ClientError) as exc:  # JSONDecodeError is a ValueError
+                await self.handle(parse_event(message.data))
+            except (ValueError, ClientError) as exc:
                 await self.error(str(exc), getattr(exc, "code", "invalid_request"))
             except SessionCapacityError as exc:
                 await self.error(str(exc), "session_limit_reached")
@@ -121,12 +119,7 @@ class WorldConnection:
     async def open(self, event: dict[str, Any]) -> None:
         if self.session is not None:
             raise ClientError("this connection's session is open already")
-        try:
-            image = base64.b64decode(event.get("image") or "", validate=True)
-        except (binascii.Error, TypeError):
-            raise ClientError("'image' must be a base64 image file (PNG, JPEG)") from None
-        if not image:
-            raise ClientError("'image' (the first frame, base64 PNG or JPEG) is required")
+        image = first_frame(event)
         defaults = {k: event[k] for k in ("seed", "steps", "chunk_size", "guidance_scale",
                                           "view_point") if k in event}
         self.session = self.model.omni.open_world(image, event.get("prompt"),
@@ -137,15 +130,7 @@ class WorldConnection:
             "frame_encoding": "rgb24"})
 
     async def step(self, event: dict[str, Any]) -> None:
-        actions = event.get("actions")
-        if not isinstance(actions, list) or not actions or len(actions) > MAX_ACTION_ROWS:
-            raise ClientError(f"'actions' must be a list of 1..{MAX_ACTION_ROWS} rows")
-        try:
-            array = np.asarray(actions, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise ClientError("'actions' rows must be lists of numbers of one width") from None
-        if array.ndim != 2:
-            raise ClientError("'actions' rows must be lists of numbers of one width")
+        array = parse_actions(event.get("actions"))
         params = {k: event[k] for k in ("seed", "steps") if k in event}
         try:
             async for out in self.model.omni.world_step(self.session.id, array, **params):
@@ -170,6 +155,49 @@ class WorldConnection:
     def close(self) -> None:
         if self.session is not None:
             self.model.omni.close_session(self.session.id, "the client disconnected")
+
+
+def parse_event(raw: str) -> dict[str, Any]:
+    """One text frame -> its event; ClientError unless a JSON object with a string type
+    (RecursionError is what json.loads raises for a deeply nested frame)."""
+    try:
+        event = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ClientError(f"the event is not valid JSON: {str(exc)[:200]}",
+                          "invalid_json") from None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ClientError("an event is a JSON object with a 'type'")
+    return event
+
+
+def first_frame(event: dict[str, Any]) -> bytes:
+    """session.open's ``image``: a base64 image file whose header is within the pixel
+    limit (read before anything decodes it); ClientError otherwise."""
+    try:
+        image = base64.b64decode(event.get("image") or "", validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ClientError("'image' must be a base64 image file (PNG, JPEG)") from None
+    if not image:
+        raise ClientError("'image' (the first frame, base64 PNG or JPEG) is required")
+    try:
+        check_image(image, MAX_IMAGE_PIXELS)
+    except ValueError as exc:
+        raise ClientError(f"'image': {exc}", "invalid_image") from None
+    return image
+
+
+def parse_actions(actions: Any) -> np.ndarray:
+    """A step's ``actions``: float32 (rows, width); ClientError otherwise (a number
+    beyond float range too: numpy raises OverflowError for it)."""
+    if not isinstance(actions, list) or not actions or len(actions) > MAX_ACTION_ROWS:
+        raise ClientError(f"'actions' must be a list of 1..{MAX_ACTION_ROWS} rows")
+    try:
+        array = np.asarray(actions, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
+        raise ClientError("'actions' rows must be lists of numbers of one width") from None
+    if array.ndim != 2:
+        raise ClientError("'actions' rows must be lists of numbers of one width")
+    return array
 
 
 def add_routes(app: web.Application) -> None:

@@ -219,20 +219,28 @@ def pcm16(samples: np.ndarray) -> bytes:
 
 def decode_audio(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
     """Any container/codec PyAV reads -> float32 mono at `rate` (libswresample).
-    ValueError naming the problem for undecodable or over-long input."""
+    ValueError naming the problem for undecodable or over-long input: a file whose
+    header declares more than ``max_seconds`` is refused before anything is decoded, and
+    decoding stops at the limit whatever a header said."""
     import av
 
     out: list[np.ndarray] = []
-    limit = int(max_seconds * rate)
+    limit, held = int(max_seconds * rate), 0
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.audio:
                 raise ValueError("the input has no audio stream")
+            stream = container.streams.audio[0]
+            declared = max(stream_seconds(container, stream), wav_seconds(data))
+            if declared > max_seconds:
+                raise ValueError(f"the audio declares {declared:.0f} s; at most "
+                                 f"{max_seconds:g} s are accepted")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            for frame in container.decode(container.streams.audio[0]):
+            for frame in container.decode(stream):
                 for piece in resampler.resample(frame):
                     out.append(piece.to_ndarray().reshape(-1))
-                if sum(len(o) for o in out) > limit:
+                    held += len(out[-1])
+                if held > limit:
                     raise ValueError(f"the audio is longer than {max_seconds:g} s")
             out += [p.to_ndarray().reshape(-1) for p in resampler.resample(None)]
     except av.FFmpegError as e:
@@ -240,6 +248,37 @@ def decode_audio(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
     if not out or not sum(len(o) for o in out):
         raise ValueError("the audio holds no samples")
     return np.concatenate(out).astype(np.float32, copy=False)
+
+
+def stream_seconds(container: Any, stream: Any) -> float:
+    """A PyAV stream's declared duration in seconds (the container's when the stream has
+    none; 0 when neither is known, as for a still image or a streamed FLAC)."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return (container.duration or 0) / 1e6
+
+
+_UNKNOWN_WAV_SIZES = (0, 0xFFFFFFFF)  # what streaming writers put in (wav_header(.., None))
+
+
+def wav_seconds(data: bytes) -> float:
+    """What a RIFF/WAVE header's data chunk declares, in seconds (0 for other files and
+    for a streamed WAV's "unknown length"). FFmpeg caps a WAV's duration at the bytes it
+    holds, so a small file declaring hours is caught here, not by its stream duration."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return 0.0
+    at, byte_rate = 12, 0
+    for _ in range(32):  # a WAV has a few chunks before its data; a loop bound all the same
+        if at + 8 > len(data):
+            return 0.0
+        chunk, size = data[at:at + 4], struct.unpack_from("<I", data, at + 4)[0]
+        if chunk == b"fmt " and at + 16 <= len(data):
+            byte_rate = struct.unpack_from("<I", data, at + 16)[0]
+        elif chunk == b"data":
+            known = size not in _UNKNOWN_WAV_SIZES and byte_rate > 0
+            return size / byte_rate if known else 0.0
+        at += 8 + size + (size & 1)
+    return 0.0
 
 
 class PcmResampler:

@@ -8,6 +8,10 @@ from typing import Any
 import numpy as np
 
 IMAGE_FORMATS = ("png", "jpeg", "webp")
+# an uploaded image's most pixels: its header is read and checked before anything decodes
+# it (a 60000x60000 PNG is a few kilobytes and 10 GB of pixels). Below Pillow's own
+# refusal (2 x Image.MAX_IMAGE_PIXELS), so every image Pillow refuses is over it too.
+MAX_IMAGE_PIXELS = 64 * 2**20
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
 
@@ -70,7 +74,8 @@ def check_mask(mask: bytes, image: bytes) -> None:
 
 def image_size(data: bytes) -> tuple[int, int]:
     """(width, height) of an image file (its header only: callers bound the size before
-    anything decodes it); ValueError when it is not one."""
+    anything decodes it); ValueError when it is not one, Image.DecompressionBombError
+    (check_image turns it into a ValueError naming the limit) when Pillow refuses it."""
     import warnings
 
     from PIL import Image, UnidentifiedImageError
@@ -80,7 +85,22 @@ def image_size(data: bytes) -> tuple[int, int]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
                 return image.size
-    except Image.DecompressionBombError as e:
-        raise ValueError(f"the image is too large: {e}") from None
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"not an image this server can read ({e})") from None
+
+
+def check_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """(width, height) of an image file whose header declares at most ``max_pixels``;
+    ValueError naming the limit otherwise (or saying it is not an image). Only the header
+    is read."""
+    from PIL import Image
+
+    try:
+        width, height = image_size(data)
+    except Image.DecompressionBombError:
+        raise ValueError(f"the image declares more than {max_pixels} pixels, the most "
+                         "accepted") from None
+    if width * height > max_pixels:
+        raise ValueError(f"the image is {width}x{height}; at most {max_pixels} pixels "
+                         "are accepted")
+    return width, height

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from omni.media.audio import stream_seconds
+
 
 def encode_mp4(frames: Any, fps: int, crf: int = 18, audio: Any = None,
                audio_rate: int = 24000) -> bytes:
@@ -61,7 +63,7 @@ def probe_video(data: bytes) -> tuple[int, int, float]:
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.video:
-                raise ValueError("the file has no video stream")
+                raise ValueError("the file has no video stream (is it cut short?)")
             stream = container.streams.video[0]
             seconds = stream_seconds(container, stream)
             if seconds <= 0:  # e.g. a still image, which FFmpeg also opens
@@ -69,11 +71,3 @@ def probe_video(data: bytes) -> tuple[int, int, float]:
             return stream.codec_context.width, stream.codec_context.height, seconds
     except av.FFmpegError as e:
         raise ValueError(f"not a video this server can read ({e})") from None
-
-
-def stream_seconds(container: Any, stream: Any) -> float:
-    """A PyAV stream's duration in seconds (the container's when the stream has none;
-    0 when neither is known, as for a still image)."""
-    if stream.duration:
-        return float(stream.duration * stream.time_base)
-    return (container.duration or 0) / 1e6

@@ -94,7 +94,7 @@ def open_image(data: Any, what: str = "image") -> Any:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"'{what}' is not an image this server can read ({e})") from None
 
 

@@ -97,7 +97,7 @@ def decode_image(part: dict[str, Any]) -> Any:
     try:
         with Image.open(io.BytesIO(image["data"])) as im:
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"not an image this server can read ({e})") from None
 
 

@@ -50,7 +50,7 @@ class WorldSessions:
             raise InvalidInputError(f"unknown step param(s) {', '.join(unknown)}; "
                                     f"known: {', '.join(STEP_PARAMS)}")
         domains = self._world_domains()
-        if domains and domain not in domains:
+        if domains and (not isinstance(domain, str) or domain not in domains):
             raise InvalidInputError(f"unknown domain {domain!r}; this model serves "
                                     f"{', '.join(sorted(domains))}")
         session = self.sessions.open(WORLD, {"prompt": prompt, "domain": domain})

@@ -151,11 +151,9 @@ class PolicyConnection:
         """The action dict for one frame, an error text (connection kept), or None after
         closing the connection."""
         try:
-            observation = codec.unpackb(frame)
-            if not isinstance(observation, dict):
-                raise ValueError("the observation must be a map")
-            seed = self._seed(observation.pop("seed", None))
-            request = {"observation": pack_tree(observation)}
+            given_seed, observation = parse_observation(frame)
+            seed = self._seed(given_seed)
+            request = {"observation": observation}
         except (ValueError, TypeError) as exc:
             return f"bad observation: {exc}"
         try:
@@ -202,6 +200,19 @@ class PolicyConnection:
         hint = "" if live else " (no live replica right now: reconnect shortly)"
         await self.ws.send_str(f"policy failed: {exc}{hint}")
         await self.ws.close(code=code, message=b"policy failed")
+
+
+def parse_observation(frame: bytes) -> tuple[Any, dict[str, Any]]:
+    """One binary frame -> (its ``seed`` value or None, the observation packed for the
+    engine); ValueError saying what is wrong."""
+    observation = codec.unpackb(frame)
+    if not isinstance(observation, dict):
+        raise ValueError("the observation must be a map")
+    seed = observation.pop("seed", None)
+    try:
+        return seed, pack_tree(observation)
+    except RecursionError:  # msgpack nests up to 1024 deep, Python recursion less
+        raise ValueError("the observation is nested too deeply") from None
 
 
 def add_routes(app: web.Application) -> None:

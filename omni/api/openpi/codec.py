@@ -9,6 +9,7 @@ shape) so a malformed frame is a clear error, never a crash.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -37,23 +38,35 @@ def _array(obj: dict) -> np.ndarray:
     if not isinstance(data, bytes) or not isinstance(dtype, str) or not isinstance(
             shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
         raise ValueError("an __ndarray__ needs bin data, a str dtype and a list shape")
-    dt = np.dtype(dtype)
-    if dt.kind in _REFUSED_KINDS:
-        raise ValueError(f"unsupported dtype {dt}")
-    if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != len(data):
+    dt = _dtype(dtype)
+    count = math.prod(shape)  # Python ints: a huge declared shape cannot wrap around
+    if count * dt.itemsize != len(data):
         raise ValueError(f"array of shape {shape} and dtype {dtype} needs "
-                         f"{int(np.prod(shape)) * dt.itemsize} bytes, got {len(data)}")
+                         f"{count * dt.itemsize} bytes, got {len(data)}")
     return np.ndarray(buffer=data, dtype=dt, shape=shape)
+
+
+def _dtype(name: Any) -> np.dtype:
+    """A dtype a client may send: numeric or text, of a nonzero item size (a zero-size
+    item would let any shape pass the byte count)."""
+    try:
+        dt = np.dtype(name)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"unknown dtype {name!r}: {e}") from None
+    if dt.kind in _REFUSED_KINDS or dt.itemsize == 0:
+        raise ValueError(f"unsupported dtype {dt}")
+    return dt
 
 
 def _unpack_hook(obj: dict) -> Any:
     if b"__ndarray__" in obj:
         return _array(obj)
     if b"__npgeneric__" in obj:
-        dt = np.dtype(obj.get(b"dtype"))
-        if dt.kind in _REFUSED_KINDS:
-            raise ValueError(f"unsupported dtype {dt}")
-        return dt.type(obj.get(b"data"))
+        dt = _dtype(obj.get(b"dtype"))
+        try:
+            return dt.type(obj.get(b"data"))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"a {dt} scalar cannot hold {obj.get(b'data')!r}: {e}") from None
     return obj
 
 

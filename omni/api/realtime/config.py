@@ -113,7 +113,8 @@ class SessionConfig:
 
 
 def _modalities(value: Any, voices: tuple[str, ...]) -> list[str]:
-    if not isinstance(value, list) or not value or not set(value) <= {"text", "audio"}:
+    if not isinstance(value, list) or not value or not all(v in ("text", "audio")
+                                                           for v in value):
         raise ConfigError("output modalities are [\"audio\"] or [\"text\"]",
                           "session.output_modalities")
     if "audio" in value and not voices:

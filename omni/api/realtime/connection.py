@@ -114,9 +114,7 @@ class RealtimeConnection(VadTurns):
     async def _receive(self, raw: str | bytes) -> None:
         event_id = None
         try:
-            event = json.loads(raw)
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise ClientError("an event is a JSON object with a string 'type'")
+            event = parse_event(raw)
             event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
             handler = HANDLERS.get(event["type"])
             if handler is None:
@@ -124,9 +122,6 @@ class RealtimeConnection(VadTurns):
                                   "type")
             self.session = self.omni.sessions.manager.append(self.session.id)
             await handler(self, event)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            self.bad_events += 1
-            await self.error(f"the event is not valid JSON: {exc}", "invalid_json")
         except ClientError as exc:
             self.bad_events += 1
             await self.error(str(exc), exc.code, exc.param, event_id)
@@ -275,7 +270,7 @@ class RealtimeConnection(VadTurns):
             buffer = audio_input.InputAudio(30.0)
             try:
                 pcm16k = buffer.append(base64.b64decode(audio[0], validate=True))
-            except (binascii.Error, ValueError) as exc:
+            except (binascii.Error, ValueError, TypeError) as exc:
                 raise ClientError(f"input_audio.audio: {exc}", "invalid_audio") from None
             self._transcribe(item, pcm16k)
 
@@ -347,6 +342,19 @@ class RealtimeConnection(VadTurns):
 
     async def ignore(self, event: dict[str, Any]) -> None:
         """Events meant for WebRTC (output_audio_buffer.clear): nothing to do over WS."""
+
+
+def parse_event(raw: str | bytes) -> dict[str, Any]:
+    """One client frame -> its event (a JSON object with a string ``type``); ClientError
+    otherwise. RecursionError too: json.loads of a deeply nested frame raises it."""
+    try:
+        event = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ClientError(f"the event is not valid JSON: {str(exc)[:200]}",
+                          "invalid_json") from None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ClientError("an event is a JSON object with a string 'type'")
+    return event
 
 
 HANDLERS = {
