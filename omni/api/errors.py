@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from omni.config.pipeline import UnknownModalityError, UnsupportedInputError
 from omni.errors import (
@@ -113,6 +114,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         if exc.status < 400:
             raise
         return _http_error(exc, request).response()
+    except HttpProcessingError as exc:  # a body part aiohttp cannot parse (multipart headers)
+        return APIError(400, f"malformed request body: {exc.message.strip()}").response()
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return from_exception(RuntimeError()).response()

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from omni.api import (
     images,
+    openapi,
     openpi,
     realtime,
     speech,
@@ -27,3 +28,4 @@ def add_routes(app: web.Application) -> None:
     videos.add_routes(app)
     openpi.add_routes(app)
     world.add_routes(app)
+    openapi.add_routes(app)

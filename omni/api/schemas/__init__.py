@@ -66,6 +66,17 @@ ModelId = Annotated[Any, WithJsonSchema(
     {"type": "string", "description": "a served model's id (GET /v1/models)"})]
 
 
+def _model_required(schema: dict[str, Any]) -> None:
+    schema["required"] = sorted({*schema.get("required", ()), "model"})
+
+
+class ModelRequest(RequestModel):
+    """A body whose 'model' is required (documented as such; the registry checks it)."""
+
+    model_config = ConfigDict(json_schema_extra=_model_required)
+    model: ModelId = None
+
+
 def cross_field(param: str, message: str) -> PydanticCustomError:
     """A rule between fields (raised by a model validator), reported on ``param``."""
     return PydanticCustomError("omni_cross_field", message, {"param": param})
@@ -81,9 +92,11 @@ def parse(model: type[Model], body: dict[str, Any]) -> Model:
 
 def to_api_error(exc: ValidationError) -> APIError:
     error = exc.errors(include_url=False)[0]
-    param = field_path(error["loc"]) or (error.get("ctx") or {}).get("param")
-    if error["type"] == "omni_cross_field":
-        return APIError(400, error["msg"], param=error["ctx"]["param"])
+    param = field_path(error["loc"])
+    if error["type"] == "omni_cross_field":  # nested: "messages[0]: ...", on messages[0].x
+        where = f"{param}: " if param else ""
+        param = ".".join(p for p in (param, error["ctx"]["param"]) if p)
+        return APIError(400, where + error["msg"], param=param)
     if error["type"] == "omni_checked":
         return APIError(400, f"'{param}' {error['msg']}", param=param)
     if error["type"] == "missing":

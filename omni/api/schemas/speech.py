@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictStr, WithJsonSchema
 
-from omni.api.schemas import ModelId, RequestModel, checked, choice, number_in
+from omni.api.schemas import ModelRequest, checked, choice, number_in
 from omni.media.audio import FORMATS
 from omni.models.speech import SPEED_MAX, SPEED_MIN
 
@@ -23,8 +23,7 @@ Voice = Annotated[Any, WithJsonSchema({
     "description": "a voice of the model (GET /v1/audio/voices), or {\"id\": ...}"})]
 
 
-class SpeechRequest(RequestModel):
-    model: ModelId = None
+class SpeechRequest(ModelRequest):
     input: checked(Annotated[StrictStr, Field(pattern=r"\S")], "must be a non-empty string")
     voice: Voice = None
     # null means the default, as omitting the field does

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictStr, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from omni.api.schemas import (
-    ModelId,
+    ModelRequest,
     RequestModel,
     checked,
     choice,
@@ -34,10 +34,9 @@ class StreamOptions(RequestModel):
     include_usage: StrictBool | None = None
 
 
-class SamplingFields(RequestModel):
+class SamplingFields(ModelRequest):
     """What both text endpoints take; `sampling()` maps them to the engine's names."""
 
-    model: ModelId = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     n: int_in(1, MAX_N, "choices to return") | None = None
@@ -110,6 +109,8 @@ class ChatAudioRef(RequestModel):
 
 
 class ChatMessage(RequestModel):
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": ["content"]}, {"required": ["audio"]}]})
     role: StrictStr
     content: checked(StrictStr | list[ContentPart],
                      "must be a string or a list of content parts") | None = None

@@ -142,6 +142,8 @@ def _text_and_trace(inputs: Mapping[str, Any]) -> tuple[str, list[str]]:
     """Client inputs carry prompt/messages; downstream inputs map producer -> chunks."""
     if "prompt" in inputs:
         return str(inputs["prompt"]), []
+    if "prompt_token_ids" in inputs:  # no tokenizer here: the ids are echoed as text
+        return " ".join(str(t) for t in inputs["prompt_token_ids"]), []
     if "messages" in inputs:
         return _last_message_text(inputs["messages"]), []
     if "codes" in inputs:
