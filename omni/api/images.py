@@ -25,9 +25,10 @@ from aiohttp import web
 from omni.api import media_params as mp
 from omni.api.app import ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.schemas import parse
+from omni.api.schemas.media import ImageGenerationRequest
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.image import (
-    IMAGE_FORMATS,
     MIME,
     apply_mask,
     check_image,
@@ -36,7 +37,10 @@ from omni.media.image import (
 )
 
 log = logging.getLogger("omni.api.images")
-QUALITIES = ("auto", "low", "medium", "high", "xhigh", "max", "standard", "hd")
+# fields the handler reads itself; the rest go on to the stage-limit checks
+NOT_ENGINE_FIELDS = ("model", "prompt", "negative_prompt", "size", "output_format",
+                     "output_compression", "response_format", "background", "quality",
+                     "stream", "partial_images")
 
 
 @dataclass
@@ -89,41 +93,30 @@ def _size_of(pixels: Any) -> str:
 
 # -- request checking -------------------------------------------------------------------
 def _common(request: web.Request, body: dict[str, Any], task: str, hint: str) -> dict[str, Any]:
-    model, info = mp.pick_model(request, body.get("model"), "image", task, hint)
-    fmt = mp.field(body, "output_format", str, "png")
-    if fmt not in IMAGE_FORMATS:
-        raise APIError(400, f"'output_format' {fmt!r} is not supported here; use one of "
-                       f"{', '.join(IMAGE_FORMATS)}", param="output_format")
-    compression = mp.field(body, "output_compression", int)
-    if compression is not None and not 0 <= compression <= 100:
-        raise APIError(400, "'output_compression' must be 0-100", param="output_compression")
-    response_format = mp.field(body, "response_format", str, "b64_json")
-    if response_format not in ("b64_json", "url"):
-        raise APIError(400, "'response_format' must be 'b64_json' or 'url'",
-                       param="response_format")
-    background = mp.field(body, "background", str, "auto")
-    if background not in ("auto", "opaque", "transparent"):
-        raise APIError(400, "'background' must be auto, opaque or transparent",
-                       param="background")
-    if background == "transparent":
+    """Checks ``body`` (JSON, or a form's text fields) against the declared schema, then
+    against the limits of the model's diffusion stage."""
+    req = parse(ImageGenerationRequest, body)
+    model, info = mp.pick_model(request, req.model, "image", task, hint)
+    if req.background == "transparent":
         raise APIError(400, "transparent backgrounds are not supported by this model; use "
                        "'opaque' or 'auto'", param="background")
-    quality = mp.field(body, "quality", str, "auto")
-    if quality not in QUALITIES:
-        raise APIError(400, f"'quality' must be one of {', '.join(QUALITIES)}",
-                       param="quality")
-    stream = mp.field(body, "stream", bool, False)
-    partials = mp.field(body, "partial_images", int, 0)
-    if not 0 <= partials <= 3:
-        raise APIError(400, "'partial_images' must be 0-3", param="partial_images")
-    params = mp.engine_params(body, info, size=mp.field(body, "size", str))
-    if stream:
+    # typed values (a form's "3" is 3 by now) for the stage-limit checks
+    typed = {**body, **req.model_dump(exclude_none=True, exclude=set(NOT_ENGINE_FIELDS))}
+    params = mp.engine_params(typed, info, size=req.size)
+    if req.stream:
         if params.get("n", 1) != 1:
             raise APIError(400, "'stream' supports n=1", param="n")
-        params["previews"] = partials
-    return {"model": model, "info": info, "format": fmt, "compression": compression,
-            "as_url": response_format == "url", "stream": stream, "quality": quality,
-            "params": params}
+        params["previews"] = req.partial_images or 0
+    return {"model": model, "info": info, "format": req.output_format or "png",
+            "compression": req.output_compression, "as_url": req.response_format == "url",
+            "stream": bool(req.stream), "quality": req.quality or "auto", "params": params,
+            "prompt": req.prompt, "negative_prompt": req.negative_prompt}
+
+
+def _inputs(checked: dict[str, Any]) -> dict[str, Any]:
+    negative = checked.pop("negative_prompt")
+    return {"prompt": checked.pop("prompt"),
+            **({"negative_prompt": negative} if negative is not None else {})}
 
 
 async def parse_generation(request: web.Request) -> ImageCall:
@@ -131,7 +124,7 @@ async def parse_generation(request: web.Request) -> ImageCall:
     checked = _common(request, body, "generate",
                       "Send edits of an input image to POST /v1/images/edits.")
     checked.pop("info")
-    inputs = {"prompt": mp.prompt(body), **mp.negative_prompt(body)}
+    inputs = _inputs(checked)
     return ImageCall(request, kind="image_generation", inputs=inputs, **checked)
 
 
@@ -159,7 +152,7 @@ async def parse_edit(request: web.Request) -> ImageCall:
             check_mask(mask_bytes, images[0])
         except ValueError as e:
             raise APIError(400, str(e), param="mask") from None
-    inputs = {"prompt": mp.prompt(body), "images": images, **mp.negative_prompt(body)}
+    inputs = {**_inputs(checked), "images": images}
     return ImageCall(request, kind="image_edit", inputs=inputs, mask=mask_bytes, **checked)
 
 

@@ -24,6 +24,8 @@ from aiohttp import web
 from omni.api import media_params as mp
 from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError, from_exception, read_json
+from omni.api.schemas import parse
+from omni.api.schemas.media import VideoRequest
 from omni.api.video_jobs import VideoJob, VideoStore, default_data_dir
 from omni.media.image import encode_image
 from omni.media.video import encode_mp4
@@ -76,13 +78,15 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
 
 async def parse_video(request: web.Request) -> VideoCall:
     body, images = await _body(request)
+    req = parse(VideoRequest, body)  # a form's text fields convert ("8" -> 8.0)
     task = "image_to_video" if images else "text_to_video"
     hint = ("Image-to-video models need 'input_reference' (the first frame)." if not images
             else "Only image-to-video models take 'input_reference'.")
-    model, info = mp.pick_model(request, body.get("model"), "video", task, hint)
-    params = mp.engine_params(body, info, size=mp.field(body, "size", str))
+    model, info = mp.pick_model(request, req.model, "video", task, hint)
+    typed = {**body, **req.model_dump(exclude_none=True, exclude={"model", "prompt", "size"})}
+    params = mp.engine_params(typed, info, size=req.size)
     fps, step = int(info["fps"]), int(info.get("frame_step") or 1)
-    seconds = mp.field(body, "seconds", float)
+    seconds = req.seconds
     if "frames" not in params:
         if seconds is not None:
             if not 0 < seconds <= MAX_SECONDS:
@@ -97,7 +101,9 @@ async def parse_video(request: web.Request) -> VideoCall:
                        f"'{model.id}': frames are {step}k+1, at most {most} "
                        f"(= {(most - 1) / fps:g} s at {fps} fps)",
                        param="num_frames" if seconds is None else "seconds")
-    inputs = {"prompt": mp.prompt(body), **mp.negative_prompt(body)}
+    inputs = {"prompt": req.prompt}
+    if req.negative_prompt is not None:
+        inputs["negative_prompt"] = req.negative_prompt
     if images:
         inputs["images"] = images
     size = params.get("size") or info.get("default_size", "")
