@@ -11,11 +11,14 @@ an engine puts in its outputs into a ref. Lifetimes, all per request:
   copied on receipt and released at once: a device copy takes microseconds, while a
   block held for a request's whole life is what runs a producer's (1 GiB) pool dry when
   many long requests each hold their prompt's hidden states (2500 tokens: 20 MB each);
-- on abort or failure (`drop`), this process frees every payload it produced for the
-  request (the orchestrator dropped the refs still on their way) and forgets, without
-  releasing, what it received: the orchestrator aborts the request at its producers too,
-  and they free those blocks. A release sent now could land after the producer freed and
-  re-used the block, overwrite the new owner's release flag and leak that block.
+- on abort or failure (`forget`), this process forgets, without releasing, what it
+  received, and keeps what it produced: a consumer elsewhere may still be reading it.
+  The orchestrator aborts the request at every replica it touched, each says when it has
+  let go (its ABORT is acknowledged after the engine dropped the request), and only then
+  tells them to `free` what they produced for it (Msg.FREE; omni/runtime/aborts.py): so
+  no consumer ever reads a block its producer re-used for another request. A release
+  sent instead of forgetting could land after the producer freed and re-used the block,
+  overwrite the new owner's release flag and leak that block.
 torch and the connector are imported on first use: an echo process never pays for them.
 """
 
@@ -102,9 +105,12 @@ class PayloadPlane:
         for ref in self._held.pop(request_id, ()):
             self.connector.release(ref)
 
-    def drop(self, request_id: str) -> None:
-        """The request is gone (abort, failure): free what it made, forget what it got."""
+    def forget(self, request_id: str) -> None:
+        """The request is gone here (abort, failure): forget what it got (module doc)."""
         self._held.pop(request_id, None)
+
+    def free(self, request_id: str) -> None:
+        """No replica reads the request's payloads any more: free what it made here."""
         if self._connector is not None:
             self._connector.cleanup(request_id)
 

@@ -37,6 +37,9 @@ class Msg(enum.IntEnum):
     LIMIT = 5  # [[[request_id, max_outputs | None], ...]]   stream flow control (lead.py)
     SESSION = 6  # [[[session_id, op], ...]]   drop a session's engine state (op: close,
     #   reset, evict); answered by an OUTPUTS without rows whose stats say what is held
+    FREE = 7  # [[request_id, ...]]   free the payloads these aborted requests produced: every
+    #   replica that could read them has let go (ABORT is answered by an OUTPUTS without rows
+    #   whose stats["aborted"] lists the request ids; runtime/aborts.py)
     # engine -> orchestrator
     READY = 10  # [replica_id, info]   the first message of an incarnation
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
@@ -47,8 +50,9 @@ class Msg(enum.IntEnum):
 
 
 TYPE_BYTES = {m: bytes([m]) for m in Msg}
-ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1, Msg.SESSION: 1, Msg.READY: 2,
-         Msg.OUTPUTS: 3, Msg.DEAD: 2, Msg.HEARTBEAT: 1}
+ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1,
+         Msg.SESSION: 1, Msg.FREE: 1, Msg.READY: 2, Msg.OUTPUTS: 3, Msg.DEAD: 2,
+         Msg.HEARTBEAT: 1}
 _KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -104,6 +108,7 @@ _INBOUND_CHECKS: dict[Msg, Callable[[list], bool]] = {
     Msg.ADD: lambda b: isinstance(b[0], str),
     Msg.APPEND: lambda b: isinstance(b[0], str) and isinstance(b[1], str),
     Msg.ABORT: lambda b: isinstance(b[0], list) and all(isinstance(r, str) for r in b[0]),
+    Msg.FREE: lambda b: isinstance(b[0], list) and all(isinstance(r, str) for r in b[0]),
 }
 
 

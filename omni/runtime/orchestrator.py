@@ -32,6 +32,7 @@ from omni.errors import (
     StageUnavailableError,
 )
 from omni.protocol import Msg, encode
+from omni.runtime.aborts import AbortFences
 from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
 from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeline_samples
@@ -70,6 +71,7 @@ class Orchestrator:
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
+        self.fences = AbortFences(self.engines.try_send)  # aborts' FREE (runtime/aborts.py)
         self._session_stages = session_stages(pipeline)  # stages keeping session state
         self.on_session_bytes: Callable[[Replica, dict], None] | None = None
         self.on_replica_death: Callable[[Replica], None] | None = None
@@ -188,6 +190,8 @@ class Orchestrator:
         self.control_bytes[replica.stage, "in"] += nbytes
         if self.on_session_bytes is not None and "session_bytes" in stats:
             self.on_session_bytes(replica, stats["session_bytes"])
+        if "aborted" in stats:
+            self.fences.answered(replica, stats["aborted"])
         now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
         inbound = inbound if isinstance(inbound, dict) else {}
         try:  # a bug in the bookkeeping must not cost the outputs below
@@ -334,6 +338,7 @@ class Orchestrator:
                     f"stage '{replica.stage}' replica {replica.replica_id} died while serving "
                     f"this request: {reason.splitlines()[0]}", replica.stage))
         replica.outstanding.clear()
+        self.fences.died(replica)
         if self.on_replica_death is not None:
             self.on_replica_death(replica)
 
@@ -361,11 +366,11 @@ class Orchestrator:
     def _release_stages(self, state: RequestState, failed: bool) -> None:
         """Abort the request where it still runs; after a failure also where it finished,
         so producers free payloads whose refs the orchestrator is dropping."""
-        for stage, replica in state.bound.items():
-            running = stage not in state.done and state.engine_id in replica.outstanding
+        self.fences.abort(state.engine_id, [  # and FREE once they all let go (aborts.py)
+            replica for stage, replica in state.bound.items() if failed or (
+                stage not in state.done and state.engine_id in replica.outstanding)])
+        for replica in state.bound.values():
             replica.outstanding.discard(state.engine_id)
-            if (running or failed) and replica.alive:
-                self.engines.try_send(replica, encode(Msg.ABORT, [state.engine_id]))
         state.chunks.clear()
         state.held.clear()
 

@@ -34,6 +34,7 @@ class EngineLoop:
         self.inbound = InboundTimes()
         self.gc_pauses: GcPauses | None = None  # while run() runs: it registers and removes
         self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
+                         Msg.FREE: self._free,
                          Msg.LIMIT: self._limit, Msg.SESSION: self._session,
                          Msg.SHUTDOWN: self._stop}
 
@@ -98,17 +99,25 @@ class EngineLoop:
 
     def _reject(self, request_id: str, exc: Exception) -> None:
         log.warning("request %s failed: %s", request_id, exc)
-        self.payloads.drop(request_id)
+        self.payloads.forget(request_id)  # what it made is freed after the abort (FREE)
         self.inbound.drop(request_id)
         self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
                                  [[request_id, None, True, [ENGINE_FAULT, str(exc)]]],
                                  {"sent_at": time.monotonic()}))
 
     def _abort(self, body: list[Any]) -> None:
+        """Drop the requests, then say so: the engine reads none of their inputs after this
+        (their producers free them once every replica has said it; omni/payloads.py)."""
         self.engine.abort(body[0])
         for request_id in body[0]:
-            self.payloads.drop(request_id)
+            self.payloads.forget(request_id)
             self.inbound.drop(request_id)
+        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, [],
+                                 {"aborted": body[0], "sent_at": time.monotonic()}))
+
+    def _free(self, body: list[Any]) -> None:
+        for request_id in body[0]:
+            self.payloads.free(request_id)
 
     def _limit(self, body: list[Any]) -> None:
         try:
@@ -158,7 +167,7 @@ class EngineLoop:
             data = self.payloads.publish(out.request_id, out.data)
         except Exception as exc:  # e.g. the arena stayed full: this request fails alone
             self.engine.abort([out.request_id])
-            self.payloads.drop(out.request_id)
+            self.payloads.forget(out.request_id)
             return [out.request_id, None, True, [ENGINE_FAULT, f"cannot publish output: {exc}"]]
         error = None if out.error is None else [out.error_kind, out.error]
         return [out.request_id, data, out.finished, error]

@@ -1,0 +1,72 @@
+"""Consumer-acknowledged aborts: an aborted request's payloads are freed only after every
+replica that could read them has let go.
+
+Before, ABORT went to every replica a request touched at once, and each producer freed
+the request's shared-memory blocks on receipt. A consumer still inside a step (or with an
+input message queued before the ABORT) could then read a block the producer had already
+re-used for another request. Now:
+
+    orchestrator ── ABORT [id] ──► every live replica the request was bound to
+    each replica: the engine drops the request, forgets the views it received (no
+        release), and answers an OUTPUTS without rows whose stats["aborted"] = [id]
+    when every one of them has answered (or died: a dead process reads nothing)
+    orchestrator ── FREE [id] ──► the same replicas: each frees what it produced for id
+
+Messages on one ROUTER/DEALER pair keep their order, so nothing the orchestrator sent a
+replica before the ABORT (an APPEND carrying a ref) can reach it after its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from omni.protocol import Msg, encode
+from omni.runtime.pool import Replica
+
+log = logging.getLogger("omni.runtime.aborts")
+
+
+class AbortFences:
+    """Per aborted request: the replicas that have not answered its ABORT yet."""
+
+    def __init__(self, send: Callable[[Replica, bytes], Any]) -> None:
+        self._send = send  # sends unless the peer is gone (EngineSet.try_send)
+        self._waiting: dict[str, tuple[set[str], list[Replica]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def abort(self, engine_id: str, replicas: list[Replica]) -> None:
+        """Send ABORT to these replicas; FREE follows once they have all answered."""
+        sent = [r for r in replicas if r.alive and self._send(r, encode(Msg.ABORT, [engine_id]))]
+        if sent:
+            self._waiting[engine_id] = ({r.replica_id for r in sent}, sent)
+
+    def answered(self, replica: Replica, engine_ids: Any) -> None:
+        """A replica's ABORT answer (stats["aborted"] of an OUTPUTS)."""
+        if not isinstance(engine_ids, list):
+            log.warning("%s: malformed abort answer %r", replica.replica_id, engine_ids)
+            return
+        for engine_id in engine_ids:
+            if isinstance(engine_id, str):
+                self._let_go(engine_id, replica.replica_id)
+
+    def died(self, replica: Replica) -> None:
+        """A dead replica reads nothing: it no longer holds back any request's FREE."""
+        for engine_id in list(self._waiting):
+            self._let_go(engine_id, replica.replica_id)
+
+    def _let_go(self, engine_id: str, replica_id: str) -> None:
+        entry = self._waiting.get(engine_id)
+        if entry is None:
+            return
+        waiting, replicas = entry
+        waiting.discard(replica_id)
+        if waiting:
+            return
+        del self._waiting[engine_id]
+        for replica in replicas:
+            if replica.alive:
+                self._send(replica, encode(Msg.FREE, [engine_id]))
