@@ -70,18 +70,19 @@ def budget_bytes(memory: int | None, share: float | None, device: str) -> int | 
     return int(gpu_total_bytes(device) * share)
 
 
-AR_ADVICE = ("the budget sizes the weights and the KV cache; decode graphs and the largest "
-             "step's activations come on top. Leave that much free beside it, or lower "
-             "max_num_seqs, max_graph_context or max_batched_tokens")
+AR_ADVICE = ("the budget buys the weights, the decode graphs, the largest warm-up step and "
+             "the KV cache (the first three measured at load); what else the model holds "
+             "(e.g. a model adapter's own graphs or buffers) comes on top. Leave that much free "
+             "beside it, or lower max_num_seqs, max_graph_context or max_batched_tokens")
 
 
 def over_budget(stage: str, used: int | None, budget: int | None,
                 advice: str | None = None) -> str | None:
     """What to tell the operator when a stage holds more device memory after loading
-    than its budget (None when it fits or has no budget): the budget sizes the weights and
-    the KV cache, and what comes on top (decode graphs, about 1 GiB per AR stage in the
-    H200 runs of bench/results/archive/omni-h200-c32-stream.md, and the largest step's
-    activations, reached at load by warm_prefill) must be left free beside it."""
+    than its budget (None when it fits or has no budget). An AR stage counts its decode
+    graphs and its largest warm-up step inside the budget (omni/engines/ar/budget.py); before
+    it did, they came on top: about 1 GiB of graphs per AR stage in the H200 runs of
+    bench/results/archive/omni-h200-c32-stream.md."""
     if not used or not budget or used <= budget:
         return None
     gib = 2 ** 30
