@@ -35,6 +35,8 @@ BENCHMARKS = {
                   "engine vs diffusers (per request, batched) and the bare transformer"),
     "omni": ("omni", "spoken answers (Qwen3-Omni): TTFT, TTFP, RTF, E2EL, underrun, stream "
              "vs full delivery, against the critical path"),
+    "soak": ("soak", "reliability: many clients on mixed workloads for a set time, replicas "
+             "killed at random, every answer checked, memory watched, drain under load"),
 }
 
 

@@ -13,7 +13,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import MutableSequence
 from pathlib import Path
 from typing import Any
 
@@ -115,28 +117,37 @@ def _pipeline(config: str, tmp: Path) -> str:
     return str(path)
 
 
-def start_server(pipeline: str | None, name: str = "tts") -> tuple[subprocess.Popen, str]:
+def start_server(pipeline: str | None, name: str = "tts", extra: list[str] | None = None,
+                 log: MutableSequence[str] | None = None, env: dict[str, str] | None = None,
+                 timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
     """`python -m omni.server --pipeline PIPELINE` serving it as `name` (no pipeline: the
-    server's default, its own ids); (process, url)."""
+    server's default, its own ids; `extra`: more server flags); (process, url). The server
+    runs in its own process group (its pid is the group id), so a caller can find and
+    check everything it started; `log` collects its log lines."""
     target = [] if pipeline is None else ["--pipeline", pipeline, "--served-model-name", name]
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", *target, "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    deadline = time.monotonic() + 120
-    for line in proc.stderr:
-        found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
-        if found:
-            break
-        if time.monotonic() > deadline:
-            break
-    else:
-        raise RuntimeError("server exited before listening")
-    if not found:
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", *target, *(extra or []),
+                             "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            env=env or os.environ.copy(), start_new_session=True)
+    lines = log if log is not None else []
+    found: list[str] = []
+    listening = threading.Event()
+
+    def read_log() -> None:  # all along, so the pipe never fills
+        for line in proc.stderr:
+            if log is not None or not listening.is_set():
+                lines.append(line)
+            url = re.search(r"listening on (http://[0-9.]+:\d+)", line)
+            if url:
+                found.append(url.group(1))
+                listening.set()
+        listening.set()  # it exited
+
+    threading.Thread(target=read_log, daemon=True).start()
+    if not listening.wait(timeout_s) or not found:
         proc.kill()
-        raise RuntimeError("server did not start in 120 s")
-    # keep draining its log so the pipe never fills
-    import threading
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    return proc, found.group(1)
+        raise RuntimeError(f"server did not start in {timeout_s:g} s (exit {proc.poll()}):\n"
+                           + "".join(lines[-20:]))
+    return proc, found[0]
 
 
 async def _http_request(session: Any, url: str, burst_start: float) -> dict[str, float]:

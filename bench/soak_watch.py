@@ -1,0 +1,192 @@
+"""What the soak watches from outside the server: its process tree (/proc), its /dev/shm
+blocks, its /health and /metrics; and the chaos: SIGKILL of a random engine replica.
+
+Memory is the sum of PSS (smaps_rollup) over the tree, not of VmRSS: engines are forked
+from one fork server that imported torch first, so their RSS counts the shared pages once
+per process and a restarted replica's fresh copy-on-write pages would read as growth; PSS
+splits each shared page among its users, so the sum is the tree's real footprint. VmRSS's
+sum is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                # the command name may hold spaces and parentheses: ppid follows the last ')'
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        tree.setdefault(ppid, []).append(int(name))
+    return tree
+
+
+def descendants(root: int) -> list[int]:
+    """root and every process below it."""
+    tree, found, todo = children_by_parent(), [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(tree.get(pid, []))
+    return found
+
+
+def engine_pids(server: int) -> list[int]:
+    """The engine replicas: the fork server's children (processes.py forks every engine
+    from it); the fork server and the resource tracker themselves are not replicas."""
+    tree = children_by_parent()
+    for child in tree.get(server, []):
+        if b"forkserver" in _read(f"/proc/{child}/cmdline"):
+            return list(tree.get(child, []))
+    return []
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _field_kib(text: bytes, name: bytes) -> int:
+    found = re.search(rb"^" + name + rb":\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) if found else 0
+
+
+def tree_memory(server: int) -> dict[str, int]:
+    pss = rss = fds = 0
+    pids = descendants(server)
+    for pid in pids:
+        pss += _field_kib(_read(f"/proc/{pid}/smaps_rollup"), b"Pss") * 1024
+        rss += _field_kib(_read(f"/proc/{pid}/status"), b"VmRSS") * 1024
+        try:
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            pass
+    return {"processes": len(pids), "pss_bytes": pss, "rss_bytes": rss, "fds": fds}
+
+
+def shm_blocks(server: int, shm_dir: str = "/dev/shm") -> dict[str, int]:
+    """The server's payload arenas (omni-<server pid>-...): bytes really held (allocated
+    blocks, not the apparent size) and how many."""
+    used = count = 0
+    prefix = f"omni-{server}-"
+    for name in os.listdir(shm_dir):
+        if name.startswith(prefix):
+            try:
+                used += os.stat(os.path.join(shm_dir, name)).st_blocks * 512
+                count += 1
+            except OSError:
+                pass
+    return {"shm_bytes": used, "shm_files": count}
+
+
+ENGINE_BYTES = ("omni_replica_arena_used_bytes", "omni_replica_tensor_bytes")
+
+
+def engine_bytes(metrics_text: str) -> int:
+    """Bytes engines report holding (payload arenas in use, diffusion latents)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(ENGINE_BYTES):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+async def health(session: Any, base: str) -> dict[str, Any]:
+    """(served model, stage) -> {live, replicas, restarts}."""
+    async with session.get(f"{base}/health") as resp:
+        report = (await resp.json())["models"]
+    return {(model, stage): s for model, r in report.items() for stage, s in r["stages"].items()}
+
+
+def all_up(stages: dict[Any, Any]) -> bool:
+    return all(s["live"] == s["replicas"] for s in stages.values())
+
+
+@dataclass
+class Watch:
+    """Samples, kills and restarts, on the clock of time.monotonic() since `t0`."""
+
+    server: int
+    base: str
+    t0: float = field(default_factory=time.monotonic)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    views: set[str] = field(default_factory=set)
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    async def stages(self, session: Any) -> dict[tuple[str, str], dict[str, int]]:
+        return {k: v for k, v in (await health(session, self.base)).items()
+                if k[0] not in self.views}
+
+    async def sample_every(self, session: Any, every_s: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.sample(session)
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
+
+    async def sample(self, session: Any) -> None:
+        t = self.now()
+        memory = await asyncio.to_thread(tree_memory, self.server)
+        shm = await asyncio.to_thread(shm_blocks, self.server)
+        async with session.get(f"{self.base}/metrics") as resp:
+            held = engine_bytes(await resp.text())
+        stages = await self.stages(session)
+        self.samples.append({"t": t, **memory, **shm, "engine_bytes": held,
+                             "all_up": all_up(stages),
+                             "restarts": sum(s["restarts"] for s in stages.values())})
+
+    async def kill_every(self, session: Any, every_s: float, stop: asyncio.Event,
+                         rng: random.Random) -> None:
+        """Every `every_s`, SIGKILL one random replica if every replica is up (so each
+        failure can be traced to one kill), then wait for its restart."""
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+                return
+            except TimeoutError:
+                pass
+            before = await self.stages(session)
+            pids = engine_pids(self.server)
+            if not all_up(before) or not pids:
+                self.kills.append({"t": self.now(), "skipped": "not every replica was up"})
+                continue
+            pid = rng.choice(pids)
+            kill = {"t": self.now(), "pid": pid}
+            os.kill(pid, signal.SIGKILL)
+            self.kills.append(kill)
+            await self._await_restart(session, before, kill, stop)
+
+    async def _await_restart(self, session: Any, before: dict, kill: dict,
+                             stop: asyncio.Event) -> None:
+        """Which stage the pid served: the one whose restart count moves; back = the
+        first moment every replica is live again."""
+        while not stop.is_set():
+            await asyncio.sleep(0.25)
+            now = await self.stages(session)
+            moved = [k for k in now if now[k]["restarts"] > before.get(k, {}).get("restarts", 0)]
+            if moved and "stage" not in kill:
+                kill["stage"] = list(moved[0])
+            if moved and all_up(now):
+                kill["back"] = self.now()
+                return
