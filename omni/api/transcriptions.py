@@ -23,12 +23,14 @@ from aiohttp import BodyPartReader, web
 
 from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError
+from omni.api.schemas import parse as schema_parse
+from omni.api.schemas.media import TranscriptionForm
 from omni.api.streams import sse_data, start_sse
-from omni.api.subtitles import FORMATS, render, stream_deltas
+from omni.api.subtitles import render, stream_deltas
 from omni.media.audio import decode_audio, pcm16
 
 TEXT_FIELD_BYTES = 64 * 1024  # a form field other than the file (a prompt is short)
-GRANULARITIES = ("segment", "word")
+LIST_FIELDS = ("timestamp_granularities", "include")  # sent as name[] parts
 
 
 @dataclass
@@ -106,51 +108,45 @@ def _transcriber(request: web.Request, model_id: str | None) -> ServedModel:
 
 def parse(model: ServedModel, fields: dict[str, list[str]], audio: bytes | None,
           translation: bool, languages: list[str]) -> TranscriptionCall:
+    """The form checked: its text fields through TranscriptionForm (lax: "0.2" is 0.2,
+    "true" is True), then what depends on the served model (translation, languages,
+    log probabilities)."""
     if translation:
         only = " (it is English-only)" if languages == ["en"] else ""
         raise APIError(400, f"model '{model.id}' transcribes speech "
                        f"(/v1/audio/transcriptions) and does not translate{only}",
                        param="model")
-    language = _one(fields, "language")
-    if language and languages and language not in languages:
-        raise APIError(400, f"model '{model.id}' understands {', '.join(languages)} only, "
-                       f"not {language!r}", param="language")
     if audio is None:
         raise APIError(400, "a 'file' part with the audio is required", param="file")
-    fmt = _one(fields, "response_format") or "json"
-    if fmt not in FORMATS:
-        raise APIError(400, f"'response_format' must be one of {', '.join(FORMATS)}, got "
-                       f"{fmt!r}", param="response_format")
-    stream = (_one(fields, "stream") or "false").lower()
-    if stream not in ("true", "false"):
-        raise APIError(400, f"'stream' must be true or false, got {stream!r}", param="stream")
-    if "logprobs" in fields.get("include[]", []):
+    form = schema_parse(TranscriptionForm, form_body(fields, audio))
+    if form.language and languages and form.language not in languages:
+        raise APIError(400, f"model '{model.id}' understands {', '.join(languages)} only, "
+                       f"not {form.language!r}", param="language")
+    if "logprobs" in (form.include or ()):
         raise APIError(400, f"model '{model.id}' does not report log probabilities",
                        param="include")
-    granularities = fields.get("timestamp_granularities[]", [])
-    if bad := [g for g in granularities if g not in GRANULARITIES]:
-        raise APIError(400, f"'timestamp_granularities[]' takes segment and word, got "
-                       f"{bad[0]!r}", param="timestamp_granularities")
-    params: dict[str, Any] = {"temperature": _temperature(_one(fields, "temperature"))}
+    params: dict[str, Any] = {"temperature": form.temperature or 0.0}
     for name in ("language", "prompt"):
-        if value := _one(fields, name):
+        if value := getattr(form, name):
             params[name] = value
-    words = "word" in granularities
+    words = "word" in (form.timestamp_granularities or ())
     params["word_timestamps"] = words
-    return TranscriptionCall(model, audio, fmt, stream == "true", params, words)
+    return TranscriptionCall(model, audio, form.response_format or "json", bool(form.stream),
+                             params, words)
 
 
-def _temperature(value: str | None) -> float:
-    if value is None or value == "":
-        return 0.0
-    try:
-        temperature = float(value)
-    except ValueError:
-        temperature = -1.0
-    if not 0.0 <= temperature <= 1.0:
-        raise APIError(400, f"'temperature' must be a number in [0, 1], got {value!r}",
-                       param="temperature")
-    return temperature
+def form_body(fields: dict[str, list[str]], audio: bytes) -> dict[str, Any]:
+    """The form as TranscriptionForm's input: a repeated field's last value, an empty one
+    left out (as absent), the list fields ('include[]', as the openai SDK names them, or
+    'include') as lists under their plain names, so an error's param is 'include[1]'."""
+    body: dict[str, Any] = {name: values[-1] for name, values in fields.items()
+                            if values and values[-1] != ""}
+    for name in LIST_FIELDS:
+        body.pop(f"{name}[]", None)
+        if values := [*fields.get(f"{name}[]", ()), *fields.get(name, ())]:
+            body[name] = values
+    body["file"] = audio
+    return body
 
 
 # -- running it -----------------------------------------------------------------------------

@@ -75,7 +75,8 @@ class VideoForm(VideoRequest):
 
 
 class TranscriptionForm(RequestModel):
-    """multipart/form-data; every field arrives as text."""
+    """multipart/form-data; every field arrives as text, validated in lax mode ("0.2" is
+    0.2) by omni/api/transcriptions.py, the list fields under their plain names."""
 
     file: FileUpload = Field(..., description="the audio (any container PyAV reads)")
     model: ModelId = None
