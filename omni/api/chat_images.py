@@ -23,6 +23,8 @@ from omni.api import media_params as mp
 from omni.api.app import SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.images import ImageCall, generate, usage
+from omni.api.schemas import parse
+from omni.api.schemas.media import EngineFields
 from omni.media import fetch
 from omni.media.image import IMAGE_FORMATS
 
@@ -77,7 +79,8 @@ async def chat_image(request: web.Request, body: dict[str, Any],
     if fmt not in IMAGE_FORMATS:
         raise APIError(400, f"'output_format' must be one of {', '.join(IMAGE_FORMATS)}",
                        param="output_format")
-    params = mp.engine_params(body, info, size=mp.field(body, "size", str))
+    typed = {**body, **parse(EngineFields, body).model_dump(exclude_none=True)}
+    params = mp.engine_params(typed, info, size=mp.field(body, "size", str))
     inputs = {"prompt": mp.prompt({"prompt": prompt}), **mp.negative_prompt(body)}
     if images:
         inputs["images"] = images

@@ -94,43 +94,32 @@ def _from_text(text: str, kind: type) -> Any:
 
 def engine_params(body: Mapping[str, Any], info: Mapping[str, Any],
                   size: Any = None) -> dict[str, Any]:
-    """The diffusion stage's per-request params from a body, checked against ``info``'s
-    limits (the engine checks them again): size, n, steps, guidance_scale, seed, frames."""
+    """The diffusion stage's per-request params from a body already typed by
+    omni/api/schemas/media.py's EngineFields (its n, steps, guidance, seed, frames and
+    step_cache are ints, floats and bools by now), checked against ``info``'s limits (the
+    engine checks them again): size, n, steps, guidance_scale, seed, frames."""
     lim = limits_of.from_info(info)
     params: dict[str, Any] = {}
-    checks = [("n", int, lambda v: limits_of.bounded_int({"n": v}, "n", 1, 1, lim.max_n)),
-              ("steps", int, lambda v: limits_of.bounded_int({"steps": v}, "steps", 1, 1,
-                                                             lim.max_steps)),
-              ("guidance_scale", float, lambda v: limits_of.guidance(
+    checks = [("n", lambda v: limits_of.bounded_int({"n": v}, "n", 1, 1, lim.max_n)),
+              ("steps", lambda v: limits_of.bounded_int({"steps": v}, "steps", 1, 1,
+                                                        lim.max_steps)),
+              ("guidance_scale", lambda v: limits_of.guidance(
                   {"guidance_scale": v}, lim.default_guidance)),
-              ("seed", int, lambda v: limits_of.seed_of({"seed": v}))]
+              ("seed", lambda v: limits_of.seed_of({"seed": v}))]
     if lim.max_frames:
-        checks.append(("frames", int, lambda v: limits_of.bounded_int(
+        checks.append(("frames", lambda v: limits_of.bounded_int(
             {"frames": v}, "frames", 1, 1, lim.max_frames)))
-    for name, kind, check in checks:
-        spelled = next((a for a in ALIASES.get(name, (name,)) if body.get(a) not in (None, "")),
+    for name, check in checks:
+        spelled = next((a for a in ALIASES.get(name, (name,)) if body.get(a) is not None),
                        None)
         if spelled is None:
             continue
-        value = field(body, spelled, kind)
         try:
-            params[name] = check(value)
+            params[name] = check(body[spelled])
         except ValueError as e:
             raise APIError(400, str(e).replace(f"'{name}'", f"'{spelled}'"),
                            param=spelled) from None
-    cache = body.get("step_cache")
-    if cache not in (None, ""):
-        if isinstance(cache, str):
-            cache = {"true": True, "false": False}.get(cache.lower(), cache)
-            try:
-                cache = float(cache) if isinstance(cache, str) else cache
-            except ValueError:
-                raise APIError(400, "'step_cache' must be true, false or a number",
-                               param="step_cache") from None
-        if not isinstance(cache, bool | int | float) or (
-                not isinstance(cache, bool) and not 0 <= cache <= 10):
-            raise APIError(400, "'step_cache' must be true, false or a threshold from 0 to 10",
-                           param="step_cache")
+    if (cache := body.get("step_cache")) is not None:
         params["step_cache"] = cache
     if size not in (None, "auto"):
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from omni.api.schemas import ModelId, RequestModel, checked, choice
 from omni.api.subtitles import FORMATS as TRANSCRIPT_FORMATS
@@ -22,11 +22,36 @@ MAX_PROMPT_CHARS = 32000
 FileUpload = Annotated[Any, WithJsonSchema({"type": "string", "format": "binary"})]
 Prompt = checked(Annotated[str, Field(pattern=r"\S", max_length=MAX_PROMPT_CHARS)],
                  f"must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
-Number = checked(Annotated[float, Field(allow_inf_nan=False)], "must be a number")
-Integer = checked(int, "must be an integer")
 
 
-class DiffusionFields(RequestModel):
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # lax int/float would take true as 1
+        raise ValueError("a boolean")
+    return value
+
+
+Number = checked(Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)],
+                 "must be a number")
+Integer = checked(Annotated[int, BeforeValidator(_not_bool)], "must be an integer")
+
+
+class EngineFields(RequestModel):
+    """The diffusion stage's per-request params, typed: what media_params.engine_params
+    checks against the model's limits (also read from a chat body's extra fields)."""
+
+    n: Integer | None = None
+    seed: Integer | None = None
+    num_inference_steps: Integer | None = Field(None, description="also 'steps'")
+    steps: Integer | None = Field(None, description="num_inference_steps, vLLM-Omni's name")
+    guidance_scale: Number | None = Field(
+        None, description="also 'true_cfg_scale' or 'cfg_scale'")
+    true_cfg_scale: Number | None = Field(None, description="guidance_scale, diffusers' name")
+    cfg_scale: Number | None = Field(None, description="guidance_scale, another name")
+    step_cache: checked(bool | Annotated[float, Field(ge=0, le=10)],
+                        "must be true, false or a threshold from 0 to 10") | None = None
+
+
+class DiffusionFields(EngineFields):
     """What image and video requests share; the model's limits are checked later."""
 
     model: ModelId = None
@@ -34,13 +59,6 @@ class DiffusionFields(RequestModel):
     negative_prompt: checked(str, "must be a string") | None = None
     size: checked(str, "must be 'WIDTHxHEIGHT'") | None = Field(
         None, description="WIDTHxHEIGHT within the model's limits, or auto")
-    n: Integer | None = None
-    seed: Integer | None = None
-    num_inference_steps: Integer | None = Field(None, description="also 'steps'")
-    guidance_scale: Number | None = Field(
-        None, description="also 'true_cfg_scale' or 'cfg_scale'")
-    step_cache: checked(bool | Annotated[float, Field(ge=0, le=10)],
-                        "must be true, false or a threshold from 0 to 10") | None = None
 
 
 class ImageGenerationRequest(DiffusionFields):
@@ -68,6 +86,7 @@ class VideoRequest(DiffusionFields):
 
     seconds: Number | None = Field(None, description="> 0, up to the model's frame limit")
     num_frames: Integer | None = Field(None, description="also 'frames'; frame_step*k+1")
+    frames: Integer | None = Field(None, description="num_frames, another name")
 
 
 class VideoForm(VideoRequest):
