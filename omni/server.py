@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from omni.api import videos
 from omni.api.app import ServedModel, ServerSettings, build_app
 from omni.config.pipeline import ConfigError, PipelineConfig
 from omni.config.presets import load_pipeline, preset_with_model_dirs, renamed
@@ -217,16 +218,17 @@ async def serve(args: argparse.Namespace) -> None:
                  "%.1f s", host, port, host, port, time.monotonic() - args.started)
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %g s)", args.drain_timeout)
-        await _drain(models, args.drain_timeout)
+        await _drain(app, models, args.drain_timeout)
     finally:
         await runner.cleanup()
         gc_pauses.close()
         log.info("stopped")
 
 
-async def _drain(models: list[ServedModel], timeout_s: float) -> None:
+async def _drain(app: web.Application, models: list[ServedModel], timeout_s: float) -> None:
     orchestrators = {id(m.omni.orchestrator): m.omni.orchestrator for m in models}  # views share
-    await asyncio.gather(*(o.drain(timeout_s) for o in orchestrators.values()))
+    await asyncio.gather(*(o.drain(timeout_s) for o in orchestrators.values()),
+                         videos.drain(app, timeout_s))
 
 
 def main(argv: list[str] | None = None) -> int:

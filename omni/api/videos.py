@@ -257,6 +257,16 @@ async def _videos_ctx(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def drain(app: web.Application, timeout_s: float) -> None:
+    """On SIGTERM a running video job is an in-flight request like any other: wait (bounded)
+    until it is stored, encoding included; the app's cleanup would otherwise cancel a job
+    whose denoising the orchestrator's drain had just let finish."""
+    service = app.get(VIDEOS_KEY)
+    tasks = list(service.tasks.values()) if service is not None else []
+    if tasks:
+        await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
+
+
 def add_routes(app: web.Application) -> None:
     if app[MODELS_KEY].producing("video"):  # no data directory for servers without video
         settings = app[SETTINGS_KEY]
