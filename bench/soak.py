@@ -134,6 +134,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                   server_log_tail=[line.rstrip() for line in list(log)[-40:]])
     verdict = soak_report.verdict(result, args)
     result["verdict"] = verdict
+    # the report keeps every request that did not end ok; the ok ones are in the counts
+    result["records"] = [x for x in result["records"] if x.get("status") != "ok"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "soak" + (f"-{args.tag}" if args.tag else "")
