@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omni.engines.ar.kv_cache import PagedKVCache
 
@@ -280,8 +281,7 @@ def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     mask = pad.mask
     if window:
         mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
-    out = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask, scale=scale,
-                                         enable_gqa=k.shape[1] != qb.shape[1])
+    out = masked_attention(qb, k, v, mask, scale)
     return out.transpose(1, 2)[pad.valid]  # (N, H, D), packed order
 
 
@@ -299,11 +299,34 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         mask = pos_k <= pos_q
         if window:
             mask = mask & (pos_k > pos_q - window)
-        out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale,
-                                             enable_gqa=k.shape[1] != qi.shape[1])
+        out = masked_attention(qi, k, v, mask, scale)
         outs.append(out[0].transpose(0, 1))  # (n, H, D)
         offset += n
     return torch.cat(outs)
+
+
+# CUDA prefill attention without cuDNN's backend: it builds an execution plan for every
+# new shape, and a prefill step's shapes are new all the time (query and context lengths
+# of whichever prompts share the step). On an H200 (8B dense shape, torch 2.11) a step
+# of 2 new prompts beside 6 decoding sequences took 709 ms, 585 ms of it inside
+# _cudnn_attention_forward, against 80 ms once its plans existed (bench/probes/
+# mixed_step.py); those stalls were the TTFT outliers at concurrency 8.
+PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float | None) -> torch.Tensor:
+    """SDPA of q (B, H, Lq, D) over k, v (B, KVH, Lk, D) with a bool mask. On CUDA the
+    memory-efficient kernel takes the mask (it does not take grouped KV heads: they are
+    repeated to the query's heads first); on CPU SDPA picks as it likes."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    with sdpa_kernel(PREFILL_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def register() -> None:
