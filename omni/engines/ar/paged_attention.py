@@ -50,6 +50,9 @@ class PaddedPrefill:
     query_pos: torch.Tensor  # (B, Lq, 1) position of each query
     key_pos: torch.Tensor  # (Lk,)
     mask: torch.Tensor  # (B, 1, Lq, Lk) bool: causal and within the context
+    # every sequence starts at position 0 (no cached prefix, no decode row): plain causal
+    # attention is exact for the real queries (Lq == Lk; padded keys lie after them)
+    fresh: bool = False
 
 
 @dataclass
@@ -140,7 +143,8 @@ def _padded_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[in
     mask = (key_pos <= query_pos.unsqueeze(2)) & key_valid.unsqueeze(1)
     write = torch.gather(slots, 1, query_pos)[valid]  # packed order: sequence, then position
     prefill = PaddedPrefill(rows.to(device), valid.to(device), query_pos.unsqueeze(2).to(device),
-                            key_pos.to(device), mask.unsqueeze(1).to(device))
+                            key_pos.to(device), mask.unsqueeze(1).to(device),
+                            fresh=not any(starts))
     return BatchLayout(cache, write.to(device), list(query_lens), lens, [], False,
                        padded_slots=slots.to(device), prefill=prefill)
 
@@ -278,10 +282,13 @@ def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
     k = k_cache[layout.padded_slots].transpose(1, 2)  # (B, KVH, Lk, D)
     v = v_cache[layout.padded_slots].transpose(1, 2)
-    mask = pad.mask
-    if window:
-        mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
-    out = masked_attention(qb, k, v, mask, scale)
+    if pad.fresh and not window and qb.is_cuda:
+        out = causal_attention(qb, k, v, scale)
+    else:
+        mask = pad.mask
+        if window:
+            mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
+        out = masked_attention(qb, k, v, mask, scale)
     return out.transpose(1, 2)[pad.valid]  # (N, H, D), packed order
 
 
@@ -294,6 +301,10 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         qi = q[:, offset:offset + n].unsqueeze(0)  # (1, H, n, D)
         k = k_cache[slots].transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
         v = v_cache[slots].transpose(0, 1).unsqueeze(0)
+        if n == length and not window and q.is_cuda:  # a whole prompt: no mask needed
+            outs.append(causal_attention(qi, k, v, scale)[0].transpose(0, 1))
+            offset += n
+            continue
         pos_q = torch.arange(length - n, length, device=q.device).unsqueeze(1)
         pos_k = torch.arange(length, device=q.device).unsqueeze(0)
         mask = pos_k <= pos_q
@@ -311,20 +322,39 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 # of 2 new prompts beside 6 decoding sequences took 709 ms, 585 ms of it inside
 # _cudnn_attention_forward, against 80 ms once its plans existed (bench/probes/
 # mixed_step.py); those stalls were the TTFT outliers at concurrency 8.
+# Prompts with no cached prefix need no mask at all (causal from position 0): flash
+# attention runs them, faster than any masked kernel (masked, the 8B shape's c=1 TTFT of a
+# 128-token prompt was 59 ms against 39 ms with cuDNN).
 PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _same_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v with their grouped KV heads repeated to the query's heads: the flash and
+    memory-efficient kernels do not all take grouped heads, and SDPA would fall back to
+    its math path, whose scores for an 8192-token prompt are gigabytes."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    groups = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     scale: float | None) -> torch.Tensor:
+    """CUDA SDPA of q (B, H, L, D) over k, v (B, KVH, L, D), causal from position 0."""
+    k, v = _same_heads(q, k, v)
+    with sdpa_kernel(PREFILL_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      scale: float | None) -> torch.Tensor:
     """SDPA of q (B, H, Lq, D) over k, v (B, KVH, Lk, D) with a bool mask. On CUDA the
-    memory-efficient kernel takes the mask (it does not take grouped KV heads: they are
-    repeated to the query's heads first); on CPU SDPA picks as it likes."""
+    memory-efficient kernel takes the mask; on CPU SDPA picks as it likes."""
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=k.shape[1] != q.shape[1])
-    if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    k, v = _same_heads(q, k, v)
     with sdpa_kernel(PREFILL_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
