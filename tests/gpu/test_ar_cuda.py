@@ -77,8 +77,8 @@ def test_bf16_graphs_match_eager(varied):
     eager = AREngine(varied, device="cuda", dtype="bfloat16", options={"cuda_graphs": False})
     got, want = _greedy(graphed, 24), _greedy(eager, 24)
     _assert_varied(got)
-    parted = {k: next((i for i, (a, b) in enumerate(zip(got[k], want[k])) if a != b), None)
-              for k in got}
+    parted = {k: next((i for i, (a, b) in enumerate(zip(got[k], want[k], strict=True))
+                        if a != b), None) for k in got}
     assert all(i is None or i >= 6 for i in parted.values()), (parted, got, want)
     assert sum(i is None for i in parted.values()) >= len(parted) // 2, parted
 
