@@ -27,6 +27,7 @@ from omni.api.errors import APIError, from_exception, read_json
 from omni.api.schemas import parse
 from omni.api.schemas.media import VideoRequest
 from omni.api.video_jobs import VideoJob, VideoStore, default_data_dir
+from omni.errors import ShuttingDownError
 from omni.media.image import encode_image
 from omni.media.video import encode_mp4
 
@@ -162,6 +163,8 @@ async def _job_task(service: VideoService, job: VideoJob, call: VideoCall) -> No
 async def create(request: web.Request) -> web.Response:
     service = _service(request)
     call = await parse_video(request)
+    if not call.model.omni.orchestrator.accepting:  # draining: a new job is a new request
+        raise ShuttingDownError("server is shutting down; not admitting new video jobs")
     if service.store.active() >= service.max_active:
         raise APIError(429, f"{service.max_active} video jobs are already queued or running; "
                        "retry when one finishes", "rate_limit_error", code="too_many_requests",

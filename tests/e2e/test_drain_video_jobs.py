@@ -1,7 +1,9 @@
 """SIGTERM while a video job runs: the drain lets it finish, and finishing includes
-encoding and storing its file, so the job survives the restart as completed (found by the
-soak, bench/soak.py: the drain ended when the job's denoising did, and the app's cleanup
-then cancelled the job while it was encoding, leaving it failed with 'server_stopped')."""
+encoding and storing its file, so the job survives the restart as completed; a job created
+during the drain is refused with 503 shutting_down. Both found by the soak (bench/soak.py):
+the drain ended when the job's denoising did and the app's cleanup then cancelled the job
+while it was encoding (failed, 'server_stopped'); a new job was accepted (200, queued) and
+then failed."""
 
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def test_a_video_job_in_flight_at_sigterm_is_completed_by_the_drain(tmp_path: Pa
             time.sleep(0.05)  # until it is denoising, well before its last step
         assert _get(server.url(f"/v1/videos/{job['id']}"))[1]["status"] == "in_progress"
         server.proc.terminate()
+        while _get(server.url("/health"))[0] == 200:  # until the drain has begun
+            assert time.monotonic() < deadline, "the drain never began"
+            time.sleep(0.02)
+        status, refused = _post(server.url("/v1/videos"), {
+            "model": "video", "prompt": "a fox", "num_frames": 5, "size": "32x32"})
+        assert status == 503 and refused["error"]["code"] == "shutting_down", refused
         assert server.proc.wait(90) == 0, server.log()
     finally:
         server.stop()
