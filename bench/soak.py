@@ -20,7 +20,8 @@ stage with `restart: true`. Then:
              process and no /dev/shm block behind
 
 Every request ends ok, wrong (checked against the reference: equal text, audio duration
-within --audio-tolerance, image size, video frames and size), typed (an OpenAI error
+within --audio-tolerance of the median of 5 runs alone: Piper's durations are random,
+noise_w 0.8, about +-4 % around their median; image size, video frames and size), typed (an OpenAI error
 object with a code), untyped (a reset, a 500 without the object) or hung (no byte within
 the kind's deadline). FAIL on any hung, wrong or untyped request, on a typed one not
 explained by a kill of a stage on its route (or by the drain), on PSS or /dev/shm growth
@@ -36,6 +37,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import tempfile
 import time
 from collections import deque
@@ -51,6 +53,8 @@ DESCRIPTION = __doc__
 DEFAULT_MIX = "chat=4,chat_audio=2,speech=2,transcription=1,image=2,video=1"
 DEFAULT_DEADLINES = {"chat": 90, "chat_audio": 120, "speech": 90, "transcription": 120,
                      "image": 120, "video": 180}
+AUDIO_KINDS = ("chat_audio", "speech")
+AUDIO_REFERENCES = 5  # runs alone per spoken request: the reference length is their median
 EXIT_MARGIN_S = 15.0  # beyond --drain-timeout: engines stopping, the fork server, exit
 
 
@@ -195,10 +199,10 @@ class Soak:
             self.s.clips[sentence] = (await wl.speech(session, self.base, sentence, self.s))["wav"]
         for kind in self.mix:
             for variant in wl.variants(kind):
-                result = await wl.send(session, self.base, kind, variant, self.s)
-                result.pop("wav", None)
-                self.references[f"{kind}:{variant}"] = result
-                say(f"[soak] reference {kind}: {variant!r} -> {result}")
+                runs = [await wl.send(session, self.base, kind, variant, self.s)
+                        for _ in range(AUDIO_REFERENCES if kind in AUDIO_KINDS else 1)]
+                self.references[f"{kind}:{variant}"] = reference = _median_of(runs)
+                say(f"[soak] reference {kind}: {variant!r} -> {reference}")
 
     async def client(self, session: Any, index: int, stop: asyncio.Event) -> None:
         rng = random.Random(self.args.seed * 1000 + index)
@@ -254,6 +258,20 @@ class Soak:
         await asyncio.gather(*clients)
         self.proc.send_signal(signal.SIGTERM)
         return {"exit_code": await asyncio.to_thread(_wait, self.proc, 60)}
+
+
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One reference from runs alone: the first run's answer, its audio length the median
+    (Piper draws its durations at random, noise_w 0.8: one draw is no reference)."""
+    reference = {k: v for k, v in runs[0].items() if k != "wav"}
+    for key in ("pcm_bytes", "duration_s"):
+        if key in reference and len(runs) > 1:
+            reference[key] = statistics.median(run[key] for run in runs)
+            reference[f"{key}_runs"] = [run[key] for run in runs]
+    texts = {run.get("text") for run in runs}
+    if len(texts) > 1:  # greedy text alone must repeat, or nothing can be checked
+        raise RuntimeError(f"greedy answers differ between runs alone: {texts}")
+    return reference
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:

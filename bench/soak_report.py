@@ -172,10 +172,20 @@ def markdown(r: dict[str, Any], description: str) -> str:
              *(f"| {k} | {x['ok']} | {x['typed']} | {x['hung']} | {x['wrong']} | "
                f"{x['untyped']} | {x['cut']} | {x['p50_s']} | {x['p99_s']} |"
                for k, x in v["per_kind"].items()), "",
+             *_audio_reference_lines(r["references"]),
              f"Kills: {len(kills)} ({', '.join(_kill_text(k) for k in kills) or 'none'})", "",
              *_memory_lines(v["memory"]), "", *_drain_lines(d, r.get("videos_left", [])), "",
              "## Method", "", description.split("\n\n", 1)[1].strip(), ""]
     return "\n".join(lines)
+
+
+def _audio_reference_lines(references: dict[str, Any]) -> list[str]:
+    runs = [(name, x) for name, ref in references.items() for key, x in ref.items()
+            if key.endswith("_runs")]
+    spread = [f"{name} {min(x) / statistics.median(x) - 1:+.1%}..."
+              f"{max(x) / statistics.median(x) - 1:+.1%}" for name, x in runs]
+    return [f"Spoken references: each the median of {len(runs[0][1])} runs alone; their "
+            f"spread around it: {'; '.join(spread)}", ""] if runs else []
 
 
 def _kill_text(k: dict[str, Any]) -> str:
