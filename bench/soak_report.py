@@ -146,7 +146,8 @@ def _drain_reasons(d: dict[str, Any], videos: list[dict[str, Any]]) -> list[str]
         reasons.append(f"/dev/shm blocks left: {d['shm_left']}")
     if d["in_flight_after_probes"]:  # the drain was still on while every probe was answered
         for p in d["probes"]:
-            if p.get("code") != "shutting_down":
+            # refused at once: a video job accepted and failed later is not a refusal
+            if p.get("code") != "shutting_down" or not p["detail"].startswith("HTTP 503"):
                 reasons.append(f"probe {p['kind']} during the drain: {p['status']} "
                                f"{p.get('detail')} (want 503 shutting_down)")
     for job in videos:

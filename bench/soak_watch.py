@@ -119,6 +119,31 @@ def all_up(stages: dict[Any, Any]) -> bool:
     return all(s["live"] == s["replicas"] for s in stages.values())
 
 
+class Victims:
+    """Random replicas, each once before any twice (a shuffled bag of replica slots), so a
+    short run still kills every stage; a slot follows its replica across restarts (the
+    one new engine pid after a restart)."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, int] = {}  # slot -> its replica's current pid
+        self.bag: list[int] = []
+        self.killing = -1  # the slot being killed
+
+    def next(self, pids: list[int], rng: random.Random) -> int:
+        if set(self.slots.values()) != set(pids):  # first call, or lost track: start over
+            self.slots, self.bag = dict(enumerate(sorted(pids))), []
+        if not self.bag:
+            self.bag = list(self.slots)
+            rng.shuffle(self.bag)
+        self.killing = self.bag.pop()
+        return self.slots[self.killing]
+
+    def restarted(self, old: int, pids: list[int]) -> None:
+        new = set(pids) - set(self.slots.values())
+        if len(new) == 1 and self.slots.get(self.killing) == old:
+            self.slots[self.killing] = new.pop()
+
+
 @dataclass
 class Watch:
     """Samples, kills and restarts, on the clock of time.monotonic() since `t0`."""
@@ -129,6 +154,7 @@ class Watch:
     samples: list[dict[str, Any]] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
     views: set[str] = field(default_factory=set)
+    victims: Victims = field(default_factory=Victims)
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 3)
@@ -171,11 +197,12 @@ class Watch:
             if not all_up(before) or not pids:
                 self.kills.append({"t": self.now(), "skipped": "not every replica was up"})
                 continue
-            pid = rng.choice(pids)
+            pid = self.victims.next(pids, rng)
             kill = {"t": self.now(), "pid": pid}
             os.kill(pid, signal.SIGKILL)
             self.kills.append(kill)
             await self._await_restart(session, before, kill, stop)
+            self.victims.restarted(pid, engine_pids(self.server))
 
     async def _await_restart(self, session: Any, before: dict, kill: dict,
                              stop: asyncio.Event) -> None:
