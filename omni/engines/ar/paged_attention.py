@@ -43,13 +43,15 @@ ATTN_NAME = "omni_paged"
 
 @dataclass
 class PaddedPrefill:
-    """A step's sequences as one padded batch of queries (B, Lq) over contexts (B, Lk)."""
+    """Some of a step's sequences as one padded batch of queries (B, Lq) over contexts
+    (B, Lk); a step's padded prefill is one or two of these (_padded_layout)."""
 
     rows: torch.Tensor  # (B, Lq) packed row of each query; padding repeats the last row
     valid: torch.Tensor  # (B, Lq) bool: a real query (its output is kept)
     query_pos: torch.Tensor  # (B, Lq, 1) position of each query
     key_pos: torch.Tensor  # (Lk,)
     mask: torch.Tensor  # (B, 1, Lq, Lk) bool: causal and within the context
+    slots: torch.Tensor  # (B, Lk) cache slot of each context position
     # every sequence starts at position 0 (no cached prefix, no decode row): plain causal
     # attention is exact for the real queries (Lq == Lk; padded keys lie after them)
     fresh: bool = False
@@ -65,9 +67,9 @@ class BatchLayout:
     context_lens: list[int]  # cached + new tokens per sequence
     context_slots: list[torch.Tensor]  # per sequence: (context_len,) slots, in order
     decode_only: bool  # every query_len is 1
-    padded_slots: torch.Tensor | None = None  # decode, padded prefill: (B, Lmax) slots
+    padded_slots: torch.Tensor | None = None  # decode: (B, Lmax) slots
     padded_valid: torch.Tensor | None = None  # decode: (B, Lmax) bool
-    prefill: PaddedPrefill | None = None  # a prefill step batched by padding
+    prefill: list[PaddedPrefill] | None = None  # a prefill step batched by padding
     context_len_t: torch.Tensor | None = None  # decode: (B,) context lengths on the device
 
 
@@ -130,23 +132,51 @@ def _pads_cheaply(query_lens: list[int], lens: list[int]) -> bool:
 
 def _padded_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
                    query_lens: list[int], lens: list[int], device: torch.device) -> BatchLayout:
-    """A prefill step as one padded batch (PaddedPrefill). A padding query repeats its
-    sequence's last query (same position, so it sees real keys only; its output is
-    dropped), which keeps every row of the mask non-empty."""
+    """A prefill step as padded batches (PaddedPrefill): the sequences that start at
+    position 0 in one (causal attention needs no mask for them: paged_attention), the
+    others (decode rows, prompts after a cached prefix) in another, so one decode row
+    beside 31 new prompts does not send them all down the masked path. A padding query
+    repeats its sequence's last query (same position, so it sees real keys only; its
+    output is dropped), which keeps every row of the mask non-empty."""
+    n_all = torch.tensor(query_lens, dtype=torch.long)
+    offsets = (torch.cumsum(n_all, 0) - n_all).tolist()
+    write = torch.empty(sum(query_lens), dtype=torch.long)
+    groups = []
+    for fresh in (True, False):
+        members = [i for i, start in enumerate(starts) if (start == 0) == fresh]
+        if members:
+            group, group_write = _padded_group(cache, [tables[i] for i in members],
+                                               [starts[i] for i in members],
+                                               [query_lens[i] for i in members],
+                                               [lens[i] for i in members],
+                                               [offsets[i] for i in members], fresh)
+            write[group.rows[group.valid]] = group_write
+            groups.append(group)
+    return BatchLayout(cache, write.to(device), list(query_lens), lens, [], False,
+                       prefill=[_to_device(g, device) for g in groups])
+
+
+def _padded_group(cache: PagedKVCache, tables: list[list[int]], starts: list[int],
+                  query_lens: list[int], lens: list[int], offsets: list[int], fresh: bool
+                  ) -> tuple[PaddedPrefill, torch.Tensor]:
+    """One padded batch (on the host) and the cache slots its real queries write."""
     slots, key_valid = padded_context_slots(tables, lens, cache.block_size, max(lens))
     n = torch.tensor(query_lens, dtype=torch.long).unsqueeze(1)
     step = torch.minimum(torch.arange(max(query_lens)).unsqueeze(0), n - 1)  # (B, Lq)
     valid = torch.arange(max(query_lens)).unsqueeze(0) < n
     query_pos = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + step
-    rows = (torch.cumsum(n, 0) - n) + step
+    rows = torch.tensor(offsets, dtype=torch.long).unsqueeze(1) + step
     key_pos = torch.arange(max(lens))
     mask = (key_pos <= query_pos.unsqueeze(2)) & key_valid.unsqueeze(1)
-    write = torch.gather(slots, 1, query_pos)[valid]  # packed order: sequence, then position
-    prefill = PaddedPrefill(rows.to(device), valid.to(device), query_pos.unsqueeze(2).to(device),
-                            key_pos.to(device), mask.unsqueeze(1).to(device),
-                            fresh=not any(starts))
-    return BatchLayout(cache, write.to(device), list(query_lens), lens, [], False,
-                       padded_slots=slots.to(device), prefill=prefill)
+    write = torch.gather(slots, 1, query_pos)[valid]  # sequence, then position
+    return PaddedPrefill(rows, valid, query_pos.unsqueeze(2), key_pos, mask.unsqueeze(1),
+                         slots, fresh), write
+
+
+def _to_device(group: PaddedPrefill, device: torch.device) -> PaddedPrefill:
+    return PaddedPrefill(*(t.to(device) for t in (group.rows, group.valid, group.query_pos,
+                                                   group.key_pos, group.mask, group.slots)),
+                         fresh=group.fresh)
 
 
 def block_table(tables: list[list[int]], blocks: int, pad_block: int = 0) -> torch.Tensor:
@@ -277,19 +307,21 @@ def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     layout: BatchLayout, scale: float | None, window: int | None) -> torch.Tensor:
-    """q (H, N, D): every sequence's queries in one SDPA call over the padded batch."""
-    pad = layout.prefill
-    qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
-    k = k_cache[layout.padded_slots].transpose(1, 2)  # (B, KVH, Lk, D)
-    v = v_cache[layout.padded_slots].transpose(1, 2)
-    if pad.fresh and not window and qb.is_cuda:
-        out = causal_attention(qb, k, v, scale)
-    else:
-        mask = pad.mask
-        if window:
-            mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
-        out = masked_attention(qb, k, v, mask, scale)
-    return out.transpose(1, 2)[pad.valid]  # (N, H, D), packed order
+    """q (H, N, D): each padded group's queries in one SDPA call; (N, H, D), packed order."""
+    out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])
+    for pad in layout.prefill:
+        qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
+        k = k_cache[pad.slots].transpose(1, 2)  # (B, KVH, Lk, D)
+        v = v_cache[pad.slots].transpose(1, 2)
+        if pad.fresh and not window and qb.is_cuda:
+            got = causal_attention(qb, k, v, scale)
+        else:
+            mask = pad.mask
+            if window:
+                mask = mask & (pad.key_pos > pad.query_pos - window).unsqueeze(1)
+            got = masked_attention(qb, k, v, mask, scale)
+        out[pad.rows[pad.valid]] = got.transpose(1, 2)[pad.valid]
+    return out
 
 
 def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
