@@ -176,6 +176,7 @@ def markdown(r: dict[str, Any], description: str) -> str:
              *_audio_reference_lines(r["references"]),
              f"Kills: {len(kills)} ({', '.join(_kill_text(k) for k in kills) or 'none'})", "",
              *_memory_lines(v["memory"]), "", *_drain_lines(d, r.get("videos_left", [])), "",
+             *_exit_warnings(r.get("server_log_tail", [])),
              "## Method", "", description.split("\n\n", 1)[1].strip(), ""]
     return "\n".join(lines)
 
@@ -187,6 +188,14 @@ def _audio_reference_lines(references: dict[str, Any]) -> list[str]:
               f"{max(x) / statistics.median(x) - 1:+.1%}" for name, x in runs]
     return [f"Spoken references: each the median of {len(runs[0][1])} runs alone; their "
             f"spread around it: {'; '.join(spread)}", ""] if runs else []
+
+
+def _exit_warnings(log_tail: list[str]) -> list[str]:
+    """What multiprocessing's resource tracker cleaned up at the server's exit: objects of
+    killed replicas that nobody else frees (reported, not judged: they are gone after)."""
+    leaked = [line.strip() for line in log_tail if "leaked" in line]
+    return ["Cleaned up by the resource tracker at exit (from the server's log):", "",
+            *(f"    {line}" for line in leaked), ""] if leaked else []
 
 
 def _kill_text(k: dict[str, Any]) -> str:
