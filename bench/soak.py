@@ -47,7 +47,7 @@ from typing import Any
 from bench import soak_report
 from bench import soak_workload as wl
 from bench.common import hardware, say
-from bench.soak_watch import Watch, descendants, shm_blocks
+from bench.soak_watch import Watch, descendants, shm_blocks, still_there
 
 DESCRIPTION = __doc__
 DEFAULT_MIX = "chat=4,chat_audio=2,speech=2,transcription=1,image=2,video=1"
@@ -252,7 +252,8 @@ class Soak:
                 "in_flight_after_probes": len(still_running),
                 "probes": [dict(p) for p in probes], "exit_code": exit_code,
                 "exit_s": round(exited - self.t_term, 2), "limit_s": limit,
-                "processes_left": left, "shm_left": shm_blocks(self.proc.pid)}
+                "processes_left": left, "shm_left": shm_blocks(self.proc.pid),
+                "mapped_shm_left": still_there(self.watch.shm_seen)}
 
     async def stop_quietly(self, clients: list[asyncio.Task]) -> dict[str, Any]:
         await asyncio.gather(*clients)

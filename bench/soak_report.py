@@ -105,7 +105,8 @@ def growth(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
         out["reasons"].append(f"only {len(usable)} samples after warm-up with every replica "
                               "up: too few to judge growth (run longer or sample more often)")
         return out
-    for key in ("pss_bytes", "rss_bytes", "shm_bytes", "fds", "engine_bytes", "processes"):
+    for key in ("pss_bytes", "rss_bytes", "shm_bytes", "fds", "engine_bytes", "processes",
+                "sem_files"):
         first = statistics.median(s[key] for s in usable[:3])
         last = statistics.median(s[key] for s in usable[-3:])
         change = (last - first) / first if first else (0.0 if last == first else float("inf"))
@@ -144,6 +145,9 @@ def _drain_reasons(d: dict[str, Any], videos: list[dict[str, Any]]) -> list[str]
         reasons.append(f"processes left after the server exited: {d['processes_left']}")
     if d["shm_left"]["shm_files"]:
         reasons.append(f"/dev/shm blocks left: {d['shm_left']}")
+    if d["mapped_shm_left"]:
+        reasons.append(f"/dev/shm files the tree had mapped are still there: "
+                       f"{d['mapped_shm_left']}")
     if d["in_flight_after_probes"]:  # the drain was still on while every probe was answered
         for p in d["probes"]:
             # refused at once: a video job accepted and failed later is not a refusal
@@ -210,7 +214,8 @@ def _memory_lines(m: dict[str, Any]) -> list[str]:
              "| measure | first | last | change | min | max | slope per min |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for key, unit in (("pss_bytes", 2**20), ("rss_bytes", 2**20), ("shm_bytes", 2**20),
-                      ("engine_bytes", 2**20), ("fds", 1), ("processes", 1)):
+                      ("engine_bytes", 2**20), ("fds", 1), ("processes", 1),
+                      ("sem_files", 1)):
         if key in m:
             x, name = m[key], key.replace("_bytes", " MiB")
             lines.append(f"| {name} | {x['first'] / unit:.1f} | {x['last'] / unit:.1f} | "
@@ -227,5 +232,6 @@ def _drain_lines(d: dict[str, Any], videos: list[dict[str, Any]]) -> list[str]:
             f"({d['in_flight_after_probes']} still running when the probes were answered); "
             f"probes: {probes}; exit code {d['exit_code']} after {d['exit_s']} s (limit "
             f"{d['limit_s']:g} s); processes left {len(d['processes_left'])}; /dev/shm blocks "
-            f"left {d['shm_left']['shm_files']}; video jobs left on disk "
+            f"left {d['shm_left']['shm_files']}, of any file it had mapped there "
+            f"{len(d.get('mapped_shm_left', []))}; video jobs left on disk "
             f"{[j['status'] for j in videos]}"]

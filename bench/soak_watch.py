@@ -81,19 +81,46 @@ def tree_memory(server: int) -> dict[str, int]:
     return {"processes": len(pids), "pss_bytes": pss, "rss_bytes": rss, "fds": fds}
 
 
-def shm_blocks(server: int, shm_dir: str = "/dev/shm") -> dict[str, int]:
+def shm_blocks(server: int, since: float = float("inf"),
+               shm_dir: str = "/dev/shm") -> dict[str, int]:
     """The server's payload arenas (omni-<server pid>-...): bytes really held (allocated
-    blocks, not the apparent size) and how many."""
-    used = count = 0
+    blocks, not the apparent size) and how many; and the named semaphores made since
+    `since` (multiprocessing's sem.mp-*: no owner in the name, so on a shared machine
+    another program's count in too; reported, not judged)."""
+    used = count = sems = 0
     prefix = f"omni-{server}-"
     for name in os.listdir(shm_dir):
-        if name.startswith(prefix):
+        if name.startswith("sem."):
+            sems += _mtime(os.path.join(shm_dir, name)) >= since
+        elif name.startswith(prefix):
             try:
                 used += os.stat(os.path.join(shm_dir, name)).st_blocks * 512
                 count += 1
             except OSError:
                 pass
-    return {"shm_bytes": used, "shm_files": count}
+    return {"shm_bytes": used, "shm_files": count, "sem_files": sems}
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def mapped_shm(pids: list[int]) -> set[str]:
+    """/dev/shm files the processes map (arenas, named semaphores): what the tree holds
+    there whatever its name, so what it leaves behind can be found after it exits."""
+    names = set()
+    for pid in pids:
+        for line in _read(f"/proc/{pid}/maps").splitlines():
+            if b" /dev/shm/" in line:
+                names.add(line.split(b" /dev/shm/", 1)[1].split(b" ")[0].decode(errors="replace"))
+    return names
+
+
+def still_there(names: set[str], shm_dir: str = "/dev/shm") -> list[str]:
+    return sorted(n for n in names if os.path.exists(os.path.join(shm_dir, n)))
 
 
 ENGINE_BYTES = ("omni_replica_arena_used_bytes", "omni_replica_tensor_bytes")
@@ -155,6 +182,8 @@ class Watch:
     kills: list[dict[str, Any]] = field(default_factory=list)
     views: set[str] = field(default_factory=set)
     victims: Victims = field(default_factory=Victims)
+    since: float = field(default_factory=time.time)  # the wall clock when watching began
+    shm_seen: set[str] = field(default_factory=set)  # every /dev/shm file the tree mapped
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 3)
@@ -174,11 +203,14 @@ class Watch:
     async def sample(self, session: Any) -> None:
         t = self.now()
         memory = await asyncio.to_thread(tree_memory, self.server)
-        shm = await asyncio.to_thread(shm_blocks, self.server)
+        shm = await asyncio.to_thread(shm_blocks, self.server, self.since)
+        mapped = await asyncio.to_thread(mapped_shm, descendants(self.server))
+        self.shm_seen |= mapped
         async with session.get(f"{self.base}/metrics") as resp:
             held = engine_bytes(await resp.text())
         stages = await self.stages(session)
-        self.samples.append({"t": t, **memory, **shm, "engine_bytes": held,
+        self.samples.append({"t": t, **memory, **shm, "shm_mapped": len(mapped),
+                             "engine_bytes": held,
                              "all_up": all_up(stages),
                              "restarts": sum(s["restarts"] for s in stages.values())})
 
