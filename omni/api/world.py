@@ -103,6 +103,8 @@ class WorldConnection:
         kind = event["type"]
         if kind == "session.open":
             await self.open(event)
+        elif kind == "close":  # with or without a session: it was answered with no_session
+            await self.ws.close()
         elif self.session is None:
             raise ClientError("open the session first ('session.open')", "no_session")
         elif kind == "step":
@@ -110,8 +112,6 @@ class WorldConnection:
         elif kind == "reset":
             self.model.omni.reset_world(self.session.id)
             await self.send("session.reset", session_id=self.session.id)
-        elif kind == "close":
-            await self.ws.close()
         else:
             raise ClientError(f"unknown event type {kind!r}; the events are session.open, "
                               "step, reset, close", "unknown_event")

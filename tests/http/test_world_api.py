@@ -86,6 +86,11 @@ def test_open_three_steps_reset_close(server):
             await ws.send_json({"type": "close"})
             await ws.receive(timeout=30)
             assert ws.closed
+            # a close before any session.open closes too (it got a no_session error)
+            early = await connect(http)
+            await early.send_json({"type": "close"})
+            closed = await early.receive(timeout=30)
+            assert closed.type == aiohttp.WSMsgType.CLOSE, closed
             await asyncio.sleep(0.2)
             assert server.inspect(lambda: len(server.models["world"].omni.sessions.manager)) == 0
     run(body())
