@@ -116,7 +116,17 @@ def growth(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
         if key in ("pss_bytes", "shm_bytes", "fds") and abs(change) > GROWTH_LIMIT:
             out["reasons"].append(f"{key} changed {change:+.1%} after warm-up "
                                   f"({first:.0f} -> {last:.0f}; limit +-{GROWTH_LIMIT:.0%})")
+    out["by_process"] = _process_growth(usable)
     return out
+
+
+def _process_growth(usable: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """PSS of each process alive in the first and the last usable samples, most grown
+    first: where growth of the sum comes from (a restarted replica is a new pid)."""
+    first, last = usable[0].get("pss_by_pid", {}), usable[-1].get("pss_by_pid", {})
+    rows = [{"process": key, "first": first[key], "last": last[key],
+             "change": last[key] - first[key]} for key in first if key in last]
+    return sorted(rows, key=lambda row: -abs(row["change"]))[:6]
 
 
 def _slope(samples: list[dict[str, Any]], key: str) -> float:
@@ -221,6 +231,10 @@ def _memory_lines(m: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {x['first'] / unit:.1f} | {x['last'] / unit:.1f} | "
                          f"{x['change']:+.1%} | {x['min'] / unit:.1f} | {x['max'] / unit:.1f} "
                          f"| {x['slope_per_min'] / unit:+.2f} |")
+    if m.get("by_process"):
+        lines += ["", "PSS by process (alive at the first and the last usable sample): " + ", ".join(
+            f"{row['process']} {row['first'] / 2**20:.0f} -> {row['last'] / 2**20:.0f} MiB"
+            for row in m["by_process"])]
     return lines
 
 

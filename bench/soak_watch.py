@@ -68,17 +68,25 @@ def _field_kib(text: bytes, name: bytes) -> int:
     return int(found.group(1)) if found else 0
 
 
-def tree_memory(server: int) -> dict[str, int]:
+def tree_memory(server: int) -> dict[str, Any]:
+    """Sums over the tree, and each process's PSS under "pid:role" (which one grows)."""
     pss = rss = fds = 0
     pids = descendants(server)
+    engines = set(engine_pids(server))
+    by_pid = {}
     for pid in pids:
-        pss += _field_kib(_read(f"/proc/{pid}/smaps_rollup"), b"Pss") * 1024
+        one = _field_kib(_read(f"/proc/{pid}/smaps_rollup"), b"Pss") * 1024
+        pss += one
+        role = ("server" if pid == server else "engine" if pid in engines
+                else "forkserver" if b"forkserver" in _read(f"/proc/{pid}/cmdline") else "other")
+        by_pid[f"{pid}:{role}"] = one
         rss += _field_kib(_read(f"/proc/{pid}/status"), b"VmRSS") * 1024
         try:
             fds += len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             pass
-    return {"processes": len(pids), "pss_bytes": pss, "rss_bytes": rss, "fds": fds}
+    return {"processes": len(pids), "pss_bytes": pss, "rss_bytes": rss, "fds": fds,
+            "pss_by_pid": by_pid}
 
 
 def shm_blocks(server: int, since: float = float("inf"),
