@@ -51,6 +51,7 @@ from omni.connector.shm_segment import (
     _close_mapping,
     _Mapping,
     cleanup_stale,
+    drop_unlinked,
 )
 
 __all__ = [
@@ -204,6 +205,7 @@ class ShmConnector(Connector):
                     raise ConnectorError("connector is closed")
                 mapping = self._mappings.get(segment)
                 if mapping is None:
+                    drop_unlinked(self._mappings)  # e.g. a restarted producer's old arena
                     mapping = self._mappings[segment] = _Mapping(segment, self.prefault_attach)
         return mapping
 

@@ -164,6 +164,24 @@ def _close_mapping(shm: Any) -> None:
         _LINGERING.append(shm)
 
 
+def drop_unlinked(mappings: dict[str, Any], shm_dir: str = SHM_DIR) -> list[str]:
+    """Close the cached mappings whose segment is gone from ``shm_dir`` (its producer died
+    and the launcher unlinked its arena), and retry the lingering ones. Called when a new
+    segment is first mapped, which is when a restarted producer shows up: before, every
+    restart left the old arena's touched pages mapped in each of its consumers and in the
+    front end (bench soak: +12 MiB of PSS per killed replica, +6.8% in 10 minutes)."""
+    gone = [name for name in mappings if not os.path.exists(os.path.join(shm_dir, name))]
+    for name in gone:
+        _close_mapping(mappings.pop(name).shm)
+    for shm in list(_LINGERING):  # their views may have been let go since
+        try:
+            shm.close()
+            _LINGERING.remove(shm)
+        except BufferError:
+            pass
+    return gone
+
+
 def cleanup_stale(prefix: str, *, shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink every shared-memory segment whose name starts with ``prefix``.
 

@@ -351,3 +351,25 @@ def test_make_connector_and_auto(prefix):
     assert auto.cleanup("r") == 0
     reader.close()
     auto.close()
+
+
+def test_consumer_lets_go_of_a_dead_producers_arena(prefix):
+    """A producer dies and the launcher unlinks its arena; its restart makes a new one.
+    The first payload from the new arena makes the consumer close its mapping of the old
+    one (each restart used to leave the old arena's pages mapped in every consumer)."""
+    consumer = ShmConnector(prefix + "-consumer")
+    old = ShmConnector(prefix + "-a", capacity_bytes=8 * BLOCK, block_size=BLOCK)
+    ref = wire(old.put(torch.arange(64.0), owner="r1"))
+    assert torch.equal(consumer.get(ref).clone(), torch.arange(64.0))
+    consumer.release(ref)
+    assert list(consumer._mappings) == [old.segment_name]
+    old.close()  # the launcher's unlink of a dead replica's arena
+    new = ShmConnector(prefix + "-a", capacity_bytes=8 * BLOCK, block_size=BLOCK)
+    try:
+        ref = wire(new.put(torch.ones(64), owner="r2"))
+        assert torch.equal(consumer.get(ref).clone(), torch.ones(64))
+        consumer.release(ref)
+        assert list(consumer._mappings) == [new.segment_name]  # the old mapping is closed
+    finally:
+        consumer.close()
+        new.close()
