@@ -95,6 +95,7 @@ def _size_of(pixels: Any) -> str:
 def _common(request: web.Request, body: dict[str, Any], task: str, hint: str) -> dict[str, Any]:
     """Checks ``body`` (JSON, or a form's text fields) against the declared schema, then
     against the limits of the model's diffusion stage."""
+    mp.require_served(request, "image")
     req = parse(ImageGenerationRequest, body)
     model, info = mp.pick_model(request, req.model, "image", task, hint)
     if req.background == "transparent":

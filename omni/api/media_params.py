@@ -22,16 +22,25 @@ ALIASES = {"steps": ("num_inference_steps", "steps"),
            "frames": ("num_frames", "frames")}
 
 
-def pick_model(request: web.Request, model_id: Any, modality: str, task: str,
-               endpoint_hint: str) -> tuple[ServedModel, dict[str, Any]]:
-    """The served model a request names (or the only one that can do ``task``), with the
-    READY info of its ``modality`` stage. 400 when the model cannot do the task."""
+def require_served(request: web.Request, modality: str) -> list[ServedModel]:
+    """The served models that output ``modality``; a 404 naming the served models when
+    none does. Checked before the body: an endpoint that is not served says so whatever
+    the body holds."""
     models = request.app[MODELS_KEY]
     capable = models.producing(modality)
     if not capable:
         raise APIError(404, f"{request.path} (a {modality} endpoint) is not served by this "
                        f"server. Served models: {models.listing()}", param="model",
                        code="model_not_found")
+    return capable
+
+
+def pick_model(request: web.Request, model_id: Any, modality: str, task: str,
+               endpoint_hint: str) -> tuple[ServedModel, dict[str, Any]]:
+    """The served model a request names (or the only one that can do ``task``), with the
+    READY info of its ``modality`` stage. 400 when the model cannot do the task."""
+    models = request.app[MODELS_KEY]
+    capable = require_served(request, modality)
     if model_id in (None, ""):
         able = [m for m in capable if task in _info(m, modality).get("tasks", ())]
         if len(able) != 1:

@@ -79,6 +79,7 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
 
 async def parse_video(request: web.Request) -> VideoCall:
     body, images = await _body(request)
+    mp.require_served(request, "video")
     req = parse(VideoRequest, body)  # a form's text fields convert ("8" -> 8.0)
     task = "image_to_video" if images else "text_to_video"
     hint = ("Image-to-video models need 'input_reference' (the first frame)." if not images
