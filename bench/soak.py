@@ -75,8 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop without the SIGTERM-under-load check")
     add("--deadline", action="append", default=[], metavar="KIND=S",
         help=f"idle deadline per kind (defaults {DEFAULT_DEADLINES})")
-    add("--audio-tolerance", type=float, default=0.10,
-        help="audio duration vs the reference's, as a fraction (default 0.10)")
+    # 0.20: in a 6-minute run with 128 clients, 3 of 878 one-sentence speech answers were
+    # 10.1 % longer than their reference (Piper draws durations at random); a lost or doubled
+    # chunk moves a one-sentence answer by far more than 20 %
+    add("--audio-tolerance", type=float, default=0.20,
+        help="audio duration vs the reference's, as a fraction (default 0.20)")
     add("--chat-tokens", type=int, default=8, help="max_tokens of a text chat (default 8)")
     add("--seed", type=int, default=0, help="clients' and the killer's random seed")
     add("--cache-dir", default=None, help="models' cache (default $OMNI_CACHE_DIR)")
