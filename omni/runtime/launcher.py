@@ -41,6 +41,9 @@ log = logging.getLogger("omni.runtime.launcher")
 
 PROGRESS_EVERY_S = 15.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
+# a replica that stayed up this long before dying was not crash-looping: its backoff starts
+# over (bench soak: with a lifetime count, outages grew from 1.5 to 5.1 s over 18 kills)
+STABLE_UP_S = 60.0
 _OPENING = (bytes([Msg.READY]), bytes([Msg.DEAD]))  # what a new incarnation says first
 
 
@@ -246,6 +249,7 @@ class EngineGroup:
         if not isinstance(info, dict):
             raise ProtocolError("READY info must be a map")
         replica.info, replica.alive = info, True
+        replica.ready_at = time.monotonic()
         replica.ready.set_result(info)
         log.info("replica %s ready (pid %s, %s%s)", replica.replica_id,
                  replica.process.pid if replica.process else "external",
@@ -300,13 +304,16 @@ class EngineGroup:
         was_ready = replica.ready.done() and not replica.ready.exception()
         self._fail(replica, describe_exit(replica))
         if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
-            delay = RESTART_BACKOFF_S[min(replica.restarts, len(RESTART_BACKOFF_S) - 1)]
+            if time.monotonic() - replica.ready_at >= STABLE_UP_S:
+                replica.crash_streak = 0
+            delay = RESTART_BACKOFF_S[min(replica.crash_streak, len(RESTART_BACKOFF_S) - 1)]
             self.loop.call_later(delay, self._restart, replica)
 
     def _restart(self, replica: Replica) -> None:
         if self.stopping:
             return
         replica.restarts += 1
+        replica.crash_streak += 1
         replica.incarnation += 1
         log.warning("restarting replica %s (restart #%d)", replica.replica_id, replica.restarts)
         replica.exit_reason = None

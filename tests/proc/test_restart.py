@@ -50,3 +50,24 @@ def test_crash_inside_a_request_restarts_too():
             outputs = await collect(omni.generate({"prompt": "fine"}))
             assert outputs[-1].finished
     run(body(), timeout_s=20)
+
+
+@pytest.mark.parametrize("stable_s, streak", [(0.2, 1), (60.0, 2)])
+def test_backoff_starts_over_after_a_replica_stayed_up(stable_s, streak, monkeypatch):
+    """The restart delay follows the crash streak, not the lifetime count: a replica that
+    stayed up STABLE_UP_S before dying again restarts at once (streak back to 1)."""
+    from omni.runtime import launcher
+
+    monkeypatch.setattr(launcher, "STABLE_UP_S", stable_s)
+
+    async def body():
+        async with serving(restarting_pipeline()) as omni:
+            replica = omni.orchestrator.engines.replicas["s/0"]
+            for _ in range(2):
+                old_pid = replica.process.pid
+                os.kill(old_pid, signal.SIGKILL)
+                await wait_until(lambda old=old_pid: omni.health()["healthy"]
+                                 and replica.process.pid != old, 8.0, "a restart")
+                await asyncio.sleep(0.4)  # up longer than 0.2 s, shorter than 60 s
+            assert replica.restarts == 2 and replica.crash_streak == streak
+    run(body(), timeout_s=30)
