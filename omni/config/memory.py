@@ -89,3 +89,18 @@ def over_budget(stage: str, used: int | None, budget: int | None,
     return (f"stage '{stage}' holds {used / gib:.2f} GiB of device memory after loading, "
             f"{(used - budget) / gib:.2f} GiB over its budget of {budget / gib:.2f} GiB: "
             f"{advice or AR_ADVICE}")
+
+
+def memory_note(info: dict[str, Any]) -> str:
+    """What the READY log line says of a replica's device memory: what it reserved and,
+    for an AR stage, what of it its decode graphs and its warm-up step's peak take."""
+    gib = 2 ** 30
+    parts = []
+    if isinstance(info.get("cuda_bytes"), int) and info["cuda_bytes"]:
+        parts.append(f"{info['cuda_bytes'] / gib:.2f} GiB reserved")
+    if isinstance(info.get("graph_bytes"), int) and info["graph_bytes"]:
+        parts.append(f"decode graphs {info['graph_bytes'] / gib:.2f} GiB")
+    if isinstance(info.get("runtime_bytes"), int) and info["runtime_bytes"]:
+        parts.append(f"graphs + largest step {info['runtime_bytes'] / gib:.2f} GiB "
+                     "counted in its budget")
+    return "; " + ", ".join(parts) if parts else ""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from omni.config.memory import memory_note
 from omni.config.pipeline import PipelineConfig, StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
 from omni.protocol import (
@@ -253,7 +254,7 @@ class EngineGroup:
         replica.ready.set_result(info)
         log.info("replica %s ready (pid %s, %s%s)", replica.replica_id,
                  replica.process.pid if replica.process else "external",
-                 info.get("device", "device not reported"), _memory_note(info))
+                 info.get("device", "device not reported"), memory_note(info))
 
     def _on_dead(self, replica: Replica, reason: Any) -> None:
         """The engine's own death notice: fail it, then let it exit (it waits for this)."""
@@ -389,18 +390,3 @@ class EngineGroup:
             self.control = None
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")
-
-
-def _memory_note(info: dict[str, Any]) -> str:
-    """What the READY log line says of a replica's device memory: what it reserved and,
-    for an AR stage, what of it its decode graphs and its warm-up step's peak take."""
-    gib = 2 ** 30
-    parts = []
-    if isinstance(info.get("cuda_bytes"), int) and info["cuda_bytes"]:
-        parts.append(f"{info['cuda_bytes'] / gib:.2f} GiB reserved")
-    if isinstance(info.get("graph_bytes"), int) and info["graph_bytes"]:
-        parts.append(f"decode graphs {info['graph_bytes'] / gib:.2f} GiB")
-    if isinstance(info.get("runtime_bytes"), int) and info["runtime_bytes"]:
-        parts.append(f"graphs + largest step {info['runtime_bytes'] / gib:.2f} GiB "
-                     "counted in its budget")
-    return "; " + ", ".join(parts) if parts else ""

@@ -39,7 +39,7 @@ from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeli
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
-from omni.runtime.sessions import session_stages
+from omni.runtime.sessions import session_stages, stage_params
 from omni.session import Session
 
 log = logging.getLogger("omni.runtime.orchestrator")
@@ -129,20 +129,11 @@ class Orchestrator:
             plan = self._plans[key] = plan_route(source, route)
         return plan
 
-    def _stage_params(self, state: RequestState, stage: str) -> dict[str, Any]:
-        if not state.params and state.session is None:
-            return self._default_params[stage]  # only read (encoded), never changed
-        merged = dict(self._default_params[stage])
-        merged.update(state.params.get("*", {}))
-        merged.update(state.params.get(stage, {}))
-        if state.session is not None and stage in self._session_stages:
-            merged["session"] = state.session.id  # its engine keeps the session's state
-        return merged
-
     def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
         try:
-            message = encode(Msg.ADD, state.engine_id, inputs, self._stage_params(state, stage),
-                             time.monotonic())
+            params = stage_params(self._default_params[stage], state, stage,
+                                  self._session_stages)
+            message = encode(Msg.ADD, state.engine_id, inputs, params, time.monotonic())
         except (TypeError, ValueError, OverflowError) as exc:
             self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
                                                   f"encoded: {exc}"))

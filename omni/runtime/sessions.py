@@ -31,6 +31,20 @@ DEFAULT_KV_SHARE = 0.5  # of the AR stages' KV caches, when no state_budget_mb i
 REAP_EVERY_S = 1.0  # the most a lease can outlive its deadline
 
 
+def stage_params(defaults: dict[str, Any], state: Any, stage: str,
+                 keeping: set[str]) -> dict[str, Any]:
+    """A request's params for one stage: the stage's defaults, then the request's "*" and
+    per-stage params; a session's id for the stages that keep its state (``keeping``)."""
+    if not state.params and state.session is None:
+        return defaults  # only read (encoded), never changed
+    merged = dict(defaults)
+    merged.update(state.params.get("*", {}))
+    merged.update(state.params.get(stage, {}))
+    if state.session is not None and stage in keeping:
+        merged["session"] = state.session.id  # its engine keeps the session's state
+    return merged
+
+
 def session_stages(pipeline: PipelineConfig) -> set[str]:
     return {s.name for s in pipeline.stages if s.engine in STATEFUL_ENGINES}
 

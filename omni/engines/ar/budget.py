@@ -3,8 +3,8 @@ graphs and the largest step's activations leave.
 
 A stage's `memory:` used to buy weights + KV cache only. The decode graphs' private pool
 (their activations and every graph's own output buffers) and the peak of an eager prefill
-step of max_batched_tokens came on top, unmeasured: the Qwen3-Omni thinker held 41.8 GiB
-against a 36 GiB budget on the H200. Both depend on the model, max_num_seqs, the graph
+step of max_batched_tokens came on top, unmeasured: an omni model's thinker stage held
+41.8 GiB against a 36 GiB budget on the H200. Both depend on the model, max_num_seqs, the graph
 buckets and max_batched_tokens, not on the KV cache's size, so they are measured first,
 on a probe cache just large enough for the warm-up steps:
 
