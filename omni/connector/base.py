@@ -27,9 +27,17 @@ __all__ = [
 ]
 
 BYTES_DTYPE = "bytes"  # PayloadRef.dtype of a bytes payload (shape == (nbytes,))
-BACKENDS = ("inline", "shm", "cuda_ipc")  # "tcp" arrives later
-# Types of a cuda_ipc ref's location fields, in order (i = int, b = bytes; see cuda_ipc.py).
-CUDA_IPC_LOCATION = "ibiibibbiii"
+BACKENDS = ("inline", "shm", "cuda_ipc", "zmq", "mooncake")
+# Types of a ref's location fields, in order (i = int, b = bytes, s = str), per backend
+# whose location is a flat list (see each backend's module).
+LOCATION_TYPES = {
+    "shm": "siii",  # arena segment, offset, first block, tag
+    "cuda_ipc": "ibiibibbiii",
+    "zmq": "si",  # producer's data socket endpoint, producer instance nonce
+    "mooncake": "siiii",  # producer's transfer-engine session, buffer base, offset, block, tag
+}
+CUDA_IPC_LOCATION = LOCATION_TYPES["cuda_ipc"]
+_TYPES = {"i": int, "b": bytes, "s": str}
 
 Payload = torch.Tensor | bytes | bytearray | memoryview
 
@@ -87,6 +95,11 @@ class PayloadRef:
         generation tag (1..255) that ``release`` writes back (see shm.py).
       - ``cuda_ipc``: the producer's CUDA pool (IPC handle and the fields torch needs to
         open it, flag segment name) + ``offset, block_index, tag`` (see cuda_ipc.py).
+      - ``zmq``: ``[endpoint, nonce]``: the producer's data socket (tcp://HOST:PORT) and
+        the producer instance it belongs to; the payload is fetched by ``key`` (zmq_data.py).
+      - ``mooncake``: ``[session, base, offset, block_index, tag]``: the producer's
+        transfer-engine session (HOST:PORT), its registered arena's address, and the
+        payload's place in it, as for shm (mooncake.py).
     """
 
     backend: str
@@ -137,17 +150,12 @@ class PayloadRef:
         if backend == "inline":
             if not isinstance(location, bytes) or len(location) != nbytes:
                 raise ValueError("payload ref: inline location must hold nbytes bytes")
-        elif backend == "shm":
-            if not (isinstance(location, list | tuple) and len(location) == 4
-                    and isinstance(location[0], str)
-                    and all(type(v) is int for v in location[1:])):
-                raise ValueError(f"payload ref: bad shm location {_short(location)}")
-            location = list(location)
-        elif backend == "cuda_ipc":
-            if not (isinstance(location, list | tuple) and len(location) == len(CUDA_IPC_LOCATION)
-                    and all(type(v) is (int if t == "i" else bytes)
-                            for v, t in zip(location, CUDA_IPC_LOCATION, strict=True))):
-                raise ValueError(f"payload ref: bad cuda_ipc location {_short(location)}")
+        else:
+            types = LOCATION_TYPES[backend]
+            if not (isinstance(location, list | tuple) and len(location) == len(types)
+                    and all(type(v) is _TYPES[t]
+                            for v, t in zip(location, types, strict=True))):
+                raise ValueError(f"payload ref: bad {backend} location {_short(location)}")
             location = list(location)
         return cls(backend, key, owner, dtype, shape, nbytes, location)
 

@@ -334,7 +334,7 @@ def test_cleanup_stale_removes_prefix(prefix):
 def test_make_connector_and_auto(prefix):
     assert isinstance(make_connector("inline", name=prefix), InlineConnector)
     with pytest.raises(ConnectorError):
-        make_connector("tcp", name=prefix)  # not built yet
+        make_connector("tcp", name=prefix)  # no such backend
     with pytest.raises(ConnectorError):
         make_connector("nope", name=prefix)
     auto = make_connector("auto", name=prefix, capacity_bytes=1 << 20, inline_threshold=1024)
