@@ -167,25 +167,26 @@ CONTROL_HWM = 100_000
 LINGER_MS = 2000  # how long a closing socket may flush what it has queued (a DEAD notice)
 
 
-def check_address(address: str) -> str:
+def check_address(address: str, authenticated: bool = False) -> str:
     """An endpoint the control plane may bind or connect: ``ipc://PATH`` or
-    ``tcp://HOST:PORT`` with a loopback HOST (until CURVE authentication arrives with
-    the scale-out work, an open TCP port would let anyone on the network drive engines).
-    Raises ValueError saying what is wrong."""
+    ``tcp://HOST:PORT``, with a loopback HOST unless the socket is ``authenticated``
+    (CURVE, omni/curve.py): an open plain TCP port would let anyone on the network drive
+    engines. Raises ValueError saying what is wrong."""
     if address.startswith("ipc://") and len(address) > len("ipc://"):
         return address
     match = re.fullmatch(r"tcp://(\[[0-9a-fA-F:]+\]|[^:/\[\]]+):(\d+|\*)", address)
     if not match:
         raise ValueError(f"control address {address!r} must be ipc://PATH or tcp://HOST:PORT")
     host = match.group(1).strip("[]")
-    if host != "localhost":
+    if host != "localhost" and not authenticated:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
         if not loopback:
-            raise ValueError(f"control address {address!r}: only loopback tcp:// addresses are "
-                             "allowed until the control plane is authenticated (CURVE)")
+            raise ValueError(f"control address {address!r}: a plain control socket takes "
+                             "loopback tcp:// addresses only (other hosts connect to the "
+                             "CURVE socket of a pipeline with a `cluster:`)")
     return address
 
 

@@ -48,6 +48,7 @@ from omni.config.control import parse_control_bind, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
 from omni.config.frozen import Picklable, set_field
 from omni.config.memory import check_shares, parse_share
+from omni.config.placement import LOCAL, ClusterSettings, Placement, parse_cluster, stage_placement  # noqa: I001
 from omni.config.routes import (  # noqa: F401 - re-exported
     Route,
     UnknownModalityError,
@@ -65,13 +66,13 @@ __all__ = [
 
 ENGINE_KINDS = ("ar", "vllm", "generation", "diffusion", "policy", "echo")
 DELIVERIES = ("full", "stream")
-CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "tcp")
+CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions")
+            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions", "cluster")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch", "inputs",
-              "takes_request")
+              "takes_request", "placement")
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
@@ -101,6 +102,7 @@ class StageConfig(Picklable):
     launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
     inputs: tuple[str, ...] = ("text",)  # what it takes from a client, as an entry stage
     takes_request: tuple[str, ...] = ()  # client input keys it also gets when fed by others
+    placement: Placement = LOCAL  # where its replicas run (omni/config/placement.py)
 
     def __post_init__(self) -> None:
         set_field(self, "devices", tuple(self.devices) or default_devices(self.engine))
@@ -139,6 +141,12 @@ class PipelineConfig(Picklable):
     # served ids that run a part of this pipeline on its engines (omni/config/views.py)
     views: Mapping[str, PipelineConfig] = field(default_factory=dict)
     sessions: SessionSettings = field(default_factory=SessionSettings)
+    cluster: ClusterSettings | None = None  # set when a stage runs on other hosts
+
+    @property
+    def remote(self) -> bool:
+        """Whether some replicas run on other hosts (placed by Ray)."""
+        return any(stage.placement.remote for stage in self.stages)
 
     def __post_init__(self) -> None:
         set_field(self, "stages", tuple(self.stages))
@@ -281,6 +289,7 @@ def parse_pipeline(
         source=source,
         views=parse_views(source, data, base_dir, parse_pipeline),
         sessions=parse_sessions(source, data.get("sessions")),
+        cluster=parse_cluster(source, data.get("cluster"), stages),
     )
 
 
@@ -331,7 +340,9 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
                                                    optional(raw, "inputs", ["text"])))),
         takes_request=tuple(as_str(src, f"{path}.takes_request[{i}]", k) for i, k in enumerate(
             as_list(src, f"{path}.takes_request", optional(raw, "takes_request", [])))),
+        placement=stage_placement(src, path, raw),
     )
+
 
 
 def _parse_edges(src: str, raw: object, stages: tuple[StageConfig, ...]) -> tuple[EdgeConfig, ...]:

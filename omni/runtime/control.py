@@ -11,6 +11,9 @@ descriptor is edge-triggered (it signals "the socket's state changed", and readi
 ``EVENTS`` re-arms it), so a reader drains until nothing is left, and a send, which can
 consume that signal, checks for pending input and schedules a drain itself.
 
+A router for replicas on other hosts is a CURVE server (omni/curve.py): it binds a
+routable tcp:// address and admits only peers holding the launch's client key.
+
 Sends never block the loop and never drop silently: ``ROUTER_MANDATORY`` turns a send to
 an identity that is not connected into EHOSTUNREACH, and a send past the peer's
 high-water mark into EAGAIN; both raise ``PeerUnreachableError`` for the caller to
@@ -25,6 +28,7 @@ from collections.abc import Callable
 
 import zmq
 
+from omni.curve import CurveKeys, Gatekeeper, serve_curve
 from omni.protocol import CONTROL_HWM, check_address
 
 log = logging.getLogger("omni.runtime.control")
@@ -47,19 +51,22 @@ class BindError(OSError):
 class ControlRouter:
     """Bind, receive on the loop, send by identity; see the module doc."""
 
-    def __init__(self, address: str, on_message: MessageHandler) -> None:
+    def __init__(self, address: str, on_message: MessageHandler,
+                 curve: CurveKeys | None = None) -> None:
         self.on_message = on_message
         self.context = zmq.Context(io_threads=1)
+        self.gatekeeper = Gatekeeper(self.context, curve) if curve is not None else None
         self.sock = self.context.socket(zmq.ROUTER)
+        if curve is not None:
+            serve_curve(self.sock, curve)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.LINGER, 0)  # at close every peer is gone or being killed
         try:
-            self.sock.bind(check_address(address))
+            self.sock.bind(check_address(address, authenticated=curve is not None))
         except zmq.ZMQError as exc:  # e.g. a tcp port in use: nothing of ours stays open
-            self.sock.close(linger=0)
-            self.context.term()
+            self._close_context()
             raise BindError(f"cannot bind the control socket to {address}: {exc}") from exc
         # what engines connect to: a tcp port given as * is the one the OS picked
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -124,5 +131,10 @@ class ControlRouter:
         if self._loop is not None:
             self._loop.remove_reader(self._fd)
             self._loop = None
+        self._close_context()
+
+    def _close_context(self) -> None:
         self.sock.close(linger=0)
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
         self.context.term()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +34,10 @@ from omni.protocol import (
 )
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
+from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
+from omni.runtime.teardown import Teardown
 
 log = logging.getLogger("omni.runtime.launcher")
 
@@ -60,7 +61,7 @@ OutputsHandler = Callable[[Replica, list, dict[str, Any], int], None]
 DeathHandler = Callable[[Replica, str], None]
 
 
-class EngineGroup:
+class EngineGroup(Teardown):
     """The engine processes of one pipeline and the control socket that reaches them."""
 
     def __init__(self, pipeline: PipelineConfig, *, on_outputs: OutputsHandler,
@@ -77,6 +78,8 @@ class EngineGroup:
         self.replicas: dict[str, Replica] = {}
         self.stopping = False
         self.control: ControlRouter | None = None
+        # replicas on other hosts: CURVE keys, Ray, a tcp:// router (omni/runtime/placement.py)
+        self.remote = RemoteReplicas(pipeline) if pipeline.remote else None
         self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
         self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
@@ -101,6 +104,11 @@ class EngineGroup:
             except BindError as exc:
                 raise StartupError(f"pipeline '{self.pipeline.name}': {exc}") from None
             self.control.attach(self.loop)
+            if self.remote is not None:
+                try:
+                    await self.remote.start(self.on_message, self.loop)
+                except PlacementError as exc:
+                    raise StartupError(str(exc)) from None
             spawn = process_context(self.pipeline)
             for stage in self.pipeline.stages:
                 self.pools[stage.name] = StagePool(stage.name, [
@@ -128,13 +136,18 @@ class EngineGroup:
     def _start_process(self, spawn: Any, stage: StageConfig, replica: Replica) -> None:
         replica_id, index = replica.replica_id, replica.index
         self._by_identity[replica.identity] = replica
-        spec = stage_spec(self.pipeline, stage.name, index,
-                          control_address=self.control_address, arena_name=self.arena_name(replica),
-                          incarnation=replica.incarnation, dtype=self.dtype,
-                          log_level=self.log_level)
-        process = spawn.Process(target=run_engine_process, args=(spec,),
-                                name=f"omni-{self.pipeline.name}-{replica_id}")
-        process.start()
+        remote, name = self.remote, f"omni-{self.pipeline.name}-{replica_id}"
+        spec = stage_spec(self.pipeline, stage.name, index, control_address=(
+            remote.router.address if stage.placement.remote else self.control_address),
+            arena_name=self.arena_name(replica), incarnation=replica.incarnation,
+            dtype=self.dtype, log_level=self.log_level,
+            curve=remote.keys.to_dict() if remote else None,
+            data_host=remote.host if remote else "127.0.0.1")
+        if stage.placement.remote:
+            process = remote.spawn(spec, stage, name)
+        else:
+            process = spawn.Process(target=run_engine_process, args=(spec,), name=name)
+            process.start()
         replica.process = process
         self._exits[replica_id] = self.loop.create_future()
         self.loop.add_reader(process.sentinel, self._on_exit, replica, process)
@@ -165,10 +178,21 @@ class EngineGroup:
         if not replica.connected:
             raise ReplicaUnreachableError(f"replica {replica.replica_id} is not connected")
         try:
-            self.control.send(replica.identity, message)
+            self._router(replica).send(replica.identity, message)
         except PeerUnreachableError as exc:
             raise ReplicaUnreachableError(f"replica {replica.replica_id}: {exc}") from exc
         return len(message)
+
+    def _router(self, replica: Replica) -> ControlRouter:
+        if self.remote is not None and self.pipeline.stage(replica.stage).placement.remote:
+            return self.remote.router
+        return self.control
+
+    def _drain(self) -> None:
+        """Read what every router holds now (messages queued behind a busy loop)."""
+        for router in (self.control, self.remote and self.remote.router):
+            if router is not None:
+                router.drain()
 
     def try_send(self, replica: Replica, message: bytes) -> bool:
         """Send unless the peer is gone (it may have just died); True if sent."""
@@ -252,17 +276,17 @@ class EngineGroup:
         replica.info, replica.alive = info, True
         replica.ready_at = time.monotonic()
         replica.ready.set_result(info)
-        log.info("replica %s ready (pid %s, %s%s)", replica.replica_id,
+        if replica.process is not None and replica.process.pid is None:  # Ray's
+            replica.process.pid = info.get("pid")
+        log.info("replica %s ready (pid %s%s, %s%s)", replica.replica_id,
                  replica.process.pid if replica.process else "external",
+                 f" on {info.get('host')}" if self._router(replica) is not self.control else "",
                  info.get("device", "device not reported"), memory_note(info))
 
     def _on_dead(self, replica: Replica, reason: Any) -> None:
         """The engine's own death notice: fail it, then let it exit (it waits for this)."""
         self._fail(replica, str(reason))
-        try:
-            self.control.send(replica.identity, encode(Msg.SHUTDOWN))
-        except PeerUnreachableError:
-            pass
+        self.try_send(replica, encode(Msg.SHUTDOWN))
 
     # -- deaths ------------------------------------------------------------------------
     def arena_name(self, replica: Replica) -> str:
@@ -272,7 +296,7 @@ class EngineGroup:
         """Declare dead every live replica silent for two heartbeat intervals."""
         if self.stopping:
             return
-        self.control.drain()  # heartbeats queued behind a busy loop count
+        self._drain()  # heartbeats queued behind a busy loop count
         now = time.monotonic()
         for replica in self.replicas.values():
             silent = now - replica.last_heartbeat
@@ -293,8 +317,7 @@ class EngineGroup:
         self.loop.remove_reader(process.sentinel)
         process.join()
         unlink_arenas(self.arena_name(replica) + "-")  # a killed producer cannot do it
-        if self.control is not None:
-            self.control.drain()  # what it sent before it ended (a DEAD notice) comes first
+        self._drain()  # what it sent before it ended (a DEAD notice) comes first
         self._retire(replica)
         self._exits[replica.replica_id].set_result(process.exitcode)
         if not self.stopping:
@@ -351,42 +374,3 @@ class EngineGroup:
         replica.ready.add_done_callback(self._restarted)
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
-
-    # -- teardown ----------------------------------------------------------------------
-    async def stop(self, timeout_s: float = 5.0) -> None:
-        """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all."""
-        self.stopping = True
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
-        for replica in self.replicas.values():
-            if replica.alive:
-                self.try_send(replica, encode(Msg.SHUTDOWN))
-            elif replica.process is not None and not (
-                    self._exits[replica.replica_id].done() or replica.exit_reason):
-                replica.process.terminate()  # still loading: nothing to drain
-            replica.alive = False
-        await self._wait_exits(timeout_s, "terminate")
-        await self._wait_exits(2.0, "kill")
-        await self._wait_exits(2.0, None)
-        self._close()
-
-    async def _wait_exits(self, timeout_s: float, then: str | None) -> None:
-        running = [f for f in self._exits.values() if not f.done()]
-        if running:
-            await asyncio.wait(running, timeout=timeout_s)
-        for replica in self.replicas.values():
-            exited = self._exits.get(replica.replica_id)
-            if then and exited is not None and not exited.done():
-                log.warning("replica %s did not exit; %s", replica.replica_id, then)
-                getattr(replica.process, then)()
-
-    def _close(self) -> None:
-        for replica in self.replicas.values():
-            exited = self._exits.get(replica.replica_id)
-            if exited is not None and not exited.done():
-                self.loop.remove_reader(replica.process.sentinel)
-        if self.control is not None:
-            self.control.close()
-            self.control = None
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
-        unlink_arenas(self.arena_prefix + "-")

@@ -67,6 +67,9 @@ def stop_helper_processes() -> None:
 
 def describe_exit(replica: Any) -> str:
     """How a replica's process ended, for logs and errors."""
+    describe = getattr(replica.process, "describe", None)  # a Ray-placed one says itself
+    if describe is not None:
+        return describe()
     code = replica.process.exitcode
     if code is None:
         return "process still running but unreachable"

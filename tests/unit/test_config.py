@@ -145,7 +145,7 @@ def test_empty_optional_values_mean_default(tmp_path: Path) -> None:
 def test_engine_and_choice_constants() -> None:
     assert ENGINE_KINDS == ("ar", "vllm", "generation", "diffusion", "policy", "echo")
     assert DELIVERIES == ("full", "stream")
-    assert CONNECTORS == ("auto", "inline", "shm", "cuda_ipc", "tcp")
+    assert CONNECTORS == ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 
 
 def test_stage_and_edge_lookup_errors(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import time
 
 import zmq
 
+from omni.curve import CurveKeys, connect_curve
 from omni.protocol import (
     CONTROL_HWM,
     HEARTBEAT_SUFFIX,
@@ -40,8 +41,9 @@ class Channel:
     """Messages to and from the orchestrator; see the module doc."""
 
     def __init__(self, address: str, identity: bytes, replica_id: str,
-                 heartbeat_s: float = 0.0) -> None:
-        self.address = check_address(address)
+                 heartbeat_s: float = 0.0, curve: CurveKeys | None = None) -> None:
+        self.curve = curve  # a server on another host: CURVE client (omni/curve.py)
+        self.address = check_address(address, authenticated=curve is not None)
         self.context = zmq.Context(io_threads=1)
         self.sock = self._dealer(identity)
         self._stop = threading.Event()
@@ -59,6 +61,8 @@ class Channel:
         sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
         sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
+        if self.curve is not None:
+            connect_curve(sock, self.curve)
         sock.connect(self.address)
         return sock
 
@@ -103,6 +107,8 @@ class Channel:
         sock.setsockopt(zmq.IDENTITY, identity)
         sock.setsockopt(zmq.SNDHWM, 4)  # a heartbeat that cannot go now is moot later
         sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            connect_curve(sock, self.curve)
         sock.connect(self.address)
         beat = encode(Msg.HEARTBEAT, replica_id)
         try:

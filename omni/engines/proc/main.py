@@ -16,12 +16,14 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
 from typing import Any
 
 from omni.config.memory import over_budget
+from omni.curve import CurveKeys
 from omni.engines.base import EngineLoadError
 from omni.engines.proc.channel import Channel
 from omni.engines.proc.loop import EngineLoop
@@ -75,7 +77,8 @@ def run_engine_process(spec: EngineSpec) -> None:
     code, channel = 0, None
     try:
         channel = Channel(spec.control_address, identity(spec.replica_id, spec.incarnation),
-                          spec.replica_id, spec.heartbeat_s)
+                          spec.replica_id, spec.heartbeat_s,
+                          CurveKeys.from_dict(spec.curve) if spec.curve else None)
         _serve(spec, channel)
     except BaseException as exc:  # noqa: BLE001 - any death must be reported
         code = 1
@@ -123,7 +126,7 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
                           getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
-    info = {**engine.info(), **memory}
+    info = {**engine.info(), **memory, "pid": os.getpid(), "host": socket.gethostname()}
     info.setdefault("device", resolve_device(spec.device))  # for the READY log line
     channel.send(encode(Msg.READY, spec.replica_id, info))
     try:

@@ -33,12 +33,17 @@ class EngineSpec:
     payload_options: dict[str, Any] = field(default_factory=dict)  # make_connector kwargs
     memory: int | None = None  # the stage's memory budget in bytes (engines that size caches)
     memory_share: float | None = None  # or its share of the device (omni/config/memory.py)
+    curve: dict[str, str] | None = None  # CURVE keys of the control channel (another host)
 
 
 def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control_address: str,
                arena_name: str, incarnation: int = 0, dtype: str = "auto",
-               log_level: int = logging.INFO) -> EngineSpec:
-    """The spec of replica ``index`` of a stage (KeyError for an unknown stage)."""
+               log_level: int = logging.INFO, curve: dict[str, str] | None = None,
+               data_host: str = "127.0.0.1") -> EngineSpec:
+    """The spec of replica ``index`` of a stage (KeyError for an unknown stage).
+    ``curve``: the launch's keys (a pipeline with replicas on other hosts); ``data_host``:
+    where this host's producers serve payloads to other hosts (a Ray actor sets its own
+    node's)."""
     stage = pipeline.stage(stage_name)
     return EngineSpec(
         replica_id=f"{stage.name}/{index}", stage=stage.name, engine=stage.engine,
@@ -47,18 +52,36 @@ def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control
         device=stage.devices[index % len(stage.devices)], dtype=dtype,
         options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"},
         log_level=log_level, arena_name=arena_name,
-        payload_options=payload_options(pipeline, stage_name), memory=stage.memory,
-        memory_share=stage.memory_share)
+        payload_options=payload_options(pipeline, stage_name, curve, data_host),
+        memory=stage.memory, memory_share=stage.memory_share,
+        # its control channel is CURVE only to another host (local ones use the ipc router)
+        curve=curve if stage.placement.remote else None)
 
 
-def payload_options(pipeline: PipelineConfig, stage_name: str) -> dict[str, Any]:
-    """Where the stage's output payloads go, from its outgoing edges' `connector`."""
+def payload_options(pipeline: PipelineConfig, stage_name: str,
+                    curve: dict[str, str] | None = None,
+                    data_host: str = "127.0.0.1") -> dict[str, Any]:
+    """Where the stage's output payloads go, from its outgoing edges' `connector` and
+    from where its consumers run: payloads that cross hosts (this stage or one it feeds
+    placed by Ray; the front reads final outputs on the server's host) go through a
+    remote backend (`zmq`/`mooncake` when the edges name one, else the faster for the
+    size), small ones still inline."""
     stage = pipeline.stage(stage_name)
-    kinds = {e.connector for e in pipeline.edges if e.src == stage.name}
+    edges = [e for e in pipeline.edges if e.src == stage.name]
+    kinds = {e.connector for e in edges}
     if stage.final_output:
         kinds.add("auto")  # the front end reads refs of any backend
+    named_remote = kinds & {"zmq", "mooncake"}
+    crosses = stage.placement.remote or any(pipeline.stage(e.dst).placement.remote
+                                            for e in edges)
+    remote = (named_remote.pop() if len(named_remote) == 1 else "auto") \
+        if crosses or named_remote else None
     put = kinds.pop() if len(kinds) == 1 and kinds <= {"inline", "shm"} else "auto"
-    options: dict[str, Any] = {"put": put}
+    options: dict[str, Any] = {"put": "auto" if remote else put}
+    if remote:
+        options.update(remote=remote, host=data_host)
+    if curve:
+        options["curve"] = curve  # zmq data sockets are CURVE servers and clients
     if "payload_arena_mb" in stage.options:
         options["capacity_bytes"] = int(float(stage.options["payload_arena_mb"]) * 2**20)
     return options
