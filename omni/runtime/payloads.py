@@ -15,8 +15,8 @@ class ClientPayloads:
     the producer's block goes back immediately; nothing here outlives the output.
     """
 
-    def __init__(self, name: str) -> None:
-        self.plane = PayloadPlane(name)
+    def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+        self.plane = PayloadPlane(name, options)
 
     def take(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
         if data is None or not has_ref(data):

@@ -26,8 +26,8 @@ class EngineHost:
         """Start the engine here and wait for it; returns its exit code."""
         node_ip = ray.util.get_node_ip_address()
         # this node's producers serve their payloads on this node's address
-        spec = dataclasses.replace(spec, payload_options={**spec.payload_options,
-                                                          "host": node_ip})
+        spec = dataclasses.replace(spec, node=node_ip, payload_options={
+            **spec.payload_options, "host": node_ip})
         process = multiprocessing.get_context("spawn").Process(
             target=run_engine_process, args=(spec,), name=f"omni-{spec.replica_id}")
         process.start()

@@ -126,7 +126,8 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
                           getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
-    info = {**engine.info(), **memory, "pid": os.getpid(), "host": socket.gethostname()}
+    info = {**engine.info(), **memory, "pid": os.getpid(),
+            "host": spec.node or socket.gethostname()}
     info.setdefault("device", resolve_device(spec.device))  # for the READY log line
     channel.send(encode(Msg.READY, spec.replica_id, info))
     try:

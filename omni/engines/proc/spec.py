@@ -34,6 +34,7 @@ class EngineSpec:
     memory: int | None = None  # the stage's memory budget in bytes (engines that size caches)
     memory_share: float | None = None  # or its share of the device (omni/config/memory.py)
     curve: dict[str, str] | None = None  # CURVE keys of the control channel (another host)
+    node: str | None = None  # the cluster node's address, set by the Ray actor running it
 
 
 def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control_address: str,

@@ -1,0 +1,142 @@
+"""Replicas on other hosts, placed by Ray: hosts are network namespaces (netns.py).
+
+Host A (the root namespace) runs the server and the Ray head; hosts b and c are
+namespaces with a Ray node each. The middle stage of a -> b -> c runs on another host:
+its control channel is CURVE over tcp://, its payloads cross the link through the zmq
+data plane. Skipped where namespaces cannot be made (netns.available() says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import netns
+import pytest
+from netns import Hosts, start_head, start_node
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "proc"))  # procutil: the echo helpers
+from procutil import Tap, collect, run, serving  # noqa: E402
+
+from omni.config.pipeline import parse_pipeline  # noqa: E402
+from omni.runtime.orchestrator import OmniOutput  # noqa: E402
+
+_OK, _WHY = netns.available()
+pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
+
+HEARTBEAT_S = 0.5
+BLOB = 96 * 1024  # above the inline threshold: through the zmq data socket
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Three hosts: A (root: server, Ray head), b and c (a Ray node each, one engine slot)."""
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = netns.AUTH_MODE  # the server's ray.init must match
+    try:
+        with Hosts(3) as hosts:
+            head = start_head(hosts, num_cpus=2)
+            for host in ("b", "c"):
+                start_node(hosts, host, num_cpus=1, resources={"engine_slot": 1})
+            yield hosts, head
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        if saved is not None:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False,
+             delay_ms: int = 0, chunks: int = 2):
+    return parse_pipeline({
+        "name": "hosts", "heartbeat_s": HEARTBEAT_S,
+        "cluster": {"ray_address": head.address, "host": hosts.root_ip},
+        "stages": [
+            {"name": "a", "engine": "echo", "options": {"chunks": chunks}},
+            {"name": "b", "engine": "echo", "placement": placement, "restart": restart,
+             "options": {"delay_ms": delay_ms}},
+            {"name": "c", "engine": "echo", "final_output": "text"}],
+        "edges": [{"from": "a", "to": "b", "delivery": "stream"},
+                  {"from": "b", "to": "c", "delivery": "stream"}]})
+
+
+def _texts(outputs: list[OmniOutput]) -> str:
+    return "".join(o.data["text"] for o in outputs if o.data)
+
+
+def _blobs(outputs: list[OmniOutput]) -> list[bytes]:
+    return [bytes(o.data["blob"].numpy()) if hasattr(o.data["blob"], "numpy")
+            else bytes(o.data["blob"]) for o in outputs if o.data and "blob" in o.data]
+
+
+async def _answers(omni, prompts: list[str]) -> list[tuple[str, list[bytes]]]:
+    outs = await asyncio.gather(*(collect(omni.generate(
+        {"prompt": p}, params={s: {"payload_bytes": BLOB} for s in "abc"}))
+        for p in prompts))
+    return [(_texts(o), _blobs(o)) for o in outs]
+
+
+def test_remote_middle_stage_gives_the_local_outputs(cluster):
+    hosts, head = cluster
+    prompts = [f"prompt number {i} crosses hosts" for i in range(6)]
+
+    async def body():
+        async with serving(pipeline(head, hosts, "local")) as omni:
+            local = await _answers(omni, prompts)
+        async with serving(pipeline(head, hosts, {"kind": "ray", "cpus": 0.5,
+                                                  "resources": {"host_b": 0.01}}),
+                           startup_timeout_s=60) as omni:
+            tap = Tap(omni)
+            remote = await _answers(omni, prompts)
+            b = omni.orchestrator.engines.replicas["b/0"]
+            assert b.info["host"] == hosts.ip("b")  # it ran on host b
+            backends = {row.data["blob"][1] for row in tap.rows
+                        if row.stage in ("a", "b") and row.data and "blob" in row.data}
+            assert backends == {"zmq"}, backends  # both hops crossed hosts by the data socket
+        return local, remote
+
+    local, remote = run(body(), timeout_s=120)
+    assert all(text and blobs for text, blobs in local)  # the fixture varies and carries data
+    assert len({text for text, _ in local}) == len(prompts)
+    assert remote == local
+
+
+def test_a_host_taken_down_fails_its_requests_and_ray_restarts_the_replica(cluster):
+    hosts, head = cluster
+    placement = {"kind": "ray", "cpus": 0.5, "resources": {"engine_slot": 1}}
+
+    async def body():
+        async with serving(pipeline(head, hosts, placement, restart=True, delay_ms=100,
+                                    chunks=40), startup_timeout_s=60) as omni:
+            b = omni.orchestrator.engines.replicas["b/0"]
+            first = next(h for h in ("b", "c") if hosts.ip(h) == b.info["host"])
+            tap = Tap(omni)
+            streams = [asyncio.ensure_future(collect(omni.generate(
+                {"prompt": " ".join(["word"] * 40)}))) for _ in range(3)]
+            await tap.first(lambda r: r.stage == "c", timeout_s=20)  # mid-stream
+            down_at = time.monotonic()
+            hosts.down(first)
+            results = await asyncio.gather(*streams, return_exceptions=True)
+            failed_after = time.monotonic() - down_at
+            assert all(isinstance(r, Exception) for r in results), results
+            assert all("b/0" in str(r) for r in results), results  # typed: names the replica
+            assert omni.health()["stages"]["b"]["live"] == 0
+            assert not omni.health()["healthy"]
+            # Ray sees the node gone and starts the replica on the other host
+            deadline = time.monotonic() + 60
+            while not (b.alive and b.incarnation > 0):
+                assert time.monotonic() < deadline, "replica b/0 did not come back"
+                await asyncio.sleep(0.1)
+            second = b.info["host"]
+            assert omni.health()["healthy"]
+            again = await collect(omni.generate({"prompt": "after the host died"}))
+            return failed_after, first, second, _texts(again)
+
+    failed_after, first, second, text = run(body(), timeout_s=150)
+    print(f"\nhost {first} down: requests failed after {failed_after:.2f} s "
+          f"(heartbeat {HEARTBEAT_S} s); b/0 restarted on {second}")
+    assert failed_after < 2 * HEARTBEAT_S + 2.0  # two missed beats, plus a check's slack
+    assert second != hosts.ip(first)
+    assert text == "after the host died"
