@@ -12,9 +12,10 @@ import subprocess
 import sys
 import time
 
-import netns
 import pytest
-from netns import Hosts, RayNode, _proc_table, driver, start_head, start_node
+
+from bench import netns
+from bench.netns import Hosts, RayNode, _proc_table, driver, start_head, start_node
 
 _OK, _WHY = netns.available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)

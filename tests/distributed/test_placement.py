@@ -1,4 +1,4 @@
-"""Replicas on other hosts, placed by Ray: hosts are network namespaces (netns.py).
+"""Replicas on other hosts, placed by Ray: hosts are network namespaces (bench/netns.py).
 
 Host A (the root namespace) runs the server and the Ray head; hosts b and c are
 namespaces with a Ray node each. The middle stage of a -> b -> c runs on another host:
@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import netns
 import pytest
-from netns import Hosts, start_head, start_node
+
+from bench import netns
+from bench.netns import Hosts, start_head, start_node
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "proc"))  # procutil: the echo helpers
 from procutil import Tap, collect, run, serving  # noqa: E402

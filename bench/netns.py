@@ -1,7 +1,7 @@
 """Several "hosts" on one machine: Linux network namespaces, one Ray node per host.
 
-Imported by the test modules as ``netns`` (pytest puts tests/distributed on sys.path, as
-it does tests/proc for procutil). Needs root and iproute2; `available()` says why not.
+Used by tests/distributed and by `python -m bench distributed` (bench.netns). Needs root
+and iproute2; `available()` says why not.
 
 Topology: one Linux bridge in the ROOT namespace holding 10.213.<k>.1/24 ("host A": the
 test process, the future server, the Ray head), and per host a namespace joined to the
