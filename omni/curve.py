@@ -7,7 +7,9 @@ Replicas get the set with their spec (through Ray's task arguments, or a key fil
 `python -m omni.engines.proc`). Every binding socket runs a ZAP check that admits only
 the set's client key, so a peer with another key, or none, completes no handshake and
 is never read; CURVE encrypts everything after the handshake. Keys live only in memory
-and in the specs handed to replicas; a new server start makes new ones.
+and in the specs handed to replicas; a new server start makes new ones. A peer holding
+keys of another start does not even know this server's public key: its handshake fails
+before the ZAP check (libzmq counts it as a handshake failure; no log line here).
 
 Why one client key for all replicas, not one per replica: every replica of a launch is
 equally trusted (each may connect to any producer's data socket), and a per-replica key
@@ -102,8 +104,8 @@ class _AllowClientKey:
             return True
         self.refused += 1
         if self.refused <= 10:  # a misconfigured replica retries: say it, not forever
-            log.warning("refused a CURVE handshake from a peer with an unknown key %s... "
-                        "(a replica of another server start, or a stranger)",
+            log.warning("refused a CURVE handshake: client key %s... is not this launch's "
+                        "(the peer knows the server's key but not the client key)",
                         client_key[:8].decode(errors="replace"))
         return False
 

@@ -115,11 +115,15 @@ class PayloadPlane:
             self._connector.cleanup(request_id)
 
     def stats(self) -> dict[str, Any]:
+        """What this process's payload storage holds: the arena (``shm_*``) and, when
+        built, the cross-host backends (``zmq_*``, ``mooncake_*``)."""
         if self._connector is None:
             return {}
-        shm = self._connector.health().get("shm", {})  # the arena is what can fill up
-        return {"shm_" + k: v for k, v in shm.items()
-                if isinstance(v, int | float) and not isinstance(v, bool)}
+        health, stats = self._connector.health(), {}
+        for kind in ("shm", "zmq", "mooncake"):
+            stats.update({f"{kind}_{k}": v for k, v in health.get(kind, {}).items()
+                          if isinstance(v, int | float) and not isinstance(v, bool)})
+        return stats
 
     def close(self) -> None:
         if self._connector is not None:

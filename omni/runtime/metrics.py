@@ -186,6 +186,10 @@ def replica_samples(pipeline: str, replica: Any) -> Iterable[Sample]:
         yield "gauge", "omni_replica_arena_used_bytes", \
             "Bytes of the replica's payload arena in use (last report)", labels, \
             replica.stats["shm_used_bytes"]
+    if "zmq_payload_bytes" in replica.stats:
+        yield "gauge", "omni_replica_remote_payload_bytes", \
+            "Bytes the replica holds for consumers on other hosts (zmq data socket)", labels, \
+            replica.stats["zmq_payload_bytes"]
     for key, (metric, doc) in ENGINE_GAUGES.items():
         if isinstance(replica.stats.get(key), int):
             yield "gauge", metric, doc, labels, replica.stats[key]

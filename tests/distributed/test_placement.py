@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,10 @@ from bench import netns
 from bench.netns import Hosts, start_head, start_node
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "proc"))  # procutil: the echo helpers
-from procutil import Tap, collect, run, serving  # noqa: E402
+from procutil import Tap, assert_idle, collect, run, serving, wait_until  # noqa: E402
 
 from omni.config.pipeline import parse_pipeline  # noqa: E402
+from omni.errors import RequestAbortedError  # noqa: E402
 from omni.runtime.orchestrator import OmniOutput  # noqa: E402
 
 _OK, _WHY = netns.available()
@@ -102,6 +104,64 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster):
     assert all(text and blobs for text, blobs in local)  # the fixture varies and carries data
     assert len({text for text, _ in local}) == len(prompts)
     assert remote == local
+
+
+def test_thousand_requests_across_hosts_leave_nothing_held(cluster):
+    """Payloads cross the link both ways (a on A -> b on host b -> c on A); a third of the
+    requests are aborted midway; after, neither producer holds a byte for anyone."""
+    hosts, head = cluster
+    requests, concurrency = 1000, 24
+    params = {s: {"payload_bytes": BLOB} for s in "ab"}
+
+    async def one(omni, i: int, outcomes: dict[str, int]) -> None:
+        task = asyncio.ensure_future(collect(omni.generate(
+            {"prompt": f"request {i}"}, params=params, request_id=f"q{i}")))
+        if i % 3 == 0:
+            await asyncio.wait({task}, timeout=random.uniform(0, 0.01))
+            await omni.abort(f"q{i}")
+        try:
+            await task
+            outcomes["ok"] += 1
+        except RequestAbortedError:
+            outcomes["aborted"] += 1
+
+    async def body():
+        random.seed(0)
+        async with serving(pipeline(head, hosts, {"kind": "ray", "cpus": 0.5,
+                                                  "resources": {"host_b": 0.01}}),
+                           startup_timeout_s=60) as omni:
+            tap = Tap(omni)
+            outcomes = {"ok": 0, "aborted": 0}
+            gate = asyncio.Semaphore(concurrency)
+
+            async def gated(i: int) -> None:
+                async with gate:
+                    await one(omni, i, outcomes)
+
+            started = time.monotonic()
+            await asyncio.gather(*(gated(i) for i in range(requests)))
+            took = time.monotonic() - started
+            assert sum(outcomes.values()) == requests and outcomes["aborted"] > 0, outcomes
+            corrupted = [r.request_id for r in tap.rows if r.error and "corrupted" in r.error]
+            assert corrupted == [], corrupted
+            assert_idle(omni)
+            await wait_until(lambda: len(omni.orchestrator.fences) == 0, 10.0,
+                             "every abort answered and freed")
+            crossed = [r for r in tap.rows if r.data and isinstance(r.data.get("blob"), list)
+                       and r.data["blob"][1] == "zmq"]
+            assert {r.stage for r in crossed} == {"a", "b"}
+            # a probe that publishes nothing: its stats show what each producer still holds
+            probe = {"a": {"payload_bytes": 0}, "b": {"payload_bytes": 0}}
+            await collect(omni.generate({"prompt": "probe"}, params=probe))
+            for stage in ("a", "b"):
+                stats = [r.stats for r in tap.rows if r.stage == stage][-1]
+                assert stats["zmq_puts"] > 0, (stage, stats)
+                assert stats["zmq_payload_bytes"] == 0, (stage, stats)
+                assert stats["zmq_payloads_in_use"] == 0, (stage, stats)
+            return outcomes, took
+
+    outcomes, took = run(body(), timeout_s=300)
+    print(f"\n{requests} requests across hosts in {took:.1f} s: {outcomes}")
 
 
 def test_a_host_taken_down_fails_its_requests_and_ray_restarts_the_replica(cluster):
