@@ -21,10 +21,14 @@ from bench import netns
 from bench.netns import Hosts, start_head, start_node
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "proc"))  # procutil: the echo helpers
+import zmq  # noqa: E402
 from procutil import Tap, assert_idle, collect, run, serving, wait_until  # noqa: E402
 
 from omni.config.pipeline import parse_pipeline  # noqa: E402
+from omni.curve import CurveKeys  # noqa: E402
+from omni.engines.proc.channel import Channel  # noqa: E402
 from omni.errors import RequestAbortedError  # noqa: E402
+from omni.protocol import Msg, encode, identity  # noqa: E402
 from omni.runtime.orchestrator import OmniOutput  # noqa: E402
 
 _OK, _WHY = netns.available()
@@ -98,12 +102,35 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster):
             backends = {row.data["blob"][1] for row in tap.rows
                         if row.stage in ("a", "b") and row.data and "blob" in row.data}
             assert backends == {"zmq"}, backends  # both hops crossed hosts by the data socket
+            await _stranger_is_refused(omni)
+            assert b.alive and b.incarnation == 0
+            assert await _answers(omni, prompts[:2]) == remote[:2]
         return local, remote
 
     local, remote = run(body(), timeout_s=120)
     assert all(text and blobs for text, blobs in local)  # the fixture varies and carries data
     assert len({text for text, _ in local}) == len(prompts)
     assert remote == local
+
+
+async def _stranger_is_refused(omni) -> None:
+    """A process that knows the server's public key but holds another client key tries
+    to take over b/0 (a later incarnation's READY): its handshake is refused, nothing it
+    sends is read."""
+    remote = omni.orchestrator.engines.remote
+    other = CurveKeys.generate()
+    stranger = CurveKeys(remote.keys.server_public, remote.keys.server_secret,
+                         other.client_public, other.client_secret)
+    channel = Channel(remote.router.address, identity("b/0", 5), "b/0", curve=stranger)
+    try:
+        channel.send(encode(Msg.READY, "b/0", {}))
+        deadline = time.monotonic() + 5
+        while remote.router.gatekeeper.refused == 0:
+            assert time.monotonic() < deadline, "the stranger's handshake was not refused"
+            await asyncio.sleep(0.05)
+    finally:
+        channel.sock.setsockopt(zmq.LINGER, 0)
+        channel.close()
 
 
 def test_thousand_requests_across_hosts_leave_nothing_held(cluster):
