@@ -56,7 +56,7 @@ def cluster():
 
 
 def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False,
-             delay_ms: int = 0, chunks: int = 2):
+             delay_ms: int = 0, chunks: int = 2, connector: str = "auto"):
     return parse_pipeline({
         "name": "hosts", "heartbeat_s": HEARTBEAT_S,
         "cluster": {"ray_address": head.address, "host": hosts.root_ip},
@@ -65,8 +65,8 @@ def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False
             {"name": "b", "engine": "echo", "placement": placement, "restart": restart,
              "options": {"delay_ms": delay_ms}},
             {"name": "c", "engine": "echo", "final_output": "text"}],
-        "edges": [{"from": "a", "to": "b", "delivery": "stream"},
-                  {"from": "b", "to": "c", "delivery": "stream"}]})
+        "edges": [{"from": "a", "to": "b", "delivery": "stream", "connector": connector},
+                  {"from": "b", "to": "c", "delivery": "stream", "connector": connector}]})
 
 
 def _texts(outputs: list[OmniOutput]) -> str:
@@ -85,7 +85,8 @@ async def _answers(omni, prompts: list[str]) -> list[tuple[str, list[bytes]]]:
     return [(_texts(o), _blobs(o)) for o in outs]
 
 
-def test_remote_middle_stage_gives_the_local_outputs(cluster):
+@pytest.mark.parametrize(("connector", "backend"), [("auto", "zmq"), ("mooncake", "mooncake")])
+def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, backend: str):
     hosts, head = cluster
     prompts = [f"prompt number {i} crosses hosts" for i in range(6)]
 
@@ -93,15 +94,15 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster):
         async with serving(pipeline(head, hosts, "local")) as omni:
             local = await _answers(omni, prompts)
         async with serving(pipeline(head, hosts, {"kind": "ray", "cpus": 0.5,
-                                                  "resources": {"host_b": 0.01}}),
-                           startup_timeout_s=60) as omni:
+                                                  "resources": {"host_b": 0.01}},
+                                    connector=connector), startup_timeout_s=60) as omni:
             tap = Tap(omni)
             remote = await _answers(omni, prompts)
             b = omni.orchestrator.engines.replicas["b/0"]
             assert b.info["host"] == hosts.ip("b")  # it ran on host b
             backends = {row.data["blob"][1] for row in tap.rows
                         if row.stage in ("a", "b") and row.data and "blob" in row.data}
-            assert backends == {"zmq"}, backends  # both hops crossed hosts by the data socket
+            assert backends == {backend}, backends  # both hops crossed hosts by that backend
             await _stranger_is_refused(omni)
             assert b.alive and b.incarnation == 0
             assert await _answers(omni, prompts[:2]) == remote[:2]
