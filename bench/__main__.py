@@ -37,6 +37,9 @@ BENCHMARKS = {
              "vs full delivery, against the critical path"),
     "soak": ("soak", "reliability: many clients on mixed workloads for a set time, replicas "
              "killed at random, every answer checked, memory watched, drain under load"),
+    "distributed": ("distributed", "two hosts as network namespaces: link round trip, control "
+                    "hop (local vs cross-host with CURVE), payload transfer (zmq, mooncake) vs "
+                    "a raw TCP copy"),
 }
 
 
