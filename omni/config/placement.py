@@ -8,6 +8,8 @@
       host: 10.0.0.1            # this server's address other hosts reach (default: the
                                 #   address Ray knows this node by)
       control_port: 0           # the CURVE-encrypted control socket's port (0: any free)
+      encrypt_payloads: true    # zmq data sockets with CURVE too (false: plain TCP, for
+                                #   private networks: about 4x the throughput at 64 MiB)
     stages:
       - name: talker
         placement: {kind: ray, cpus: 1, gpus: 1, node_ip: 10.0.0.2}
@@ -27,10 +29,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from omni.config.checks import ConfigError, as_int, check_keys, describe, optional
+from omni.config.checks import ConfigError, as_bool, as_int, check_keys, describe, optional
 
 PLACEMENT_KEYS = ("kind", "cpus", "gpus", "node_ip", "resources")
-CLUSTER_KEYS = ("ray_address", "host", "control_port")
+CLUSTER_KEYS = ("ray_address", "host", "control_port", "encrypt_payloads")
 PLACEMENT_KINDS = ("local", "ray")
 
 
@@ -52,6 +54,10 @@ class ClusterSettings:
     ray_address: str = "auto"
     host: str | None = None  # None: Ray's address of this node
     control_port: int = 0
+    # payloads crossing hosts on CURVE-encrypted zmq sockets (the control plane always is);
+    # bench/results/distributed.md: CURVE bounds a zmq socket's throughput (libsodium on
+    # libzmq's one I/O thread per side), so a private network may turn it off
+    encrypt_payloads: bool = True
 
 
 LOCAL = Placement()
@@ -109,7 +115,9 @@ def parse_cluster(src: str, raw: object, stages: Any) -> ClusterSettings | None:
                           "Use 0 (any free port) or 1..65535")
     return ClusterSettings(ray_address=address,
                            host=_address(src, "cluster.host", raw.get("host")),
-                           control_port=port)
+                           control_port=port,
+                           encrypt_payloads=as_bool(src, "cluster.encrypt_payloads",
+                                                    optional(raw, "encrypt_payloads", True)))
 
 
 def _amount(src: str, path: str, value: object) -> float:

@@ -51,8 +51,10 @@ __all__ = [
 DEFAULT_INLINE_THRESHOLD = 64 * 1024
 KINDS = ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 REMOTE_KINDS = ("zmq", "mooncake", "auto")
-# remote="auto": payloads at or above this size go through mooncake when it is installed,
-# smaller ones through zmq (bench/results/distributed.md; None: always zmq)
+# remote="auto" without CURVE keys (mooncake's TCP transport has no encryption, so
+# encrypted payloads always take zmq): payloads at or above this size go through mooncake
+# when it is installed, smaller ones through zmq. None: always zmq, as measured on the
+# 2-core VM (bench/results/distributed.md: plain zmq beat mooncake at 64 KiB to 64 MiB)
 MOONCAKE_FROM_BYTES: int | None = None
 
 
@@ -111,7 +113,7 @@ class AutoConnector(Connector):
         if self.remote != "auto":
             return getattr(self, self.remote)
         if MOONCAKE_FROM_BYTES is not None and nbytes >= MOONCAKE_FROM_BYTES \
-                and mooncake_available():
+                and self._remote_options["curve"] is None and mooncake_available():
             return self.mooncake
         return self.zmq
 

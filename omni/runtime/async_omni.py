@@ -43,8 +43,9 @@ class AsyncOmni(WorldSessions, PolicyCalls):
         self.orchestrator = Orchestrator(pipeline, metrics=metrics, dtype=dtype,
                                          log_level=log_level, startup_timeout_s=startup_timeout_s)
         remote = self.orchestrator.engines.remote  # final outputs may come from other hosts
+        encrypted = remote is not None and pipeline.cluster.encrypt_payloads
         self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client",
-                                       {"curve": remote.keys.to_dict()} if remote else None)
+                                       {"curve": remote.keys.to_dict()} if encrypted else None)
         self.sessions = PipelineSessions(pipeline, self.orchestrator)
 
     @property

@@ -142,7 +142,8 @@ class EngineGroup(Teardown):
             arena_name=self.arena_name(replica), incarnation=replica.incarnation,
             dtype=self.dtype, log_level=self.log_level,
             curve=remote.keys.to_dict() if remote else None,
-            data_host=remote.host if remote else "127.0.0.1")
+            data_host=remote.host if remote else "127.0.0.1",
+            encrypt_payloads=bool(remote and self.pipeline.cluster.encrypt_payloads))
         if stage.placement.remote:
             process = remote.spawn(spec, stage, name)
         else:

@@ -56,10 +56,12 @@ def cluster():
 
 
 def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False,
-             delay_ms: int = 0, chunks: int = 2, connector: str = "auto"):
+             delay_ms: int = 0, chunks: int = 2, connector: str = "auto",
+             encrypt_payloads: bool = True):
     return parse_pipeline({
         "name": "hosts", "heartbeat_s": HEARTBEAT_S,
-        "cluster": {"ray_address": head.address, "host": hosts.root_ip},
+        "cluster": {"ray_address": head.address, "host": hosts.root_ip,
+                    "encrypt_payloads": encrypt_payloads},
         "stages": [
             {"name": "a", "engine": "echo", "options": {"chunks": chunks}},
             {"name": "b", "engine": "echo", "placement": placement, "restart": restart,
@@ -85,8 +87,10 @@ async def _answers(omni, prompts: list[str]) -> list[tuple[str, list[bytes]]]:
     return [(_texts(o), _blobs(o)) for o in outs]
 
 
-@pytest.mark.parametrize(("connector", "backend"), [("auto", "zmq"), ("mooncake", "mooncake")])
-def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, backend: str):
+@pytest.mark.parametrize(("connector", "backend", "encrypted"), [
+    ("auto", "zmq", True), ("auto", "zmq", False), ("mooncake", "mooncake", True)])
+def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, backend: str,
+                                                     encrypted: bool):
     hosts, head = cluster
     prompts = [f"prompt number {i} crosses hosts" for i in range(6)]
 
@@ -95,7 +99,8 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, ba
             local = await _answers(omni, prompts)
         async with serving(pipeline(head, hosts, {"kind": "ray", "cpus": 0.5,
                                                   "resources": {"host_b": 0.01}},
-                                    connector=connector), startup_timeout_s=60) as omni:
+                                    connector=connector, encrypt_payloads=encrypted),
+                           startup_timeout_s=60) as omni:
             tap = Tap(omni)
             remote = await _answers(omni, prompts)
             b = omni.orchestrator.engines.replicas["b/0"]

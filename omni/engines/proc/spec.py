@@ -40,9 +40,10 @@ class EngineSpec:
 def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control_address: str,
                arena_name: str, incarnation: int = 0, dtype: str = "auto",
                log_level: int = logging.INFO, curve: dict[str, str] | None = None,
-               data_host: str = "127.0.0.1") -> EngineSpec:
+               data_host: str = "127.0.0.1", encrypt_payloads: bool = True) -> EngineSpec:
     """The spec of replica ``index`` of a stage (KeyError for an unknown stage).
-    ``curve``: the launch's keys (a pipeline with replicas on other hosts); ``data_host``:
+    ``curve``: the launch's keys (a pipeline with replicas on other hosts), for the
+    control channel and, with ``encrypt_payloads``, the zmq data sockets; ``data_host``:
     where this host's producers serve payloads to other hosts (a Ray actor sets its own
     node's)."""
     stage = pipeline.stage(stage_name)
@@ -53,7 +54,8 @@ def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control
         device=stage.devices[index % len(stage.devices)], dtype=dtype,
         options={k: v for k, v in stage.options.items() if k != "payload_arena_mb"},
         log_level=log_level, arena_name=arena_name,
-        payload_options=payload_options(pipeline, stage_name, curve, data_host),
+        payload_options=payload_options(pipeline, stage_name,
+                                        curve if encrypt_payloads else None, data_host),
         memory=stage.memory, memory_share=stage.memory_share,
         # its control channel is CURVE only to another host (local ones use the ipc router)
         curve=curve if stage.placement.remote else None)
