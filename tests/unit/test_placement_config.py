@@ -92,3 +92,20 @@ def test_control_keys_only_for_the_remote_stage_and_payload_keys_only_when_encry
     assert spec("b").curve == keys and spec("a").curve is None
     assert spec("a").payload_options["curve"] == keys
     assert "curve" not in spec("a", encrypt=False).payload_options
+
+
+def test_ray_is_not_imported_without_remote_stages():
+    """Local pipelines keep working exactly as before: nothing imports Ray for them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, asyncio\n"
+            "from omni.runtime.async_omni import AsyncOmni\n"
+            "from omni.server import main\n"
+            "from omni.config.pipeline import parse_pipeline\n"
+            "AsyncOmni(parse_pipeline({'name': 'p', 'stages': [{'name': 's', 'engine': 'echo',"
+            " 'final_output': 'text'}]}))\n"
+            "assert 'ray' not in sys.modules, 'ray was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
