@@ -24,7 +24,8 @@ peer processes (bench/distributed_peer.py) and measures, timing everything on ho
                Every payload's bytes are checked against a copy made here; the release is
                also timed alone. The backends take turns payload by payload. Target: 64 MiB
                at >= 70% of raw-tcp's throughput.
-  4. from 3, the size from which mooncake beats zmq (CURVE) on both p50 and mean time: the
+  4. from 3, the size from which mooncake beats zmq without CURVE (`auto` sends only
+               unencrypted payloads through mooncake) on both p50 and mean time: the
                recommended MOONCAKE_FROM_BYTES.
 
 Needs root (namespaces, veths). Writes distributed.md and distributed.json under --out.

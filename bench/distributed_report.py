@@ -90,7 +90,7 @@ def _crossover(sizes: list[dict[str, Any]], against: str) -> dict[str, Any]:
 
 def summary_line(r: dict[str, Any]) -> str:
     d = r["derived"]
-    moon = d["mooncake_from_bytes"]["zmq"]
+    moon = d["mooncake_from_bytes"]["zmq-plain"]
     parts = [f"cross-host hop p50 ({what}) {d['hop' + mode]['cross_p50_us']} us vs bound "
              f"{d['hop' + mode]['bound_us']} us "
              f"({'met' if d['hop' + mode]['met'] else 'missed'})" for mode, what in MODES.items()]
@@ -261,13 +261,17 @@ def _crossover_md(r: dict[str, Any]) -> list[str]:
                      f"{zmq['speedup_mean'][size]}x | {plain['speedup_p50'][size]}x | "
                      f"{plain['speedup_mean'][size]}x |")
     return [*lines, "", "Time ratios: > 1 means mooncake is faster.", "",
-            f"**Recommended `MOONCAKE_FROM_BYTES` = {_bytes(zmq)}** (omni/connector/"
-            "__init__.py: the smallest measured size from which mooncake is at least "
-            f"{MARGIN - 1:.0%} faster than zmq with CURVE, the zmq a deployment runs, on both "
-            "the p50 and the mean time, at every larger measured size too; the mean counts "
-            "mooncake's stalls, see the Reading; the margin because zmq is the default, "
-            "authenticated one). Against zmq without CURVE: "
-            f"{_bytes(plain)}." + _split(zmq), ""]
+            f"**Recommended `MOONCAKE_FROM_BYTES` = {_bytes(plain)}** (omni/connector/"
+            "__init__.py). The `auto` connector considers mooncake only for payloads that "
+            "are not encrypted (mooncake's TCP transport has no encryption; encrypted "
+            "payloads always take zmq with CURVE), so it is judged against zmq without "
+            "CURVE: the smallest measured size from which mooncake is at least "
+            f"{MARGIN - 1:.0%} faster on both the p50 and the mean time, at every larger "
+            "measured size too (the mean counts mooncake's stalls, see the Reading; the "
+            "margin because zmq, always there, is the default)." + _split(plain), "",
+            f"Against zmq with CURVE, by the same rule: {_bytes(zmq)}: the size from which "
+            "mooncake would be worth its lack of encryption on a private network, were "
+            "`encrypt_payloads` to allow it." + _split(zmq), ""]
 
 
 def _split(cross: dict[str, Any]) -> str:
