@@ -31,6 +31,9 @@
 #   bash scripts/gpu_run.sh robots       # π0 at its real size (PaliGemma 3B + 300M expert,
 #                                        # random, bf16): tests/gpu/test_pi0_cuda.py, then bench
 #                                        # robots (OpenPI round trip c=1, chunks/s at 8 and 32)
+#   bash scripts/gpu_run.sh pi0probe     # the same π0: tests/gpu/test_pi0_cuda.py, then
+#                                        # bench/probes/pi0_graphs.py (each pass eager vs
+#                                        # CUDA graphs, batch 1/8/32; a chunk's time)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
@@ -38,7 +41,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|worlds) ;; *) sed -n 2,37p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds) ;; *) sed -n 2,40p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -65,12 +68,18 @@ bench_ar_option() {
 }
 
 case "${1:-}" in
-  robots)
+  robots|pi0probe)
     only_model pi0
     [ -d /tmp/m/pi0 ] || timeout 300 python3 -c "from omni.fixtures.tiny_pi0 import build_pi0; \
 build_pi0('/tmp/m/pi0', {}, dtype='bfloat16', device='cuda')" 2>&1 | tail -2
     say "model ready ($(du -sh /tmp/m/pi0 | cut -f1))"
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pi0_cuda.py --tb=short 2>&1 | tail -8
+    if [ "$1" = pi0probe ]; then
+      timeout 300 python3 bench/probes/pi0_graphs.py /tmp/m/pi0 "$OUT/pi0-graphs.json" \
+        > "$OUT/pi0-graphs.log" 2>&1
+      grep -E "^\[pi0_graphs\]|Error|error|graphs turned off" "$OUT/pi0-graphs.log" | tail -20
+      say "done"; exit 0
+    fi
     timeout 360 python3 -m bench robots --model /tmp/m/pi0 --rounds 30 --concurrency 8,32 \
       --calls 5 --out "$OUT" --tag h200 > "$OUT/bench-robots.log" 2>&1
     grep -E "^\[robots\]" "$OUT/bench-robots.log"; grep -E "Error|error" "$OUT/bench-robots.log" | tail -5

@@ -18,6 +18,8 @@ for the policy engine (omni/engines/policy/engine.py).
   ``sample_actions`` for the same noise.
 - Outputs: the chunk cut to the robot's action width (the release's action feature) and
   un-normalised with its statistics.
+- On CUDA both passes replay CUDA graphs (pi0_graphs.py), captured at load for the
+  release's camera count; eager wherever a graph cannot serve.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ log = logging.getLogger("omni.models.pi0")
 class PI0Policy:
     """options: cameras / state_keys (key paths, policy_inputs.py), default_prompt,
     tokenizer (a folder, when the release has no tokenizer/), steps (flow-matching steps;
-    default the config's num_inference_steps), action_width (default: the release's)."""
+    default the config's num_inference_steps), action_width (default: the release's),
+    cuda_graphs (default: on CUDA), graph_batch_sizes (the step's batch buckets; the
+    prefix pass takes those up to 8; default pi0_graphs.BATCH_SIZES)."""
 
     OPTIONS = frozenset({"cameras", "state_keys", "default_prompt", "tokenizer", "steps",
-                         "action_width"})
+                         "action_width", "cuda_graphs", "graph_batch_sizes"})
 
     def __init__(self, model: Any, tokenizer: Any, release: LeRobotRelease, device: str,
                  options: Mapping[str, Any]) -> None:
@@ -75,6 +79,7 @@ class PI0Policy:
         self.prompt_length = release.prompt_length
         self._cache_ids: tuple[str, ...] = ()
         self._cache: Any = None
+        self.graphs = self._graphs(options)
 
     # -- contract -----------------------------------------------------------------------
     def prepare(self, request_id: str, inputs: Mapping[str, Any], seed: int,
@@ -96,22 +101,32 @@ class PI0Policy:
     @torch.no_grad()
     def prefix(self, jobs: list[PolicyJob]) -> None:
         """sample_actions' prefix pass, for several robots at once."""
+        kv = self.graphs.prefix(jobs) if self.graphs else None
+        mask = torch.cat([j.inputs["attention_mask"] for j in jobs])
+        if kv is None:
+            kv = self._prefix_kv(jobs, mask)
+        for i, job in enumerate(jobs):
+            job.prefix = {"kv": [(k[i:i + 1], v[i:i + 1]) for k, v in kv],
+                          "mask": mask[i:i + 1]}
+            job.step_key = mask.shape[1]
+
+    def _prefix_kv(self, jobs: list[PolicyJob], mask: torch.Tensor
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         pixels = torch.cat([j.inputs["pixel_values"] for j in jobs])
         ids = torch.cat([j.inputs["input_ids"] for j in jobs])
-        mask = torch.cat([j.inputs["attention_mask"] for j in jobs])
         cameras_mask = torch.ones(pixels.shape[:2], dtype=torch.bool, device=self.device)
         embeds = self.model.model.embed_prefix(ids, pixels, cameras_mask)
         cache = self.model.model.vlm(
             inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
             token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True).cache
-        for i, job in enumerate(jobs):
-            job.prefix = {"kv": [(layer.keys[i:i + 1], layer.values[i:i + 1])
-                                 for layer in cache.layers], "mask": mask[i:i + 1]}
-            job.step_key = mask.shape[1]
+        return [(layer.keys, layer.values) for layer in cache.layers]
 
     @torch.no_grad()
     def velocity(self, jobs: list[PolicyJob], actions: torch.Tensor,
                  timesteps: torch.Tensor) -> torch.Tensor:
+        graphed = self.graphs.velocity(jobs, actions, timesteps) if self.graphs else None
+        if graphed is not None:
+            return graphed
         mask = torch.cat([j.prefix["mask"] for j in jobs])
         out = self.model(state=torch.cat([j.state for j in jobs]), noise=actions,
                          timestep=timesteps, attention_mask=mask,
@@ -130,7 +145,8 @@ class PI0Policy:
                 "state_width": self.release.state.width or self.max_state_dim,
                 "cameras": self.release.cameras, "image_size": self.image_size,
                 "steps": self.steps, "prompt_tokens": self.prompt_length,
-                "dtype": str(self.dtype).removeprefix("torch.")}
+                "dtype": str(self.dtype).removeprefix("torch."),
+                **(self.graphs.info() if self.graphs else {"cuda_graphs": "off"})}
 
     def warm(self) -> None:
         """One prefix pass and one step on a blank observation at load, so the first
@@ -146,8 +162,12 @@ class PI0Policy:
             job = self.prepare("warm-up", {"observation": pack_tree(obs)}, 0, 1)
         finally:
             self.camera_keys, self.state_keys = saved
+        graphs, self.graphs = self.graphs, None  # eager first: lazy initialisation
         self.prefix([job])
         self.velocity([job], job.actions, torch.ones(1, device=self.device))
+        self.graphs = graphs
+        if graphs:
+            graphs.capture_all(job)
         self.idle()
 
     def idle(self) -> None:
@@ -155,6 +175,21 @@ class PI0Policy:
         self._cache_ids, self._cache = (), None
 
     # -- pieces -------------------------------------------------------------------------
+    def _graphs(self, options: Mapping[str, Any]) -> Any:
+        wanted = options.get("cuda_graphs")
+        if not (self.device.type == "cuda" if wanted is None else wanted):
+            return None
+        if self.device.type != "cuda":
+            raise EngineLoadError(f"cuda_graphs needs device cuda, not {self.device}")
+        from omni.models.pi0_graphs import BATCH_SIZES, PI0Graphs
+
+        sizes = options.get("graph_batch_sizes") or BATCH_SIZES
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                   for b in sizes):
+            raise EngineLoadError(f"graph_batch_sizes must be a list of integers >= 1, "
+                                  f"got {sizes!r}")
+        return PI0Graphs(self.model, sizes)
+
     def _prompt(self, prompt: str, n_cameras: int) -> tuple[torch.Tensor, torch.Tensor]:
         text = self.tokenizer(prompt + "\n", add_special_tokens=True)["input_ids"]
         text = text[:self.prompt_length]
