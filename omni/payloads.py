@@ -32,12 +32,15 @@ from omni.protocol import REF_MARKER
 
 class PayloadPlane:
     """options: ``put`` = "auto" (inline below the threshold, else the arena), "inline" or
-    "shm" (from the stage's outgoing edges), plus make_connector's keyword arguments."""
+    "shm" (from the stage's outgoing edges); ``device``: where this process's engine
+    computes (a CUDA payload of another GPU is copied straight there); plus
+    make_connector's keyword arguments."""
 
     def __init__(self, arena_name: str, options: dict[str, Any] | None = None) -> None:
         self.arena_name = arena_name
         self.options = dict(options or {})
         self.put_kind = self.options.pop("put", "auto")
+        self.device = _cuda_index(self.options.pop("device", None))
         self._connector: Any = None
         self._held: dict[str, list[Any]] = {}  # request id -> refs it received
 
@@ -79,7 +82,15 @@ class PayloadPlane:
     def _owned(self, ref: Any) -> Any:
         payload = self.connector.get(ref)
         try:
-            return payload.clone() if hasattr(payload, "clone") else bytes(payload)
+            if not hasattr(payload, "clone"):
+                return bytes(payload)
+            if payload.is_cuda and self.device is not None \
+                    and payload.device.index != self.device:
+                # a producer on another GPU: one peer copy onto ours, not a clone there
+                # and a second copy here. torch runs a cross-device copy on the source
+                # device's current stream, which release() synchronizes
+                return payload.to(f"cuda:{self.device}")
+            return payload.clone()
         finally:  # after the copy (a CUDA release waits for it), or if it failed
             self.connector.release(ref)
 
@@ -128,6 +139,18 @@ class PayloadPlane:
     def close(self) -> None:
         if self._connector is not None:
             self._connector.close()
+
+
+def _cuda_index(device: Any) -> int | None:
+    """The GPU index of an engine's device ("cuda:1" -> 1, "cuda" -> the current one);
+    None for the CPU or none given."""
+    if not isinstance(device, str) or not device.startswith("cuda"):
+        return None
+    _, _, index = device.partition(":")
+    if index:
+        return int(index)
+    torch = sys.modules.get("torch")
+    return torch.cuda.current_device() if torch is not None else 0
 
 
 def has_ref(data: dict[str, Any]) -> bool:

@@ -278,3 +278,23 @@ def test_cross_process(mode):
             proc.kill()
         prod.close()
         parent.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")
+def test_payload_plane_copies_a_payload_of_another_gpu_straight_onto_its_own():
+    """A consumer engine on cuda:1 reading a producer's pool on cuda:0 gets its tensor on
+    cuda:1 in one peer copy, and the producer's block is free at once."""
+    from omni.payloads import PayloadPlane
+
+    prod = make_connector("auto", name=_name("xp"))
+    plane = PayloadPlane(_name("xc"), {"device": "cuda:1"})
+    try:
+        t = torch.randn(64, 1024, device="cuda:0")
+        ref = prod.put(t, owner="r")
+        got = plane.get("r", _over_wire(ref).to_wire())
+        assert got.device == torch.device("cuda:1")
+        assert torch.equal(got.cpu(), t.cpu())
+        assert prod.health()["cuda_ipc"]["payloads_in_use"] == 0
+    finally:
+        plane.close()
+        prod.close()

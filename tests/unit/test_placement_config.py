@@ -109,3 +109,12 @@ def test_ray_is_not_imported_without_remote_stages():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_engine_device_names_the_gpu_its_payloads_land_on():
+    from omni.payloads import PayloadPlane
+
+    assert PayloadPlane("x", {"device": "cuda:1"}).device == 1
+    assert PayloadPlane("x", {"device": "cpu"}).device is None
+    assert PayloadPlane("x").device is None
+    assert "device" not in PayloadPlane("x", {"device": "cuda:0"}).options  # not a connector kwarg

@@ -118,7 +118,7 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     _lower_priority(spec.options.get("nice", 0))
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
-                            spec.payload_options)
+                            {**spec.payload_options, "device": resolve_device(spec.device)})
     frozen = freeze_loaded_objects() if _option_flag(spec.options, "gc_freeze", True) else 0
     memory = {**_memory(), "gc_frozen": frozen}
     warning = over_budget(spec.stage, memory.get("cuda_bytes"),
