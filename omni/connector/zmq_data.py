@@ -3,25 +3,30 @@
 Pull model. ``put`` copies the payload once into memory this connector owns and returns a
 ref ``[endpoint, nonce]``: the producer's ROUTER (``tcp://HOST:PORT``, port picked by the
 OS on the first put) and a random 63-bit number naming this producer instance. ``get``
-sends FETCH(key) there and waits for the payload frame. Why pull: refs travel through the
-control plane and the producer does not know which host will read a payload, or when; the
-consumer asks when it needs the bytes, they cross the network once, producer to consumer,
-and a payload nobody reads costs no transfer. RELEASE(key) is a message (no memory is
-shared across hosts), sent without blocking so a consumer never waits on a producer. The
-producer side (store, data socket, wire format, why zero-copy sends are safe) is in
-zmq_server.py.
+sends FETCH(key) there and waits for the payload: one frame, or a stream of 256 KiB parts
+for one over 1 MiB (with CURVE over 256 KiB; zmq_server.py, zmq_recv.py say why). Why pull: refs travel through the control plane
+and the producer does not know which host will read a payload, or when; the consumer asks
+when it needs the bytes, they cross the network once, producer to consumer, and a payload
+nobody reads costs no transfer. RELEASE(key) is a message (no memory is shared across
+hosts), sent without blocking so a consumer never waits on a producer. The producer side
+(store, data socket, wire format, why zero-copy sends are safe) is in zmq_server.py.
 
-Consumer. ``get`` returns a tensor that views the received message without a copy
-(``torch.frombuffer`` on the frame, which keeps the frame alive). The message belongs to
-this consumer alone (libzmq read it from TCP into its own allocation and never touches it
-again), so the tensor is writable and, unlike shm's views, stays valid after ``release``
-and ``close``. A payload small enough to share libzmq's 8 KiB receive batch may start at an
-address not aligned for its dtype; those are copied. Bytes payloads come back as ``bytes``.
+Consumer. ``get`` returns a tensor that views memory this consumer alone owns: the received
+message itself for a one-frame payload (``torch.frombuffer`` on the frame, which keeps it
+alive; libzmq read it from TCP into its own allocation and never touches it again), or a
+buffer of the receive pool (``recv_pool_bytes``, zmq_recv.py) the parts were copied into.
+Either way the tensor is writable and, unlike shm's views, stays valid after ``release``
+and ``close``, for as long as anything references it: a pooled buffer is recycled only
+once the last tensor sharing its memory is gone, never on ``release``. A payload small
+enough to share libzmq's 8 KiB receive batch may start at an address not aligned for its
+dtype; those are copied. Bytes payloads come back as ``bytes``.
 
 Timeouts. Every fetch is bounded by ``fetch_timeout_s``: a producer that is gone,
 unreachable or refuses our CURVE keys gives ConnectorError naming endpoint and key, never a
 hang. After a timeout the endpoint's socket is closed (it would keep reconnecting to a dead
 peer and hold what it queued); a late reply to an earlier fetch is discarded by its number.
+A reply longer than the ref's ``nbytes``, an empty part or an error status gives
+ConnectorError; a failed fetch returns its pooled buffer at once.
 
 CURVE (``curve``: ``CurveKeys.to_dict()``): the ROUTER is a CURVE server whose context runs a
 Gatekeeper admitting only the set's client key; every consumer DEALER is a CURVE client.
@@ -54,6 +59,7 @@ from omni.connector.base import (
     dtype_name,
 )
 from omni.connector.shm_segment import DEFAULT_CAPACITY, DEFAULT_PUT_TIMEOUT_S
+from omni.connector.zmq_recv import DEFAULT_RECV_POOL_BYTES, Landing, RecvPool
 from omni.connector.zmq_server import FETCH, OK, RELEASE, DataServer, Store
 from omni.curve import CurveKeys, connect_curve
 
@@ -90,7 +96,8 @@ class ZmqConnector(Connector):
     def __init__(self, name: str, *, capacity_bytes: int = DEFAULT_CAPACITY,
                  put_timeout_s: float = DEFAULT_PUT_TIMEOUT_S, host: str = "127.0.0.1",
                  curve: dict | None = None,
-                 fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S) -> None:
+                 fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
+                 recv_pool_bytes: int = DEFAULT_RECV_POOL_BYTES) -> None:
         if capacity_bytes <= 0:
             raise ConnectorError(f"capacity_bytes must be positive, got {capacity_bytes}")
         if host in WILDCARD_HOSTS:
@@ -103,6 +110,7 @@ class ZmqConnector(Connector):
         self._keys = CurveKeys.from_dict(curve) if curve is not None else None
         self._lock = threading.Lock()
         self._store = Store(capacity_bytes)
+        self._pool = RecvPool(recv_pool_bytes)
         self._context: zmq.Context | None = None
         self._server: DataServer | None = None
         self._dealers: dict[str, zmq.Socket] = {}
@@ -155,23 +163,24 @@ class ZmqConnector(Connector):
     # -- consumer ------------------------------------------------------------------------
 
     def get(self, ref: PayloadRef) -> torch.Tensor | bytes:
-        """The payload; a tensor views the received message (writable, owned by this
-        consumer, valid after release; see the module doc)."""
+        """The payload: a tensor viewing the received frame, or a pooled buffer the parts
+        of a large one were copied into; writable, owned by this consumer, valid as long
+        as it is referenced, after release and close too (see the module doc)."""
         endpoint, nonce = _locate(ref)
         self._stats["gets"] += 1
         if ref.nbytes == 0:
             if ref.dtype == BYTES_DTYPE:
                 return b""
             return torch.empty(ref.shape, dtype=dtype_from_name(ref.dtype))
-        frames = self._fetch(endpoint, nonce, ref.key)
-        if len(frames[1]) != ref.nbytes:
-            self._stats["fetch_errors"] += 1
-            raise ConnectorError(f"zmq producer {endpoint} sent {len(frames[1])} bytes for "
-                                 f"payload {ref.key!r}, the ref says {ref.nbytes}")
-        return _rebuild(ref, frames[1])
+        landing = Landing(ref, self._pool)
+        try:
+            self._fetch(endpoint, nonce, landing)
+            return landing.result()
+        finally:
+            landing.abandon()  # a no-op once the payload holds the buffer
 
-    def _fetch(self, endpoint: str, nonce: int, key: str) -> list[zmq.Frame]:
-        sock = self._dealer(endpoint)
+    def _fetch(self, endpoint: str, nonce: int, landing: Landing) -> None:
+        sock, key = self._dealer(endpoint), landing.ref.key
         self._seq += 1
         try:
             sock.send(msgpack.packb([FETCH, self._seq, nonce, key]), zmq.NOBLOCK)
@@ -186,22 +195,28 @@ class ZmqConnector(Connector):
             reply = parse_reply(frames)
             if reply is None:
                 log.warning("zmq producer %s: dropped a malformed reply", endpoint)
-            elif reply[1] == self._seq:
-                return self._accept(reply, frames, endpoint, key)
+            elif reply[1] == self._seq and self._accept(reply, frames, endpoint, landing):
+                return
             # else: the reply of an earlier fetch that timed out: discard it
         self._stats["fetch_timeouts"] += 1
         self._drop_dealer(endpoint)
+        got = f" (sent {landing.got} of its {landing.ref.nbytes} bytes)" if landing.got else ""
         raise ConnectorError(
-            f"no answer from zmq producer {endpoint} for payload {key!r} within "
+            f"no answer from zmq producer {endpoint} for payload {key!r}{got} within "
             f"{self.fetch_timeout_s:g} s: the producer is gone or unreachable"
             + (", or refused this consumer's CURVE keys" if self._keys else ""))
 
     def _accept(self, reply: tuple[int, int, str], frames: list[zmq.Frame], endpoint: str,
-                key: str) -> list[zmq.Frame]:
-        if reply[0] != OK:
+                landing: Landing) -> bool:
+        """Take one message of the reply; True once the payload is complete."""
+        try:
+            if reply[0] != OK:
+                raise ConnectorError(reply[2])
+            return landing.add(frames[1])
+        except ConnectorError as exc:
             self._stats["fetch_errors"] += 1
-            raise ConnectorError(f"zmq producer {endpoint}, payload {key!r}: {reply[2]}")
-        return frames
+            raise ConnectorError(f"zmq producer {endpoint}, payload {landing.ref.key!r}: "
+                                 f"{exc}") from None
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = self._dealers.get(endpoint)
@@ -246,7 +261,7 @@ class ZmqConnector(Connector):
 
     def health(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": "zmq", "endpoint": None,
-                               **self._store.usage(), **self._stats,
+                               **self._store.usage(), **self._stats, **self._pool.usage(),
                                "producer_sockets": len(self._dealers)}
         server = self._server
         if server is not None:
@@ -270,6 +285,7 @@ class ZmqConnector(Connector):
             for sock in dealers:
                 sock.close(linger=CLOSE_LINGER_MS)
             self._store.clear()
+            self._pool.close()
         if context is not None:
             context.term()
 
@@ -304,13 +320,3 @@ def _locate(ref: PayloadRef) -> tuple[str, int]:
         raise ConnectorError(f"payload ref {ref.key!r}: zmq endpoint {endpoint!r} is not "
                              "tcp://HOST:PORT")
     return endpoint, nonce
-
-
-def _rebuild(ref: PayloadRef, frame: zmq.Frame) -> torch.Tensor | bytes:
-    if ref.dtype == BYTES_DTYPE:
-        return frame.bytes
-    dtype = dtype_from_name(ref.dtype)
-    raw = torch.frombuffer(frame, dtype=torch.uint8)  # shares the frame, keeps it alive
-    if raw.data_ptr() % dtype.itemsize:
-        raw = raw.clone()  # a small payload inside libzmq's shared receive batch: unaligned
-    return raw.view(dtype).view(ref.shape)

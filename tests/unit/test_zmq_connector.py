@@ -117,13 +117,14 @@ def test_empty_non_contiguous_small_and_unaligned(producer, consumer):
     assert producer.health()["payloads_in_use"] == 0
 
 
-def test_got_tensor_is_writable_and_owned(producer, consumer):
-    ref = producer.put(torch.ones(64 * KiB), owner="r1")
+@pytest.mark.parametrize("count", [16 * KiB, 1 * MiB])  # one frame; parts into the pool
+def test_got_tensor_is_writable_and_owned(producer, consumer, count):
+    ref = producer.put(torch.ones(count), owner="r1")
     got = consumer.get(ref)
     got.fill_(7.0)
-    assert torch.equal(consumer.get(ref), torch.ones(64 * KiB))  # the producer's copy is intact
+    assert torch.equal(consumer.get(ref), torch.ones(count))  # the producer's copy is intact
     consumer.close()
-    assert float(got.sum()) == 7.0 * 64 * KiB  # and ours outlives the consumer
+    assert float(got.sum()) == 7.0 * count  # and ours outlives the consumer
 
 
 def test_capacity_waits_then_raises(consumer):
