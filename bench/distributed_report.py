@@ -371,9 +371,11 @@ def _mooncake_reading(sizes: list[dict[str, Any]]) -> str:
                      f"{moon / s['rows']['raw-tcp']['mbps_p50']:.0%} of raw")
         over = [x for x in row["samples_us"] if x > 4 * row["p50_us"]]
         slow.append(f"{len(over)} of {len(row['samples_us'])} at {_label(s['size'])}")
-    return ("mooncake: " + ", ".join(parts) + ". Its consumer copies each payload twice "
-            "(off the wire into its registered staging buffer, then into a tensor it owns; "
-            "omni/connector/mooncake.py), zmq's once (the tensor views the received frame), "
-            "and its release is a synchronous one-byte remote write, a round trip of its "
-            "own (zmq queues a message; see the release column). Fetches slower than 4x mooncake's p50: " + ", ".join(slow)
+    return ("mooncake: " + ", ".join(parts) + ". Its consumer reads each payload straight "
+            "into a registered receive buffer that it reuses (one copy, no page faults; get "
+            "returns a view of it, valid until release: omni/connector/mooncake_pool.py), "
+            "waits for the read yielding its CPU rather than spinning in the engine's "
+            "synchronous call (omni/connector/mooncake_engine.py), and posts its release, a "
+            "one-byte remote write, without waiting for it (see the release column). "
+            "Fetches slower than 4x mooncake's p50: " + ", ".join(slow)
             + " (its mean MB/s, below the p50's, shows their weight).")

@@ -117,8 +117,10 @@ class PayloadPlane:
             self.connector.release(ref)
 
     def forget(self, request_id: str) -> None:
-        """The request is gone here (abort, failure): forget what it got (module doc)."""
-        self._held.pop(request_id, None)
+        """The request is gone here (abort, failure): forget what it got (module doc);
+        the connector takes back local memory it lent (mooncake's receive buffers)."""
+        for ref in self._held.pop(request_id, ()):
+            self.connector.forget(ref)
 
     def free(self, request_id: str) -> None:
         """No replica reads the request's payloads any more: free what it made here."""

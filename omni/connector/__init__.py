@@ -75,7 +75,8 @@ class AutoConnector(Connector):
                  inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                  block_size: int = DEFAULT_BLOCK_SIZE,
                  put_timeout_s: float = DEFAULT_PUT_TIMEOUT_S, remote: str | None = None,
-                 data_host: str = "127.0.0.1", curve: dict | None = None) -> None:
+                 data_host: str = "127.0.0.1", curve: dict | None = None,
+                 recv_pool_bytes: int | None = None) -> None:
         if remote is not None and remote not in REMOTE_KINDS:
             raise ConnectorError(f"unknown remote backend {remote!r} "
                                  f"(known: {', '.join(REMOTE_KINDS)})")
@@ -84,7 +85,7 @@ class AutoConnector(Connector):
         self.remote = remote
         self._remote_options = {"capacity_bytes": capacity_bytes, "block_size": block_size,
                                 "put_timeout_s": put_timeout_s, "host": data_host,
-                                "curve": curve}
+                                "curve": curve, "recv_pool_bytes": recv_pool_bytes}
         self.inline = InlineConnector(name)
         self.shm = ShmConnector(name, capacity_bytes=capacity_bytes, block_size=block_size,
                                 put_timeout_s=put_timeout_s)
@@ -135,6 +136,9 @@ class AutoConnector(Connector):
     def release(self, ref: PayloadRef) -> None:
         self._for(ref).release(ref)
 
+    def forget(self, ref: PayloadRef) -> None:
+        self._for(ref).forget(ref)
+
     def _built(self) -> list[Connector]:
         return [c for c in (self.shm, self.cuda_ipc, self._zmq, self._mooncake)
                 if c is not None]
@@ -173,12 +177,15 @@ def make_connector(kind: str, *, name: str, capacity_bytes: int = DEFAULT_CAPACI
                    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                    block_size: int = DEFAULT_BLOCK_SIZE,
                    put_timeout_s: float = DEFAULT_PUT_TIMEOUT_S, remote: str | None = None,
-                   host: str = "127.0.0.1", curve: dict | None = None) -> Connector:
+                   host: str = "127.0.0.1", curve: dict | None = None,
+                   recv_pool_bytes: int | None = None) -> Connector:
     """The connector of backend ``kind`` for this process; ``name`` prefixes its shm arena
     (e.g. ``f"omni-{launch_id}-{replica}"``). Creating it allocates nothing: the producer
     arena is created on the first shm put (or ``ShmConnector.open_arena()``). ``host`` is
     where a zmq or mooncake producer listens (an address its consumers reach), ``curve``
-    the launch's CurveKeys as a dict (omni/curve.py) for the zmq data socket."""
+    the launch's CurveKeys as a dict (omni/curve.py) for the zmq data socket,
+    ``recv_pool_bytes`` the bound of a zmq or mooncake consumer's receive buffers (None:
+    the backend's default)."""
     if kind == "inline":
         return InlineConnector(name)
     if kind == "shm":
@@ -188,15 +195,16 @@ def make_connector(kind: str, *, name: str, capacity_bytes: int = DEFAULT_CAPACI
         return AutoConnector(name, capacity_bytes=capacity_bytes,
                              inline_threshold=inline_threshold, block_size=block_size,
                              put_timeout_s=put_timeout_s, remote=remote, data_host=host,
-                             curve=curve)
+                             curve=curve, recv_pool_bytes=recv_pool_bytes)
     if kind == "cuda_ipc":
         return CudaIpcConnector(name, capacity_bytes=capacity_bytes, block_size=block_size,
                                 put_timeout_s=put_timeout_s)
+    pool = {} if recv_pool_bytes is None else {"recv_pool_bytes": recv_pool_bytes}
     if kind == "zmq":
         from omni.connector.zmq_data import ZmqConnector
 
         return ZmqConnector(name, capacity_bytes=capacity_bytes, put_timeout_s=put_timeout_s,
-                            host=host, curve=curve)
+                            host=host, curve=curve, **pool)
     if kind == "mooncake":
         try:
             from omni.connector.mooncake import MooncakeConnector
@@ -206,5 +214,5 @@ def make_connector(kind: str, *, name: str, capacity_bytes: int = DEFAULT_CAPACI
                 "(pip install 'omni[distributed]'; on Debian also apt-get install "
                 "libibverbs1)") from exc
         return MooncakeConnector(name, capacity_bytes=capacity_bytes, block_size=block_size,
-                                 put_timeout_s=put_timeout_s, host=host)
+                                 put_timeout_s=put_timeout_s, host=host, **pool)
     raise ConnectorError(f"unknown connector kind {kind!r} (known: {', '.join(KINDS)})")

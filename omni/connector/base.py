@@ -178,12 +178,21 @@ class Connector(abc.ABC):
 
     @abc.abstractmethod
     def get(self, ref: PayloadRef) -> torch.Tensor | bytes:
-        """Consumer side: the payload. For shm a zero-copy tensor view, valid until
-        :meth:`release` (after that the producer may reuse the memory)."""
+        """Consumer side: the payload. A tensor may be a view valid only until
+        :meth:`release` or :meth:`forget` of the ref: for shm a zero-copy view of the
+        producer's arena (after release the producer may reuse it), for mooncake a view of
+        a receive buffer (after release the next get may reuse it). Copy what must
+        outlive the release."""
 
     @abc.abstractmethod
     def release(self, ref: PayloadRef) -> None:
         """Consumer side: done with the payload; the producer may reuse its memory."""
+
+    def forget(self, ref: PayloadRef) -> None:
+        """Consumer side: done with the payload, which is NOT released (an abort: its
+        producer frees it with :meth:`cleanup`); local memory the get lent goes back.
+        Backends whose gets lend none (all but mooncake) have nothing to do."""
+        return None
 
     @abc.abstractmethod
     def cleanup(self, owner: str) -> int:

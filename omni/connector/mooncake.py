@@ -9,41 +9,32 @@ Layout of a producer's arena (one CPU buffer, registered with its engine once)::
 Producer: ``put`` copies the payload into a run of blocks (blocks.py, as shm.py) and
 returns ``[session, base, offset, block, tag]``: its engine's ``HOST:RPC_PORT``, the
 arena's address, the payload's offset, the run's first block and tag (shm.py says why).
-Consumer: ``get`` reads ``base + offset`` with the engine's synchronous read into its own
-registered staging buffer and returns an owned copy (staging is reused at once).
-``release`` writes the tag into the flag byte at ``base + block`` (one-byte remote write
-from a registered table whose byte t is t); the producer frees runs whose flag equals
-their tag on its next put or health(), as shm does (BlockTable.reclaim).
-
-Engine facts (mooncake-transfer-engine 0.3.13, TCP, measured on a 2-core box):
-- ``initialize(host, "P2PHANDSHAKE", "tcp", "")``: no metadata server. The engine takes a
-  random handshake/RPC port (``get_rpc_port()``; session = ``host:port``) and a random TCP
-  data port, both bound to EVERY interface whatever ``host`` says (``host`` is only what
-  peers are told). 2 threads per engine, +1 client I/O thread on its first transfer; no
-  CPU when idle. Dropping the engine closes its ports and joins its threads, which takes
-  ~1 s (one of them wakes once a second): close() blocks that long.
-- A killed producer fails a read at once (connection refused, rc -1). A hung or
-  black-holed one is the slow case: an open session gives up after
-  MC_TCP_PROGRESS_TIMEOUT_SEC (default 30 s; we default it to ``io_timeout_s``), and a
-  first contact's handshake waits a fixed 60 s, so each session is probed once
-  (``send_probe``) on a helper thread with a bounded wait before it is used.
-- TCP never checks that the local buffer is registered (RDMA does); staging is registered
-  anyway so RDMA works unchanged.
+Consumer: ``get`` reads ``base + offset`` straight into a registered receive buffer of
+its pool (mooncake_pool.py) and returns a view of it, valid until ``release`` (or
+``forget``) gives the buffer back, as an shm view is valid until release. ``release``
+writes the tag into the flag byte at ``base + block`` (a one-byte remote write from a
+registered table whose byte t is t) without waiting for it: the read it ends finished
+before get returned, so the producer cannot reuse the blocks early, and a write that
+never lands only keeps the blocks until the producer's ``cleanup(owner)``. Posted writes
+are checked (their batches freed, failures counted) on later calls, and waited for by
+``drain`` and ``close``. The producer frees runs whose flag equals their tag on its next
+put or health(), as shm does (BlockTable.reclaim). Engine facts: mooncake_engine.py.
 
 Security: the engine's TCP transport has NO authentication and NO encryption. Anyone who
-reaches its ports can read every registered byte of the arena and write into it (flags
-included), and peers are not verified. Keep it on a private network (or host firewall) of
-the deployment's own machines; the zmq backend (zmq_data.py, CURVE) is the authenticated
-one and is what to use over any network you do not control.
+reaches its ports can read every registered byte (the arena, a consumer's receive
+buffers) and write into it (flags included), and peers are not verified. Keep it on a
+private network (or host firewall) of the deployment's own machines; the zmq backend
+(zmq_data.py, CURVE) is the authenticated one and is what to use over any network you do
+not control.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
-import weakref
+import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -60,6 +51,8 @@ from omni.connector.base import (
     dtype_name,
 )
 from omni.connector.blocks import MAX_TAG, BlockTable, Run, allocate_waiting
+from omni.connector.mooncake_engine import DONE, LOST, Engine
+from omni.connector.mooncake_pool import RecvPool
 from omni.connector.shm_segment import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY,
@@ -68,75 +61,22 @@ from omni.connector.shm_segment import (
     MiB,
 )
 
-# engine.so reads its log level once, when it loads: errors only unless the user chose
-# (its info/warning lines on TCP are "no RDMA devices found" and the like).
-os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-from mooncake.engine import TransferEngine  # noqa: E402 (ImportError: make_connector says)
-
-__all__ = ["DEFAULT_IO_TIMEOUT_S", "MooncakeConnector"]
+__all__ = ["DEFAULT_IO_TIMEOUT_S", "DEFAULT_RECV_POOL_BYTES", "MooncakeConnector"]
 
 log = logging.getLogger("omni.connector.mooncake")
 
 DEFAULT_IO_TIMEOUT_S = 5.0  # first contact (probe) and "no progress" on an open session
-_MIN_STAGING = 1 * MiB
+DEFAULT_RECV_POOL_BYTES = 256 * MiB
+_MAX_POSTED = 256  # releases in flight before release() waits for them
 _USAGE_KEYS = ("capacity_bytes", "used_bytes", "payload_bytes", "blocks_total", "blocks_in_use",
                "payloads_in_use", "owners", "reclaimed", "cleaned_up")  # health, no arena
 
 
-class _Engine:
-    """One transfer engine and the buffers registered with it."""
-
-    def __init__(self, host: str, protocol: str, device: str, io_timeout_s: float) -> None:
-        # Read by initialize(), process-wide: the first engine of a process sets them.
-        seconds = str(max(1, math.ceil(io_timeout_s)))
-        for var in ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC"):
-            os.environ.setdefault(var, seconds)
-        self.te = TransferEngine()
-        rc = self.te.initialize(host, "P2PHANDSHAKE", protocol, device)
-        if rc != 0:
-            raise ConnectorError(f"Mooncake transfer engine did not start on {host!r} "
-                                 f"({protocol}, rc {rc})")
-        self.session = f"{host}:{self.te.get_rpc_port()}"
-        self.registered: list[int] = []
-        # Peers' reads of the arena run on the engine's own threads and may still be
-        # copying when close() unregisters it: pinned buffers live until the engine dies.
-        self._pinned: list[torch.Tensor] = []
-        weakref.finalize(self.te, self._pinned.clear)
-
-    def register(self, buf: torch.Tensor, *, pin: bool = False) -> int:
-        rc = self.te.register_memory(buf.data_ptr(), buf.numel())
-        if rc != 0:
-            raise ConnectorError(f"Mooncake could not register {buf.numel()} bytes (rc {rc})")
-        self.registered.append(buf.data_ptr())
-        if pin:
-            self._pinned.append(buf)
-        return buf.data_ptr()
-
-    def unregister(self, addr: int) -> None:
-        self.registered.remove(addr)
-        self.te.unregister_memory(addr)
-
-    def probe(self, session: str, timeout_s: float) -> int | None:
-        """send_probe on a helper thread: its rc, or None when the peer did not answer in
-        time (a hung peer's handshake blocks for 60 s and cannot be cancelled)."""
-        te, done, result = self.te, threading.Event(), []
-
-        def run() -> None:
-            result.append(te.send_probe(session))
-            done.set()
-
-        threading.Thread(target=run, name="omni-mooncake-probe", daemon=True).start()
-        return result[0] if done.wait(timeout_s) else None
-
-    def shutdown(self) -> None:
-        for addr in list(self.registered):
-            self.unregister(addr)
-        self.te = None  # the engine's destructor joins its threads, then pinned are freed
-
-
 class MooncakeConnector(Connector):
-    """Producer arena (created on first put) + consumer staging, over one lazily started
-    transfer engine listening on ``host`` (an address the other hosts reach)."""
+    """Producer arena (created on first put) + consumer receive pool, over one lazily
+    started transfer engine listening on ``host`` (an address the other hosts reach).
+    ``recv_pool_bytes`` bounds the receive buffers a consumer keeps (mooncake_pool.py; 0:
+    every get reads into a fresh buffer of its own)."""
 
     backend = "mooncake"
 
@@ -144,31 +84,36 @@ class MooncakeConnector(Connector):
                  block_size: int = DEFAULT_BLOCK_SIZE,
                  put_timeout_s: float = DEFAULT_PUT_TIMEOUT_S, host: str = "127.0.0.1",
                  protocol: str = "tcp", device: str = "",
-                 io_timeout_s: float = DEFAULT_IO_TIMEOUT_S) -> None:
+                 io_timeout_s: float = DEFAULT_IO_TIMEOUT_S,
+                 recv_pool_bytes: int = DEFAULT_RECV_POOL_BYTES) -> None:
         if block_size <= 0 or block_size % 64:
             raise ConnectorError(f"block_size must be a positive multiple of 64, got {block_size}")
         if capacity_bytes <= 0:
             raise ConnectorError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        if recv_pool_bytes < 0:
+            raise ConnectorError(f"recv_pool_bytes must be >= 0, got {recv_pool_bytes}")
         if host in ("", "0.0.0.0", "::"):
             raise ConnectorError(f"mooncake host must be an address peers reach, got {host!r}")
         self.name = name
         self.capacity_bytes, self.block_size = capacity_bytes, block_size
         self.put_timeout_s, self.io_timeout_s = put_timeout_s, io_timeout_s
+        self.recv_pool_bytes = recv_pool_bytes
         self._engine_args = (host, protocol, device, io_timeout_s)
         self._lock = threading.Lock()  # producer: arena and block table
-        self._read_lock = threading.Lock()  # consumer: the staging buffer
         self._start_lock = threading.Lock()
-        self._engine: _Engine | None = None
+        self._post_lock = threading.Lock()  # consumer: posted releases
+        self._engine: Engine | None = None
+        self._pool: RecvPool | None = None
         self._arena: torch.Tensor | None = None
         self._blocks: BlockTable | None = None
         self._data_offset = 0
-        self._staging: torch.Tensor | None = None
         self._tags_addr = 0
         self._sessions: set[str] = set()  # peers that answered a probe
+        self._posted: deque[tuple[int, str, str]] = deque()  # (batch, ref key, session)
         self._counter = 0
         self._closed = False
         self._stats = dict.fromkeys(("puts", "gets", "releases", "release_failures",
-                                     "full_waits", "full_errors"), 0)
+                                     "forgotten", "full_waits", "full_errors"), 0)
 
     # -- engine --------------------------------------------------------------------------
 
@@ -176,18 +121,19 @@ class MooncakeConnector(Connector):
     def session(self) -> str | None:
         return self._engine.session if self._engine else None
 
-    def _started(self) -> _Engine:
+    def _started(self) -> Engine:
         with self._start_lock:
             if self._closed:
                 raise ConnectorError("connector is closed")
             if self._engine is None:
-                engine = _Engine(*self._engine_args)
+                engine = Engine(*self._engine_args)
                 tags = torch.arange(MAX_TAG + 1, dtype=torch.uint8)  # byte t holds t
                 self._tags_addr = engine.register(tags, pin=True)
+                self._pool = RecvPool(engine, self.recv_pool_bytes)
                 self._engine = engine
             return self._engine
 
-    def _reach(self, session: str) -> _Engine:
+    def _reach(self, session: str) -> Engine:
         """The engine, once ``session`` answered a probe (bounded: never the 60 s hang)."""
         engine = self._started()
         if session in self._sessions:
@@ -199,7 +145,6 @@ class MooncakeConnector(Connector):
                                  f"{self.io_timeout_s:g} s: it exited or is unreachable")
         self._sessions.add(session)
         return engine
-
     # -- producer ------------------------------------------------------------------------
 
     def open_arena(self) -> str:
@@ -301,8 +246,11 @@ class MooncakeConnector(Connector):
         return session, base, offset, block, tag
 
     def get(self, ref: PayloadRef) -> torch.Tensor | bytes:
-        """The payload, read from the producer: an owned tensor (or bytes), valid after
-        release. ConnectorError naming the session when the producer is gone."""
+        """The payload, read from the producer into a receive buffer: a tensor view of
+        it, valid until :meth:`release` or :meth:`forget` of the ref (then the buffer
+        serves another get); treat it as read-only and copy what must outlive that. Bytes
+        payloads come back as owned ``bytes``. ConnectorError naming the session when the
+        producer is gone."""
         self._stats["gets"] += 1
         if ref.nbytes == 0:
             if ref.backend != "mooncake":
@@ -311,34 +259,35 @@ class MooncakeConnector(Connector):
                 ref.shape, dtype=dtype_from_name(ref.dtype))
         session, base, offset, _, _ = self._place(ref)
         engine = self._reach(session)
-        with self._read_lock:
-            staging = self._staging_for(engine, ref.nbytes)
-            rc = engine.te.transfer_sync_read(session, staging.data_ptr(), base + offset,
-                                              ref.nbytes)
-            if rc != 0:
-                self._sessions.discard(session)  # probe again before the next use
-                raise ConnectorError(f"mooncake read of {ref.key!r} ({ref.nbytes} bytes) "
-                                     f"from {session} failed (rc {rc}): the producer exited, "
-                                     f"is unreachable, or freed the payload")
-            return _owned(staging[:ref.nbytes], ref)
+        self._reap()
+        buf = self._read(engine, session, base + offset, ref)
+        if ref.dtype == BYTES_DTYPE:
+            data = buf[:ref.nbytes].numpy().tobytes()
+            self._pool.drop(buf)
+            return data
+        self._pool.keep(_key(ref), buf)
+        return buf[:ref.nbytes].view(dtype_from_name(ref.dtype)).view(ref.shape)
 
-    def _staging_for(self, engine: _Engine, nbytes: int) -> torch.Tensor:
-        """The registered staging buffer, grown (doubling, whole MiBs) when too small:
-        registering is cheap on TCP but pins memory on RDMA, so it happens once per size."""
-        old = self._staging
-        if old is None or old.numel() < nbytes:
-            size = max(_MIN_STAGING, nbytes, 0 if old is None else 2 * old.numel())
-            if old is not None:
-                # Our own sync reads are done with it; no peer ever writes into staging.
-                engine.unregister(old.data_ptr())
-                self._staging = None
-            staging = torch.empty(-(-size // MiB) * MiB, dtype=torch.uint8)
-            engine.register(staging)
-            self._staging = staging
-        return self._staging
+    def _read(self, engine: Engine, session: str, remote: int, ref: PayloadRef) -> torch.Tensor:
+        buf = self._pool.take(ref.nbytes)
+        rc = LOST  # until the read says otherwise (interrupted while waiting: it may land)
+        try:
+            rc = engine.read(session, buf.data_ptr(), remote, ref.nbytes)
+        finally:
+            if rc == LOST:
+                self._pool.retire(buf)
+            elif rc != DONE:
+                self._pool.drop(buf)
+        if rc != DONE:
+            self._sessions.discard(session)  # probe again before the next use
+            raise ConnectorError(f"mooncake read of {ref.key!r} ({ref.nbytes} bytes) "
+                                 f"from {session} failed: the producer exited, is "
+                                 f"unreachable, or freed the payload")
+        return buf
 
     def release(self, ref: PayloadRef) -> None:
-        """Write the run's tag into its flag byte on the producer (a one-byte remote write).
+        """Give the receive buffer back and post the run's tag to its flag byte on the
+        producer (a one-byte remote write, not waited for: module doc).
 
         Releasing a ref that was never read is fine. A producer that is gone has nothing
         left to release: the failure is counted (``release_failures``) and logged, not
@@ -348,28 +297,63 @@ class MooncakeConnector(Connector):
         if ref.nbytes == 0:
             return
         session, base, _, block, tag = self._place(ref)
+        if self._pool is not None:
+            self._pool.give(_key(ref))
         try:
             engine = self._reach(session)
-            rc = engine.te.transfer_sync_write(session, self._tags_addr + tag, base + block, 1)
-            why = f"rc {rc}"
+            batch = engine.post_write(session, self._tags_addr + tag, base + block, 1)
         except ConnectorError as exc:  # not reachable (or closed)
-            rc, why = -1, str(exc)
-        if rc != 0:
-            self._sessions.discard(session)
-            self._stats["release_failures"] += 1
-            log.warning("mooncake release of %r to %s failed (%s)", ref.key, session, why)
+            self._release_failed(ref.key, session, str(exc))
             return
-        self._stats["releases"] += 1
+        if batch is None:
+            self._release_failed(ref.key, session, "the engine refused the write")
+            return
+        with self._post_lock:
+            self._posted.append((batch, ref.key, session))
+        self._reap(self.io_timeout_s if len(self._posted) > _MAX_POSTED else 0.0)
+
+    def forget(self, ref: PayloadRef) -> None:
+        """Give the receive buffer back without releasing the payload (an abort: the
+        producer frees it with ``cleanup``); the view of it is invalid from now on."""
+        if ref.nbytes and self._pool is not None and self._pool.give(_key(ref)):
+            self._stats["forgotten"] += 1
+
+    def _release_failed(self, key: str, session: str, why: str) -> None:
+        self._sessions.discard(session)
+        self._stats["release_failures"] += 1
+        log.warning("mooncake release of %r to %s failed (%s)", key, session, why)
+
+    def _reap(self, wait_s: float = 0.0) -> None:
+        """Settle the posted releases that ended (``wait_s``: wait that long for all)."""
+        engine, deadline = self._engine, time.monotonic() + wait_s
+        if engine is None or not self._posted:
+            return
+        with self._post_lock:
+            for _ in range(len(self._posted)):
+                batch, key, session = self._posted.popleft()
+                rc = engine.wait(engine.te, batch, deadline) if wait_s else engine.check(batch)
+                if rc is None:
+                    self._posted.append((batch, key, session))
+                elif rc == DONE:
+                    self._stats["releases"] += 1
+                else:
+                    self._release_failed(key, session, "the write failed" if rc != LOST
+                                         else "the write did not end in time")
+
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Wait for every posted release to land (default: io_timeout_s at most)."""
+        self._reap(self.io_timeout_s if timeout_s is None else timeout_s)
 
     # -- both ----------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        self._reap()
         with self._lock:
             out: dict[str, Any] = {
                 "backend": "mooncake", "session": self.session, "block_size": self.block_size,
-                "sessions_reached": len(self._sessions),
-                "staging_bytes": 0 if self._staging is None else self._staging.numel(),
-                **self._stats}
+                "sessions_reached": len(self._sessions), "releases_posted": len(self._posted),
+                **self._stats,
+                **(self._pool.usage() if self._pool is not None else {})}
             blocks = self._blocks
             if blocks is None:
                 return out | dict.fromkeys(_USAGE_KEYS, 0)
@@ -379,25 +363,31 @@ class MooncakeConnector(Connector):
             return out
 
     def close(self) -> None:
-        """Unregister everything and stop the engine (its ports close; consumers' reads
-        then fail at once). The arena is freed once the engine is gone. Idempotent."""
-        with self._lock, self._start_lock, self._read_lock:  # put's order
+        """Wait (io_timeout_s at most) for posted releases, drop the receive pool (views
+        still held keep their memory), unregister everything and stop the engine (its
+        ports close; consumers' reads then fail at once). The arena is freed once the
+        engine is gone. Idempotent."""
+        if self._closed:
+            return
+        self.drain()
+        with self._lock, self._start_lock:  # put's order
             if self._closed:
                 return
             self._closed = True
             engine, self._engine = self._engine, None
-            self._arena = self._blocks = self._staging = None
+            pool, self._pool = self._pool, None
+            self._arena = self._blocks = None
             self._sessions.clear()
+        if pool is not None:
+            pool.close()
         if engine is not None:
             engine.shutdown()
 
 
+def _key(ref: PayloadRef) -> tuple:
+    """What a lent receive buffer is filed under: the ref itself (its location is a list)."""
+    return (ref.key, *ref.location)
+
+
 def _write_bytes(view: torch.Tensor, src: memoryview) -> None:
     memoryview(view.numpy())[:] = src
-
-
-def _owned(data: torch.Tensor, ref: PayloadRef) -> torch.Tensor | bytes:
-    """A copy out of staging that owns its memory (staging is reused by the next get)."""
-    if ref.dtype == BYTES_DTYPE:
-        return data.numpy().tobytes()
-    return data.view(dtype_from_name(ref.dtype)).reshape(ref.shape).clone()

@@ -1,6 +1,10 @@
 """The mooncake connector over loopback TCP: round trips, backpressure, cleanup, refs on the
 wire, a producer in another process (released blocks come back; killed or hung it fails
 in bounded time) and 1,000 payloads with a third of their requests cleaned up instead.
+The consumer's receive pool: test_mooncake_pool.py.
+
+Releases are posted without waiting: a test that looks at the producer's blocks right
+after a release first drains the consumer's posted releases (``in_use``, ``drain``).
 
 Every connector here starts its own transfer engine (producer and consumer in one process
 talk through the engines' TCP ports like two hosts would).
@@ -75,7 +79,8 @@ def sample(dtype: torch.dtype, nbytes: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(-high, high, (count,), dtype=dtype, generator=gen)
 
 
-def in_use(producer: MooncakeConnector) -> tuple[int, int]:
+def in_use(producer: MooncakeConnector, consumer: MooncakeConnector) -> tuple[int, int]:
+    consumer.drain()
     health = producer.health()
     return health["blocks_in_use"], health["payload_bytes"]
 
@@ -89,7 +94,7 @@ def test_round_trip_tensors(producer, consumer, dtype, nbytes):
     got = consumer.get(ref)
     assert got.dtype == dtype and got.shape == value.shape and torch.equal(got, value)
     consumer.release(ref)
-    assert in_use(producer) == (0, 0)
+    assert in_use(producer, consumer) == (0, 0)
 
 
 @pytest.mark.parametrize("nbytes", [0, 5, 64 * KiB, 1 * MiB + 3, 16 * MiB])
@@ -99,23 +104,19 @@ def test_round_trip_bytes(producer, consumer, nbytes):
     got = consumer.get(ref)
     assert isinstance(got, bytes) and got == value
     consumer.release(ref)
-    assert in_use(producer) == (0, 0)
+    assert in_use(producer, consumer) == (0, 0)
 
 
-def test_non_contiguous_empty_and_owned(producer, consumer):
+def test_non_contiguous_and_empty(producer, consumer):
     base = sample(torch.float32, 1 * MiB, seed=7).view(512, 512)
     cases = [base.t(), base[::3, 1::2], base[5], torch.empty(0, 3), torch.tensor(2.5)]
     refs = [wire(producer.put(value, owner="nc")) for value in cases]
-    for ref, value in zip(refs, cases, strict=True):
-        got = consumer.get(ref)
-        assert got.shape == value.shape and torch.equal(got, value)
-    got = consumer.get(refs[0])
-    consumer.release(refs[0])
-    got.add_(1)  # owned and writable: the producer's blocks and staging are untouched
-    assert torch.equal(consumer.get(refs[1]), cases[1])
-    for ref in refs[1:]:
+    got = [consumer.get(ref) for ref in refs]
+    for view, value in zip(got, cases, strict=True):  # all held at once: all intact
+        assert view.shape == value.shape and torch.equal(view, value)
+    for ref in refs:
         consumer.release(ref)
-    assert in_use(producer) == (0, 0)
+    assert in_use(producer, consumer) == (0, 0)
 
 
 def test_capacity_waits_then_raises(consumer):
@@ -145,12 +146,12 @@ def test_cleanup_frees_only_that_owner(producer, consumer):
     a = [producer.put(sample(torch.float32, 100 * KiB, i), owner="a") for i in range(3)]
     b = [producer.put(sample(torch.int64, 64 * KiB, i), owner="b") for i in range(2)]
     assert producer.cleanup("a") == 3
-    assert in_use(producer) == (2, 2 * 64 * KiB)
+    assert in_use(producer, consumer) == (2, 2 * 64 * KiB)
     for i, ref in enumerate(b):
         assert torch.equal(consumer.get(ref), sample(torch.int64, 64 * KiB, i))
         consumer.release(ref)
     consumer.release(a[0])  # late release of a cleaned-up run: ignored
-    assert in_use(producer) == (0, 0) and producer.cleanup("a") == 0
+    assert in_use(producer, consumer) == (0, 0) and producer.cleanup("a") == 0
 
 
 def test_wire_round_trip_and_bad_locations(producer, consumer):
@@ -201,6 +202,7 @@ def test_thousand_payloads_with_cleanup(consumer):
                 consumer.release(old)
         for ref, _ in window:
             consumer.release(ref)
+        consumer.drain()
         health = prod.health()
         assert health["blocks_in_use"] == 0 and health["used_bytes"] == 0
         assert health["payload_bytes"] == 0 and health["owners"] == 0
@@ -213,6 +215,7 @@ def test_make_connector_builds_it():
         ref = made.put(b"abc", owner="o")
         assert made.session and made.get(ref) == b"abc"
         made.release(ref)
+        made.drain()
         assert made.health()["blocks_in_use"] == 0
     with pytest.raises(ConnectorError, match="closed"):
         made.put(b"abc", owner="o")
@@ -225,6 +228,7 @@ def test_auto_connector_puts_large_payloads_to_mooncake(consumer):
         assert ref.backend == "mooncake" and torch.equal(consumer.get(ref), value)
         assert writer.put(b"tiny", owner="r").backend == "inline"
         consumer.release(ref)
+        consumer.drain()
         assert writer.health()["mooncake"]["blocks_in_use"] == 0
 
 
@@ -263,6 +267,7 @@ def test_producer_in_another_process(consumer):
         assert ask_health(parent)["blocks_in_use"] == 1 + 48 + 1
         for ref in refs:
             consumer.release(ref)
+        consumer.drain()
         health = ask_health(parent)
         assert health["blocks_in_use"] == 0 and health["payload_bytes"] == 0
         assert health["reclaimed"] == 3
@@ -292,6 +297,10 @@ def test_hung_then_killed_producer_fails_in_bounded_time():
             with pytest.raises(ConnectorError, match=refs[1].location[0]):
                 open_.get(refs[1])
             assert time.monotonic() - t0 < 1.0  # a dead peer refuses at once
+            for reader in (open_, fresh):  # every failed read ended: its buffer reusable
+                health = reader.health()
+                assert health.get("recv_pool_lent", 0) == 0
+                assert health.get("recv_pool_retired", 0) == 0
     finally:
         proc.kill()
         proc.join(10)
