@@ -111,7 +111,7 @@ class AsyncOmni(WorldSessions, PolicyCalls):
                 if isinstance(item, Exception):
                     raise item
                 try:
-                    item.data = self.payloads.take(item.data)
+                    item.data = await self.payloads.take_async(item.data)
                 except Exception as exc:  # e.g. its producer died and its arena is gone
                     raise RequestFailedError(f"output of stage '{item.stage}' could not be "
                                              f"read: {exc}", item.stage) from exc
