@@ -55,7 +55,8 @@ def test_it_hears_what_the_voice_said(server, spoken):
 def test_every_response_format(server, spoken):
     clip = ("fox.wav", spoken[0], "audio/wav")
     text = _transcribe(server, clip).text
-    assert NORMALIZE(text) == NORMALIZE(SENTENCES[0])
+    # Piper's clip differs per run (its noise), so a word may be heard differently
+    assert jiwer.wer(NORMALIZE(SENTENCES[0]), NORMALIZE(text)) <= 0.25, text
     plain = _transcribe(server, clip, response_format="text")
     assert isinstance(plain, str) and plain.strip() == text and not plain.startswith('"')
     srt = _transcribe(server, clip, response_format="srt")
@@ -87,6 +88,10 @@ def test_other_containers_and_a_bare_bytes_upload(server, spoken):
     import av
     import numpy as np
 
+    # Piper samples its noise per call, so the clip (and at times what Whisper hears in
+    # it: "a couple of" for "a cup of") differs between runs; compare with the WAV's text
+    as_wav = _transcribe(server, ("s.wav", spoken[5], "audio/wav")).text
+    assert jiwer.wer(NORMALIZE(SENTENCES[5]), NORMALIZE(as_wav)) <= 0.25, as_wav
     with wave.open(io.BytesIO(spoken[5])) as w:
         rate = w.getframerate()
         samples = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
@@ -105,7 +110,11 @@ def test_other_containers_and_a_bare_bytes_upload(server, spoken):
             for packet in stream.encode(None):
                 f.mux(packet)
         heard = _transcribe(server, out.getvalue()).text  # bytes: filename "upload"
-        assert NORMALIZE(heard) == NORMALIZE(SENTENCES[5]), (container, heard)
+        if container == "flac":  # lossless: the very samples of the WAV, the very text
+            assert heard == as_wav, (container, heard, as_wav)
+        else:  # lossy: Whisper may hear a word differently, not the sentence
+            wer = jiwer.wer(NORMALIZE(SENTENCES[5]), NORMALIZE(heard))
+            assert wer <= 0.25, (container, heard)
 
 
 def _silence_wav(seconds: float) -> bytes:
