@@ -137,22 +137,63 @@ async def _robot(url: str, index: int, calls: int, samples: list[float],
                 samples.append(time.perf_counter() - start)
                 if timings is not None:  # after the clock: where the time went
                     reply_data = codec.unpackb(reply.data)
+                    policy = reply_data["policy_timing"]
                     timings.append((reply_data["server_timing"]["infer_ms"],
-                                    reply_data["policy_timing"]["infer_ms"]))
+                                    policy["infer_ms"], policy.get("prepare_ms") or 0.0))
+
+
+# the server's own histograms (omni/runtime/metrics.py) whose means split a c=1 round trip
+SPLIT_METRICS = {"hop_in_ms": ("omni_stage_hop_seconds", 'direction="in"'),
+                 "hop_out_ms": ("omni_stage_hop_seconds", 'direction="out"'),
+                 "step_wait_ms": ("omni_stage_step_wait_seconds", ""),
+                 "stage_ms": ("omni_stage_latency_seconds", "")}
+
+
+async def _metric_sums(base: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each SPLIT_METRICS histogram, over all its stages."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as reply:
+        text = await reply.text()
+    sums = {}
+    for key, (name, label) in SPLIT_METRICS.items():
+        total = [0.0, 0.0]
+        for line in text.splitlines():
+            for i, suffix in enumerate(("_sum{", "_count{")):
+                if line.startswith(name + suffix) and label in line:
+                    total[i] += float(line.rsplit(" ", 1)[1])
+        sums[key] = (total[0], total[1])
+    return sums
+
+
+def _split_means(before: dict, after: dict) -> dict[str, float | None]:
+    """Mean ms per request between two scrapes (None: not recorded)."""
+    out: dict[str, float | None] = {}
+    for key in SPLIT_METRICS:
+        total, count = (after[key][i] - before[key][i] for i in (0, 1))
+        out[key] = round(total / count * 1000, 3) if count else None
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return round(sorted(values)[len(values) // 2], 3)
 
 
 async def through_server(url: str, rounds: int, levels: list[int],
                          calls: int) -> dict[str, Any]:
+    base = "http" + url.removeprefix("ws").rstrip("/")
     warm: list[float] = []
     await _robot(url, 0, 3, warm)
     single: list[float] = []
-    timings: list[tuple[float, float]] = []
+    timings: list[tuple[float, float, float]] = []
+    before = await _metric_sums(base)
     await _robot(url, 0, rounds, single, timings)
+    split = _split_means(before, await _metric_sums(base))
     result: dict[str, Any] = {"c1": stats_ms(single), "levels": {},
-                              "c1_server_ms": round(sorted(t[0] for t in timings)[
-                                  len(timings) // 2], 3),
-                              "c1_engine_ms": round(sorted(t[1] for t in timings)[
-                                  len(timings) // 2], 3)}
+                              "c1_server_ms": _median([t[0] for t in timings]),
+                              "c1_engine_ms": _median([t[1] for t in timings]),
+                              "c1_prepare_ms": _median([t[2] for t in timings]),
+                              "c1_split_mean_ms": split}
     for n in levels:
         await asyncio.gather(*(_robot(url, i, 1, []) for i in range(n)))  # connect + warm
         samples: list[float] = []
@@ -255,6 +296,7 @@ def report(r: dict[str, Any]) -> str:
              f"sample_actions in inference mode (what our engine runs under): "
              f"{r['overhead_inference_p50_ms']} ms; over our engine in-process (the "
              f"hops, the front end, the WebSocket): {r['overhead_engine_p50_ms']} ms.", "",
+             *_split_lines(ours),
              "## c=N: robots at once", "",
              "| robots | ours chunks/s | vs sequential in-process | p50 ms | p99 ms |",
              "|---:|---:|---:|---:|---:|"]
@@ -265,3 +307,18 @@ def report(r: dict[str, Any]) -> str:
     lines += ["", f"Sequential in-process: {r['sequential_chunks_per_s']} chunks/s "
               "(1 / its mean latency).", ""]
     return "\n".join(lines)
+
+
+def _split_lines(ours: dict[str, Any]) -> list[str]:
+    """The c=1 round trip split by the server's own clocks (absent in older results)."""
+    split = ours.get("c1_split_mean_ms")
+    if not split:
+        return []
+    return ["Split of one c=1 call by the server's clocks (p50 from the reply's timings, "
+            "means from the server's /metrics histograms over the same calls): "
+            f"preprocessing in the engine p50 {ours.get('c1_prepare_ms')} ms; "
+            f"hop front -> engine mean {split['hop_in_ms']} ms, engine -> front "
+            f"{split['hop_out_ms']} ms (sockets, decoding and event loops); waiting behind "
+            f"a running engine step {split['step_wait_ms']} ms; the stage from submit to "
+            f"its last output {split['stage_ms']} ms. The rest of the server's time is the "
+            "front end (frame decode, submit, reply encode).", ""]

@@ -24,6 +24,7 @@ class PolicyCalls:
                   ) -> dict[str, Any]:
         """The action chunk for ``observation`` (numpy arrays as the robot has them):
         {"actions": float32 torch tensor (horizon, width), "seed", "steps", "policy_ms",
+        "prepare_ms",
         and "episode_step" with a session}."""
         params = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
         if session is not None:

@@ -171,7 +171,8 @@ class PolicyConnection:
         if self.prev_total_ms is not None:
             timing["prev_total_ms"] = self.prev_total_ms
         return codec.packb({"actions": actions, "server_timing": timing,
-                            "policy_timing": {"infer_ms": data.get("policy_ms")},
+                            "policy_timing": {"infer_ms": data.get("policy_ms"),
+                                              "prepare_ms": data.get("prepare_ms")},
                             "seed": seed, "episode_step": data.get("episode_step")})
 
     def _seed(self, given: Any) -> int:

@@ -120,9 +120,11 @@ class PolicyEngine(Engine):
             if rid in self._waiting or rid in self._jobs:
                 raise ValueError(f"request id {rid!r} is already running")
             params = dict(request.params or {})
+            started = time.monotonic()
             with torch.inference_mode():
                 job = self.policy.prepare(rid, request.inputs or {}, request_seed(params),
                                           request_steps(params))
+            job.prepare_ms = round((job.arrival - started) * 1000, 3)
         except Exception as e:  # noqa: BLE001 - a bad observation fails alone
             if not isinstance(e, ValueError | TypeError):
                 log.exception("request %s: preparing the observation failed", rid)
@@ -246,7 +248,8 @@ class PolicyEngine(Engine):
             return
         self.chunks += 1
         data.update(seed=job.seed, steps=job.steps,
-                    policy_ms=round((time.monotonic() - job.arrival) * 1000, 3))
+                    policy_ms=round((time.monotonic() - job.arrival) * 1000, 3),
+                    prepare_ms=job.prepare_ms)
         if job.session is not None:
             episode = self._episodes.setdefault(job.session, Episode())
             episode.calls += 1
