@@ -18,8 +18,9 @@ from omni.models.policy_inputs import image_uint8, resize_pad
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # the adapter normalises on its device
 @pytest.mark.parametrize("shape", [(224, 224, 3), (480, 640, 3), (3, 256, 200), (100, 60, 3)])
-def test_preprocessing_matches_pi0_image_processor(shape):
+def test_preprocessing_matches_pi0_image_processor(shape, device):
     pytest.importorskip("torchvision")
     from transformers import PI0ImageProcessor
 
@@ -27,7 +28,9 @@ def test_preprocessing_matches_pi0_image_processor(shape):
     frame = rng.integers(0, 256, shape, dtype=np.uint8)
     hwc = frame if shape[-1] == 3 else frame.transpose(1, 2, 0)
     theirs = PI0ImageProcessor()(images=[hwc], return_tensors="pt")["pixel_values"][0]
-    ours = resize_pad(image_uint8("cam", frame), 224)
+    ours = resize_pad(image_uint8("cam", frame), 224, device=device)
+    assert ours.device.type == device
+    ours = ours.cpu()
     assert ours.shape == theirs.shape
     diff = (ours - theirs).abs()
     # the same uint8 kernel and the same arithmetic after it: equal up to float rounding

@@ -175,3 +175,19 @@ def test_steps_and_camera_count_are_honoured(policy):
     assert not errors and results["three"]["steps"] == 4
     assert engine.stats()["prefix_calls"] == 2  # different prefixes: no shared pass
     assert torch.isfinite(results["one"]["actions"]).all()
+
+
+def test_prompts_are_tokenized_once_per_prompt_and_camera_count(policy, monkeypatch):
+    from omni.models import pi0
+
+    policy._prompts.clear()
+    first = policy._prompt(PROMPTS[0], 2)
+    assert policy._prompt(PROMPTS[0], 2) is first  # a robot's repeated prompt: no work
+    other = policy._prompt(PROMPTS[1], 2)
+    assert not torch.equal(other[0], first[0])  # another prompt, other tokens
+    assert not torch.equal(policy._prompt(PROMPTS[0], 1)[0], first[0])  # fewer image tokens
+    monkeypatch.setattr(pi0, "PROMPT_CACHE", 2)
+    policy._prompt(PROMPTS[2], 2)  # a fourth into two places: the two least recent go
+    assert list(policy._prompts) == [(PROMPTS[0], 1), (PROMPTS[2], 2)]
+    again = policy._prompt(PROMPTS[0], 2)
+    assert again is not first and torch.equal(again[0], first[0])
