@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -11,6 +12,9 @@ from omni.protocol import REF_MARKER
 
 # backends whose get is a network round trip (a fetch from another host), not a memcpy
 REMOTE_BACKENDS = ("zmq", "mooncake")
+# producers with a fetcher of their own; more share them (a fetcher is a thread and a
+# connector: a ZeroMQ context with its I/O thread, a receive pool)
+MAX_FETCHERS = 32
 
 
 class ClientPayloads:
@@ -19,52 +23,83 @@ class ClientPayloads:
     The front end needs the bytes anyway (to encode audio, images), so it owns a copy and
     the producer's block goes back immediately; nothing here outlives the output.
 
-    Outputs of a replica on another host are fetched on one worker thread (`take_async`):
-    a 64 MiB fetch takes tens of milliseconds, which on the event loop would stall every
-    other request's streaming. One thread, because the remote connectors' sockets are
-    not thread-safe: every get and release of a remote ref runs there. Such an output
-    holds only remote and inline refs (a remote replica puts nothing in shared memory).
+    Outputs of a replica on another host are fetched off the event loop (`take_async`): a
+    64 MiB fetch takes tens of milliseconds, which on the loop would stall every other
+    request's streaming. Each producer gets a fetcher: a thread with a connector of its
+    own. Why not one shared thread: a fetch from a producer whose host died waits for the
+    connector's timeout (10 s) and would hold up every other host's outputs behind it.
+    Why not a pool over one connector: its consumer sockets are for one thread at a time.
+    An output of a remote replica holds only remote and inline refs (it puts nothing in
+    this host's shared memory), all from that one producer.
     """
 
     def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+        self.name, self.options = name, options
         self.plane = PayloadPlane(name, options)
-        self._remote_worker: ThreadPoolExecutor | None = None
-
-    def _worker(self) -> ThreadPoolExecutor:
-        if self._remote_worker is None:
-            self._remote_worker = ThreadPoolExecutor(1, thread_name_prefix="omni-fetch")
-        return self._remote_worker
+        self._fetchers: dict[str, _Fetcher] = {}
 
     async def take_async(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
-        """`take`, off the event loop when a payload must come from another host."""
-        if not _has_remote_ref(data):
+        """`take`, on the producer's fetcher when a payload must come from another host."""
+        producer = _remote_producer(data)
+        if producer is None:
             return self.take(data)
-        return await asyncio.get_running_loop().run_in_executor(self._worker(), self.take, data)
+        fetcher = self._fetcher(producer)
+        return await asyncio.get_running_loop().run_in_executor(
+            fetcher.thread, _take, fetcher.plane, data)
 
     def take(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
-        if data is None or not has_ref(data):
-            return data
-        return {key: self.plane.take(value)
-                if isinstance(value, list) and value and value[0] == REF_MARKER else value
-                for key, value in data.items()}
+        return _take(self.plane, data)
 
     def discard(self, data: dict[str, Any] | None) -> None:
         """An output nobody will read: give its payloads back unread."""
-        if data is not None and has_ref(data):
-            from omni.connector import PayloadRef
+        if data is None or not has_ref(data):
+            return
+        from omni.connector import PayloadRef
 
-            release = self.plane.connector.release
-            for value in _refs(data):
-                ref = PayloadRef.from_wire(value)
-                if ref.backend in REMOTE_BACKENDS:
-                    self._worker().submit(release, ref)
-                else:
-                    release(ref)
+        producer = _remote_producer(data)
+        for value in _refs(data):
+            ref = PayloadRef.from_wire(value)
+            if producer is not None and ref.backend in REMOTE_BACKENDS:
+                fetcher = self._fetcher(producer)
+                fetcher.thread.submit(fetcher.plane.connector.release, ref)
+            else:
+                self.plane.connector.release(ref)
+
+    def _fetcher(self, producer: str) -> _Fetcher:
+        fetcher = self._fetchers.get(producer)
+        if fetcher is None:
+            if len(self._fetchers) >= MAX_FETCHERS:  # share one, the same one every time
+                shared = sorted(self._fetchers)[zlib.crc32(producer.encode()) % MAX_FETCHERS]
+                return self._fetchers[shared]
+            fetcher = _Fetcher(f"{self.name}-fetch{len(self._fetchers)}", self.options)
+            self._fetchers[producer] = fetcher
+        return fetcher
 
     def close(self) -> None:
-        if self._remote_worker is not None:
-            self._remote_worker.shutdown(wait=True)  # its releases go out first
+        for fetcher in self._fetchers.values():
+            fetcher.close()  # its releases go out first
+        self._fetchers.clear()
         self.plane.close()
+
+
+class _Fetcher:
+    """One thread and the connector only it uses."""
+
+    def __init__(self, name: str, options: dict[str, Any] | None) -> None:
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="omni-fetch")
+        self.plane = PayloadPlane(name, options)
+
+    def close(self) -> None:
+        self.thread.shutdown(wait=True)
+        self.plane.close()
+
+
+def _take(plane: PayloadPlane, data: dict[str, Any] | None) -> dict[str, Any] | None:
+    if data is None or not has_ref(data):
+        return data
+    return {key: plane.take(value)
+            if isinstance(value, list) and value and value[0] == REF_MARKER else value
+            for key, value in data.items()}
 
 
 def _refs(data: dict[str, Any]) -> list[list]:
@@ -72,7 +107,15 @@ def _refs(data: dict[str, Any]) -> list[list]:
             if isinstance(value, list) and value and value[0] == REF_MARKER]
 
 
-def _has_remote_ref(data: dict[str, Any] | None) -> bool:
-    # a wire ref is [REF_MARKER, backend, ...] (omni/connector/base.py PayloadRef.to_wire)
-    return data is not None and has_ref(data) \
-        and any(len(value) > 1 and value[1] in REMOTE_BACKENDS for value in _refs(data))
+def _remote_producer(data: dict[str, Any] | None) -> str | None:
+    """"backend:where" of the first remote ref's producer (zmq: its data socket; mooncake:
+    its transfer engine's session), None for an output with no remote ref."""
+    if data is None or not has_ref(data):
+        return None
+    for value in _refs(data):
+        # a wire ref is [REF_MARKER, backend, key, owner, dtype, shape, nbytes, location]
+        # (omni/connector/base.py PayloadRef.to_wire); both remote locations start with it
+        if len(value) == 8 and value[1] in REMOTE_BACKENDS \
+                and isinstance(value[7], list | tuple) and value[7]:
+            return f"{value[1]}:{value[7][0]}"
+    return None

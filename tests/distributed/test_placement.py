@@ -57,7 +57,7 @@ def cluster():
 
 def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False,
              delay_ms: int = 0, chunks: int = 2, connector: str = "auto",
-             encrypt_payloads: bool = True):
+             encrypt_payloads: bool = True, last: dict | str = "local"):
     return parse_pipeline({
         "name": "hosts", "heartbeat_s": HEARTBEAT_S,
         "cluster": {"ray_address": head.address, "host": hosts.root_ip,
@@ -66,7 +66,7 @@ def pipeline(head, hosts: Hosts, placement: dict | str, *, restart: bool = False
             {"name": "a", "engine": "echo", "options": {"chunks": chunks}},
             {"name": "b", "engine": "echo", "placement": placement, "restart": restart,
              "options": {"delay_ms": delay_ms}},
-            {"name": "c", "engine": "echo", "final_output": "text"}],
+            {"name": "c", "engine": "echo", "final_output": "text", "placement": last}],
         "edges": [{"from": "a", "to": "b", "delivery": "stream", "connector": connector},
                   {"from": "b", "to": "c", "delivery": "stream", "connector": connector}]})
 
@@ -117,6 +117,47 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, ba
     assert all(text and blobs for text, blobs in local)  # the fixture varies and carries data
     assert len({text for text, _ in local}) == len(prompts)
     assert remote == local
+
+
+def test_final_outputs_of_a_remote_last_stage_reach_the_front(cluster):
+    """c on host c too: the front fetches its outputs' payloads across the link, on a
+    fetcher thread of c's producer (omni/runtime/payloads.py), and frees them all."""
+    hosts, head = cluster
+    prompts = [f"prompt number {i} ends on host c" for i in range(4)]
+    on = lambda host: {"kind": "ray", "cpus": 0.5, "resources": {f"host_{host}": 0.01}}  # noqa: E731
+
+    async def body():
+        async with serving(pipeline(head, hosts, "local")) as omni:
+            local = await _answers(omni, prompts)
+        async with serving(pipeline(head, hosts, on("b"), last=on("c")),
+                           startup_timeout_s=60) as omni:
+            tap = Tap(omni)
+            remote = await _answers(omni, prompts)
+            assert omni.orchestrator.engines.replicas["c/0"].info["host"] == hosts.ip("c")
+            fetchers = list(omni.payloads._fetchers)  # one: c's data socket on host c
+            assert len(fetchers) == 1 and fetchers[0].startswith(f"zmq:tcp://{hosts.ip('c')}:")
+            stats = await _held_by(omni, tap, "c")
+            assert stats["zmq_puts"] > 0 and stats["zmq_payload_bytes"] == 0, stats
+        return local, remote
+
+    local, remote = run(body(), timeout_s=120)
+    assert all(text and blobs for text, blobs in local)
+    assert len({text for text, _ in local}) == len(prompts)
+    assert remote == local
+
+
+async def _held_by(omni, tap: Tap, stage: str, timeout_s: float = 10.0) -> dict:
+    """The stage's payload stats once it holds nothing (the front's releases are sent
+    without waiting), or as they are at the deadline: a probe request that publishes
+    nothing brings them back."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await collect(omni.generate({"prompt": "probe"},
+                                    params={s: {"payload_bytes": 0} for s in "abc"}))
+        stats = [r.stats for r in tap.rows if r.stage == stage][-1]
+        if stats["zmq_payload_bytes"] == 0 or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.1)
 
 
 async def _stranger_is_refused(omni) -> None:

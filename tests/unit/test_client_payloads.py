@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from omni.connector import make_connector
+from omni.connector import ConnectorError, make_connector
 from omni.connector.zmq_data import ZmqConnector
 from omni.runtime.payloads import ClientPayloads
 
@@ -33,24 +33,27 @@ def front():
     payloads.close()
 
 
-def record_get_threads(front: ClientPayloads) -> list[str]:
-    """Which thread each connector get ran on (a spy around the real get)."""
+def record_take_threads(monkeypatch) -> list[str]:
+    """Which thread each output was taken on (a spy around the real take)."""
+    from omni.runtime import payloads
+
     threads: list[str] = []
-    real_get = front.plane.connector.get
+    real_take = payloads._take
 
-    def get(ref):
+    def take(plane, data):
         threads.append(threading.current_thread().name)
-        return real_get(ref)
+        return real_take(plane, data)
 
-    front.plane.connector.get = get
+    monkeypatch.setattr(payloads, "_take", take)
     return threads
 
 
-def test_a_remote_output_is_fetched_off_the_loop_and_released(remote_producer, front):
+def test_a_remote_output_is_fetched_off_the_loop_and_released(remote_producer, front,
+                                                              monkeypatch):
     tensor = torch.randn(1024, 1024)  # 4 MiB: a zmq ref, not inline
     assert tensor.std() > 0.5  # the comparison below compares real data
     data = {"audio": remote_producer.put(tensor, owner="r1").to_wire(), "text": "hi"}
-    threads = record_get_threads(front)
+    threads = record_take_threads(monkeypatch)
 
     async def main():
         loop_thread = threading.current_thread().name
@@ -72,12 +75,12 @@ def test_a_discarded_remote_output_goes_back_to_its_producer(remote_producer, fr
     assert asyncio.run(_wait_released(remote_producer)), remote_producer.health()
 
 
-def test_a_local_output_is_taken_on_the_loop(front):
+def test_a_local_output_is_taken_on_the_loop(front, monkeypatch):
     shm = make_connector("shm", name="test-front-local")
     try:
         tensor = torch.arange(1 * MiB, dtype=torch.float32)
         data = {"image": shm.put(tensor, owner="r3").to_wire()}
-        threads = record_get_threads(front)
+        threads = record_take_threads(monkeypatch)
 
         async def main():
             return threading.current_thread().name, await front.take_async(data)
@@ -87,6 +90,25 @@ def test_a_local_output_is_taken_on_the_loop(front):
         assert shm.health()["payloads_in_use"] == 0  # given back at once
     finally:
         shm.close()
+
+
+def test_a_dead_producer_does_not_hold_up_another_hosts_outputs(remote_producer, front):
+    dead = ZmqConnector("test-dead-producer", capacity_bytes=8 * MiB)
+    doomed = {"audio": dead.put(torch.ones(1 * MiB), owner="r4").to_wire()}
+    dead.close()  # its host is gone: the fetch waits for the connector's timeout
+    tensor = torch.randn(1 * MiB)
+    alive = {"audio": remote_producer.put(tensor, owner="r5").to_wire()}
+
+    async def main():
+        waiting = asyncio.ensure_future(front.take_async(doomed))
+        await asyncio.sleep(0.2)  # its fetch has started
+        served = asyncio.ensure_future(front.take_async(alive))
+        done, _ = await asyncio.wait({waiting, served}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {served} and torch.equal(served.result()["audio"], tensor)
+        with pytest.raises(ConnectorError, match="no answer from zmq producer"):
+            await waiting
+
+    asyncio.run(main())
 
 
 async def _wait_released(producer: ZmqConnector, timeout_s: float = 10.0) -> bool:
