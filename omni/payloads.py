@@ -155,5 +155,11 @@ def _cuda_index(device: Any) -> int | None:
     return torch.cuda.current_device() if torch is not None else 0
 
 
+def is_wire_ref(value: Any) -> bool:
+    """Does this decoded message value look like a PayloadRef's wire list? (The cheap
+    check; PayloadRef.from_wire validates the rest.)"""
+    return isinstance(value, list) and bool(value) and value[0] == REF_MARKER
+
+
 def has_ref(data: dict[str, Any]) -> bool:
-    return any(isinstance(v, list) and v and v[0] == REF_MARKER for v in data.values())
+    return any(is_wire_ref(v) for v in data.values())

@@ -255,7 +255,7 @@ class PolicyJob:
     step: int = 0
     arrival: float = field(default_factory=time.monotonic)
     started: float = 0.0
-    prepare_ms: float = 0.0  # the adapter's preprocessing, before arrival
+    prepare_ms: float = 0.0  # the adapter's preprocessing (set by the engine)
     extra: dict[str, Any] = field(default_factory=dict)  # the adapter's own (action width)
 
     def tensor_bytes(self) -> int:

@@ -7,8 +7,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from omni.payloads import PayloadPlane, has_ref
-from omni.protocol import REF_MARKER
+from omni.payloads import PayloadPlane, has_ref, is_wire_ref
 
 # backends whose get is a network round trip (a fetch from another host), not a memcpy
 REMOTE_BACKENDS = ("zmq", "mooncake")
@@ -57,10 +56,10 @@ class ClientPayloads:
         from omni.connector import PayloadRef
 
         producer = _remote_producer(data)
+        fetcher = self._fetcher(producer) if producer is not None else None
         for value in _refs(data):
             ref = PayloadRef.from_wire(value)
-            if producer is not None and ref.backend in REMOTE_BACKENDS:
-                fetcher = self._fetcher(producer)
+            if fetcher is not None and ref.backend in REMOTE_BACKENDS:
                 fetcher.thread.submit(fetcher.plane.connector.release, ref)
             else:
                 self.plane.connector.release(ref)
@@ -97,14 +96,12 @@ class _Fetcher:
 def _take(plane: PayloadPlane, data: dict[str, Any] | None) -> dict[str, Any] | None:
     if data is None or not has_ref(data):
         return data
-    return {key: plane.take(value)
-            if isinstance(value, list) and value and value[0] == REF_MARKER else value
+    return {key: plane.take(value) if is_wire_ref(value) else value
             for key, value in data.items()}
 
 
 def _refs(data: dict[str, Any]) -> list[list]:
-    return [value for value in data.values()
-            if isinstance(value, list) and value and value[0] == REF_MARKER]
+    return [value for value in data.values() if is_wire_ref(value)]
 
 
 def _remote_producer(data: dict[str, Any] | None) -> str | None:

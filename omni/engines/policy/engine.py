@@ -124,7 +124,7 @@ class PolicyEngine(Engine):
             with torch.inference_mode():
                 job = self.policy.prepare(rid, request.inputs or {}, request_seed(params),
                                           request_steps(params))
-            job.prepare_ms = round((job.arrival - started) * 1000, 3)
+            job.prepare_ms = round((time.monotonic() - started) * 1000, 3)
         except Exception as e:  # noqa: BLE001 - a bad observation fails alone
             if not isinstance(e, ValueError | TypeError):
                 log.exception("request %s: preparing the observation failed", rid)
