@@ -142,27 +142,31 @@ async def _robot(url: str, index: int, calls: int, samples: list[float],
                                     policy["infer_ms"], policy.get("prepare_ms") or 0.0))
 
 
-# the server's own histograms (omni/runtime/metrics.py) whose means split a c=1 round trip
-SPLIT_METRICS = {"hop_in_ms": ("omni_stage_hop_seconds", 'direction="in"'),
-                 "hop_out_ms": ("omni_stage_hop_seconds", 'direction="out"'),
-                 "step_wait_ms": ("omni_stage_step_wait_seconds", ""),
-                 "stage_ms": ("omni_stage_latency_seconds", "")}
+# the server's own histograms (omni/runtime/metrics.py) whose means split a c=1 round trip:
+# key -> (histogram, the labels a sample must carry)
+SPLIT_METRICS = {"hop_in_ms": ("omni_stage_hop_seconds", {"direction": "in"}),
+                 "hop_out_ms": ("omni_stage_hop_seconds", {"direction": "out"}),
+                 "step_wait_ms": ("omni_stage_step_wait_seconds", {}),
+                 "stage_ms": ("omni_stage_latency_seconds", {})}
 
 
 async def _metric_sums(base: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of each SPLIT_METRICS histogram, over all its stages."""
     import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
 
     async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as reply:
         text = await reply.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
     sums = {}
-    for key, (name, label) in SPLIT_METRICS.items():
-        total = [0.0, 0.0]
-        for line in text.splitlines():
-            for i, suffix in enumerate(("_sum{", "_count{")):
-                if line.startswith(name + suffix) and label in line:
-                    total[i] += float(line.rsplit(" ", 1)[1])
-        sums[key] = (total[0], total[1])
+    for key, (name, labels) in SPLIT_METRICS.items():
+        total = {"_sum": 0.0, "_count": 0.0}
+        family = families.get(name)
+        for sample in family.samples if family else ():
+            suffix = sample.name.removeprefix(name)
+            if suffix in total and labels.items() <= sample.labels.items():
+                total[suffix] += sample.value
+        sums[key] = (total["_sum"], total["_count"])
     return sums
 
 
@@ -179,9 +183,9 @@ def _median(values: list[float]) -> float:
     return round(sorted(values)[len(values) // 2], 3)
 
 
-async def through_server(url: str, rounds: int, levels: list[int],
+async def through_server(base: str, rounds: int, levels: list[int],
                          calls: int) -> dict[str, Any]:
-    base = "http" + url.removeprefix("ws").rstrip("/")
+    url = base.replace("http", "ws", 1) + "/"
     warm: list[float] = []
     await _robot(url, 0, 3, warm)
     single: list[float] = []
@@ -220,8 +224,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     say(f"[robots] in-process p50 {inproc['latency_ms']['p50']} ms; starting the server")
     proc, base = start_server(("--model", model_dir), args.dtype, 900)
     try:
-        ours = asyncio.run(through_server(base.replace("http", "ws", 1) + "/", args.rounds,
-                                          levels, args.calls))
+        ours = asyncio.run(through_server(base, args.rounds, levels, args.calls))
     finally:
         proc.terminate()
         proc.wait(60)

@@ -39,24 +39,23 @@ def measure(model_dir: str, rounds: int = 50) -> dict:
         times.setdefault(name, []).append((time.perf_counter() - start) * 1e3)
         return out
 
-    torch.inference_mode().__enter__()  # as the engine runs prepare
-    for i in range(rounds + 5):
-        if i == 5:
-            times.clear()
-        timed("prepare (whole)", lambda: policy.prepare("p", frame, i, None))
-        o = timed("unpack_tree", lambda: unpack_tree(frame["observation"]))
-        u8 = timed("cameras + image_uint8", lambda: [image_uint8(n, v) for n, v in
-                                                       cameras(o, policy.camera_keys)])
-        px = timed("resize_pad (normalise)", lambda: [resize_pad(x, policy.image_size)
-                                                       for x in u8])
-        timed("stack + to(device, dtype)",
-              lambda: torch.stack(px)[None].to(policy.device, policy.dtype))
-        timed("tokenize (_prompt)", lambda: policy._prompt("pick", 2))
-        timed("state", lambda: policy._state(o))
-        timed("state_vector only", lambda: state_vector(o, policy.state_keys))
-        timed("noise randn (CPU generator)", lambda: torch.randn(
-            1, policy.horizon, policy.max_action_dim,
-            generator=torch.Generator().manual_seed(i)).to(policy.device, policy.dtype))
+    with torch.inference_mode():  # as the engine runs prepare
+        for i in range(rounds + 5):
+            if i == 5:
+                times.clear()
+            timed("prepare (whole)", lambda: policy.prepare("p", frame, i, None))
+            o = timed("unpack_tree", lambda: unpack_tree(frame["observation"]))
+            u8 = timed("cameras + image_uint8", lambda: [image_uint8(n, v) for n, v in
+                                                           cameras(o, policy.camera_keys)])
+            px = timed("resize_pad (upload uint8, normalise there)", lambda: [
+                resize_pad(x, policy.image_size, device=policy.device) for x in u8])
+            timed("stack + to(dtype)", lambda: torch.stack(px)[None].to(policy.dtype))
+            timed("_prompt (cached after the first)", lambda: policy._prompt("pick", 2))
+            timed("state", lambda: policy._state(o))
+            timed("state_vector only", lambda: state_vector(o, policy.state_keys))
+            timed("noise randn (CPU generator)", lambda: torch.randn(
+                1, policy.horizon, policy.max_action_dim,
+                generator=torch.Generator().manual_seed(i)).to(policy.device, policy.dtype))
     return {"threads": torch.get_num_threads(),
             **{k: round(statistics.median(v), 3) for k, v in times.items()}}
 
