@@ -51,8 +51,8 @@ def ms(fn: Callable[[], Any], rounds: int = 15, sync: bool = True) -> float:
 
 def observation(i: int) -> dict:
     rng = np.random.default_rng(i)
-    return {"a": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-            "b": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+    return {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
             "observation/state": rng.standard_normal(8), "prompt": f"task {i} pick"}
 
 

@@ -19,7 +19,7 @@ def measure(model_dir: str, rounds: int = 50) -> dict:
 
     from omni.arrays import pack_tree, unpack_tree
     from omni.models import build_policy
-    from omni.models.policy_inputs import cameras, image_uint8, resize_pad, state_vector
+    from omni.models.policy_images import resize_pad
 
     policy = build_policy("pi0", model_dir, "cuda" if torch.cuda.is_available() else "cpu",
                           "auto", {})
@@ -45,14 +45,14 @@ def measure(model_dir: str, rounds: int = 50) -> dict:
                 times.clear()
             timed("prepare (whole)", lambda: policy.prepare("p", frame, i, None))
             o = timed("unpack_tree", lambda: unpack_tree(frame["observation"]))
-            u8 = timed("cameras + image_uint8", lambda: [image_uint8(n, v) for n, v in
-                                                           cameras(o, policy.camera_keys)])
+            read = timed("layout.read (keys, frames to uint8, state)",
+                         lambda: policy.layout.read(o))
+            u8 = [frame for _, frame in read.cameras]
             px = timed("resize_pad (upload uint8, normalise there)", lambda: [
                 resize_pad(x, policy.image_size, device=policy.device) for x in u8])
             timed("stack + to(dtype)", lambda: torch.stack(px)[None].to(policy.dtype))
             timed("_prompt (cached after the first)", lambda: policy._prompt("pick", 2))
-            timed("state", lambda: policy._state(o))
-            timed("state_vector only", lambda: state_vector(o, policy.state_keys))
+            timed("state (normalise, pad, upload)", lambda: policy._state(read.state))
             timed("noise randn (CPU generator)", lambda: torch.randn(
                 1, policy.horizon, policy.max_action_dim,
                 generator=torch.Generator().manual_seed(i)).to(policy.device, policy.dtype))

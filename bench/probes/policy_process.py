@@ -24,8 +24,8 @@ def measure(model_dir: str, rounds: int = 20) -> dict:
     policy = build_policy("pi0", model_dir, "cuda", "auto", {})
     engine = PolicyEngine(policy, {})
     rng = np.random.default_rng(0)
-    obs = {"a": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-           "b": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+    obs = {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+           "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
            "observation/state": rng.standard_normal(8), "prompt": "pick"}
     frame = {"observation": pack_tree(obs)}
     samples = []

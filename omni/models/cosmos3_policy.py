@@ -11,8 +11,9 @@ pipeline keeps them). The result equals ``Cosmos3OmniPipeline(..., action=
 CosmosActionCondition(mode="policy", ...)).action`` for the same seed
 (tests/unit/test_cosmos3_policy.py).
 
-Observation: the first camera (policy_inputs.py finds it) is the conditioning frame, the
-prompt is the task; the embodiment domain is the stage option ``domain`` (or an
+Observation: one camera is the conditioning frame (the first of the robot's key style,
+policy_inputs.py; a style's other cameras and its state are accepted and not read, as the
+metadata frame says), the prompt is the task; the embodiment domain is the stage option ``domain`` (or an
 observation's ``domain`` string). Actions come back as the model predicts them
 (``chunk_size`` x the domain's width), with no dataset statistics applied.
 """
@@ -29,15 +30,19 @@ from omni.arrays import unpack_tree
 from omni.engines.base import EngineLoadError, PolicyJob
 from omni.models import diffusion as common
 from omni.models.cosmos3_world import FPS, Cosmos3WorldDenoiser, _pil, build_cosmos3_world
-from omni.models.policy_inputs import cameras, image_uint8, prompt_text
+from omni.models.policy_inputs import ObservationLayout, prompt_text
+
+# the one camera it reads, under LeRobot's single-camera name (its "lerobot" key style)
+FRAME_FEATURE = "observation.image"
 
 
 class Cosmos3Policy:
     """options: domain (required unless observations carry one), chunk_size (4),
-    steps (35), guidance_scale (1.0), resolution_tier (256), cameras (key paths)."""
+    steps (35), guidance_scale (1.0), resolution_tier (256), observation_keys (a key
+    style) or cameras (the observation key of the frame first; policy_inputs.py)."""
 
     OPTIONS = frozenset({"domain", "chunk_size", "steps", "guidance_scale",
-                         "resolution_tier", "cameras", "default_prompt"})
+                         "resolution_tier", "observation_keys", "cameras", "default_prompt"})
 
     def __init__(self, world: Cosmos3WorldDenoiser, options: Mapping[str, Any]) -> None:
         self.world, self.pipe, self.device = world, world.pipe, world.device
@@ -48,32 +53,32 @@ class Cosmos3Policy:
         self.chunk = int(options.get("chunk_size", 4))
         self.steps = int(options.get("steps", 35))
         self.guidance = float(options.get("guidance_scale", 1.0))
-        self.camera_keys = list(options.get("cameras") or []) or None
+        self.layout = ObservationLayout.declare(
+            (FRAME_FEATURE,), None, options, other_keys=frozenset({"prompt", "domain"}),
+            reads_state=False, spare_cameras=True)
         self.default_prompt = options.get("default_prompt")
 
     def info(self) -> dict[str, Any]:
         width = self.world.domains.get(self.domain) if self.domain else None
         return {"policy": "cosmos3", "horizon": self.chunk, "action_width": width,
+                "cameras": list(self.layout.features), "inputs": self.layout.describe(),
                 "domains": self.world.domains, "steps": self.steps, "fps": FPS}
 
     def prepare(self, request_id: str, inputs: Mapping[str, Any], seed: int,
                 steps: int | None) -> PolicyJob:
         from diffusers import CosmosActionCondition
 
-        obs = unpack_tree(inputs.get("observation"))
-        if not isinstance(obs, dict):
-            raise ValueError("the request needs an 'observation' dict")
-        domain = obs.get("domain", self.domain)
-        if domain not in self.world.domains:
+        obs = self.layout.read(unpack_tree(inputs.get("observation")))
+        domain = obs.values.get("domain", self.domain)
+        if not isinstance(domain, str) or domain not in self.world.domains:
             raise ValueError(f"unknown domain {domain!r} (set the stage option 'domain' or "
                              f"send one of {', '.join(sorted(self.world.domains))})")
-        name, frame = cameras(obs, self.camera_keys)[0]
-        image = _pil(image_uint8(name, frame).permute(1, 2, 0).numpy())
+        image = _pil(obs.cameras[0][1].permute(1, 2, 0).numpy())
         action = CosmosActionCondition(mode="policy", chunk_size=self.chunk, domain_name=domain,
                                        resolution_tier=self.world.tier, image=image)
         from omni.models.cosmos3_packing import packed_request
 
-        state = packed_request(self.pipe, action, prompt_text(obs, self.default_prompt),
+        state = packed_request(self.pipe, action, prompt_text(obs.values, self.default_prompt),
                                self.world.bins[str(self.world.tier)],
                                common.generator(seed), self.device, FPS)
         vision_scheduler = copy.deepcopy(self.pipe.scheduler)

@@ -124,6 +124,15 @@ class LeRobotRelease:
         return [k for k, v in features.items() if (v or {}).get("type") == "VISUAL"]
 
     @property
+    def state_width(self) -> int | None:
+        """The robot's state width: the state feature's shape, else its statistics."""
+        feature = (self.config.get("input_features") or {}).get("observation.state") or {}
+        shape = feature.get("shape")
+        if isinstance(shape, list) and shape:
+            return int(shape[-1])
+        return self.state.width
+
+    @property
     def action_width(self) -> int | None:
         """The robot's action width: the action feature's shape, else its statistics."""
         feature = (self.config.get("output_features") or {}).get("action") or {}

@@ -3,7 +3,9 @@ for the policy engine (omni/engines/policy/engine.py).
 
 - Loading: a release in LeRobot's layout (lerobot_layout.py); transformers reads its
   config.json as a PI0Config and renames LeRobot's weight names itself.
-- Inputs, per observation (policy_inputs.py finds cameras, state and prompt): each camera
+- Inputs, per observation: the release declares its cameras and state width, and
+  policy_inputs.py reads them under the robot's keys (LIBERO, DROID, ALOHA or LeRobot's
+  own, or the stage's mapping), refusing whatever does not fit; each camera
   fitted and padded to the model's image size and normalised as PI0ImageProcessor does;
   the prompt + "\\n" tokenized with <bos>, cut and right-padded to the release's
   ``tokenizer_max_length`` (48) as LeRobot's tokenizer step does, after the image tokens
@@ -34,13 +36,8 @@ import torch
 from omni.arrays import pack_tree, unpack_tree
 from omni.engines.base import EngineLoadError, PolicyJob
 from omni.models.lerobot_layout import LeRobotRelease, read_release
-from omni.models.policy_inputs import (
-    cameras,
-    image_uint8,
-    prompt_text,
-    resize_pad,
-    state_vector,
-)
+from omni.models.policy_images import resize_pad
+from omni.models.policy_inputs import ObservationLayout, prompt_text
 
 log = logging.getLogger("omni.models.pi0")
 
@@ -48,14 +45,15 @@ PROMPT_CACHE = 64  # tokenized prompts kept per policy (robots repeat theirs eve
 
 
 class PI0Policy:
-    """options: cameras / state_keys (key paths, policy_inputs.py), default_prompt,
+    """options: observation_keys (a key style) or cameras / state_keys (the observation
+    keys of each declared camera and of the state; policy_inputs.py), default_prompt,
     tokenizer (a folder, when the release has no tokenizer/), steps (flow-matching steps;
     default the config's num_inference_steps), action_width (default: the release's),
     cuda_graphs (default: on CUDA), graph_batch_sizes (the step's batch buckets; the
     prefix pass takes those up to 8; default pi0_graphs.BATCH_SIZES)."""
 
-    OPTIONS = frozenset({"cameras", "state_keys", "default_prompt", "tokenizer", "steps",
-                         "action_width", "cuda_graphs", "graph_batch_sizes"})
+    OPTIONS = frozenset({"observation_keys", "cameras", "state_keys", "default_prompt",
+                         "tokenizer", "steps", "action_width", "cuda_graphs", "graph_batch_sizes"})
 
     def __init__(self, model: Any, tokenizer: Any, release: LeRobotRelease, device: str,
                  options: Mapping[str, Any]) -> None:
@@ -75,8 +73,8 @@ class PI0Policy:
         if not 1 <= self.action_width <= self.max_action_dim:
             raise EngineLoadError(f"action_width {self.action_width} must be 1.."
                                   f"{self.max_action_dim}")
-        self.camera_keys = list(options.get("cameras") or []) or None
-        self.state_keys = list(options.get("state_keys") or []) or None
+        self.layout = ObservationLayout.declare(release.cameras, release.state_width,
+                                                options)
         self.default_prompt = options.get("default_prompt")
         self.prompt_length = release.prompt_length
         self._prompts: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -87,17 +85,15 @@ class PI0Policy:
     # -- contract -----------------------------------------------------------------------
     def prepare(self, request_id: str, inputs: Mapping[str, Any], seed: int,
                 steps: int | None) -> PolicyJob:
-        obs = unpack_tree(inputs.get("observation"))
-        if not isinstance(obs, dict):
-            raise ValueError("the request needs an 'observation' dict")
-        frames = [resize_pad(image_uint8(name, value), self.image_size, device=self.device)
-                  for name, value in cameras(obs, self.camera_keys)]
-        ids, mask = self._prompt(prompt_text(obs, self.default_prompt), len(frames))
+        obs = self.layout.read(unpack_tree(inputs.get("observation")))
+        frames = [resize_pad(frame, self.image_size, device=self.device)
+                  for _, frame in obs.cameras]
+        ids, mask = self._prompt(prompt_text(obs.values, self.default_prompt), len(frames))
         noise = torch.randn(1, self.horizon, self.max_action_dim,
                             generator=torch.Generator().manual_seed(seed))
         inputs = {"pixel_values": torch.stack(frames)[None].to(self.dtype),
                   "input_ids": ids, "attention_mask": mask}
-        return PolicyJob(request_id, inputs, state=self._state(obs),
+        return PolicyJob(request_id, inputs, state=self._state(obs.state),
                          actions=noise.to(self.device, self.dtype),
                          steps=steps or self.steps, seed=seed, prefix_key=len(frames))
 
@@ -145,8 +141,8 @@ class PI0Policy:
 
     def info(self) -> dict[str, Any]:
         return {"policy": "pi0", "horizon": self.horizon, "action_width": self.action_width,
-                "state_width": self.release.state.width or self.max_state_dim,
-                "cameras": self.release.cameras, "image_size": self.image_size,
+                "state_width": self.layout.state_width, "cameras": list(self.layout.features),
+                "inputs": self.layout.describe(), "image_size": self.image_size,
                 "steps": self.steps, "prompt_tokens": self.prompt_length,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 **(self.graphs.info() if self.graphs else {"cuda_graphs": "off"})}
@@ -154,17 +150,8 @@ class PI0Policy:
     def warm(self) -> None:
         """One prefix pass and one step on a blank observation at load, so the first
         robot does not pay for first-call initialisation (about 1.5 s on the CPU)."""
-        blank = np.zeros((self.image_size, self.image_size, 3), np.uint8)
-        width = self.release.state.width or self.max_state_dim
-        n_cameras = max(1, len(self.release.cameras))
-        obs = {**{f"camera{i}": blank for i in range(n_cameras)},
-               "state": np.zeros(width, np.float32), "prompt": ""}
-        saved = self.camera_keys, self.state_keys
-        self.camera_keys = self.state_keys = None
-        try:
-            job = self.prepare("warm-up", {"observation": pack_tree(obs)}, 0, 1)
-        finally:
-            self.camera_keys, self.state_keys = saved
+        obs = {**self.layout.blank(self.image_size), "prompt": ""}
+        job = self.prepare("warm-up", {"observation": pack_tree(obs)}, 0, 1)
         graphs, self.graphs = self.graphs, None  # eager first: lazy initialisation
         self.prefix([job])
         self.velocity([job], job.actions, torch.ones(1, device=self.device))
@@ -217,11 +204,11 @@ class PI0Policy:
         mask = [1] * (images + len(text)) + [0] * pad
         return torch.tensor([ids]), torch.tensor([mask])
 
-    def _state(self, obs: Mapping[str, Any]) -> torch.Tensor:
-        state = torch.from_numpy(state_vector(obs, self.state_keys))
-        stats, n = self.release.state, state.shape[0]
+    def _state(self, vector: np.ndarray) -> torch.Tensor:
+        state, stats = torch.from_numpy(vector), self.release.state
+        n = state.shape[0]
         if stats.width is not None and n != stats.width:
-            raise ValueError(f"the state has {n} values; this policy's robot has "
+            raise ValueError(f"the state has {n} values; this policy's statistics have "
                              f"{stats.width}")
         if n > self.max_state_dim:
             raise ValueError(f"the state has {n} values; at most {self.max_state_dim}")

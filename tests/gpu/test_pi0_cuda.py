@@ -13,7 +13,7 @@ from omni.engines.base import EngineRequest, PolicyJob
 from omni.engines.policy.engine import PolicyEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_policy
-from omni.models.policy_inputs import image_uint8, resize_pad
+from omni.models.policy_images import image_uint8, resize_pad
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -45,8 +45,8 @@ def test_policy_engine_on_cuda_matches_sample_actions(tmp_path):
     for i in range(4):
         rng = np.random.default_rng(i)
         observations.append({
-            "a": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-            "b": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
             "observation/state": rng.standard_normal(8), "prompt": f"task {i}"})
         engine.add(EngineRequest(f"r{i}", {"observation": pack_tree(observations[-1])},
                                  {"seed": i}))
@@ -72,8 +72,8 @@ def test_policy_engine_on_cuda_matches_sample_actions(tmp_path):
 def observation(i: int) -> dict:
     rng = np.random.default_rng(i)
     prompts = ("pick up the red block", "open the top drawer and put the bowl inside", "wave")
-    return {"a": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-            "b": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+    return {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
             "observation/state": rng.standard_normal(8), "prompt": prompts[i % 3]}
 
 

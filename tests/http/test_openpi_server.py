@@ -87,17 +87,50 @@ def test_actions_in_lockstep_with_timing_and_reproducible_seeds(server):
     run(body())
 
 
-def test_bad_input_is_a_text_frame_and_the_robot_goes_on(server):
+def _without(key: str) -> dict:
+    obs = observation()
+    del obs[key]
+    return obs
+
+
+# each malformed observation, and the words its refusal must hold (naming the key)
+MALFORMED = [
+    ({"prompt": "no camera"}, "none of this policy's cameras"),
+    ({**observation(), "observation/image": "not an image"},
+     "camera 'observation/image' must be an image array"),
+    (_without("observation/wrist_image"), "no 'observation/wrist_image'"),
+    ({**observation(), "observation/wrist_image": np.zeros((224, 224), np.uint8)},
+     "camera 'observation/wrist_image' must be an image array"),
+    ({**observation(), "observation/image": np.full((8, 8, 3), 128.0)},
+     "camera 'observation/image' is a float frame with values 128..128"),
+    ({**observation(), "observation/state": np.zeros(3)},
+     "'observation/state' has 3 values; this policy's robot has 8"),
+    (_without("observation/state"), "no 'observation/state'"),
+    ({**observation(), "observation/left_image": np.zeros((224, 224, 3), np.uint8)},
+     "key 'observation/left_image' is not one this policy reads"),
+    (observation(seed="seven"), "'seed' must be an integer"),
+]
+
+
+def test_malformed_observations_are_refused_naming_the_key_and_the_robot_goes_on(server):
     async def body():
         async with server.session() as http:
-            ws, _ = await connect(http)
-            for bad in (b"\xc1 not msgpack", codec.packb([1, 2]),
-                        codec.packb({"prompt": "no camera"}),
-                        codec.packb(observation(seed="seven")),
-                        codec.packb({**observation(), "observation/state": np.zeros(3)})):
+            ws, meta = await connect(http)
+            libero = meta["inputs"]["key_styles"]["libero"]
+            assert libero["cameras"] == {
+                "observation/image": "observation.images.image",
+                "observation/wrist_image": "observation.images.wrist_image"}
+            assert meta["inputs"]["state_width"] == 8 and meta["state_dim"] == 8
+            for bad in (b"\xc1 not msgpack", codec.packb([1, 2])):
                 await ws.send_bytes(bad)
                 reply = await ws.receive(timeout=30)
                 assert reply.type == aiohttp.WSMsgType.TEXT and "bad observation" in reply.data
+            for obs, words in MALFORMED:
+                await ws.send_bytes(codec.packb(obs))
+                reply = await ws.receive(timeout=30)
+                assert reply.type == aiohttp.WSMsgType.TEXT, words
+                assert reply.data.startswith("bad observation: ") and words in reply.data, (
+                    words, reply.data)
             await ws.send_str("hello")
             reply = await ws.receive(timeout=30)
             assert reply.type == aiohttp.WSMsgType.TEXT and "binary" in reply.data

@@ -48,7 +48,7 @@ def reference(model_dir, image: np.ndarray, prompt: str, seed: int) -> torch.Ten
 def test_robots_share_calls_and_match_the_pipeline(policy, model_dir):
     engine = PolicyEngine(policy, {})
     for i in range(3):
-        obs = {"image": frame(i), "prompt": f"task {i}"}
+        obs = {"observation/image": frame(i), "prompt": f"task {i}"}
         engine.add(EngineRequest(f"r{i}", {"observation": pack_tree(obs)}, {"seed": i}))
     results = {}
     while engine.has_work():
@@ -66,10 +66,14 @@ def test_robots_share_calls_and_match_the_pipeline(policy, model_dir):
 def test_bad_observations_fail_alone(policy):
     engine = PolicyEngine(policy, {})
     engine.add(EngineRequest("good", {"observation": pack_tree(
-        {"image": frame(0), "prompt": "x"})}, {"seed": 1}))
+        {"observation/image": frame(0), "prompt": "x"})}, {"seed": 1}))
     engine.add(EngineRequest("domain", {"observation": pack_tree(
-        {"image": frame(0), "prompt": "x", "domain": "mars"})}, {"seed": 1}))
+        {"observation/image": frame(0), "prompt": "x", "domain": "mars"})}, {"seed": 1}))
     engine.add(EngineRequest("blind", {"observation": pack_tree({"prompt": "x"})}, {}))
+    engine.add(EngineRequest("broken", {"observation": pack_tree(
+        {"observation/image": "not an image", "prompt": "x"})}, {}))
+    engine.add(EngineRequest("stray", {"observation": pack_tree(
+        {"observation/image": frame(0), "prompt": "x", "gripper": [1.0]})}, {}))
     errors, done = {}, set()
     while engine.has_work():
         for out in engine.step():
@@ -78,4 +82,7 @@ def test_bad_observations_fail_alone(policy):
             else:
                 done.add(out.request_id)
     assert done == {"good"}
-    assert "unknown domain 'mars'" in errors["domain"] and "no image" in errors["blind"]
+    assert "unknown domain 'mars'" in errors["domain"]
+    assert "none of this policy's cameras" in errors["blind"]
+    assert "camera 'observation/image' must be an image array" in errors["broken"]
+    assert "key 'gripper' is not one this policy reads" in errors["stray"]

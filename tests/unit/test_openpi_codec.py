@@ -1,5 +1,6 @@
 """openpi's msgpack-numpy convention (protocols.md §7.3), the array wire form of request
-inputs, and the image preprocessing policies share."""
+inputs, and the image preprocessing policies share (reading cameras and state by key:
+test_policy_inputs.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from omni.api.openpi import codec
 from omni.arrays import pack_tree, unpack_tree
-from omni.models.policy_inputs import cameras, image_uint8, resize_pad, state_vector
+from omni.models.policy_images import image_uint8, resize_pad
 
 
 def test_arrays_and_scalars_round_trip_with_bin_marker_keys():
@@ -61,16 +62,3 @@ def test_images_in_any_layout_and_float_range():
     assert torch.equal(image_uint8("a", hwc.astype(np.float32) / 255), image_uint8("a", hwc))
     with pytest.raises(ValueError, match="colour channels"):
         image_uint8("a", np.zeros((8, 6, 4), np.uint8))
-
-
-def test_cameras_and_state_by_option_or_by_shape():
-    img = np.zeros((4, 4, 3), np.uint8)
-    obs = {"images": {"cam_high": img, "cam_low": img}, "state": np.zeros(3)}
-    assert [n for n, _ in cameras(obs, None)] == ["images.cam_high", "images.cam_low"]
-    assert [n for n, _ in cameras(obs, ["images.cam_low"])] == ["images.cam_low"]
-    with pytest.raises(ValueError, match="no camera 'images.wrist'"):
-        cameras(obs, ["images.wrist"])
-    droid = {"joint": np.arange(7.0), "gripper": np.array([0.5])}
-    assert state_vector(droid, ["joint", "gripper"]).tolist() == [0, 1, 2, 3, 4, 5, 6, 0.5]
-    with pytest.raises(ValueError, match="NaN"):
-        state_vector({"state": np.array([np.nan])}, None)

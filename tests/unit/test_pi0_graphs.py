@@ -32,8 +32,8 @@ def prepared(policy, n: int, offset: int = 0) -> list:
     jobs = []
     for i in range(offset, offset + n):
         rng = np.random.default_rng(i)
-        obs = {"a": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-               "b": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        obs = {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+               "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
                "observation/state": rng.standard_normal(8), "prompt": PROMPTS[i % 3]}
         jobs.append(policy.prepare(f"r{i}", {"observation": pack_tree(obs)}, i, None))
     return jobs

@@ -23,11 +23,12 @@ def policy(tmp_path_factory):
     return build_policy("pi0", str(model_dir), "cpu", "float32", {})
 
 
-def observation(i: int, cameras: int = 2) -> dict:
+def observation(i: int) -> dict:
+    """LIBERO's keys, as openpi's LIBERO client sends them."""
     rng = np.random.default_rng(i)
-    obs = {f"observation/cam{c}": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)
-           for c in range(cameras)}
-    return {**obs, "observation/state": rng.standard_normal(8).astype(np.float32),
+    return {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/state": rng.standard_normal(8).astype(np.float32),
             "prompt": PROMPTS[i % len(PROMPTS)]}
 
 
@@ -120,19 +121,33 @@ def test_the_seed_decides_the_noise(policy):
     assert results["a"]["seed"] == 5
 
 
+def _without(key: str) -> dict:
+    obs = observation(0)
+    del obs[key]
+    return obs
+
+
 @pytest.mark.parametrize("obs, message", [
-    ({"observation/state": np.zeros(8, np.float32), "prompt": "x"}, "no image"),
-    ({"img": np.zeros((224, 224, 4), np.uint8), "observation/state": np.zeros(8),
-      "prompt": "x"}, "no image"),
-    ({"img": np.zeros((224, 224, 3), np.uint8), "prompt": "x"}, "no state"),
-    ({"img": np.zeros((224, 224, 3), np.uint8), "observation/state": np.zeros(5),
-      "prompt": "x"}, "the state has 5 values"),
-    ({"img": np.zeros((224, 224, 3), np.uint8), "observation/state": np.zeros(8)},
-     "no 'prompt'"),
-    ({"img": np.zeros((5000, 3, 3), np.uint8), "observation/state": np.zeros(8),
-      "prompt": "x"}, "each side must be"),
-    ({"img": np.zeros((9, 9, 3), np.int64), "observation/state": np.zeros(8),
-      "prompt": "x"}, "no image"),
+    ({"observation/state": np.zeros(8, np.float32), "prompt": "x"},
+     "none of this policy's cameras"),
+    (_without("observation/wrist_image"), "no 'observation/wrist_image'"),
+    ({**observation(0), "observation/image": "not an image"},
+     "camera 'observation/image' must be an image array"),
+    ({**observation(0), "observation/image": np.zeros((224, 224, 4), np.uint8)},
+     "camera 'observation/image' has shape (224, 224, 4)"),
+    ({**observation(0), "observation/wrist_image": np.zeros((9, 9, 3), np.int64)},
+     "camera 'observation/wrist_image' has dtype int64"),
+    ({**observation(0), "observation/image": np.full((9, 9, 3), 200.0, np.float32)},
+     "camera 'observation/image' is a float frame with values 200..200"),
+    ({**observation(0), "observation/image": np.zeros((5000, 3, 3), np.uint8)},
+     "each side must be"),
+    (_without("observation/state"), "no 'observation/state'"),
+    ({**observation(0), "observation/state": np.zeros(5)},
+     "'observation/state' has 5 values; this policy's robot has 8"),
+    ({**observation(0), "observation/state": "eight"}, "'observation/state' must be a 1-D"),
+    ({**observation(0), "observation/extra_camera": np.zeros((224, 224, 3), np.uint8)},
+     "key 'observation/extra_camera' is not one this policy reads"),
+    (_without("prompt"), "no 'prompt'"),
 ])
 def test_a_bad_observation_fails_alone(policy, obs, message):
     engine = PolicyEngine(policy, {})
@@ -167,14 +182,33 @@ def test_abort_mid_chunk_frees_the_job(policy):
     assert policy._cache is None  # the batch's concatenated KV went with its robots
 
 
-def test_steps_and_camera_count_are_honoured(policy):
+def test_steps_are_honoured(policy):
     engine = PolicyEngine(policy, {})
-    engine.add(request("three", observation(0, cameras=3), seed=1, steps=4))
-    engine.add(request("one", observation(1, cameras=1), seed=1))
+    engine.add(request("four", observation(0), seed=1, steps=4))
+    engine.add(request("default", observation(1), seed=1))
     results, errors = drain(engine)
-    assert not errors and results["three"]["steps"] == 4
-    assert engine.stats()["prefix_calls"] == 2  # different prefixes: no shared pass
-    assert torch.isfinite(results["one"]["actions"]).all()
+    assert not errors and results["four"]["steps"] == 4 and results["default"]["steps"] == 10
+    assert torch.isfinite(results["default"]["actions"]).all()
+
+
+def test_every_key_style_reads_the_same_robot(policy):
+    """LIBERO's keys and LeRobot's own feature names feed the same cameras and state: the
+    same frames under either name give the same chunk."""
+    libero = observation(2)
+    lerobot = {"observation.images.image": libero["observation/image"],
+               "observation.images.wrist_image": libero["observation/wrist_image"],
+               "observation.state": libero["observation/state"], "prompt": libero["prompt"]}
+    swapped = {**libero, "observation/image": libero["observation/wrist_image"],
+               "observation/wrist_image": libero["observation/image"]}
+    engine = PolicyEngine(policy, {})
+    for rid, obs in (("libero", libero), ("lerobot", lerobot), ("swapped", swapped)):
+        engine.add(request(rid, obs, seed=9))
+    results, errors = drain(engine)
+    assert not errors
+    assert torch.equal(results["libero"]["actions"], results["lerobot"]["actions"])
+    # the cameras' order reaches the model (a little on this tiny one): a mix-up shows
+    swap = (results["libero"]["actions"] - results["swapped"]["actions"]).abs().max()
+    assert float(swap) > 1e-5
 
 
 def test_prompts_are_tokenized_once_per_prompt_and_camera_count(policy, monkeypatch):

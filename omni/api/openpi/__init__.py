@@ -126,6 +126,7 @@ class PolicyConnection:
         return {"model": self.model.id, "policy": info.get("policy"),
                 "action_horizon": info.get("horizon"), "action_dim": info.get("action_width"),
                 "state_dim": info.get("state_width"), "cameras": info.get("cameras", []),
+                "inputs": info.get("inputs"),
                 "image_size": info.get("image_size"), "num_steps": info.get("steps"),
                 "session_id": self.session.id}
 
