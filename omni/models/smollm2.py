@@ -16,6 +16,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,12 +72,25 @@ def ensure_smollm2(cache_dir: Path | None = None,
     started = time.monotonic()
 
     def build(tmp: Path) -> None:
-        _convert(source, tmp)
+        _convert_in_child(source, tmp)
         (tmp / MARKER).write_text(json.dumps(stamp) + "\n")
 
     build_once(target, is_complete, build)
     say(f"converted SmolLM2 in {time.monotonic() - started:.1f} s")
     return target
+
+
+def _convert_in_child(source: Path, out_dir: Path) -> None:
+    """Convert in a child process, so the server never imports transformers' model code:
+    that pulls in torch._dynamo and with it triton, whose bindings print hundreds of
+    "nanobind: leaked ..." lines when the process that imported them exits, and tqdm's
+    bars, which garble the log. The child's output is shown only if it fails."""
+    done = subprocess.run([sys.executable, "-m", "omni.models.smollm2", str(source),
+                           str(out_dir)], capture_output=True, text=True,
+                          env={**os.environ, "TQDM_DISABLE": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"converting SmolLM2 failed (exit {done.returncode}):\n"
+                           + (done.stderr or done.stdout)[-4000:])
 
 
 def _convert(source: Path, out_dir: Path) -> None:
@@ -93,3 +109,10 @@ def _convert(source: Path, out_dir: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+if __name__ == "__main__":  # the child of _convert_in_child: SOURCE OUT_DIR
+    _convert(Path(sys.argv[1]), Path(sys.argv[2]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: it is where triton's bindings report leaks

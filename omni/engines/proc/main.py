@@ -68,9 +68,23 @@ def _setup_logging(spec: EngineSpec) -> _TailHandler:
     return tail
 
 
+def _thread_lock_for_tqdm() -> None:
+    """tqdm takes a multiprocessing lock for its first bar, even a disabled one
+    (faster-whisper makes one per transcription). In a process forked from the fork server
+    that lock is a named semaphore registered with the resource tracker, and an engine ends
+    with os._exit, so the tracker reported it as leaked when the server stopped. Bars of
+    one engine are written by its own threads only: a thread lock is all they need."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def run_engine_process(spec: EngineSpec) -> None:
     """Process entry: connect, load the engine, say READY, serve until SHUTDOWN."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _thread_lock_for_tqdm()
     tail = _setup_logging(spec)
     if multiprocessing.parent_process() is not None:
         threading.Thread(target=_exit_with_parent, daemon=True, name="parent-watch").start()
