@@ -31,8 +31,10 @@ log = logging.getLogger("omni.runtime.aborts")
 class AbortFences:
     """Per aborted request: the replicas that have not answered its ABORT yet."""
 
-    def __init__(self, send: Callable[[Replica, bytes], Any]) -> None:
+    def __init__(self, send: Callable[[Replica, bytes], Any],
+                 on_freed: Callable[[str], None] = lambda engine_id: None) -> None:
         self._send = send  # sends unless the peer is gone (EngineSet.try_send)
+        self._on_freed = on_freed  # the front end's own payloads of it (request media)
         self._waiting: dict[str, tuple[set[str], list[Replica]]] = {}
 
     def __len__(self) -> int:
@@ -43,6 +45,8 @@ class AbortFences:
         sent = [r for r in replicas if r.alive and self._send(r, encode(Msg.ABORT, [engine_id]))]
         if sent:
             self._waiting[engine_id] = ({r.replica_id for r in sent}, sent)
+        else:  # nothing runs it any more (a request that ended well comes here too)
+            self._on_freed(engine_id)
 
     def answered(self, replica: Replica, engine_ids: Any) -> None:
         """A replica's ABORT answer (stats["aborted"] of an OUTPUTS)."""
@@ -70,3 +74,4 @@ class AbortFences:
         for replica in replicas:
             if replica.alive:
                 self._send(replica, encode(Msg.FREE, [engine_id]))
+        self._on_freed(engine_id)

@@ -80,6 +80,7 @@ class EngineGroup(Teardown):
         self.control: ControlRouter | None = None
         # replicas on other hosts: CURVE keys, Ray, a tcp:// router (omni/runtime/placement.py)
         self.remote = RemoteReplicas(pipeline) if pipeline.remote else None
+        self.largest_sent: dict[str, int] = {}  # stage -> bytes of its largest message
         self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
         self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
@@ -182,6 +183,10 @@ class EngineGroup(Teardown):
             self._router(replica).send(replica.identity, message)
         except PeerUnreachableError as exc:
             raise ReplicaUnreachableError(f"replica {replica.replica_id}: {exc}") from exc
+        # the largest control message each stage got: payloads ride the payload plane,
+        # so this stays small (tests/http/test_control_message_sizes.py)
+        if len(message) > self.largest_sent.get(replica.stage, 0):
+            self.largest_sent[replica.stage] = len(message)
         return len(message)
 
     def _router(self, replica: Replica) -> ControlRouter:

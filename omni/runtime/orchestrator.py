@@ -37,6 +37,7 @@ from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
 from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeline_samples
 from omni.runtime.pool import NoReplicaError, Replica
+from omni.runtime.request_media import RequestMedia
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
 from omni.runtime.sessions import session_stages, stage_params
@@ -71,7 +72,10 @@ class Orchestrator:
         self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
-        self.fences = AbortFences(self.engines.try_send)  # aborts' FREE (runtime/aborts.py)
+        self.media = RequestMedia(f"{self.engines.arena_prefix}-media",  # request media
+                                  {s.name for s in pipeline.stages if not s.placement.remote})
+        self.fences = AbortFences(self.engines.try_send,  # aborts' FREE (runtime/aborts.py)
+                                  on_freed=self.media.free)
         self._session_stages = session_stages(pipeline)  # stages keeping session state
         self.on_session_bytes: Callable[[Replica, dict], None] | None = None
         self.on_replica_death: Callable[[Replica], None] | None = None
@@ -133,7 +137,10 @@ class Orchestrator:
         try:
             params = stage_params(self._default_params[stage], state, stage,
                                   self._session_stages)
+            inputs = self.media.for_stage(stage, state.engine_id, inputs)
             message = encode(Msg.ADD, state.engine_id, inputs, params, time.monotonic())
+        except AdmissionError as exc:  # the request media buffer is full
+            return self._finish(state, exc)
         except (TypeError, ValueError, OverflowError) as exc:
             self._finish(state, InvalidInputError(f"inputs for stage '{stage}' cannot be "
                                                   f"encoded: {exc}"))
@@ -299,7 +306,8 @@ class Orchestrator:
             if stage in state.done or state.finished:
                 continue
             try:
-                self._send_append(state, stage, [CLIENT, state.seq[CLIENT, stage], data, last])
+                self._send_append(state, stage, [CLIENT, state.seq[CLIENT, stage], self.media
+                                                 .for_stage(stage, state.engine_id, data), last])
             except (TypeError, ValueError, OverflowError) as exc:  # the first: none got it
                 raise InvalidInputError(f"stream input cannot be encoded: {exc}") from None
             state.seq[CLIENT, stage] += 1
@@ -394,3 +402,4 @@ class Orchestrator:
         for request_id in list(self.requests):
             self.abort(request_id, "server shut down before the request finished")
         await self.engines.stop()
+        self.media.close()
