@@ -5,6 +5,10 @@ replaced, binary garbage, media bombs); the server answers each in its own error
 connection still answers, a second connection works normally and /health is 200.
 (/v1/duplex adds binary pcm16 frames to the realtime parser: those are fuzzed in
 tests/unit/test_fuzz_ws_parsers.py; its voice pipeline is too heavy for this file.)
+
+The examples differ from run to run: the seed is OMNI_FUZZ_SEED when set, else a random
+one; every test prints it (shown with a failure) and its failure messages carry it, so
+``OMNI_FUZZ_SEED=<seed> pytest tests/http/test_fuzz_sockets.py`` repeats a failing run.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import random
 import textwrap
 
 import aiohttp
@@ -21,7 +27,7 @@ import numpy as np
 import pytest
 from httputil import ServerSettings
 from httputil import run as run_unbounded
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from omni.api.openpi import codec
@@ -30,10 +36,56 @@ from omni.fixtures.media_bombs import png_declaring
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.media.image import encode_image
 
-LIVE = settings(max_examples=3, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ_SEED = int(os.environ.get("OMNI_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+LIVE_SETTINGS = settings(max_examples=3, deadline=None, database=None,
+                         suppress_health_check=[HealthCheck.too_slow,
+                                                HealthCheck.function_scoped_fixture])
 TIMEOUT_S = 60
+# where a handler failure is logged: the app's error middleware and handlers (omni.api,
+# omni.api.realtime, ...) and aiohttp's own server loggers ("Error handling request")
+HANDLER_LOGGERS = ("omni.api", "aiohttp")
+
+
+def LIVE(test):  # noqa: N802 - a decorator, named like hypothesis's settings objects
+    """Hypothesis settings for the live servers, seeded with FUZZ_SEED."""
+    return seed(FUZZ_SEED)(LIVE_SETTINGS(test))
+
+
+@pytest.fixture(autouse=True)
+def fuzz_seed():
+    print(f"OMNI_FUZZ_SEED={FUZZ_SEED} (set it to repeat these examples)")
+    return FUZZ_SEED
+
+
+class _ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def take(self) -> list[str]:
+        taken, self.records = self.records, []
+        return [f"{r.name}: {r.getMessage()}"
+                + (f"\n{logging.Formatter().formatException(r.exc_info)}" if r.exc_info
+                   else "") for r in taken]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def handler_errors():
+    """ERROR records of the server's handlers, for the whole module: a failure logged
+    after one example's check (a handler ending after its client left) is still seen by
+    the next check or, for the last example, at teardown."""
+    handler = _ErrorRecords()
+    loggers = [logging.getLogger(name) for name in HANDLER_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler
+    for logger in loggers:
+        logger.removeHandler(handler)
+    failed = handler.take()
+    assert failed == [], f"handler failures (OMNI_FUZZ_SEED={FUZZ_SEED}): {failed}"
 
 
 def run(coro) -> None:
@@ -78,10 +130,9 @@ def _frames(events) -> st.SearchStrategy:
                     | st.just("[" * 20_000), min_size=3, max_size=12)
 
 
-def _no_handler_failures(caplog) -> None:
-    failed = [r.getMessage() for r in caplog.records
-              if r.levelno >= logging.ERROR and r.name.startswith("aiohttp")]
-    assert failed == []
+def _no_handler_failures(handler_errors: _ErrorRecords) -> None:
+    failed = handler_errors.take()
+    assert failed == [], f"handler failures (OMNI_FUZZ_SEED={FUZZ_SEED}): {failed}"
 
 
 async def _send(ws, frame) -> None:
@@ -145,8 +196,7 @@ async def _realtime_events_until(ws, kind: str) -> list[dict]:
 
 @LIVE
 @given(frames=_frames(st.one_of([mutated(e) for e in REALTIME_EVENTS])))
-def test_realtime_survives_generated_bad_events(realtime_server, caplog, frames):
-    caplog.clear()
+def test_realtime_survives_generated_bad_events(realtime_server, handler_errors, frames):
 
     async def body():
         async with realtime_server.session() as http:
@@ -166,7 +216,7 @@ def test_realtime_survives_generated_bad_events(realtime_server, caplog, frames)
                 assert done["response"]["status"] == "completed", done
             await _health(http)
     run(body())
-    _no_handler_failures(caplog)
+    _no_handler_failures(handler_errors)
 
 
 # -- OpenPI ------------------------------------------------------------------------------
@@ -228,8 +278,7 @@ async def _actions(ws) -> dict:
 
 @LIVE
 @given(frames=openpi_frames)
-def test_openpi_survives_generated_bad_frames(openpi_server, caplog, frames):
-    caplog.clear()
+def test_openpi_survives_generated_bad_frames(openpi_server, handler_errors, frames):
 
     async def body():
         async with openpi_server.session() as http:
@@ -246,7 +295,7 @@ def test_openpi_survives_generated_bad_frames(openpi_server, caplog, frames):
             await ws.close()
             await _health(http)
     run(body())
-    _no_handler_failures(caplog)
+    _no_handler_failures(handler_errors)
 
 
 # -- /v1/world ---------------------------------------------------------------------------
@@ -297,8 +346,7 @@ async def _world_until(ws, kind: str | None) -> list[dict]:
 @LIVE
 @given(frames=_frames(st.one_of([mutated(e) for e in WORLD_EVENTS])
                       | st.sampled_from([{**OPEN, "image": BOMB}, {"type": "reset"}])))
-def test_world_survives_generated_bad_events(world_server, caplog, frames):
-    caplog.clear()
+def test_world_survives_generated_bad_events(world_server, handler_errors, frames):
 
     async def body():
         async with world_server.session() as http:
@@ -321,4 +369,4 @@ def test_world_survives_generated_bad_events(world_server, caplog, frames):
                 await _world_until(ws, "chunk")
             await _health(http)
     run(body())
-    _no_handler_failures(caplog)
+    _no_handler_failures(handler_errors)

@@ -1,7 +1,10 @@
 """Media bombs at the endpoints that take uploads (omni/fixtures/media_bombs.py): a PNG
 declaring 60000x60000, audio declaring hours (a WAV's data size, a FLAC's sample count),
-a truncated MP4. Each is a 400 naming the limit, refused by its header before anything
-decodes it: the server (in this process) keeps its peak memory, and keeps serving.
+a truncated MP4, and a real FLAC holding twenty minutes of silence in ~180 KB (which an
+unbounded decoder turns into 75-150 MB of samples). Each is a 400 naming the limit,
+refused by its header before anything decodes it: what the request costs the server is
+measured on its own (this process's peak RSS, reset just before the request: the server
+runs in it), so a decoder that materialises the bomb fails; and the server keeps serving.
 
 Chat media on the tiny Qwen3-Omni thinker (it takes image, audio and video parts)."""
 
@@ -18,7 +21,10 @@ from omni.fixtures.media_bombs import flac_declaring, png_declaring, truncated_m
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.media.image import MAX_IMAGE_PIXELS, encode_image
 
-PEAK_SLACK_KB = 300 * 1024  # generous; a decoded 60000x60000 RGB image is 10 GB
+# what refusing one bomb may cost the server: parsing the request, reading a header (about
+# 1 MB here). An unbounded decode of the FLAC below holds 1200 s x 16 kHz float32 samples
+# (75 MB) in pieces, then again concatenated; a decoded 60000x60000 RGB image is 10 GB
+PEAK_SLACK_KB = 16 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +39,32 @@ def server(start_server, tmp_path_factory):
     return start_server({"omni": pipeline}, ServerSettings(drain_timeout_s=2.0))
 
 
-def _peak_kb() -> int:
-    """This process's peak resident memory: the server runs in it (tests/http/httputil)."""
+def _status_kb(field: str) -> int:
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _reset_peak_kb() -> int:
+    """Start this process's peak-RSS count over (Linux: "5" into /proc/self/clear_refs sets
+    VmHWM to the current RSS); the RSS it starts from. The server runs in this process
+    (tests/http/httputil), so the peak after a request minus this is what it cost,
+    whatever ran before it."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    assert _status_kb("VmHWM") <= _status_kb("VmRSS") + 1024, "the peak did not reset"
+    return _status_kb("VmRSS")
+
+
+def silent_flac(seconds: float, rate: int = 24_000) -> bytes:
+    """A real FLAC that holds ``seconds`` of silence and says so (a compression bomb:
+    ~180 KB for twenty minutes), unlike flac_declaring's lying header."""
+    from omni.media.audio import AudioEncoder
+
+    encoder = AudioEncoder("flac", rate, streaming=False)
+    minute = np.zeros(60 * rate, np.float32)
+    whole, rest = divmod(int(seconds * rate), len(minute))
+    data = b"".join(encoder.encode(minute) for _ in range(whole))
+    return data + encoder.encode(minute[:rest]) + encoder.finish()
 
 
 def _data_url(mime: str, data: bytes) -> str:
@@ -61,6 +89,9 @@ BOMBS = {
         "declares 18000 s; at most 300 s"),
     "mp4-truncated": ({"type": "video_url", "video_url": {
         "url": _data_url("video/mp4", truncated_mp4())}}, "no video stream"),
+    "flac-1200s-silence": ({"type": "input_audio", "input_audio": {
+        "data": base64.b64encode(silent_flac(1200)).decode(), "format": "flac"}},
+        "declares 1200 s; at most 300 s"),
 }
 
 
@@ -70,13 +101,17 @@ def test_a_chat_media_bomb_is_a_400_naming_the_limit(server, name):
 
     async def body():
         async with server.session() as http:
-            before = _peak_kb()
+            start = _reset_peak_kb()
             async with http.post("/v1/chat/completions", json=_chat(part)) as resp:
-                error = (await resp.json())["error"]
-                assert resp.status == 400, error
+                body = await resp.json()
+            cost = _status_kb("VmHWM") - start
+            assert cost < PEAK_SLACK_KB, (
+                f"refusing {name} raised the server's peak RSS by {cost // 1024} MB (at most "
+                f"{PEAK_SLACK_KB // 1024} MB): something decoded it ({body})")
+            assert resp.status == 400, body
+            error = body["error"]
             assert expected in error["message"], error
             assert error["param"] == "messages[0].content[1]"
-            assert _peak_kb() - before < PEAK_SLACK_KB
             honest = {"type": "image_url", "image_url": {"url": _data_url(
                 "image/png", encode_image(np.zeros((16, 16, 3), np.uint8)))}}
             async with http.post("/v1/chat/completions", json=_chat(honest)) as resp:

@@ -233,7 +233,8 @@ def test_load_failure_fails_start_with_its_message_and_leaves_nothing():
         await wait_until(lambda: "slowpoke" in group.pools, 3.0, "start() to spawn replicas")
         loader = group.pools["loader"].replicas[0]
         # Hold the failing stage until its siblings are ready, so the failure is the
-        # only thing this test measures (see the xfail test below for the other order).
+        # only thing this test measures (the other order, a failure while a sibling is
+        # still loading: test_load_failure_is_fast_while_a_sibling_is_still_loading).
         os.kill(loader.process.pid, signal.SIGSTOP)
         await asyncio.gather(*(r.ready for r in group.pools["slowpoke"].replicas))
         os.kill(loader.process.pid, signal.SIGCONT)

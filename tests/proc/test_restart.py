@@ -52,22 +52,47 @@ def test_crash_inside_a_request_restarts_too():
     run(body(), timeout_s=20)
 
 
-@pytest.mark.parametrize("stable_s, streak", [(0.2, 1), (60.0, 2)])
-def test_backoff_starts_over_after_a_replica_stayed_up(stable_s, streak, monkeypatch):
+class _DelayRecorder:
+    """Stands in for the engine group's event loop: records the delay of every scheduled
+    restart (the delay the launcher actually uses), delegates everything else."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self.restart_delays: list[float] = []
+
+    def call_later(self, delay, callback, *args, **kwargs):
+        if getattr(callback, "__name__", "") == "_restart":
+            self.restart_delays.append(delay)
+        return self._loop.call_later(delay, callback, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._loop, name)
+
+
+@pytest.mark.parametrize("stable_s, delays, streak", [(0.2, [0.0, 0.0], 1),
+                                                      (60.0, [0.0, 1.0], 2)])
+def test_backoff_starts_over_after_a_replica_stayed_up(stable_s, delays, streak, monkeypatch):
     """The restart delay follows the crash streak, not the lifetime count: a replica that
-    stayed up STABLE_UP_S before dying again restarts at once (streak back to 1)."""
+    stayed up STABLE_UP_S before dying again restarts at once (streak back to 1), one that
+    did not waits the next backoff step. Checks the delay the launcher schedules."""
     from omni.runtime import launcher
 
     monkeypatch.setattr(launcher, "STABLE_UP_S", stable_s)
+    assert launcher.RESTART_BACKOFF_S[:2] == (0.0, 1.0)
 
     async def body():
         async with serving(restarting_pipeline()) as omni:
-            replica = omni.orchestrator.engines.replicas["s/0"]
+            engines = omni.orchestrator.engines
+            recorder = engines.loop = _DelayRecorder(engines.loop)
+            replica = engines.replicas["s/0"]
             for _ in range(2):
                 old_pid = replica.process.pid
                 os.kill(old_pid, signal.SIGKILL)
                 await wait_until(lambda old=old_pid: omni.health()["healthy"]
                                  and replica.process.pid != old, 8.0, "a restart")
                 await asyncio.sleep(0.4)  # up longer than 0.2 s, shorter than 60 s
+            assert recorder.restart_delays == delays, (
+                f"restart delays {recorder.restart_delays}, expected {delays} "
+                f"(STABLE_UP_S={stable_s})")
             assert replica.restarts == 2 and replica.crash_streak == streak
     run(body(), timeout_s=30)

@@ -14,7 +14,7 @@ import json
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from omni.api.openpi import codec, parse_observation
@@ -154,16 +154,23 @@ def test_item_create_builds_an_item_or_raises_value_error(content):
 
 @FUZZ
 @given(st.lists(json_values, max_size=6))
+@example(["item_x", None, 0, "", ["a"], {"a": "a"}, "A"])
 def test_item_ids_that_name_nothing_raise_key_error(ids):
     items = Items()
     items.add(Item("a", "user", [{"type": "input_text", "text": "x"}]))
+    items.add(Item("z", "assistant", [{"type": "output_text", "text": "y"}]))
     for item_id in ids:
-        for operation in (items.get, items.delete,
-                          lambda i: items.add(Item("b", "user", []), i)):
-            try:
+        held = [item.id for item in items.order]
+        if item_id in held:  # a generated "a" or "z" names an item
+            continue
+        operations = [items.get, items.delete]
+        if item_id is not None:  # add(item, None) appends: None names the end, not an item
+            operations.append(lambda i: items.add(Item("b", "user", []), i))
+        for operation in operations:
+            with pytest.raises(KeyError):
                 operation(item_id)
-            except KeyError:
-                pass
+            assert [item.id for item in items.order] == held  # nothing got, moved or added
+    assert items.get("a").id == "a" and items.get("z").id == "z"  # real ids still name theirs
 
 
 @FUZZ

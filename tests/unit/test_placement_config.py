@@ -95,20 +95,27 @@ def test_control_keys_only_for_the_remote_stage_and_payload_keys_only_when_encry
 
 
 def test_ray_is_not_imported_without_remote_stages():
-    """Local pipelines keep working exactly as before: nothing imports Ray for them."""
+    """Local pipelines keep working exactly as before: nothing imports Ray for them, from
+    importing the server to starting the pipeline's engines and serving a request."""
     import subprocess
     import sys
 
-    code = ("import sys, asyncio\n"
+    code = ("import asyncio, sys\n"
+            "import omni.server\n"
+            "from omni.config.presets import load_pipeline\n"
             "from omni.runtime.async_omni import AsyncOmni\n"
-            "from omni.server import main\n"
-            "from omni.config.pipeline import parse_pipeline\n"
-            "AsyncOmni(parse_pipeline({'name': 'p', 'stages': [{'name': 's', 'engine': 'echo',"
-            " 'final_output': 'text'}]}))\n"
-            "assert 'ray' not in sys.modules, 'ray was imported'\n")
+            "async def main():\n"
+            "    async with AsyncOmni(load_pipeline('echo')) as omni:\n"
+            "        outputs = [o async for o in omni.generate({'prompt': 'hi'})]\n"
+            "        assert outputs and outputs[-1].finished, outputs\n"
+            "        assert 'ray' not in sys.modules, 'ray was imported'\n"
+            "    assert 'ray' not in sys.modules, 'ray was imported'\n"
+            "    print('served without ray')\n"
+            "asyncio.run(main())\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "served without ray" in done.stdout, (done.stdout, done.stderr[-2000:])
 
 
 def test_an_engine_device_names_the_gpu_its_payloads_land_on():

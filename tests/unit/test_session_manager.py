@@ -59,9 +59,22 @@ def test_idle_lease_reaps_unused_sessions_but_not_busy_ones():
 
 def test_a_full_pipeline_reaps_expired_sessions_before_refusing():
     m, clock, _ = manager(max_sessions=1, idle_ttl_s=5)
-    m.open("conversation")
-    clock.now += 5
-    m.open("conversation")  # the first expired: its place is free
+    first = m.open("conversation")
+    ended = []
+    first.on_end.append(lambda s, reason: ended.append((s.id, reason)))
+    clock.now += 4
+    with pytest.raises(SessionCapacityError, match="maximum of 1"):
+        m.open("conversation")  # not expired yet: refused, and the first is kept
+    assert ended == [] and m.get(first.id) is first
+    clock.now += 1
+    try:
+        second = m.open("conversation")  # the first expired: its place is free
+    except SessionCapacityError as exc:
+        pytest.fail(f"refused although the only session's lease had run out: {exc}")
+    assert ended == [(first.id, "idle for 5 s")] and first.closed == "idle for 5 s"
+    assert list(m.sessions) == [second.id] and second.id != first.id and len(m) == 1
+    with pytest.raises(SessionNotFoundError):
+        m.get(first.id)
 
 
 def test_lru_eviction_under_a_byte_budget_keeps_sessions_open():
