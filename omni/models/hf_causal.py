@@ -222,8 +222,9 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
 
 
 def cache_keyword(forward: Any) -> str:
-    """The forward() keyword (and output field) of the KV cache: "cache" in newer
-    transformers (5.24), "past_key_values" before (5.17, the H200 box's)."""
+    """The forward() keyword (and output field) of the KV cache: "cache" from transformers
+    5.24 on, "past_key_values" before (5.23, setup.cfg's floor; the H200 box's image has
+    5.17, below it: GPU runs carry a newer transformers wheel)."""
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 

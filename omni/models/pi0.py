@@ -35,6 +35,7 @@ import torch
 
 from omni.arrays import pack_tree, unpack_tree
 from omni.engines.base import EngineLoadError, PolicyJob
+from omni.models.hf_causal import cache_keyword
 from omni.models.lerobot_layout import LeRobotRelease, read_release
 from omni.models.policy_images import resize_pad
 from omni.models.policy_inputs import ObservationLayout, prompt_text
@@ -80,6 +81,9 @@ class PI0Policy:
         self._prompts: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._cache_ids: tuple[str, ...] = ()
         self._cache: Any = None
+        # the KV cache's forward() keyword and output field: "cache" from transformers
+        # 5.24 on, "past_key_values" before (5.23 is setup.cfg's floor)
+        self.cache_kwarg = cache_keyword(model.forward)
         self.graphs = self._graphs(options)
 
     # -- contract -----------------------------------------------------------------------
@@ -115,9 +119,10 @@ class PI0Policy:
         ids = torch.cat([j.inputs["input_ids"] for j in jobs])
         cameras_mask = torch.ones(pixels.shape[:2], dtype=torch.bool, device=self.device)
         embeds = self.model.model.embed_prefix(ids, pixels, cameras_mask)
-        cache = self.model.model.vlm(
+        out = self.model.model.vlm(
             inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
-            token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True).cache
+            token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True)
+        cache = getattr(out, self.cache_kwarg)
         return [(layer.keys, layer.values) for layer in cache.layers]
 
     @torch.no_grad()
@@ -129,7 +134,7 @@ class PI0Policy:
         mask = torch.cat([j.prefix["mask"] for j in jobs])
         out = self.model(state=torch.cat([j.state for j in jobs]), noise=actions,
                          timestep=timesteps, attention_mask=mask,
-                         cache=self._batch_cache(jobs, mask.shape[1]))
+                         **{self.cache_kwarg: self._batch_cache(jobs, mask.shape[1])})
         return out.logits
 
     def finish(self, job: PolicyJob) -> dict[str, Any]:

@@ -32,8 +32,13 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
 from omni.engines.base import PolicyJob
+from omni.models.hf_causal import cache_keyword
 
 log = logging.getLogger("omni.models.pi0")
+
+# the KV cache's keyword to the mask builder and the models: "cache" from transformers 5.24
+# on, "past_key_values" before (setup.cfg's floor is older)
+CACHE_KWARG = cache_keyword(create_causal_mask)
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the policy engine's max_batch is 32
 PREFIX_MAX_BATCH = 8  # the engine admits 8 observations per step by default; more: eager
@@ -159,8 +164,8 @@ class StepGraphs(_Graphs):
         mask4d = create_causal_mask(
             config=config, attention_mask=mask, block_sequence_ids=blocks[None].repeat(n, 1),
             inputs_embeds=self.actions.new_empty(n, suffix, config.hidden_size),
-            cache=Cache(layers=[SlotLayer(k[:n], v[:n], self.prefix_len)
-                                for k, v in self.kv]))
+            **{CACHE_KWARG: Cache(layers=[SlotLayer(k[:n], v[:n], self.prefix_len)
+                                          for k, v in self.kv])})
         if not isinstance(mask4d, torch.Tensor) or mask4d.ndim != 4:
             raise RuntimeError(f"the expert's mask came back as {type(mask4d).__name__}")
         return mask4d, (mask.cumsum(1) - 1)[:, -suffix:]
@@ -197,7 +202,8 @@ class StepGraphs(_Graphs):
         cache = Cache(layers=[SlotLayer(k[:b], v[:b], self.prefix_len) for k, v in self.kv])
         embeds = m.embed_action_time(self.state[:b], self.actions[:b], self.t[:b])
         hidden = m.model.dit(inputs_embeds=embeds, attention_mask=self.mask[:b],
-                             position_ids=self.pos[:b], cache=cache).last_hidden_state
+                             position_ids=self.pos[:b], **{CACHE_KWARG: cache}
+                             ).last_hidden_state
         return m.action_out_proj(hidden[:, -self.horizon:])
 
 
@@ -226,7 +232,8 @@ class PrefixGraphs(_Graphs):
         them (the whole prefix one bidirectional block)."""
         pos = mask.cumsum(-1) - 1
         mask4d = create_causal_mask(
-            config=self.text_config, attention_mask=mask, cache=None, position_ids=pos,
+            config=self.text_config, attention_mask=mask, **{CACHE_KWARG: None},
+            position_ids=pos,
             inputs_embeds=self.pixels.new_empty(*mask.shape, self.text_config.hidden_size),
             block_sequence_ids=torch.zeros_like(mask))
         if not isinstance(mask4d, torch.Tensor) or mask4d.ndim != 4:
@@ -251,7 +258,7 @@ class PrefixGraphs(_Graphs):
                                                self.cameras[:b])
         self.model.model.vlm.language_model(
             inputs_embeds=embeds, attention_mask=self.mask[:b], position_ids=self.pos[:b],
-            cache=cache, use_cache=True)
+            **{CACHE_KWARG: cache}, use_cache=True)
         return [(layer.keys, layer.values) for layer in cache.layers]
 
 

@@ -31,7 +31,7 @@ def test_a_converted_directory_is_reused_and_a_stale_one_is_not(monkeypatch, tmp
         converted.append(src)
         (out_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr(smollm2, "_convert", convert)
+    monkeypatch.setattr(smollm2, "_convert_in_child", convert)
     cache = tmp_path / "cache"
     first = smollm2.ensure_smollm2(cache)
     assert first == cache / smollm2.NAME and (first / "config.json").is_file()
@@ -41,3 +41,17 @@ def test_a_converted_directory_is_reused_and_a_stale_one_is_not(monkeypatch, tmp
     source.write_bytes(b"GGUF" + b"\0" * 80)  # another release of the wheel: convert again
     assert smollm2.ensure_smollm2(cache) == first and len(converted) == 2
     assert [p.name for p in cache.iterdir()] == [smollm2.NAME]  # no temp dir left
+
+
+def test_a_failed_conversion_says_what_the_child_printed(monkeypatch, tmp_path):
+    """The conversion runs in a child process (the server must not import transformers'
+    model code); when it fails, its output is the error, and nothing is left behind."""
+    source = tmp_path / "wheel" / smollm2.GGUF_FILE
+    source.parent.mkdir()
+    source.write_bytes(b"not a gguf file")
+    monkeypatch.setattr(smollm2, "gguf_path", lambda: source)
+    cache = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="converting SmolLM2 failed") as err:
+        smollm2.ensure_smollm2(cache)
+    assert "Traceback" in str(err.value)
+    assert not (cache / smollm2.NAME).exists()
