@@ -69,8 +69,10 @@ class _Arena:
             _OWNED.discard(self.name)
             try:
                 self.shm.unlink()  # also unregisters from the resource tracker
-            except FileNotFoundError:  # removed by cleanup_stale() already
-                pass
+            except FileNotFoundError:
+                # Unlinked by a sweep first (the launcher's unlink_arenas at stop): the
+                # tracker still holds the name and would warn of a leak at exit.
+                _forget_in_tracker(self.name)
         _close_mapping(self.shm)
 
 
