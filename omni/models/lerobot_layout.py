@@ -20,40 +20,48 @@ import torch
 
 from omni.engines.base import EngineLoadError
 
-EPS = 1e-8
+EPS = 1e-8  # LeRobot's default; a step's config may name its own ("eps")
+# the statistics each mode reads: MEAN_STD's, then the bounds mapped to [-1, 1]
+NEEDS = {"MEAN_STD": ("mean", "std"), "QUANTILES": ("q01", "q99"), "MIN_MAX": ("min", "max")}
 
 
 @dataclass
 class Normalizer:
-    """One feature's statistics and mode (LeRobot's normalize / unnormalize)."""
+    """One feature's statistics and mode: LeRobot 0.4.4's NormalizerProcessorStep /
+    UnnormalizerProcessorStep arithmetic (normalize_processor._apply_transform)."""
 
     mode: str
     stats: dict[str, torch.Tensor]
+    eps: float = EPS
 
     @property
     def width(self) -> int | None:
-        for t in self.stats.values():
-            return int(t.shape[-1])
-        return None
+        """The feature's width, from the mode's own statistics: LeRobot also stores
+        ``count`` (shape (1,)) beside them."""
+        if self.mode not in NEEDS:
+            return None
+        return int(self.stats[NEEDS[self.mode][0]].shape[-1])
 
     def _bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        lo, hi = ("q01", "q99") if self.mode == "QUANTILES" else ("min", "max")
-        return self.stats[lo], self.stats[hi]
+        lo, hi = (self.stats[k] for k in NEEDS[self.mode])
+        span = hi - lo
+        # LeRobot substitutes eps only where the bounds coincide
+        return lo, torch.where(span == 0, torch.full_like(span, self.eps), span)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "MEAN_STD":
-            return (x - self.stats["mean"]) / (self.stats["std"] + EPS)
+            return (x - self.stats["mean"]) / (self.stats["std"] + self.eps)
         if self.mode in ("QUANTILES", "MIN_MAX"):
-            lo, hi = self._bounds()
-            return 2 * (x - lo) / (hi - lo + EPS) - 1
+            lo, span = self._bounds()
+            return 2 * (x - lo) / span - 1
         return x
 
     def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "MEAN_STD":
-            return x * (self.stats["std"] + EPS) + self.stats["mean"]
+            return x * self.stats["std"] + self.stats["mean"]  # no eps here, as LeRobot
         if self.mode in ("QUANTILES", "MIN_MAX"):
-            lo, hi = self._bounds()
-            return (x + 1) / 2 * (hi - lo + EPS) + lo
+            lo, span = self._bounds()
+            return (x + 1) / 2 * span + lo
         return x
 
 
@@ -78,34 +86,51 @@ def _steps(model_dir: Path, name: str) -> list[dict[str, Any]]:
         raise EngineLoadError(f"{path}: unreadable ({e})") from e
 
 
+def _mode(step_config: dict[str, Any], feature: str, kind: str,
+          config: dict[str, Any]) -> str:
+    """The mode LeRobot applies to ``feature``: its step normalises only the observation
+    features its ``features`` lists, by their declared type (the action always, as
+    ACTION); a step without ``features`` (not LeRobot's format) goes by ``kind``."""
+    norm_map = step_config.get("norm_map") or config.get("normalization_mapping") or {}
+    features = step_config.get("features")
+    if features is not None and kind != "ACTION":
+        if feature not in features:
+            return "IDENTITY"
+        kind = str((features[feature] or {}).get("type", kind))
+    return str(norm_map.get(kind, "IDENTITY")).upper()
+
+
 def _normalizer(model_dir: Path, processor: str, feature: str, kind: str,
                 config: dict[str, Any]) -> Normalizer:
     """The statistics of ``feature`` (e.g. "observation.state") from the processor's
-    normalizer step; IDENTITY when the release ships none."""
+    normalizer step; IDENTITY when the release ships none for it (as LeRobot, which
+    leaves a feature without statistics as it is)."""
     from safetensors.torch import load_file
 
     for step in _steps(model_dir, processor):
         name = step.get("registry_name", "")
         if "normalizer" not in name or "state_file" not in step:
             continue
-        norm_map = (step.get("config") or {}).get("norm_map") \
-            or config.get("normalization_mapping") or {}
-        mode = str(norm_map.get(kind, "IDENTITY")).upper()
+        step_config = step.get("config") or {}
+        mode = _mode(step_config, feature, kind, config)
         if mode == "IDENTITY":
             return IDENTITY
+        if mode not in NEEDS:
+            raise EngineLoadError(f"{model_dir}: normalization {mode!r} of {feature} is not "
+                                  "supported (MEAN_STD, QUANTILES, MIN_MAX, IDENTITY)")
         try:
             tensors = load_file(str(model_dir / step["state_file"]))
         except OSError as e:
             raise EngineLoadError(f"{model_dir}: {step['state_file']}: {e}") from e
         prefix = f"{feature}."
         stats = {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
-        need = {"MEAN_STD": ("mean", "std"), "QUANTILES": ("q01", "q99"),
-                "MIN_MAX": ("min", "max")}.get(mode)
-        if need is None:
-            raise EngineLoadError(f"{model_dir}: normalization {mode!r} of {feature} is not "
-                                  "supported (MEAN_STD, QUANTILES, MIN_MAX, IDENTITY)")
-        if all(n in stats for n in need):
-            return Normalizer(mode, stats)
+        if not stats:
+            return IDENTITY
+        missing = [n for n in NEEDS[mode] if n not in stats]
+        if missing:  # LeRobot raises at the first call; serving unnormalised would be wrong
+            raise EngineLoadError(f"{model_dir}: {step['state_file']} has no "
+                                  f"{', '.join(prefix + n for n in missing)} for {mode}")
+        return Normalizer(mode, stats, float(step_config.get("eps", EPS)))
     return IDENTITY
 
 
