@@ -130,6 +130,7 @@ async def parse_generation(request: web.Request) -> ImageCall:
 
 
 async def parse_edit(request: web.Request) -> ImageCall:
+    mp.require_served(request, "image")  # before the body, as every media endpoint
     if not request.content_type.startswith("multipart/"):
         raise APIError(400, "/v1/images/edits takes multipart/form-data (fields 'image' or "
                        "'image[]', 'prompt', optional 'mask')")

@@ -78,8 +78,8 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
 
 
 async def parse_video(request: web.Request) -> VideoCall:
+    mp.require_served(request, "video")  # before the body, as every media endpoint
     body, images = await _body(request)
-    mp.require_served(request, "video")
     req = parse(VideoRequest, body)  # a form's text fields convert ("8" -> 8.0)
     task = "image_to_video" if images else "text_to_video"
     hint = ("Image-to-video models need 'input_reference' (the first frame)." if not images
@@ -207,10 +207,14 @@ async def content(request: web.Request) -> web.StreamResponse:
 
 
 async def listing(request: web.Request) -> web.Response:
+    if request.query.get("limit") == "":  # present but empty: not an integer, not absent
+        raise APIError(400, "'limit' must be an integer from 1 to 100", param="limit")
     limit = mp.field(dict(request.query), "limit", int, 20)
     order = request.query.get("order", "desc")
-    if not 1 <= limit <= 100 or order not in ("asc", "desc"):
-        raise APIError(400, "'limit' must be 1-100 and 'order' asc or desc", param="limit")
+    if not 1 <= limit <= 100:
+        raise APIError(400, "'limit' must be an integer from 1 to 100", param="limit")
+    if order not in ("asc", "desc"):
+        raise APIError(400, "'order' must be asc or desc", param="order")
     jobs, more = _service(request).store.listing(request.query.get("after"), limit, order)
     return web.json_response({"object": "list", "data": [j.api() for j in jobs],
                               "has_more": more, "first_id": jobs[0].id if jobs else None,

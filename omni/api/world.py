@@ -21,12 +21,23 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
-from omni.errors import OmniError, RejectedInputError
+from omni.errors import InvalidInputError, OmniError, RejectedInputError
 from omni.media.image import MAX_IMAGE_PIXELS, check_image
 from omni.session import Session, SessionCapacityError, SessionError
 
 log = logging.getLogger("omni.api.world")
 MAX_ACTION_ROWS = 4096
+
+# The error codes of an ``error`` event: every one this endpoint sends, each listed in
+# docs/worlds.md (a test checks both). The message says what exactly was wrong.
+NO_SESSION = "no_session"  # an event that needs the session before session.open
+UNKNOWN_EVENT = "unknown_event"  # a type that is not an event of this endpoint
+INVALID_REQUEST = "invalid_request"  # the client's to fix: resending it fails again
+STEP_FAILED = "step_failed"  # the server could not run the step: a retry may work
+SESSION_ERROR = "session_error"  # the session ended or cannot take the event now
+SESSION_LIMIT_REACHED = "session_limit_reached"  # then close 1013
+ERROR_CODES = (NO_SESSION, UNKNOWN_EVENT, INVALID_REQUEST, STEP_FAILED, SESSION_ERROR,
+               SESSION_LIMIT_REACHED)
 
 
 def world_model(request: web.Request) -> ServedModel:
@@ -51,7 +62,7 @@ def _tasks(model: ServedModel) -> list[str]:
 
 
 class ClientError(Exception):
-    def __init__(self, message: str, code: str = "invalid_request") -> None:
+    def __init__(self, message: str, code: str = INVALID_REQUEST) -> None:
         super().__init__(message)
         self.code = code
 
@@ -77,7 +88,7 @@ class WorldConnection:
     async def send(self, kind: str, **fields: Any) -> None:
         await self.ws.send_json({"type": kind, **fields})
 
-    async def error(self, message: str, code: str = "invalid_request") -> None:
+    async def error(self, message: str, code: str = INVALID_REQUEST) -> None:
         await self.send("error", error={"code": code, "message": message})
 
     async def run(self) -> None:
@@ -89,15 +100,20 @@ class WorldConnection:
                 break
             try:
                 await self.handle(parse_event(message.data))
-            except (ValueError, ClientError) as exc:
-                await self.error(str(exc), getattr(exc, "code", "invalid_request"))
+            except ClientError as exc:
+                await self.error(str(exc), exc.code)
+            except (ValueError, InvalidInputError, RejectedInputError) as exc:
+                # the front's or the model's refusal of what the client sent (a bad
+                # domain, actions of another width, a step on an evicted session: reset)
+                await self.error(str(exc), INVALID_REQUEST)
             except SessionCapacityError as exc:
-                await self.error(str(exc), "session_limit_reached")
+                await self.error(str(exc), SESSION_LIMIT_REACHED)
                 await self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too many sessions")
                 return
-            except (SessionError, OmniError) as exc:
-                await self.error(str(exc), "session_error" if isinstance(exc, SessionError)
-                                 else "step_failed")
+            except SessionError as exc:
+                await self.error(str(exc), SESSION_ERROR)
+            except OmniError as exc:  # a failed stage, a dead replica, a deadline, capacity
+                await self.error(str(exc), STEP_FAILED)
 
     async def handle(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -105,16 +121,16 @@ class WorldConnection:
             await self.open(event)
         elif kind == "close":  # with or without a session: it was answered with no_session
             await self.ws.close()
+        elif kind not in ("step", "reset"):
+            raise ClientError(f"unknown event type {kind!r}; the events are session.open, "
+                              "step, reset, close", UNKNOWN_EVENT)
         elif self.session is None:
-            raise ClientError("open the session first ('session.open')", "no_session")
+            raise ClientError("open the session first ('session.open')", NO_SESSION)
         elif kind == "step":
             await self.step(event)
-        elif kind == "reset":
+        else:
             self.model.omni.reset_world(self.session.id)
             await self.send("session.reset", session_id=self.session.id)
-        else:
-            raise ClientError(f"unknown event type {kind!r}; the events are session.open, "
-                              "step, reset, close", "unknown_event")
 
     async def open(self, event: dict[str, Any]) -> None:
         if self.session is not None:
@@ -132,15 +148,12 @@ class WorldConnection:
     async def step(self, event: dict[str, Any]) -> None:
         array = parse_actions(event.get("actions"))
         params = {k: event[k] for k in ("seed", "steps") if k in event}
-        try:
-            async for out in self.model.omni.world_step(self.session.id, array, **params):
-                data = out.data or {}
-                if "progress" in data:
-                    await self.send("step.progress", **data["progress"])
-                if "video" in data:
-                    await self.chunk(data)
-        except RejectedInputError as exc:
-            raise ClientError(str(exc), "invalid_step") from None
+        async for out in self.model.omni.world_step(self.session.id, array, **params):
+            data = out.data or {}
+            if "progress" in data:
+                await self.send("step.progress", **data["progress"])
+            if "video" in data:
+                await self.chunk(data)
 
     async def chunk(self, data: dict[str, Any]) -> None:
         frames = data["video"]
@@ -163,8 +176,7 @@ def parse_event(raw: str) -> dict[str, Any]:
     try:
         event = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ClientError(f"the event is not valid JSON: {str(exc)[:200]}",
-                          "invalid_json") from None
+        raise ClientError(f"the event is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         raise ClientError("an event is a JSON object with a 'type'")
     return event
@@ -182,7 +194,7 @@ def first_frame(event: dict[str, Any]) -> bytes:
     try:
         check_image(image, MAX_IMAGE_PIXELS)
     except ValueError as exc:
-        raise ClientError(f"'image': {exc}", "invalid_image") from None
+        raise ClientError(f"'image': {exc}") from None
     return image
 
 

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
@@ -35,8 +36,27 @@ FORWARDED_ENV = ("OMP_NUM_THREADS", "OMNI_CACHE_DIR", "PYTHONUNBUFFERED", "HF_HU
                  "TRANSFORMERS_OFFLINE")
 
 
+REACH_TIMEOUT_S = 10.0  # a Ray head's GCS port that does not answer within this: refused
+
+
 class PlacementError(RuntimeError):
     """Ray could not be joined, or refused a replica."""
+
+
+def _check_reachable(address: str | None) -> None:
+    """PlacementError unless a ``host:port`` address accepts a TCP connection: ray.init
+    would wait for a GCS that does not answer for minutes, retrying (measured: still
+    waiting after 5 min), so the server would neither start nor say why. Other forms
+    (``auto``, ``ray://...``) are left to ray.init."""
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PlacementError(f"cannot reach the Ray cluster at {address!r}: {exc} (start "
+                             "one with `ray start --head`, or set cluster.ray_address)"
+                             ) from None
 
 
 class RemoteReplicas:
@@ -107,6 +127,7 @@ class RayPlacer:
                 kwargs.update(address=None, configure_logging=False)
             if self.cluster.host:
                 kwargs["_node_ip_address"] = self.cluster.host
+            _check_reachable(address)
             try:
                 ray.init(**kwargs)
             except Exception as exc:  # noqa: BLE001 - ConnectionError, ValueError, ...

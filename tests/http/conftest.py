@@ -54,3 +54,27 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def voice_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The small voice pipeline of voiceutil.py (``voice``, its views, ``chat``), shared by
+    the realtime / duplex modules that need a model that listens."""
+    from voiceutil import voice_pipelines
+
+    directory = tmp_path_factory.mktemp("voice")
+    targets: dict[str, str | Path] = {
+        name: write_pipeline(directory, name, value)
+        for name, value in voice_pipelines(directory).items()}
+    server = Server(targets, ServerSettings(drain_timeout_s=2.0))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def speech(voice_server: Server) -> dict[str, bytes]:
+    """pcm16 at 24 kHz of voiceutil's sentences, spoken by the voice server's Piper."""
+    from voiceutil import QUESTION, STORY, speak
+
+    return speak(voice_server, QUESTION, STORY)

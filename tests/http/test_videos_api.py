@@ -129,6 +129,19 @@ def test_bad_video_requests_are_400s(setup, kwargs, param, text):
     run(body())
 
 
+@pytest.mark.parametrize("query, param", [
+    ("limit=", "limit"), ("limit=0", "limit"), ("limit=x", "limit"), ("order=up", "order")])
+def test_bad_listing_queries_are_400s(setup, query, param):
+    server, _, _ = setup
+
+    async def body():
+        async with server.session() as session:
+            async with session.get(f"/v1/videos?{query}") as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["param"] == param
+    run(body())
+
+
 def test_content_of_an_unfinished_job_is_a_4xx(setup):
     server, _, _ = setup
 

@@ -36,6 +36,7 @@ from omni.session import Session, SessionError
 
 log = logging.getLogger("omni.api.realtime")
 MAX_BAD_EVENTS = 50  # a client this wrong is not going to recover: 1008
+PCM_BYTES_PER_MS = 48  # pcm16 at 24 kHz, both ways
 
 
 class RealtimeConnection(VadTurns):
@@ -116,12 +117,12 @@ class RealtimeConnection(VadTurns):
         try:
             event = parse_event(raw)
             event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-            handler = HANDLERS.get(event["type"])
-            if handler is None:
+            name = HANDLERS.get(event["type"])
+            if name is None:
                 raise ClientError(f"unknown event type {event['type']!r}", "unknown_event",
                                   "type")
             self.session = self.omni.sessions.manager.append(self.session.id)
-            await handler(self, event)
+            await getattr(self, name)(event)
         except ClientError as exc:
             self.bad_events += 1
             await self.error(str(exc), exc.code, exc.param, event_id)
@@ -256,6 +257,8 @@ class RealtimeConnection(VadTurns):
         try:
             item = user_item(event.get("item"))
             audio = [p.pop("audio") for p in item.parts if "audio" in p]
+            if audio and audio[0] and item.role == "assistant":  # its length, to truncate
+                item.audio_ms = len(decode_pcm(audio[0], "input_audio.audio")) // PCM_BYTES_PER_MS
             previous = self.items.add(item, event.get("previous_item_id"))
         except KeyError:
             raise ClientError("previous_item_id names no item", "item_not_found",
@@ -269,8 +272,8 @@ class RealtimeConnection(VadTurns):
                                   "unsupported_input")
             buffer = audio_input.InputAudio(30.0)
             try:
-                pcm16k = buffer.append(base64.b64decode(audio[0], validate=True))
-            except (binascii.Error, ValueError, TypeError) as exc:
+                pcm16k = buffer.append(decode_pcm(audio[0], "input_audio.audio"))
+            except ValueError as exc:
                 raise ClientError(f"input_audio.audio: {exc}", "invalid_audio") from None
             self._transcribe(item, pcm16k)
 
@@ -289,13 +292,17 @@ class RealtimeConnection(VadTurns):
         await self.send({"type": "conversation.item.retrieved", "item": item})
 
     async def item_truncate(self, event: dict[str, Any]) -> None:
+        """Cut an assistant's audio where the client stopped playing it. As OpenAI's, the
+        item's transcript goes too: nothing the user did not hear stays in what the next
+        answer reads."""
         try:
             item = self.items.get(event.get("item_id"))
         except KeyError:
             raise ClientError("item_id names no item", "item_not_found", "item_id") from None
+        index, end = event.get("content_index", 0), event.get("audio_end_ms")
+        item.truncate(index, end)
         await self.send({"type": "conversation.item.truncated", "item_id": item.id,
-                         "content_index": event.get("content_index", 0),
-                         "audio_end_ms": event.get("audio_end_ms", 0)})
+                         "content_index": index, "audio_end_ms": end})
 
     # -- responses ---------------------------------------------------------------------
     async def response_create(self, event: dict[str, Any]) -> None:
@@ -344,6 +351,14 @@ class RealtimeConnection(VadTurns):
         """Events meant for WebRTC (output_audio_buffer.clear): nothing to do over WS."""
 
 
+def decode_pcm(data: Any, param: str) -> bytes:
+    """Base64 audio of an event; ClientError (invalid_audio) when it is not base64."""
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise ClientError(f"{param}: {exc}", "invalid_audio", param) from None
+
+
 def parse_event(raw: str | bytes) -> dict[str, Any]:
     """One client frame -> its event (a JSON object with a string ``type``); ClientError
     otherwise. RecursionError too: json.loads of a deeply nested frame raises it."""
@@ -357,16 +372,18 @@ def parse_event(raw: str | bytes) -> dict[str, Any]:
     return event
 
 
+# event type -> the name of the connection's method that handles it, looked up on the
+# connection itself at each event, so a subclass's override (duplex.py) is what runs
 HANDLERS = {
-    "session.update": RealtimeConnection.session_update,
-    "input_audio_buffer.append": RealtimeConnection.audio_append,
-    "input_audio_buffer.commit": RealtimeConnection.audio_commit,
-    "input_audio_buffer.clear": RealtimeConnection.audio_clear,
-    "conversation.item.create": RealtimeConnection.item_create,
-    "conversation.item.delete": RealtimeConnection.item_delete,
-    "conversation.item.retrieve": RealtimeConnection.item_retrieve,
-    "conversation.item.truncate": RealtimeConnection.item_truncate,
-    "response.create": RealtimeConnection.response_create,
-    "response.cancel": RealtimeConnection.response_cancel,
-    "output_audio_buffer.clear": RealtimeConnection.ignore,
+    "session.update": "session_update",
+    "input_audio_buffer.append": "audio_append",
+    "input_audio_buffer.commit": "audio_commit",
+    "input_audio_buffer.clear": "audio_clear",
+    "conversation.item.create": "item_create",
+    "conversation.item.delete": "item_delete",
+    "conversation.item.retrieve": "item_retrieve",
+    "conversation.item.truncate": "item_truncate",
+    "response.create": "response_create",
+    "response.cancel": "response_cancel",
+    "output_audio_buffer.clear": "ignore",
 }

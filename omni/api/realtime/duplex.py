@@ -43,8 +43,13 @@ class DuplexConnection(RealtimeConnection):
             await self.error(str(exc), exc.code, exc.param)
 
     async def session_update(self, event: dict[str, Any]) -> None:
+        """As the realtime one, but turn_detection null (beta's flat key or GA's
+        audio.input one) is refused: a duplex session always listens."""
         session = event.get("session")
-        if isinstance(session, dict) and session.get("turn_detection", {}) is None:
+        audio = session.get("audio") if isinstance(session, dict) else None
+        audio_in = audio.get("input") if isinstance(audio, dict) else None
+        if any(isinstance(where, dict) and "turn_detection" in where
+               and where["turn_detection"] is None for where in (session, audio_in)):
             raise ConfigError("a duplex session always listens: turn_detection is "
                               "server_vad (use /v1/realtime to commit turns yourself)",
                               "session.turn_detection")

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.api.realtime.config import ClientError
+
 # GA event name -> beta event name, where they differ (protocols.md §5.3); None: GA only
 BETA_NAMES: dict[str, str | None] = {
     "conversation.item.added": "conversation.item.created",
@@ -30,6 +32,10 @@ BETA_PARTS = {"output_text": "text", "output_audio": "audio"}
 MAX_ITEMS = 512
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
@@ -41,10 +47,28 @@ class Item:
     parts: list[dict[str, Any]]  # GA content parts, without audio bytes
     status: str = "completed"
     transcribing: asyncio.Future | None = None  # an audio item's transcript, once known
+    audio_ms: int = 0  # an assistant's audio: what the answer sent, or the item brought
 
     @property
     def text(self) -> str:
         return "".join(p.get("text") or p.get("transcript") or "" for p in self.parts)
+
+    def truncate(self, index: Any, end_ms: Any) -> None:
+        """Cut this assistant item's audio part ``index`` at ``end_ms`` and drop its
+        transcript; ClientError (nothing changed) unless that makes sense."""
+        if self.role != "assistant" or self.status == "in_progress" \
+                or not any(p["type"] == "output_audio" for p in self.parts):
+            raise ClientError("only a finished assistant item with audio can be truncated",
+                              "invalid_value", "item_id")
+        if not _is_int(index) or not 0 <= index < len(self.parts) \
+                or self.parts[index]["type"] != "output_audio":
+            raise ClientError(f"content_index {index!r} is not an audio part of this item",
+                              "invalid_value", "content_index")
+        if not _is_int(end_ms) or not 0 <= end_ms <= self.audio_ms:
+            raise ClientError(f"audio_end_ms is an integer in [0, {self.audio_ms}] (the "
+                              "item's audio, ms)", "invalid_value", "audio_end_ms")
+        self.parts[index]["transcript"] = ""
+        self.audio_ms = end_ms
 
     def render(self, beta: bool) -> dict[str, Any]:
         parts = [{**p, "type": BETA_PARTS.get(p["type"], p["type"])} if beta else dict(p)

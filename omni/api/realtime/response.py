@@ -80,6 +80,7 @@ class Response:
                      **({"transcript": ""} if self.audio else {"text": ""})}
         self.audio_info, self.previous_id = audio_info, previous_id
         self.task: asyncio.Task | None = None
+        self.audio_bytes = 0  # sent so far
 
     def cancel(self, reason: str) -> None:
         self.spec.reason = self.spec.reason or reason
@@ -188,6 +189,8 @@ class Response:
     async def _pcm_out(self, pcm: bytes) -> None:
         if pcm and self.spec.reason is None:  # nothing more once cancelled or interrupted
             await self.send_audio(pcm, self._ids())
+            self.audio_bytes += len(pcm)
+            self.item.audio_ms = self.audio_bytes // 48  # pcm16 at 24 kHz
 
     async def _audio_deltas(self, pcm: bytes, ids: dict[str, Any]) -> None:
         for start in range(0, len(pcm), MAX_AUDIO_DELTA):

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from omni.api.schemas import ModelId, RequestModel, checked, choice
+from omni.api.schemas import ModelId, ModelRequest, RequestModel, checked, choice
 from omni.api.subtitles import FORMATS as TRANSCRIPT_FORMATS
 from omni.media.image import IMAGE_FORMATS
 
@@ -93,12 +93,12 @@ class VideoForm(VideoRequest):
     input_reference: FileUpload = Field(None, description="the first frame (image-to-video)")
 
 
-class TranscriptionForm(RequestModel):
+class TranscriptionForm(ModelRequest):
     """multipart/form-data; every field arrives as text, validated in lax mode ("0.2" is
-    0.2) by omni/api/transcriptions.py, the list fields under their plain names."""
+    0.2) by omni/api/transcriptions.py, the list fields under their plain names. 'model'
+    is required (as OpenAI's): there is no default transcriber."""
 
     file: FileUpload = Field(..., description="the audio (any container PyAV reads)")
-    model: ModelId = None
     language: str | None = None
     prompt: str | None = None
     response_format: choice(TRANSCRIPT_FORMATS) | None = Field(None, description="default: json")
