@@ -34,6 +34,10 @@
 #   bash scripts/gpu_run.sh pi0probe     # the same π0: tests/gpu/test_pi0_cuda.py, then
 #                                        # bench/probes/pi0_graphs.py (each pass eager vs
 #                                        # CUDA graphs, batch 1/8/32; a chunk's time)
+#   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
+#                                        # decode kernel) and tiny π0: a request each, SIGTERM;
+#                                        # every line after "stopping:" is printed (only
+#                                        # "stopped" may follow)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
@@ -41,7 +45,7 @@
 # are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds) ;; *) sed -n 2,40p "$0"; exit 2 ;; esac
+case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,40p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -117,6 +121,22 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       | python3 -c 'import json,sys; d=json.load(sys.stdin); print("image bytes (b64):", len(d["data"][0]["b64_json"]))'
     kill -TERM $server; wait $server; echo "server exit $?"
     if kill -0 -$server 2>/dev/null; then echo "LEFT BEHIND:"; ps -o pid,cmd -g $server; else echo "process group empty"; fi
+    ;;
+  stop)
+    timeout 120 python3 scripts/build_tiny_models.py --out /tmp/m --only qwen3,pi0 2>&1 | tail -1
+    for model in qwen3 pi0; do
+      log="$OUT/server-stop-$model.log"
+      setsid python3 -m omni.server --model /tmp/m/$model --port 0 >"$log" 2>&1 &
+      server=$!
+      for _ in $(seq 1 240); do grep -q "listening on" "$log" && break; sleep 0.5; done
+      port=$(grep -oE 'listening on http://[0-9.]+:[0-9]+' "$log" | grep -oE '[0-9]+$')
+      grep -E "ready \(" "$log"
+      [ "$model" = qwen3 ] && curl -s "localhost:$port/v1/completions" \
+        -H 'Content-Type: application/json' -d '{"model":"qwen3","prompt":"hi","max_tokens":8}' \
+        | head -c 200 && echo
+      kill -TERM $server; wait $server; echo "$model: server exit $?"
+      echo "$model: after 'stopping:' ->"; sed -n '/stopping: draining/,$p' "$log" | tail -n +2 | head -20
+    done
     ;;
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu --tb=short 2>&1 | tail -30
