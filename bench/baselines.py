@@ -2,7 +2,7 @@
 
   A   in-process: N EchoEngines chained in this process, no sockets -> the engine work.
   B0  raw Unix socket: a listening Unix stream socket here, a spawned child that connects
-      and echoes with a bare loop; the same `omni.protocol.encode` messages behind a
+      and echoes with a bare loop; the same `omni.wire.protocol.encode` messages behind a
       4-byte little-endian length (framing defined here: omni no longer frames streams)
       -> what a plain stream socket costs, the transport omni used before ZeroMQ.
   B   raw ZeroMQ: a ROUTER here, a DEALER in a spawned child with a bare echo loop, ipc,
@@ -35,7 +35,7 @@ from typing import Any
 import zmq
 
 from bench.common import PROMPT, progress, say, summarize
-from omni.protocol import CONTROL_HWM, Msg, decode, encode, identity, ipc_address
+from omni.wire.protocol import CONTROL_HWM, Msg, decode, encode, identity, ipc_address
 
 REPLICA_ID = "s/0"
 STAGE = "s"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import hardware, percentile, say
-from omni.protocol import Msg, decode, encode, identity, ipc_address
+from omni.wire.protocol import Msg, decode, encode, identity, ipc_address
 
 REPLICA_ID = "talker/0"
 READY_TIMEOUT_S = 60.0
@@ -33,7 +33,7 @@ READY_TIMEOUT_S = 60.0
 METHOD = """As between the orchestrator and an engine process, in two processes. The sender
 is omni's own ROUTER (omni/runtime/control.py's ControlRouter, on uvloop's reader, as the
 orchestrator runs it): every producer step (the upstream stage's step) it sends `rows`
-APPEND messages (`omni.protocol.encode`, one per request, `row_bytes` of data each: one
+APPEND messages (`omni.wire.protocol.encode`, one per request, `row_bytes` of data each: one
 hidden-state row per request for the talker), each stamped with its send time
 (time.monotonic(), one clock for every process of a host), then sleeps until the next
 producer step (on a fixed schedule: round k starts k producer steps after the first). The

@@ -67,7 +67,7 @@ DEFAULT_SIZES = "64K,1M,8M,64M"
 # what this benchmark runs: a change here makes the report's commit "working tree on ..."
 CODE = ("bench/distributed.py", "bench/distributed_peer.py", "bench/distributed_sides.py",
         "bench/distributed_report.py", "bench/netns.py", "bench/common.py", "omni/connector",
-        "omni/curve.py", "omni/protocol.py", "omni/runtime/control.py",
+        "omni/wire/curve.py", "omni/wire/protocol.py", "omni/runtime/control.py",
         "omni/engines/proc/channel.py")
 PINNED = "@cpu0"  # the rows again with both ends on one CPU: no cross-CPU wake-ups
 
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         say(f"bench distributed: cannot make hosts as network namespaces here: {why}. "
             "Run it as root on Linux with iproute2.")
         return 2
-    from omni.curve import CurveKeys
+    from omni.wire.curve import CurveKeys
 
     name = f"distributed-{args.tag}" if args.tag else "distributed"
     result: dict[str, Any] = {

@@ -105,7 +105,7 @@ class Peer:
     def zmq_echo(self, kind: str, address: str, curve: dict | None, count: int) -> int:
         import zmq
 
-        from omni.curve import CurveKeys
+        from omni.wire.curve import CurveKeys
         keys = CurveKeys.from_dict(curve) if curve else None
         if kind == "channel":
             from omni.engines.proc.channel import Channel
@@ -116,7 +116,7 @@ class Peer:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 1000)
             if keys is not None:
-                from omni.curve import connect_curve
+                from omni.wire.curve import connect_curve
                 connect_curve(sock, keys)
             sock.connect(address)
 

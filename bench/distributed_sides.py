@@ -188,7 +188,7 @@ def raw_hop(peer: PeerProc, address: str, keys: Any, total: int) -> list[int]:
     """A bare pyzmq ROUTER (blocking, CURVE + the Gatekeeper when `keys`) <-> a bare DEALER."""
     import zmq
 
-    from omni.curve import Gatekeeper, serve_curve
+    from omni.wire.curve import Gatekeeper, serve_curve
 
     ctx = zmq.Context(io_threads=1)
     gate = Gatekeeper(ctx, keys) if keys is not None else None

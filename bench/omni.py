@@ -41,7 +41,7 @@ start together and every time counts from that moment. Bursts alternate between 
 sides (one of each, then the other way round). RTF = time to the last audio packet /
 seconds of audio. Underrun: the worst deficit of a player that starts at the first packet
 and plays on.
-Queues and hops (omni/transit.py, from the timestamps every message carries): time in
+Queues and hops (omni/wire/transit.py, from the timestamps every message carries): time in
 sockets, decoding and event loops (hop) and behind an engine step already running (step
 wait) of the messages on each request's last-output chain (per stage: its last input and
 its last output), and of all its messages (these overlap with compute, so they overstate
@@ -211,7 +211,7 @@ async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: i
 
 
 async def scrape(session: Any, url: str) -> dict[str, float]:
-    """Summed per-request seconds on /metrics (omni/transit.py: hops and step waits over
+    """Summed per-request seconds on /metrics (omni/wire/transit.py: hops and step waits over
     all messages and over the last-output chain; latency) and the request count."""
     async with session.get(f"{url}/metrics") as resp:
         text = await resp.text()

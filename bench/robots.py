@@ -61,9 +61,9 @@ def stats_ms(samples: list[float]) -> dict[str, float]:
 def in_process(model_dir: str, dtype: str, rounds: int) -> dict[str, Any]:
     import torch
 
-    from omni.arrays import pack_tree
     from omni.engines import resolve_device
     from omni.models import build_policy
+    from omni.wire.arrays import pack_tree
 
     device = resolve_device("auto")
     policy = build_policy("pi0", model_dir, device, dtype, {})

@@ -10,7 +10,7 @@ import uvloop
 from bench.ours import pipeline_dict
 from omni import AsyncOmni
 from omni.config.pipeline import parse_pipeline
-from omni.runtime import transit
+from omni.runtime import request_transit as transit
 
 REQUESTS, WARMUP = 600, 100
 inbound: list[float] = []  # orchestrator -> engine: sent to handled in the engine, us

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import netns  # noqa: E402
 from bench.distributed_sides import PayloadSides, PeerProc  # noqa: E402
-from omni.curve import CurveKeys  # noqa: E402
+from omni.wire.curve import CurveKeys  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
 ITERS = {64 * KiB: (40, 400), 1 * MiB: (10, 100), 8 * MiB: (4, 40), 64 * MiB: (2, 20)}

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.arrays import pack_tree
 from omni.engines.base import EngineRequest
 from omni.engines.policy.engine import PolicyEngine
 from omni.models import build_policy
+from omni.wire.arrays import pack_tree
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run, no graphs
 

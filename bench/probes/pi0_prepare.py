@@ -17,9 +17,9 @@ def measure(model_dir: str, rounds: int = 50) -> dict:
     import numpy as np
     import torch
 
-    from omni.arrays import pack_tree, unpack_tree
     from omni.models import build_policy
     from omni.models.policy_images import resize_pad
+    from omni.wire.arrays import pack_tree, unpack_tree
 
     policy = build_policy("pi0", model_dir, "cuda" if torch.cuda.is_available() else "cpu",
                           "auto", {})

@@ -16,10 +16,10 @@ import time
 def measure(model_dir: str, rounds: int = 20) -> dict:
     import numpy as np
 
-    from omni.arrays import pack_tree
     from omni.engines.base import EngineRequest
     from omni.engines.policy.engine import PolicyEngine
     from omni.models import build_policy
+    from omni.wire.arrays import pack_tree
 
     policy = build_policy("pi0", model_dir, "cuda", "auto", {})
     engine = PolicyEngine(policy, {})

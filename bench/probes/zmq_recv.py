@@ -128,7 +128,7 @@ class Loopback:
 
 
 def run(hosts: Any, host: str, sizes: list[int], rounds: int, parts: list[str]) -> None:
-    from omni.curve import CurveKeys
+    from omni.wire.curve import CurveKeys
 
     with tempfile.TemporaryDirectory() as tmp, \
             socket.create_server((hosts.root_ip, 0)) as listener:

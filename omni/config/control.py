@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from omni.config.checks import ConfigError, describe
-from omni.protocol import check_address
+from omni.wire.protocol import check_address
 
 
 def parse_control_bind(src: str, value: object) -> str | None:

@@ -183,7 +183,7 @@ def make_connector(kind: str, *, name: str, capacity_bytes: int = DEFAULT_CAPACI
     (e.g. ``f"omni-{launch_id}-{replica}"``). Creating it allocates nothing: the producer
     arena is created on the first shm put (or ``ShmConnector.open_arena()``). ``host`` is
     where a zmq or mooncake producer listens (an address its consumers reach), ``curve``
-    the launch's CurveKeys as a dict (omni/curve.py) for the zmq data socket,
+    the launch's CurveKeys as a dict (omni/wire/curve.py) for the zmq data socket,
     ``recv_pool_bytes`` the bound of a zmq or mooncake consumer's receive buffers (None:
     the backend's default)."""
     if kind == "inline":

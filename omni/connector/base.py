@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omni.protocol import REF_MARKER  # first element of a wire ref
+from omni.wire.protocol import REF_MARKER  # first element of a wire ref
 
 __all__ = [
     "BYTES_DTYPE", "REF_MARKER", "ArenaFullError", "Connector", "ConnectorError", "PayloadRef",

@@ -61,7 +61,7 @@ from omni.connector.base import (
 from omni.connector.shm_segment import DEFAULT_CAPACITY, DEFAULT_PUT_TIMEOUT_S
 from omni.connector.zmq_recv import DEFAULT_RECV_POOL_BYTES, Landing, RecvPool
 from omni.connector.zmq_server import FETCH, OK, RELEASE, DataServer, Store
-from omni.curve import CurveKeys, connect_curve
+from omni.wire.curve import CurveKeys, connect_curve
 
 __all__ = ["DEFAULT_FETCH_TIMEOUT_S", "ZmqConnector"]
 

@@ -40,7 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from omni.connector.base import ArenaFullError, ConnectorError
-from omni.curve import CurveKeys, Gatekeeper, serve_curve
+from omni.wire.curve import CurveKeys, Gatekeeper, serve_curve
 
 __all__ = ["FETCH", "OK", "RELEASE", "DataServer", "Store", "parse_request"]
 

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from omni.arrays import unpack_tree
 from omni.engines.base import EngineLoadError, PolicyJob
 from omni.models import diffusion as common
 from omni.models.cosmos3_world import FPS, Cosmos3WorldDenoiser, _pil, build_cosmos3_world
 from omni.models.policy_inputs import ObservationLayout, prompt_text
+from omni.wire.arrays import unpack_tree
 
 # the one camera it reads, under LeRobot's single-camera name (its "lerobot" key style)
 FRAME_FEATURE = "observation.image"

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.arrays import unpack_tree
 from omni.engines.base import DenoiseJob, EngineLoadError
 from omni.models import diffusion as common
+from omni.wire.arrays import unpack_tree
 
 PIPELINE = "Cosmos3OmniPipeline"
 FPS = 24.0

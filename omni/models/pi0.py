@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.arrays import pack_tree, unpack_tree
 from omni.engines.base import EngineLoadError, PolicyJob
 from omni.models.hf_causal import cache_keyword
 from omni.models.lerobot_layout import LeRobotRelease, read_release
 from omni.models.policy_images import resize_pad
 from omni.models.policy_inputs import ObservationLayout, prompt_text
+from omni.wire.arrays import pack_tree, unpack_tree
 
 log = logging.getLogger("omni.models.pi0")
 

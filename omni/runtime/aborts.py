@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from omni.protocol import Msg, encode
 from omni.runtime.pool import Replica
+from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.aborts")
 

@@ -14,9 +14,9 @@ from typing import Any
 from omni.config.pipeline import PipelineConfig
 from omni.config.presets import load_pipeline
 from omni.errors import RequestAbortedError, RequestFailedError
+from omni.runtime.client_payloads import ClientPayloads
 from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
-from omni.runtime.payloads import ClientPayloads
 from omni.runtime.policies import PolicyCalls
 from omni.runtime.sessions import PipelineSessions
 from omni.runtime.worlds import WorldSessions
@@ -125,7 +125,7 @@ class AsyncOmni(WorldSessions, PolicyCalls):
 
     def _discard_unread(self, queue: asyncio.Queue) -> None:
         """Give back payloads of outputs nobody read, if the request succeeded; after a
-        failure its producers free them (see omni/payloads.py on late releases)."""
+        failure its producers free them (see omni/wire/payloads.py on late releases)."""
         unread = []
         while not queue.empty():
             unread.append(queue.get_nowait())

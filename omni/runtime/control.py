@@ -1,6 +1,6 @@
 """The orchestrator's end of the control plane: one ZeroMQ ROUTER per pipeline.
 
-Every replica connects a DEALER named ``<replica id>@<incarnation>`` (omni/protocol.py);
+Every replica connects a DEALER named ``<replica id>@<incarnation>`` (omni/wire/protocol.py);
 this class knows nothing of replicas beyond those identity bytes: it binds, receives
 ``(identity, message)`` pairs for its owner (the launcher), and sends to an identity.
 
@@ -11,7 +11,7 @@ descriptor is edge-triggered (it signals "the socket's state changed", and readi
 ``EVENTS`` re-arms it), so a reader drains until nothing is left, and a send, which can
 consume that signal, checks for pending input and schedules a drain itself.
 
-A router for replicas on other hosts is a CURVE server (omni/curve.py): it binds a
+A router for replicas on other hosts is a CURVE server (omni/wire/curve.py): it binds a
 routable tcp:// address and admits only peers holding the launch's client key.
 
 Sends never block the loop and never drop silently: ``ROUTER_MANDATORY`` turns a send to
@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import zmq
 
-from omni.curve import CurveKeys, Gatekeeper, serve_curve
-from omni.protocol import CONTROL_HWM, check_address
+from omni.wire.curve import CurveKeys, Gatekeeper, serve_curve
+from omni.wire.protocol import CONTROL_HWM, check_address
 
 log = logging.getLogger("omni.runtime.control")
 

@@ -22,7 +22,13 @@ from typing import Any
 from omni.config.memory import memory_note
 from omni.config.pipeline import PipelineConfig, StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
-from omni.protocol import (
+from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
+from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
+from omni.runtime.placement import PlacementError, RemoteReplicas
+from omni.runtime.pool import Replica, StagePool
+from omni.runtime.processes import describe_exit, process_context
+from omni.runtime.teardown import Teardown
+from omni.wire.protocol import (
     Msg,
     ProtocolError,
     check_outputs,
@@ -32,12 +38,6 @@ from omni.protocol import (
     ipc_address,
     parse_identity,
 )
-from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
-from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
-from omni.runtime.placement import PlacementError, RemoteReplicas
-from omni.runtime.pool import Replica, StagePool
-from omni.runtime.processes import describe_exit, process_context
-from omni.runtime.teardown import Teardown
 
 log = logging.getLogger("omni.runtime.launcher")
 

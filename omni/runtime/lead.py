@@ -17,7 +17,7 @@ makes one would wait forever, so keep the lead above what the consumer takes bef
 first output (the talker takes one token).
 
 Mechanics: the orchestrator counts the consumer's outputs and sends the producer's replica
-LIMIT messages (omni/protocol.py) with the most outputs the request may have made so far;
+LIMIT messages (omni/wire/protocol.py) with the most outputs the request may have made so far;
 updates gathered while handling one OUTPUTS message go out as one LIMIT per replica. An
 engine that cannot hold a request ignores them (Engine.limit; the AR engine holds it out of
 its steps).
@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from omni.config.pipeline import PipelineConfig
-from omni.protocol import Msg, encode
 from omni.runtime.pool import Replica
 from omni.runtime.request_state import RequestState
+from omni.wire.protocol import Msg, encode
 
 
 class LeadControl:

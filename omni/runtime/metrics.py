@@ -46,7 +46,7 @@ class Metrics:
         self.underrun = Histogram("omni_audio_underrun_seconds",
                                   "Worst playback deficit of a real-time player",
                                   ["pipeline"], buckets=(0,) + LATENCY_BUCKETS, registry=r)
-        # omni/transit.py: per request, over its messages (all) or its last-output chain
+        # omni/wire/transit.py: per request, over its messages (all) or its last-output chain
         self.hop = Histogram("omni_request_hop_seconds", "Per request: time its messages "
                              "spent in sockets, decoding and our event loops",
                              ["pipeline", "messages"], buckets=(0,) + LATENCY_BUCKETS,

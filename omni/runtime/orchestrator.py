@@ -31,7 +31,6 @@ from omni.errors import (
     ShuttingDownError,
     StageUnavailableError,
 )
-from omni.protocol import Msg, encode
 from omni.runtime.aborts import AbortFences
 from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
@@ -42,6 +41,7 @@ from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
 from omni.runtime.sessions import session_stages, stage_params
 from omni.session import Session
+from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.orchestrator")
 

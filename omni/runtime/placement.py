@@ -26,8 +26,8 @@ from typing import Any
 
 from omni.config.pipeline import PipelineConfig
 from omni.config.placement import ClusterSettings, Placement
-from omni.curve import CurveKeys
 from omni.runtime.control import BindError, ControlRouter, MessageHandler
+from omni.wire.curve import CurveKeys
 
 log = logging.getLogger("omni.runtime.placement")
 

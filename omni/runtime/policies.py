@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni.arrays import pack_tree
 from omni.errors import RequestFailedError
 from omni.session import Session
+from omni.wire.arrays import pack_tree
 
 
 class PolicyCalls:

@@ -8,7 +8,7 @@ import multiprocessing.process
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni.protocol import identity
+from omni.wire.protocol import identity
 
 
 @dataclass(eq=False)
@@ -26,7 +26,7 @@ class Replica:
     outstanding: set[str] = field(default_factory=set)  # request ids bound here, not finished
     exit_reason: str | None = None
     connected: bool = False  # its current incarnation said READY (or DEAD) on the ROUTER
-    incarnation: int = 0  # +1 per restart: a new DEALER identity (omni/protocol.py)
+    incarnation: int = 0  # +1 per restart: a new DEALER identity (omni/wire/protocol.py)
     last_heartbeat: float = 0.0  # time.monotonic() of its last heartbeat
     restarts: int = 0
     crash_streak: int = 0  # restarts since it last stayed up STABLE_UP_S (picks the backoff)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni.errors import AdmissionError
-from omni.payloads import PayloadPlane, is_wire_ref
+from omni.wire.payloads import PayloadPlane, is_wire_ref
 
 PUBLISH_FROM = 16 * 1024  # bytes: smaller values ride inline (a ref is ~100 bytes)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from omni.config.pipeline import Route
 from omni.runtime.pool import Replica
+from omni.runtime.request_transit import RequestTransit
 from omni.runtime.routing import RoutePlan
-from omni.runtime.transit import RequestTransit
 from omni.session import Session
 
 

@@ -18,9 +18,9 @@ import logging
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
-from omni.protocol import Msg, encode
 from omni.runtime.pool import Replica
 from omni.session import Session, SessionManager
+from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.sessions")
 

@@ -11,8 +11,8 @@ import logging
 import shutil
 from typing import Any
 
-from omni.protocol import Msg, encode
 from omni.runtime.leftovers import unlink_arenas
+from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.launcher")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from omni.arrays import pack
 from omni.errors import InvalidInputError
 from omni.session import Session, SessionError
+from omni.wire.arrays import pack
 
 WORLD = "world"
 STEP_PARAMS = ("seed", "steps", "chunk_size", "guidance_scale", "view_point")

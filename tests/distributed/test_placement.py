@@ -25,11 +25,11 @@ import zmq  # noqa: E402
 from procutil import Tap, assert_idle, collect, run, serving, wait_until  # noqa: E402
 
 from omni.config.pipeline import parse_pipeline  # noqa: E402
-from omni.curve import CurveKeys  # noqa: E402
 from omni.engines.proc.channel import Channel  # noqa: E402
 from omni.errors import RequestAbortedError  # noqa: E402
-from omni.protocol import Msg, encode, identity  # noqa: E402
 from omni.runtime.orchestrator import OmniOutput  # noqa: E402
+from omni.wire.curve import CurveKeys  # noqa: E402
+from omni.wire.protocol import Msg, encode, identity  # noqa: E402
 
 _OK, _WHY = netns.available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -121,7 +121,7 @@ def test_remote_middle_stage_gives_the_local_outputs(cluster, connector: str, ba
 
 def test_final_outputs_of_a_remote_last_stage_reach_the_front(cluster):
     """c on host c too: the front fetches its outputs' payloads across the link, on a
-    fetcher thread of c's producer (omni/runtime/payloads.py), and frees them all."""
+    fetcher thread of c's producer (omni/runtime/client_payloads.py), and frees them all."""
     hosts, head = cluster
     prompts = [f"prompt number {i} ends on host c" for i in range(4)]
     on = lambda host: {"kind": "ray", "cpus": 0.5, "resources": {f"host_{host}": 0.01}}  # noqa: E731
@@ -134,7 +134,7 @@ def test_final_outputs_of_a_remote_last_stage_reach_the_front(cluster):
             tap = Tap(omni)
             remote = await _answers(omni, prompts)
             assert omni.orchestrator.engines.replicas["c/0"].info["host"] == hosts.ip("c")
-            fetchers = list(omni.payloads._fetchers)  # one: c's data socket on host c
+            fetchers = list(omni.wire.payloads._fetchers)  # one: c's data socket on host c
             assert len(fetchers) == 1 and fetchers[0].startswith(f"zmq:tcp://{hosts.ip('c')}:")
             stats = await _held_by(omni, tap, "c")
             assert stats["zmq_puts"] > 0 and stats["zmq_payload_bytes"] == 0, stats

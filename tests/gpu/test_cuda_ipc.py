@@ -194,7 +194,7 @@ def test_payload_plane_copies_cuda_payloads_and_frees_them_at_once():
     """An engine process owns a copy of what it receives over CUDA IPC, and the
     producer's block is free before the request ends (its pool never fills up with
     payloads held by long requests)."""
-    from omni.payloads import PayloadPlane
+    from omni.wire.payloads import PayloadPlane
 
     prod = make_connector("auto", name=_name("pp"))
     plane = PayloadPlane(_name("pc"))
@@ -210,7 +210,7 @@ def test_payload_plane_copies_cuda_payloads_and_frees_them_at_once():
         torch.cuda.synchronize()
         assert torch.equal(got, t)  # the copy is not that block
         plane.done("r")  # nothing held: a no-op
-        from omni.runtime.payloads import ClientPayloads
+        from omni.runtime.client_payloads import ClientPayloads
 
         client = ClientPayloads(_name("cl"))  # the front end: one copy, block freed
         final = prod.put(t, owner="f")
@@ -284,7 +284,7 @@ def test_cross_process(mode):
 def test_payload_plane_copies_a_payload_of_another_gpu_straight_onto_its_own():
     """A consumer engine on cuda:1 reading a producer's pool on cuda:0 gets its tensor on
     cuda:1 in one peer copy, and the producer's block is free at once."""
-    from omni.payloads import PayloadPlane
+    from omni.wire.payloads import PayloadPlane
 
     prod = make_connector("auto", name=_name("xp"))
     plane = PayloadPlane(_name("xc"), {"device": "cuda:1"})

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from omni.arrays import pack_tree
 from omni.engines.base import EngineRequest, PolicyJob
 from omni.engines.policy.engine import PolicyEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_policy
 from omni.models.policy_images import image_uint8, resize_pad
+from omni.wire.arrays import pack_tree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from procutil import assert_idle, chunk_outputs, collect, serving, single_pipeline
 
-from omni.protocol import Msg
+from omni.wire.protocol import Msg
 
 # a replica's own messages; DEAD is left out: from the real replica it is a real death notice
 KINDS = [Msg.READY, Msg.OUTPUTS, Msg.HEARTBEAT, Msg.ADD, Msg.ABORT, Msg.FREE, 99]

@@ -19,7 +19,7 @@ from procutil import (
 
 from omni.config.pipeline import parse_pipeline
 from omni.errors import RequestAbortedError, RequestFailedError
-from omni.protocol import Msg, encode
+from omni.wire.protocol import Msg, encode
 
 STEP_MS = 30
 

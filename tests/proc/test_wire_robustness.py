@@ -13,7 +13,7 @@ import msgpack
 import zmq
 from procutil import assert_idle, chunk_outputs, collect, run, serving, single_pipeline, wait_until
 
-from omni.protocol import Msg
+from omni.wire.protocol import Msg
 
 OUTPUTS = bytes([Msg.OUTPUTS])
 

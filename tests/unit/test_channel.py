@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from omni.engines.proc.channel import HEARTBEAT_SUFFIX, Channel
-from omni.protocol import Msg, decode, encode, identity
+from omni.wire.protocol import Msg, decode, encode, identity
 
 
 class Orchestrator:

@@ -12,7 +12,7 @@ import torch
 
 from omni.connector import ConnectorError, make_connector
 from omni.connector.zmq_data import ZmqConnector
-from omni.runtime.payloads import ClientPayloads
+from omni.runtime.client_payloads import ClientPayloads
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,7 +35,7 @@ def front():
 
 def record_take_threads(monkeypatch) -> list[str]:
     """Which thread each output was taken on (a spy around the real take)."""
-    from omni.runtime import payloads
+    from omni.runtime import client_payloads as payloads
 
     threads: list[str] = []
     real_take = payloads._take

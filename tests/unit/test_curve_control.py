@@ -9,10 +9,10 @@ import time
 import pytest
 import zmq
 
-from omni.curve import CurveKeys
 from omni.engines.proc.channel import Channel
-from omni.protocol import Msg, check_address, decode, encode
 from omni.runtime.control import ControlRouter
+from omni.wire.curve import CurveKeys
+from omni.wire.protocol import Msg, check_address, decode, encode
 
 
 def _pump(router: ControlRouter, received: list, seconds: float, want: int) -> None:

@@ -11,8 +11,8 @@ import zmq
 from omni.engines.echo.engine import EchoEngine
 from omni.engines.proc import EngineLoop
 from omni.engines.proc.channel import Channel
-from omni.payloads import PayloadPlane
-from omni.protocol import Msg, decode, encode, identity
+from omni.wire.payloads import PayloadPlane
+from omni.wire.protocol import Msg, decode, encode, identity
 
 ENGINE = b"code2wav/0@0"
 

@@ -1,4 +1,4 @@
-"""Property tests of the control-plane wire (omni/protocol.py) and both of its readers:
+"""Property tests of the control-plane wire (omni/wire/protocol.py) and both of its readers:
 whatever bytes arrive, decoding, dispatching and the shape checks raise ProtocolError (what
 the launcher and the engine loop catch to drop one message) or nothing, never another
 exception; identity parsing never raises at all; the engine loop's handler of orchestrator
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from omni.engines.echo.engine import EchoEngine
 from omni.engines.proc import EngineLoop
 from omni.engines.proc.channel import Channel
-from omni.payloads import PayloadPlane
-from omni.protocol import (
+from omni.wire.payloads import PayloadPlane
+from omni.wire.protocol import (
     ARITY,
     Msg,
     ProtocolError,

@@ -150,7 +150,7 @@ def test_same_ref_twice_and_close_with_views_held(producer):
 
 
 def test_payload_plane_forget_and_done_give_buffers_back(producer):
-    from omni.payloads import PayloadPlane
+    from omni.wire.payloads import PayloadPlane
 
     plane = PayloadPlane("test-mooncake-plane")
     try:

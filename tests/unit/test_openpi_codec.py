@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from omni.api.openpi import codec
-from omni.arrays import pack_tree, unpack_tree
 from omni.models.policy_images import image_uint8, resize_pad
+from omni.wire.arrays import pack_tree, unpack_tree
 
 
 def test_arrays_and_scalars_round_trip_with_bin_marker_keys():

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni.arrays import pack_tree
 from omni.engines.base import EngineLoadError
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_policy
 from omni.models.pi0_graphs import PI0Graphs
+from omni.wire.arrays import pack_tree
 
 torch.set_num_threads(1)
 PROMPTS = ("pick up the red block", "open the top drawer and put the bowl inside", "wave")

@@ -6,8 +6,8 @@ import pytest
 
 from omni.config.pipeline import ConfigError, parse_pipeline
 from omni.config.placement import ClusterSettings, Placement
-from omni.curve import CurveKeys
 from omni.engines.proc.spec import payload_options, stage_spec
+from omni.wire.curve import CurveKeys
 
 
 def chain(b_placement=None, cluster=None, connector="auto"):
@@ -119,7 +119,7 @@ def test_ray_is_not_imported_without_remote_stages():
 
 
 def test_an_engine_device_names_the_gpu_its_payloads_land_on():
-    from omni.payloads import PayloadPlane
+    from omni.wire.payloads import PayloadPlane
 
     assert PayloadPlane("x", {"device": "cuda:1"}).device == 1
     assert PayloadPlane("x", {"device": "cpu"}).device is None

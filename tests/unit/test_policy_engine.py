@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni.arrays import pack_tree
 from omni.engines.base import EngineRequest, PolicyJob
 from omni.engines.policy.engine import PolicyEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_policy
+from omni.wire.arrays import pack_tree
 
 torch.set_num_threads(1)
 PROMPTS = ("pick up the red block", "open the top drawer and put the bowl inside", "wave")

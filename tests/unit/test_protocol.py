@@ -1,4 +1,4 @@
-"""omni/protocol.py without sockets: round trips, malformed frames, dispatch, identities,
+"""omni/wire/protocol.py without sockets: round trips, malformed frames, dispatch, identities,
 addresses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pickle
 import msgpack
 import pytest
 
-from omni.protocol import (
+from omni.wire.protocol import (
     TYPE_BYTES,
     Msg,
     ProtocolError,

@@ -27,9 +27,9 @@ from omni.fixtures.speech import SENTENCES  # noqa: E402
 from omni.media.audio import decode_audio, pcm16, wav_header  # noqa: E402
 from omni.models.piper import load_piper  # noqa: E402
 from omni.models.silero_vad import SAMPLE_RATE, SileroVadRunner  # noqa: E402
-from omni.protocol import Msg, decode  # noqa: E402
 from omni.runtime.orchestrator import Orchestrator  # noqa: E402
 from omni.runtime.pool import Replica, StagePool  # noqa: E402
+from omni.wire.protocol import Msg, decode  # noqa: E402
 
 MS = SAMPLE_RATE // 1000
 CHUNK = 20 * MS * 2  # bytes of 20 ms of pcm16

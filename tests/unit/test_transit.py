@@ -1,13 +1,13 @@
-"""Hop timing (omni/transit.py): a message's time splits into the wait behind a running
+"""Hop timing (omni/wire/transit.py): a message's time splits into the wait behind a running
 engine step and the hop itself; the orchestrator's per-request sums add both directions."""
 
 from __future__ import annotations
 
 import pytest
 
-from omni import transit
-from omni.runtime.transit import RequestTransit
-from omni.transit import InboundTimes
+from omni.runtime.request_transit import RequestTransit
+from omni.wire import transit
+from omni.wire.transit import InboundTimes
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from omni.arrays import pack
 from omni.engines.base import EngineRequest
 from omni.engines.diffusion.engine import DiffusionEngine
 from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.media.image import encode_image
 from omni.models import build_denoiser
+from omni.wire.arrays import pack
 
 torch.set_num_threads(1)
 PROMPT, DOMAIN, STEPS = "pick up the red cup", "droid_lerobot", 4

@@ -22,7 +22,7 @@ import zmq
 from omni.connector import ArenaFullError, Connector, ConnectorError, PayloadRef, make_connector
 from omni.connector.zmq_data import ZmqConnector
 from omni.connector.zmq_server import FETCH
-from omni.curve import CurveKeys
+from omni.wire.curve import CurveKeys
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of the run
 

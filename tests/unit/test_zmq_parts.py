@@ -20,7 +20,7 @@ from omni.connector import ConnectorError, PayloadRef
 from omni.connector.zmq_data import ZmqConnector
 from omni.connector.zmq_recv import RecvPool, size_class
 from omni.connector.zmq_server import FETCH, OK, PART_BYTES, WHOLE_UP_TO
-from omni.curve import CurveKeys
+from omni.wire.curve import CurveKeys
 
 pytestmark = pytest.mark.timeout(60)
 

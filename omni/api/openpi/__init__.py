@@ -27,7 +27,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.openpi import codec
-from omni.arrays import pack_tree
 from omni.errors import (
     AdmissionError,
     InvalidInputError,
@@ -36,6 +35,7 @@ from omni.errors import (
     RequestFailedError,
 )
 from omni.session import Session, SessionCapacityError, SessionError
+from omni.wire.arrays import pack_tree
 
 log = logging.getLogger("omni.api.openpi")
 MODALITY = "actions"

@@ -1,6 +1,6 @@
 """The engine process's end of the control plane: one ZeroMQ DEALER, plus a heartbeat.
 
-The DEALER's identity is ``<replica id>@<incarnation>`` (omni/protocol.py). Only the
+The DEALER's identity is ``<replica id>@<incarnation>`` (omni/wire/protocol.py). Only the
 main thread touches it: between steps it takes every queued message without blocking,
 and blocks in recv only when the engine has no work, waking straight from it. During a
 step libzmq's I/O thread keeps receiving into the socket's queue (bounded by
@@ -20,8 +20,8 @@ import time
 
 import zmq
 
-from omni.curve import CurveKeys, connect_curve
-from omni.protocol import (
+from omni.wire.curve import CurveKeys, connect_curve
+from omni.wire.protocol import (
     CONTROL_HWM,
     HEARTBEAT_SUFFIX,
     LINGER_MS,
@@ -42,7 +42,7 @@ class Channel:
 
     def __init__(self, address: str, identity: bytes, replica_id: str,
                  heartbeat_s: float = 0.0, curve: CurveKeys | None = None) -> None:
-        self.curve = curve  # a server on another host: CURVE client (omni/curve.py)
+        self.curve = curve  # a server on another host: CURVE client (omni/wire/curve.py)
         self.address = check_address(address, authenticated=curve is not None)
         self.context = zmq.Context(io_threads=1)
         self.sock = self._dealer(identity)

@@ -14,9 +14,9 @@ from typing import Any
 from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
 from omni.engines.proc.channel import Channel
 from omni.heap import GcPauses
-from omni.payloads import PayloadPlane
-from omni.protocol import Msg, ProtocolError, check_inbound, decode, encode
-from omni.transit import InboundTimes
+from omni.wire.payloads import PayloadPlane
+from omni.wire.protocol import Msg, ProtocolError, check_inbound, decode, encode
+from omni.wire.transit import InboundTimes
 
 log = logging.getLogger("omni.engine")
 
@@ -107,7 +107,7 @@ class EngineLoop:
 
     def _abort(self, body: list[Any]) -> None:
         """Drop the requests, then say so: the engine reads none of their inputs after this
-        (their producers free them once every replica has said it; omni/payloads.py)."""
+        (their producers free them once every replica has said it; omni/wire/payloads.py)."""
         self.engine.abort(body[0])
         for request_id in body[0]:
             self.payloads.forget(request_id)

@@ -23,14 +23,14 @@ import traceback
 from typing import Any
 
 from omni.config.memory import over_budget
-from omni.curve import CurveKeys
 from omni.engines.base import EngineLoadError
 from omni.engines.proc.channel import Channel
 from omni.engines.proc.loop import EngineLoop
 from omni.engines.proc.spec import EngineSpec
 from omni.heap import freeze_loaded_objects
-from omni.payloads import PayloadPlane
-from omni.protocol import Msg, encode, identity
+from omni.wire.curve import CurveKeys
+from omni.wire.payloads import PayloadPlane
+from omni.wire.protocol import Msg, encode, identity
 
 log = logging.getLogger("omni.engine")
 

@@ -1,7 +1,7 @@
 """The data plane as processes see it, without importing torch until a payload shows up.
 
 `PayloadPlane` is an engine process's side: refs in become tensors, tensors out refs.
-`ClientPayloads` (omni/runtime/payloads.py) is the front side's.
+`ClientPayloads` (omni/runtime/client_payloads.py) is the front side's.
 
 Engines see tensors and never a connector: `resolve` turns every PayloadRef in incoming
 inputs into a tensor (a zero-copy view for shared memory), `publish` turns every tensor
@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from omni.protocol import REF_MARKER
+from omni.wire.protocol import REF_MARKER
 
 
 class PayloadPlane:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import zmq
 
-log = logging.getLogger("omni.curve")
+log = logging.getLogger("omni.wire.curve")
 
 ZAP_DOMAIN = "omni"
 
@@ -118,7 +118,7 @@ class Gatekeeper:
         from zmq.auth.thread import ThreadAuthenticator
 
         self.provider = _AllowClientKey(keys)
-        self.auth = ThreadAuthenticator(context, log=logging.getLogger("omni.curve.zap"))
+        self.auth = ThreadAuthenticator(context, log=logging.getLogger("omni.wire.curve.zap"))
         self.auth.start()
         self.auth.configure_curve_callback(domain=ZAP_DOMAIN,
                                            credentials_provider=self.provider)

@@ -1,8 +1,8 @@
-"""The orchestrator's transit accounting per request (the stamps: omni/transit.py)."""
+"""The orchestrator's transit accounting per request (the stamps: omni/wire/transit.py)."""
 
 from __future__ import annotations
 
-from omni.transit import is_time
+from omni.wire.transit import is_time
 
 
 class RequestTransit:

@@ -44,7 +44,7 @@ class Msg(enum.IntEnum):
     READY = 10  # [replica_id, info]   the first message of an incarnation
     OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
     # sent_at / stats["sent_at"]: the sender's time.monotonic() (one clock for every
-    # process of a host), so each side can time the hop it received (omni/transit.py)
+    # process of a host), so each side can time the hop it received (omni/wire/transit.py)
     DEAD = 12  # [replica_id, reason]   the last message of a dying engine
     HEARTBEAT = 13  # [replica_id]   every heartbeat interval, from the engine's own thread
 
@@ -170,7 +170,7 @@ LINGER_MS = 2000  # how long a closing socket may flush what it has queued (a DE
 def check_address(address: str, authenticated: bool = False) -> str:
     """An endpoint the control plane may bind or connect: ``ipc://PATH`` or
     ``tcp://HOST:PORT``, with a loopback HOST unless the socket is ``authenticated``
-    (CURVE, omni/curve.py): an open plain TCP port would let anyone on the network drive
+    (CURVE, omni/wire/curve.py): an open plain TCP port would let anyone on the network drive
     engines. Raises ValueError saying what is wrong."""
     if address.startswith("ipc://") and len(address) > len("ipc://"):
         return address

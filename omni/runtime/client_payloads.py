@@ -7,7 +7,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from omni.payloads import PayloadPlane, has_ref, is_wire_ref
+from omni.wire.payloads import PayloadPlane, has_ref, is_wire_ref
 
 # backends whose get is a network round trip (a fetch from another host), not a memcpy
 REMOTE_BACKENDS = ("zmq", "mooncake")
