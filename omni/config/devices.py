@@ -7,9 +7,9 @@ sees one, else ``cpu``. So ``devices: [auto]`` with several replicas puts every 
 on the same GPU, cuda:0 of the process's ``CUDA_VISIBLE_DEVICES``; list ``cuda:N``
 devices to spread them.
 
-The default is decided here, by engine kind: a model stage (every engine kind but
-``echo``) defaults to ``[auto]``, so a model runs on the GPU when there is one without
-its pipeline file saying so; an ``echo`` stage loads no model and stays on ``[cpu]``.
+The default is decided by engine kind (``default_device`` in omni/engines/kinds.py): a
+model stage defaults to ``[auto]``, so a model runs on the GPU when there is one without
+its pipeline file saying so; a kind that loads no model (``echo``) stays on ``[cpu]``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from __future__ import annotations
 import re
 
 from omni.config.checks import ConfigError, as_list, is_index
+from omni.engines.kinds import default_device
 
 DEVICE_FIX = "Use 'auto', 'cpu', 'cuda' or 'cuda:N' (N an integer >= 0)"
-# engine kinds that load no model: their stages default to the CPU, not to 'auto'
-CPU_ENGINES = ("echo",)
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
 def default_devices(engine: object) -> tuple[str, ...]:
-    """The devices of a stage that names none: ('cpu',) for echo, else ('auto',)."""
-    return ("cpu",) if engine in CPU_ENGINES else ("auto",)
+    """The devices of a stage that names none: its engine kind's default device."""
+    return (default_device(engine),)
 
 
 def check_device(src: str, path: str, value: object) -> str:

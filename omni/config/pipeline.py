@@ -57,14 +57,14 @@ from omni.config.routes import (  # noqa: F401 - re-exported
 )
 from omni.config.sessions import SessionSettings, parse_sessions
 from omni.config.views import parse_views
+from omni.engines.kinds import ENGINE_KINDS
 
 __all__ = [
-    "CONNECTORS", "DELIVERIES", "ENGINE_KINDS", "ConfigError", "EdgeConfig", "PipelineConfig",
+    "CONNECTORS", "DELIVERIES", "ConfigError", "EdgeConfig", "PipelineConfig",
     "Route", "StageConfig", "UnknownModalityError", "load_pipeline_file", "parse_memory",
     "parse_pipeline",
 ]
 
-ENGINE_KINDS = ("ar", "vllm", "generation", "diffusion", "policy", "echo")
 DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
+from omni.engines.kinds import preloads
 
 # What a model engine imports anyway; the fork server imports it once, before any fork.
 HEAVY_MODULES = ["torch", "transformers", "omni.engines.proc"]
@@ -27,7 +28,7 @@ def process_context(pipeline: PipelineConfig) -> Any:
     decided by the first pipeline that starts an engine.
     """
     context = multiprocessing.get_context("forkserver")
-    if any(stage.engine != "echo" for stage in pipeline.stages):
+    if preloads(stage.engine for stage in pipeline.stages):
         context.set_forkserver_preload(HEAVY_MODULES + _model_modules(pipeline))
     return context
 

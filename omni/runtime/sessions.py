@@ -18,15 +18,13 @@ import logging
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
+from omni.engines.kinds import STATEFUL_KINDS
 from omni.runtime.pool import Replica
 from omni.session import Session, SessionManager
 from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.sessions")
 
-# engine kinds whose requests carry a ``session`` param: they keep state per session
-# (AR: KV blocks; policy: the episode; diffusion: a world adapter's frames)
-STATEFUL_ENGINES = ("ar", "policy", "diffusion")
 DEFAULT_KV_SHARE = 0.5  # of the AR stages' KV caches, when no state_budget_mb is set
 REAP_EVERY_S = 1.0  # the most a lease can outlive its deadline
 
@@ -46,7 +44,7 @@ def stage_params(defaults: dict[str, Any], state: Any, stage: str,
 
 
 def session_stages(pipeline: PipelineConfig) -> set[str]:
-    return {s.name for s in pipeline.stages if s.engine in STATEFUL_ENGINES}
+    return {s.name for s in pipeline.stages if s.engine in STATEFUL_KINDS}
 
 
 class PipelineSessions:

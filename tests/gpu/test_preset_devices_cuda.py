@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 
-from omni.config.devices import CPU_ENGINES
 from omni.config.presets import (
     DEFAULT_PIPELINES,
     PRESET_BY_MODEL_TYPE,
@@ -20,6 +19,9 @@ from omni.config.presets import (
     load_pipeline,
 )
 from omni.engines import resolve_device
+from omni.engines.kinds import KINDS
+
+CPU_ENGINES = {name for name, kind in KINDS.items() if kind.default_device == "cpu"}
 
 
 def test_every_builtin_pipeline_puts_its_model_stages_on_the_gpu(tmp_path):

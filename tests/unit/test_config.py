@@ -14,7 +14,6 @@ import pytest
 from omni.config.pipeline import (
     CONNECTORS,
     DELIVERIES,
-    ENGINE_KINDS,
     ConfigError,
     EdgeConfig,
     PipelineConfig,
@@ -24,6 +23,7 @@ from omni.config.pipeline import (
     parse_memory,
     parse_pipeline,
 )
+from omni.engines.kinds import ENGINE_KINDS
 
 PRESETS = Path(__file__).resolve().parents[2] / "omni" / "config" / "presets"
 

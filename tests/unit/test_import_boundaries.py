@@ -5,8 +5,8 @@
 - omni/engines/ never imports the orchestrator or the HTTP side (omni.runtime, omni.api,
   omni.server, omni.session);
 - omni/runtime/ never imports the HTTP side (omni.api, omni.server);
-- omni/engines/ holds base.py, proc.py, __init__.py and engine packages, nothing else at
-  its top level, and no file under omni/ is named ar_* (the pre-rearrangement layout).
+- omni/engines/ holds base.py, kinds.py, proc.py, __init__.py and engine packages,
+  nothing else at its top level, and no file under omni/ is named ar_* (the pre-rearrangement layout).
 
 Every import counts: module level, inside functions, under ``if TYPE_CHECKING:``, relative
 ones (resolved), and ``importlib.import_module("...")`` / ``__import__("...")`` calls with
@@ -39,7 +39,9 @@ IMPORT_RULES = {
 LAYOUT_RULE = "engines-layout"
 RULES = (*IMPORT_RULES, LAYOUT_RULE)
 
-ENGINES_TOP_LEVEL_FILES = {"__init__.py", "base.py", "proc.py"}
+# kinds.py: the table of engine kinds, read by the orchestrator and the config checks, so
+# it must not sit inside an engine package (importing it would import that engine)
+ENGINES_TOP_LEVEL_FILES = {"__init__.py", "base.py", "kinds.py", "proc.py"}
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ _EXPLAIN = {
         "omni/runtime/ must not import omni.api or omni.server (the HTTP front end sits on "
         "top of it)",
     LAYOUT_RULE:
-        "omni/engines/ holds base.py, proc.py, __init__.py and one package per engine kind; "
+        "omni/engines/ holds base.py, kinds.py, proc.py, __init__.py and one package per "
+        "engine kind; "
         "no file under omni/ is named ar_*",
 }
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni.config.devices import CPU_ENGINES, default_devices
-from omni.config.pipeline import ENGINE_KINDS, ConfigError, StageConfig, parse_pipeline
+from omni.config.devices import default_devices
+from omni.config.pipeline import ConfigError, StageConfig, parse_pipeline
 from omni.config.presets import (
     DEFAULT_PIPELINES,
     PRESET_BY_MODEL_TYPE,
@@ -22,8 +22,10 @@ from omni.config.presets import (
     load_pipeline,
 )
 from omni.engines import resolve_device
+from omni.engines.kinds import ENGINE_KINDS, KINDS
 
 PRESET_NAMES = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+CPU_ENGINES = {name for name, kind in KINDS.items() if kind.default_device == "cpu"}
 
 
 def builtin_pipelines(tmp_path: Path) -> list[tuple[str, object]]:

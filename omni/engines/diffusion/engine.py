@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni.engines.base import (
     ENGINE_FAULT,
@@ -54,6 +54,9 @@ from omni.engines.base import (
     StepOutput,
     check_options,
 )
+
+if TYPE_CHECKING:
+    from omni.engines.proc import EngineSpec
 
 log = logging.getLogger("omni.engine.diffusion")
 
@@ -289,6 +292,15 @@ class DiffusionEngine(Engine):
         """``kind``: INPUT_FAULT for what the client must fix (the API answers 400)."""
         self._failed.append(StepOutput(request_id, finished=True, error=message,
                                        error_kind=kind))
+
+
+def stage_engine(spec: EngineSpec) -> DiffusionEngine:
+    """The engine of a diffusion stage (omni/engines/kinds.py)."""
+    from omni.engines import resolve_device
+
+    return build_diffusion_engine(spec.model, model_dir=spec.model_dir,
+                                  device=resolve_device(spec.device), dtype=spec.dtype,
+                                  options=spec.options)
 
 
 def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype: str,

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni.engines.base import (
     Engine,
@@ -29,6 +29,9 @@ from omni.engines.base import (
     StepOutput,
     check_options,
 )
+
+if TYPE_CHECKING:
+    from omni.engines.proc import EngineSpec
 
 
 @dataclass
@@ -189,3 +192,8 @@ def _split_codes(codes: Any, n: int) -> list[Any]:
 def _split(text: str, n: int) -> list[str]:
     size = -(-len(text) // n) if text else 0
     return [text[i * size:(i + 1) * size] for i in range(n)]
+
+
+def stage_engine(spec: EngineSpec) -> EchoEngine:
+    """The engine of an echo stage (omni/engines/kinds.py)."""
+    return EchoEngine(spec.stage, spec.options)

@@ -29,7 +29,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,9 @@ from omni.engines.base import (
     check_options,
     failed_output,
 )
+
+if TYPE_CHECKING:
+    from omni.engines.proc import EngineSpec
 
 log = logging.getLogger("omni.engine.policy")
 
@@ -261,6 +264,15 @@ class PolicyEngine(Engine):
         for job in jobs:
             self._jobs.pop(job.request_id, None)
             self._out.append(StepOutput(job.request_id, finished=True, error=message))
+
+
+def stage_engine(spec: EngineSpec) -> PolicyEngine:
+    """The engine of a policy stage (omni/engines/kinds.py)."""
+    from omni.engines import resolve_device
+
+    return build_policy_engine(spec.model, model_dir=spec.model_dir,
+                               device=resolve_device(spec.device), dtype=spec.dtype,
+                               options=spec.options)
 
 
 def build_policy_engine(model: str, model_dir: str | None, device: str, dtype: str,

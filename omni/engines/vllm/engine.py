@@ -60,7 +60,7 @@ class _Running:
     started: bool = False  # its first output (with the prompt's usage) was sent
 
 
-def build_vllm_engine(spec: EngineSpec) -> VLLMEngine:
+def stage_engine(spec: EngineSpec) -> VLLMEngine:
     """The stage's engine; its `memory` (weights + KV cache, as for the ar engine) leaves
     vllm a KV cache of memory minus the weights on disk, never a share of free memory."""
     from omni.config.memory import budget_bytes
