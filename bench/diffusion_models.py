@@ -18,7 +18,7 @@ def load_qwen_image(shape: str, model_dir: str | None, device: str,
     if model_dir is None and shape == "tiny":
         model_dir = str(ensure_tiny_model("qwen_image"))
     if model_dir is not None:
-        return common.load_pipeline(model_dir, _classes(), device, "auto"), model_dir
+        return common.load_pipeline(model_dir, _classes(), device=device, dtype="auto"), model_dir
     return real_size_qwen_image(device, layers), None
 
 

@@ -26,7 +26,7 @@ def _child(model_dir: str, side: str) -> None:
 
     start = time.perf_counter()
     if side == "omni-host-then-copy":
-        model = load_causal_lm(model_dir, "auto", "cuda").model
+        model = load_causal_lm(model_dir, dtype="auto", device="cuda").model
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
                                                      local_files_only=True,

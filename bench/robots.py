@@ -66,7 +66,7 @@ def in_process(model_dir: str, dtype: str, rounds: int) -> dict[str, Any]:
     from omni.wire.arrays import pack_tree
 
     device = resolve_device("auto")
-    policy = build_policy("pi0", model_dir, device, dtype, {})
+    policy = build_policy("pi0", model_dir=model_dir, device=device, dtype=dtype, options={})
     frames = [{"observation": pack_tree(observation(i))} for i in range(8)]
 
     def call(i: int) -> None:

@@ -151,7 +151,7 @@ def chunks(policy: Any, rounds: int = 10) -> dict[str, float]:
 
 def main(model_dir: str, out_json: str | None) -> None:
     start = time.perf_counter()
-    policy = build_policy("pi0", model_dir, DEVICE, "auto", {})
+    policy = build_policy("pi0", model_dir=model_dir, device=DEVICE, dtype="auto", options={})
     result: dict[str, Any] = {"load_s": round(time.perf_counter() - start, 1),
                               "info": policy.info()}
     print("[pi0_graphs] loaded:", result, flush=True)

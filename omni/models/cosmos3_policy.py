@@ -145,10 +145,11 @@ class _JobView:
         self.guided = job.extra["guided"]
 
 
-def build_cosmos3_policy(model_dir: str | None, device: str, dtype: str,
+def build_cosmos3_policy(*, model_dir: str | None, device: str, dtype: str,
                          options: Mapping[str, Any]) -> Cosmos3Policy:
     if not model_dir:
         raise EngineLoadError("model 'cosmos3_policy' needs a model_dir (a Cosmos 3 release)")
     tier = {"resolution_tier": options["resolution_tier"]} \
         if "resolution_tier" in options else {}
-    return Cosmos3Policy(build_cosmos3_world(model_dir, device, dtype, tier), options)
+    return Cosmos3Policy(build_cosmos3_world(model_dir=model_dir, device=device, dtype=dtype,
+                                             options=tier), options)

@@ -47,7 +47,7 @@ def torch_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_pipeline(model_dir: str, classes: Mapping[str, Any], device: str,
+def load_pipeline(model_dir: str, classes: Mapping[str, Any], *, device: str,
                   dtype: str, **components: Any) -> Any:
     """The whole pipeline, every component loaded through its own class from its own
     folder (diffusers' from_pretrained reads model_index.json), on ``device``;

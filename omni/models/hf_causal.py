@@ -162,7 +162,7 @@ def _is_random(path: Path) -> bool:
         return False
 
 
-def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> CausalLM:
+def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") -> CausalLM:
     """Load model + tokenizer from a local HF directory; raise EngineLoadError on problems.
 
     dtype: "auto" = the checkpoint's dtype on accelerators, float32 on CPU; or
@@ -180,7 +180,7 @@ def load_causal_lm(model_dir: str, dtype: str = "auto", device: str = "cpu") -> 
     if _model_type(path) == "qwen3_omni_moe":  # a composite release: serve its thinker
         from omni.models.qwen3_omni_thinker import load_thinker
 
-        return load_thinker(path, dtype, device)
+        return load_thinker(path, dtype=dtype, device=device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:

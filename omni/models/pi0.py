@@ -236,7 +236,7 @@ class PI0Policy:
         return self._cache
 
 
-def build_pi0_policy(model_dir: str | None, device: str, dtype: str,
+def build_pi0_policy(*, model_dir: str | None, device: str, dtype: str,
                      options: Mapping[str, Any]) -> PI0Policy:
     from transformers import AutoTokenizer, PI0ForConditionalGeneration
 

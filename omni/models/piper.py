@@ -331,8 +331,8 @@ class PiperSynthesizerRunner(PiperRunner):
         return [value]
 
 
-def build_piper_runner(model_dir: str | None, device: str, options: Mapping[str, Any] | None,
-                       part: str = "fused") -> PiperRunner:
+def build_piper_runner(*, model_dir: str | None, device: str,
+                       options: Mapping[str, Any] | None, part: str = "fused") -> PiperRunner:
     """part: "fused" (text -> audio), "phonemizer" (text -> phonemes, no model loaded) or
     "synthesizer" (phonemes -> audio)."""
     runners = {"fused": PiperRunner, "phonemizer": PiperPhonemizerRunner,

@@ -202,7 +202,7 @@ def prefixed_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_code2wav(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Code2Wav:
+def load_code2wav(model_dir: str, *, dtype: str = "auto", device: str = "cpu") -> Code2Wav:
     """Load ONLY the code2wav of a combined Qwen3-Omni checkpoint directory.
 
     Reads config.json (``code2wav_config``) and the ``code2wav.*`` tensors of the
@@ -363,6 +363,6 @@ def _pos_int(opts: Mapping[str, Any], name: str, default: int, allow_zero: bool 
     return v
 
 
-def build_code2wav_runner(model_dir: str, device: str = "cpu", dtype: str = "auto",
-                          options: Mapping[str, Any] | None = None) -> Code2WavRunner:
+def build_code2wav_runner(*, model_dir: str, device: str, dtype: str,
+                          options: Mapping[str, Any] | None) -> Code2WavRunner:
     return Code2WavRunner(load_code2wav(model_dir, dtype=dtype, device=device), options)

@@ -360,8 +360,7 @@ class TalkerFeed:
         return torch.stack([torch.rand(n, device=dev, generator=st.generator) for st in states])
 
 
-def load_talker(model_dir: str, dtype: str = "auto",
-                device: str = "cpu") -> tuple[CausalLM, TalkerFeed]:
+def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, TalkerFeed]:
     """The talker of a combined Qwen3-Omni directory as (CausalLM for the engine, feed)."""
     from transformers import AutoConfig
     from transformers.initialization import no_init_weights

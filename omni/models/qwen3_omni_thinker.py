@@ -208,7 +208,7 @@ def _quiet_transformers() -> Any:
         hf_logging.set_verbosity(level)
 
 
-def load_thinker(path: Path, dtype: str, device: str) -> CausalLM:
+def load_thinker(path: Path, *, dtype: str, device: str) -> CausalLM:
     import torch
     from transformers import (
         AutoConfig,

@@ -261,10 +261,10 @@ def _true_cfg(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> 
     return combined * (cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
 
-def build_qwen_image(model_dir: str, device: str, dtype: str,
+def build_qwen_image(*, model_dir: str, device: str, dtype: str,
                      options: Mapping[str, Any]) -> QwenImageDenoiser:
     extra = {}
     if common.pipeline_class(model_dir) == EDIT:
         extra["processor"] = load_vl_processor(f"{model_dir}/processor")
-    pipe = common.load_pipeline(model_dir, _classes(), device, dtype, **extra)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype, **extra)
     return QwenImageDenoiser(pipe, device, options)

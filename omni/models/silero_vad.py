@@ -296,7 +296,7 @@ def _event(event: VadEvent) -> dict[str, Any]:
     return {"type": event.kind, "audio_ms": event.audio_ms}
 
 
-def build_silero_vad_runner(model_dir: str | None, device: str, dtype: str,
+def build_silero_vad_runner(*, model_dir: str | None, device: str, dtype: str,
                             options: Mapping[str, Any]) -> SileroVadRunner:
     # the CPU whatever the device: a 32 ms window takes ~0.2 ms on one thread
     return SileroVadRunner(model_dir, options)

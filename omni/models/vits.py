@@ -229,7 +229,7 @@ def _load_tokenizer(path: Path) -> Any:
     return tok
 
 
-def load_vits(model_dir: str | Path | None, device: str = "cpu", dtype: str = "auto",
+def load_vits(model_dir: str | Path | None, *, device: str = "cpu", dtype: str = "auto",
               options: Mapping[str, Any] | None = None) -> VitsTTS:
     """The VitsModel voice in model_dir (local files only), in eval mode."""
     if not model_dir:
@@ -301,8 +301,8 @@ class VitsRunner:
         return self.tts.info()
 
 
-def build_vits_runner(model_dir: str | None, device: str = "cpu", dtype: str = "auto",
-                      options: Mapping[str, Any] | None = None) -> VitsRunner:
+def build_vits_runner(*, model_dir: str | None, device: str, dtype: str,
+                      options: Mapping[str, Any] | None) -> VitsRunner:
     batch = (options or {}).get("batch")
     if batch is not None and not isinstance(batch, bool):
         raise EngineLoadError(f"vits: option batch must be true or false, got {batch!r}")

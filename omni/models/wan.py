@@ -188,7 +188,7 @@ class WanDenoiser:
                 for job, part in zip(jobs, frames.split([j.rows for j in jobs]), strict=True)]
 
 
-def build_wan(model_dir: str, device: str, dtype: str,
+def build_wan(*, model_dir: str, device: str, dtype: str,
               options: Mapping[str, Any]) -> WanDenoiser:
-    return WanDenoiser(common.load_pipeline(model_dir, _classes(), device, dtype), device,
-                       options)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    return WanDenoiser(pipe, device, options)

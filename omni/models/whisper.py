@@ -149,6 +149,6 @@ def _segment(index: int, s: Any, words: bool) -> dict[str, Any]:
     return row
 
 
-def build_whisper_runner(model_dir: str | None, device: str, dtype: str,
+def build_whisper_runner(*, model_dir: str | None, device: str, dtype: str,
                          options: Mapping[str, Any]) -> WhisperRunner:
     return WhisperRunner(model_dir, device, options)

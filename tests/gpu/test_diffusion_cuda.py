@@ -16,7 +16,8 @@ from omni.models import build_denoiser
 @pytest.fixture(scope="module")
 def qwen_engine(tmp_path_factory):
     model_dir = str(ensure_tiny_model("qwen_image", tmp_path_factory.getbasetemp() / "models"))
-    return DiffusionEngine(build_denoiser("qwen_image", model_dir, "cuda", "auto", {}), {})
+    return DiffusionEngine(build_denoiser("qwen_image", model_dir=model_dir, device="cuda",
+                                          dtype="auto", options={}), {})
 
 
 def drain(engine):

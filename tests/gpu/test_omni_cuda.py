@@ -108,8 +108,8 @@ def test_code2wav_sizes_its_calls_from_its_memory_budget(omni_dir):
     from omni.engines.generation.engine import build_generation_engine
 
     def build(budget: int):
-        return build_generation_engine("qwen3_omni_code2wav", omni_dir, "cuda", "bfloat16",
-                                       {}, memory_bytes=budget)
+        return build_generation_engine("qwen3_omni_code2wav", model_dir=omni_dir, device="cuda",
+                                       dtype="bfloat16", options={}, memory_bytes=budget)
 
     import gc
 

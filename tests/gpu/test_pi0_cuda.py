@@ -39,7 +39,8 @@ def test_preprocessing_matches_pi0_image_processor(shape, device):
 
 def test_policy_engine_on_cuda_matches_sample_actions(tmp_path):
     model_dir = ensure_tiny_model("pi0", tmp_path / "models")
-    policy = build_policy("pi0", str(model_dir), "cuda", "float32", {})
+    policy = build_policy("pi0", model_dir=str(model_dir), device="cuda", dtype="float32",
+                          options={})
     engine = PolicyEngine(policy, {})
     observations = []
     for i in range(4):
@@ -94,8 +95,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 1e-2)])
 def test_graphed_passes_equal_the_eager_ones(tmp_path, dtype, tol):
     model_dir = str(ensure_tiny_model("pi0", tmp_path / "models"))
-    graphed = build_policy("pi0", model_dir, "cuda", dtype, {"graph_batch_sizes": [1, 2, 4, 8]})
-    eager = build_policy("pi0", model_dir, "cuda", dtype, {"cuda_graphs": False})
+    graphed = build_policy("pi0", model_dir=model_dir, device="cuda", dtype=dtype,
+                           options={"graph_batch_sizes": [1, 2, 4, 8]})
+    eager = build_policy("pi0", model_dir=model_dir, device="cuda", dtype=dtype,
+                         options={"cuda_graphs": False})
     assert graphed.info()["cuda_graphs"] == "on" and eager.info()["cuda_graphs"] == "off"
     assert sorted(graphed.graphs.steps[next(iter(graphed.graphs.steps))].graphs) == [1, 2, 4, 8]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -125,7 +128,8 @@ def test_robots_joining_mid_chunk_through_the_graphs_match_sample_actions(tmp_pa
     """Batches of 1, 3 and 8 robots, the later ones joining mid-chunk; a second round must
     leave the device's memory where the first did (nothing grows across replays)."""
     model_dir = ensure_tiny_model("pi0", tmp_path / "models")
-    policy = build_policy("pi0", str(model_dir), "cuda", "float32", {})
+    policy = build_policy("pi0", model_dir=str(model_dir), device="cuda", dtype="float32",
+                          options={})
     engine = PolicyEngine(policy, {})
     allocated = []
     for round_ in range(2):
@@ -163,7 +167,8 @@ def test_a_failed_capture_leaves_the_policy_eager_and_right(tmp_path, monkeypatc
     original = pi0_graphs.StepGraphs.body
     monkeypatch.setattr(pi0_graphs.StepGraphs, "body", syncing_body)
     model_dir = ensure_tiny_model("pi0", tmp_path / "models")
-    policy = build_policy("pi0", str(model_dir), "cuda", "float32", {})
+    policy = build_policy("pi0", model_dir=str(model_dir), device="cuda", dtype="float32",
+                          options={})
     assert policy.info()["cuda_graphs"].startswith("off (")
     assert "CUDA graphs of the step pass turned off" in caplog.text
     engine = PolicyEngine(policy, {})

@@ -69,7 +69,8 @@ def test_default_voice_loads_and_speaks_on_a_gpu_host():
     for stage in load_pipeline(preset).stages:
         device = resolve_device(stage.devices[0])
         assert device == "cuda"
-        runner = build_runner(stage.model, stage.model_dir, device, "auto", stage.options)
+        runner = build_runner(stage.model, model_dir=stage.model_dir, device=device, dtype="auto",
+                              options=stage.options)
         # the CPU build of onnxruntime runs the voice on the CPU and says so
         assert runner.info()["device"] in (("cuda", "cpu") if cuda_ort else ("cpu",))
         audio = list(runner.tts.synthesize("Hello there."))
@@ -87,7 +88,8 @@ def test_default_recognizer_loads_and_listens_on_a_gpu_host():
     stage = load_pipeline("whisper").stages[0]
     device = resolve_device(stage.devices[0])
     assert device == "cuda"
-    runner = build_runner(stage.model, stage.model_dir, device, "auto", stage.options)
+    runner = build_runner(stage.model, model_dir=stage.model_dir, device=device, dtype="auto",
+                          options=stage.options)
     assert runner.info()["device"] == "cuda"
     result = runner.transcribe(np.zeros(16000, np.float32), {})
     assert result["duration"] == 1.0 and isinstance(result["text"], str)

@@ -43,8 +43,8 @@ def codes(seed: int) -> torch.Tensor:
 
 def reference_audio(model_dir: str, source: torch.Tensor) -> torch.Tensor:
     """The same engine in this process, fed the same appends the source stage makes."""
-    engine = build_generation_engine("qwen3_omni_code2wav", model_dir, "cpu", "auto",
-                                     C2W_OPTIONS)
+    engine = build_generation_engine("qwen3_omni_code2wav", model_dir=model_dir, device="cpu",
+                                     dtype="auto", options=C2W_OPTIONS)
     engine.add(EngineRequest("r", {"stream": ["src"]}, {}))
     pieces = torch.tensor_split(source, SOURCE_CHUNKS, dim=1)
     for seq, piece in enumerate(pieces):

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def talker(tmp_path_factory):
     d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
-    lm, feed = load_talker(str(d), "auto", "cpu")
+    lm, feed = load_talker(model_dir=str(d), device="cpu", dtype="auto")
     return lm.model.talker, feed
 
 

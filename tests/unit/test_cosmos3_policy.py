@@ -25,8 +25,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy(model_dir):
-    return build_policy("cosmos3_policy", str(model_dir), "cpu", "float32",
-                        {"domain": "droid_lerobot", "steps": STEPS})
+    return build_policy("cosmos3_policy", model_dir=str(model_dir), device="cpu", dtype="float32",
+                        options={"domain": "droid_lerobot", "steps": STEPS})
 
 
 def frame(i: int) -> np.ndarray:

@@ -25,7 +25,8 @@ def models(tmp_path_factory):
 
 
 def engine(models, family, name, **options):
-    denoiser = build_denoiser(family, models(name), "cpu", "auto", options)
+    denoiser = build_denoiser(family, model_dir=models(name), device="cpu", dtype="auto",
+                              options=options)
     return DiffusionEngine(denoiser, options)
 
 
@@ -269,8 +270,10 @@ def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(models, famil
 
     with pytest.raises(EngineLoadError, match=rf"unknown diffusion engine \({family}\) "
                        rf"option\(s\) {typo};.*\b{valid}\b"):
-        build_diffusion_engine(family, models(name), "cpu", "auto", {typo: 4})
-    eng = build_diffusion_engine(family, models(name), "cpu", "auto", {valid: 4, "nice": 1})
+        build_diffusion_engine(family, model_dir=models(name), device="cpu", dtype="auto",
+                               options={typo: 4})
+    eng = build_diffusion_engine(family, model_dir=models(name), device="cpu", dtype="auto",
+                                 options={valid: 4, "nice": 1})
     assert eng.max_batch_rows == 4 or eng.denoiser.limits.max_steps == 4
 
 

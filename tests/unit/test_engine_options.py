@@ -35,7 +35,7 @@ def test_an_unknown_adapter_option_fails_before_any_weights_load(tmp_path, kind,
     missing = str(tmp_path / "no-such-model")  # loading would fail on this directory
     with pytest.raises(EngineLoadError, match=rf"unknown {kind} engine \({model}\) "
                                               rf"option\(s\) {typo};"):
-        build(model, missing, "cpu", "auto", {typo: 1})
+        build(model, model_dir=missing, device="cpu", dtype="auto", options={typo: 1})
 
 
 def test_every_adapter_declares_its_options():

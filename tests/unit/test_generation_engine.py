@@ -114,10 +114,11 @@ def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(tmp_path_fact
     with pytest.raises(EngineLoadError, match=r"unknown generation engine \(qwen3_omni_code2wav"
                        r"\) option\(s\) first_chunk_frame; the options are .*"
                        r"first_chunk_frames.*max_batch_size.*nice"):
-        build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "float32",
-                                {"first_chunk_frame": 4, "nice": 5})
-    engine = build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "float32",
-                                     {"first_chunk_frames": 4, "max_batch_size": 8, "nice": 5})
+        build_generation_engine("qwen3_omni_code2wav", model_dir=str(d), device="cpu",
+                                dtype="float32", options={"first_chunk_frame": 4, "nice": 5})
+    engine = build_generation_engine(
+        "qwen3_omni_code2wav", model_dir=str(d), device="cpu", dtype="float32",
+        options={"first_chunk_frames": 4, "max_batch_size": 8, "nice": 5})
     assert engine.runner.first_chunk_frames == 4 and engine.max_batch_size == 8
 
 
@@ -313,8 +314,8 @@ def test_bad_codes_fail_only_that_request(c2w):
 def test_full_delivery_inputs_and_build(c2w, tmp_path_factory):
     d = tmp_path_factory.getbasetemp() / "models" / "qwen3_omni"
     t0 = time.perf_counter()
-    engine = build_generation_engine("qwen3_omni_code2wav", str(d), "cpu", "auto",
-                                     {"chunk_frames": 4, "max_batch_size": 2})
+    engine = build_generation_engine("qwen3_omni_code2wav", model_dir=str(d), device="cpu",
+                                     dtype="auto", options={"chunk_frames": 4, "max_batch_size": 2})
     load_s = time.perf_counter() - t0
     c = _codes(9, 4)
     chunks = [{"codes": c[:, :5].tolist()}, {"codes": c[:, 5:].tolist()}]

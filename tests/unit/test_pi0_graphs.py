@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy(model_dir):
-    return build_policy("pi0", model_dir, "cpu", "float32", {})
+    return build_policy("pi0", model_dir=model_dir, device="cpu", dtype="float32", options={})
 
 
 def prepared(policy, n: int, offset: int = 0) -> list:
@@ -84,4 +84,5 @@ def test_a_batch_past_the_largest_bucket_goes_eager(policy):
 def test_cuda_graphs_are_off_on_the_cpu_and_cannot_be_asked_for(policy, model_dir):
     assert policy.graphs is None and policy.info()["cuda_graphs"] == "off"
     with pytest.raises(EngineLoadError, match="cuda_graphs needs device cuda"):
-        build_policy("pi0", model_dir, "cpu", "float32", {"cuda_graphs": True})
+        build_policy("pi0", model_dir=model_dir, device="cpu", dtype="float32",
+                     options={"cuda_graphs": True})

@@ -20,7 +20,7 @@ PROMPTS = ("pick up the red block", "open the top drawer and put the bowl inside
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     model_dir = ensure_tiny_model("pi0", tmp_path_factory.getbasetemp() / "models")
-    return build_policy("pi0", str(model_dir), "cpu", "float32", {})
+    return build_policy("pi0", model_dir=str(model_dir), device="cpu", dtype="float32", options={})
 
 
 def observation(i: int) -> dict:

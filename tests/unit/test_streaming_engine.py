@@ -181,12 +181,14 @@ def test_bad_params_and_inputs_fail_as_the_input_s_fault(runner, inputs, params,
 
 
 def test_the_stage_builds_a_streaming_engine_with_only_the_adapter_s_options():
-    engine = build_generation_engine("silero_vad", None, "cpu", "auto", {"intra_op_threads": 1})
+    engine = build_generation_engine("silero_vad", model_dir=None, device="cpu", dtype="auto",
+                                     options={"intra_op_threads": 1})
     assert isinstance(engine, StreamingEngine)
     assert engine.info() == {"engine": "generation", "streams": True, "sample_rate": SAMPLE_RATE,
                              "model": "silero_vad"}
     with pytest.raises(EngineLoadError, match="max_batch_size"):
-        build_generation_engine("silero_vad", None, "cpu", "auto", {"max_batch_size": 4})
+        build_generation_engine("silero_vad", model_dir=None, device="cpu", dtype="auto",
+                                options={"max_batch_size": 4})
 
 
 # -- the orchestrator's side, with its engines faked ---------------------------------------

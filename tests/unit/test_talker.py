@@ -228,7 +228,7 @@ def test_bad_inputs_fail_alone(thinker, talker):
 
 
 def test_loaded_talker_weights_equal_saved(omni_dir):
-    lm, feed = load_talker(omni_dir)
+    lm, feed = load_talker(model_dir=omni_dir, device="cpu", dtype="auto")
     saved, table = {}, None
     for shard in sorted(__import__("pathlib").Path(omni_dir).glob("model-*.safetensors")):
         tensors = load_file(str(shard))

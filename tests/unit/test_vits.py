@@ -73,7 +73,7 @@ def test_options_voice_id_language_openai_alias(vits_dir):
 
 def test_loader_refuses_bad_dirs(vits_dir, tmp_path):
     with pytest.raises(EngineLoadError, match="needs a model_dir"):
-        build_runner("vits", None, "cpu", "auto", {})
+        build_runner("vits", model_dir=None, device="cpu", dtype="auto", options={})
     with pytest.raises(EngineLoadError, match="not a directory"):
         load_vits(tmp_path / "absent")
     with pytest.raises(EngineLoadError, match="config.json"):

@@ -32,7 +32,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def denoiser(model_dir):
-    return build_denoiser("cosmos3_world", str(model_dir), "cpu", "float32", {})
+    return build_denoiser("cosmos3_world", model_dir=str(model_dir), device="cpu", dtype="float32",
+                          options={})
 
 
 @pytest.fixture(scope="module")

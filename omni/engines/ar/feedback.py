@@ -59,7 +59,9 @@ class FeedbackAREngine(AREngine):
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         from omni.models import build_feedback_lm
 
-        self.lm, self.feed = build_feedback_lm(self.model_name, model_dir, dtype, device)
+        self.lm, self.feed = build_feedback_lm(self.model_name, model_dir=model_dir,
+                                               device=device, dtype=dtype,
+                                               options=self.options)
         return self.lm
 
     def _make_graphs(self) -> Any:

@@ -303,11 +303,13 @@ def stage_engine(spec: EngineSpec) -> DiffusionEngine:
                                   options=spec.options)
 
 
-def build_diffusion_engine(model: str, model_dir: str | None, device: str, dtype: str,
+def build_diffusion_engine(model: str, *, model_dir: str | None, device: str, dtype: str,
                            options: Mapping[str, Any]) -> DiffusionEngine:
     """The diffusion engine for a stage's `model` (adapters: omni/models/__init__.py)."""
     from omni.models import adapter_options, build_denoiser
 
     check_options(f"diffusion engine ({model})", options,
                   DiffusionEngine.OPTIONS | adapter_options(model))
-    return DiffusionEngine(build_denoiser(model, model_dir, device, dtype, options), options)
+    denoiser = build_denoiser(model, model_dir=model_dir, device=device, dtype=dtype,
+                              options=options)
+    return DiffusionEngine(denoiser, options)

@@ -384,7 +384,7 @@ def stage_engine(spec: EngineSpec) -> Engine:
         options=spec.options, memory_bytes=budget_bytes(spec.memory, spec.memory_share, device))
 
 
-def build_generation_engine(model: str, model_dir: str | None, device: str, dtype: str,
+def build_generation_engine(model: str, *, model_dir: str | None, device: str, dtype: str,
                             options: Mapping[str, Any],
                             memory_bytes: int | None = None) -> Engine:
     """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
@@ -392,8 +392,10 @@ def build_generation_engine(model: str, model_dir: str | None, device: str, dtyp
 
     if adapter_streams(model):  # per-request recurrent state: generation/streams.py
         from omni.engines.generation.streams import build_streaming_engine
-        return build_streaming_engine(model, model_dir, device, dtype, options)
+        return build_streaming_engine(model, model_dir=model_dir, device=device, dtype=dtype,
+                                      options=options)
     check_options(f"generation engine ({model})", options,
                   GenerationEngine.OPTIONS | adapter_options(model))
-    return GenerationEngine(build_runner(model, model_dir, device, dtype, options), options,
-                            memory_bytes)
+    runner = build_runner(model, model_dir=model_dir, device=device, dtype=dtype,
+                          options=options)
+    return GenerationEngine(runner, options, memory_bytes)

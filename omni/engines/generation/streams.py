@@ -157,11 +157,12 @@ class StreamingEngine(Engine):
         self._failed.append(failed_output(rid, exc))
 
 
-def build_streaming_engine(model: str, model_dir: str | None, device: str, dtype: str,
+def build_streaming_engine(model: str, *, model_dir: str | None, device: str, dtype: str,
                            options: Mapping[str, Any]) -> StreamingEngine:
     """The engine of a streaming runner: it batches nothing, so it reads only the
     adapter's options (the generation engine's batch and chunk sizes are refused)."""
     from omni.models import adapter_options, build_runner
 
     check_options(f"generation engine ({model}, streaming)", options, adapter_options(model))
-    return StreamingEngine(build_runner(model, model_dir, device, dtype, options))
+    return StreamingEngine(build_runner(model, model_dir=model_dir, device=device, dtype=dtype,
+                                        options=options))

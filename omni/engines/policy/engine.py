@@ -275,11 +275,13 @@ def stage_engine(spec: EngineSpec) -> PolicyEngine:
                                options=spec.options)
 
 
-def build_policy_engine(model: str, model_dir: str | None, device: str, dtype: str,
+def build_policy_engine(model: str, *, model_dir: str | None, device: str, dtype: str,
                         options: Mapping[str, Any]) -> PolicyEngine:
     """The policy engine for a stage's `model` (adapters: omni/models/__init__.py)."""
     from omni.models import adapter_options, build_policy
 
     check_options(f"policy engine ({model})", options,
                   PolicyEngine.OPTIONS | adapter_options(model))
-    return PolicyEngine(build_policy(model, model_dir, device, dtype, options), options)
+    policy = build_policy(model, model_dir=model_dir, device=device, dtype=dtype,
+                          options=options)
+    return PolicyEngine(policy, options)
