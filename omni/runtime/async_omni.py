@@ -17,11 +17,11 @@ from omni.errors import RequestAbortedError, RequestFailedError
 from omni.runtime.client_payloads import ClientPayloads
 from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
+from omni.runtime.pipeline_sessions import PipelineSessions
 from omni.runtime.policies import PolicyCalls
-from omni.runtime.sessions import PipelineSessions
-from omni.runtime.worlds import WorldSessions
 from omni.session import Fence, Session, SessionError
 from omni.session.conversation import conversation
+from omni.session.worlds import WorldSessions
 
 Params = Mapping[str, Mapping[str, Any]]
 

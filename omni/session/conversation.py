@@ -3,7 +3,7 @@
 Appends are chat messages (``{"role", "content"}``, content a string or a list of
 OpenAI content parts); a response runs the whole history as one request of the session
 (its AR stages keep the history's KV between turns, so a turn prefills only what is new:
-omni/engines/ar/sessions.py) and, when it ends, its text joins the history as the
+omni/engines/ar/session_kv.py) and, when it ends, its text joins the history as the
 assistant's message: whole when it completed, the part produced so far when it was
 cancelled or interrupted (what a listener heard before the barge-in).
 """

@@ -1,4 +1,4 @@
-"""A session's KV blocks held by the AR engine between turns (omni/engines/ar/sessions.py),
+"""A session's KV blocks held by the AR engine between turns (omni/engines/ar/session_kv.py),
 in-process on the tiny Qwen3: the next turn prefills only its new tokens even after other
 requests pushed every cached prefix out, its answer equals a fresh engine's, and
 releasing gives every block back."""

@@ -50,7 +50,7 @@ from omni.engines.ar.media import step_media, whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
-from omni.engines.ar.sessions import SessionContexts, SessionTurns
+from omni.engines.ar.session_kv import SessionContexts, SessionTurns
 from omni.engines.ar.state import (
     Flight,
     RequestState,

@@ -28,7 +28,7 @@ class RequestState:
     hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
     exported: int = 0  # positions whose hidden states were exported (a recompute skips them)
     finish: str | None = None  # the finish reason of the last recorded token
-    session: str | None = None  # its KV blocks stay with this session (sessions.py)
+    session: str | None = None  # its KV blocks stay with this session (session_kv.py)
 
 
 @dataclass

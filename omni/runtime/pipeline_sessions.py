@@ -22,7 +22,7 @@ from omni.runtime.pool import Replica
 from omni.session import Session, SessionManager
 from omni.wire.protocol import Msg, encode
 
-log = logging.getLogger("omni.runtime.sessions")
+log = logging.getLogger("omni.runtime.pipeline_sessions")
 
 # engine kinds whose requests carry a ``session`` param: they keep state per session
 # (AR: KV blocks; policy: the episode; diffusion: a world adapter's frames)
