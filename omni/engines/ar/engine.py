@@ -50,10 +50,10 @@ from omni.engines.ar.media import step_media, whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
-from omni.engines.ar.session_kv import SessionContexts, SessionTurns
+from omni.engines.ar.session_kv import SessionKV, SessionTurns
 from omni.engines.ar.state import (
     Flight,
-    RequestState,
+    SequenceState,
     exported_rows,
     finish_reason,
     token_output,
@@ -124,7 +124,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
         cuda = self.lm.device.type == "cuda"
         self.cache = cache
         self.blocks = bind_cache(self.lm.model, cache)  # the decoder layers
-        self.sessions = SessionContexts(cache)  # KV kept between a session's turns
+        self.sessions = SessionKV(cache)  # KV kept between a session's turns
         # a cached prefix is not recomputed, so its hidden states could not be exported
         caching = self.options.get("prefix_caching", self.export_layers is None)
         batched = self._max_batched()
@@ -188,9 +188,9 @@ class AREngine(StepOrder, SessionTurns, Engine):
             raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
-        state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
-                             IncrementalDetokenizer(self.lm.tokenizer, params.stop),
-                             stream_from=producer, session=session)
+        state = SequenceState(params, SequenceSampler(params, penalized, self.lm.device),
+                              IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+                              stream_from=producer, session=session)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
                        media=media)
         if producer is None:
@@ -214,7 +214,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
         seq = self._seqs.get(request_id)
         if seq is None:
             return  # aborted or failed: late chunks in flight are dropped
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         try:
             if producer != state.stream_from or not seq.input_open:
                 raise ValueError(f"unexpected stream input from '{producer}'")
@@ -228,7 +228,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
             self._failed.append(self._fail(seq, f"bad stream input: {e}"))
 
     def _close_input(self, seq: Sequence) -> None:
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         if state.stream_text:
             seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
         if not seq.prompt:
@@ -371,7 +371,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
             self._retire(seq)
 
     def _emit(self, seq: Sequence, result: Any) -> StepOutput:
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         finish = state.finish
         text, stopped = state.detok.push([result.token], final=finish is not None)
         if stopped:

@@ -25,17 +25,17 @@ from omni.engines.ar.scheduler import Sequence
 
 
 @dataclass
-class HeldContext:
+class HeldKV:
     tokens: list[int]  # their KV is in blocks, in this order
     blocks: SequenceBlocks
 
 
-class SessionContexts:
+class SessionKV:
     """Every session's held blocks in one engine."""
 
     def __init__(self, cache: PagedKVCache) -> None:
         self.cache = cache
-        self.held: dict[str, HeldContext] = {}
+        self.held: dict[str, HeldKV] = {}
         self.reused_tokens = 0  # prompt tokens a session turn did not recompute
 
     def __contains__(self, session: str) -> bool:
@@ -58,7 +58,7 @@ class SessionContexts:
         del blocks.hashes[keep:]
         if computed == 0:
             return
-        self.held[session] = HeldContext(seq.tokens[:computed], blocks)
+        self.held[session] = HeldKV(seq.tokens[:computed], blocks)
 
     def attach(self, session: str, seq: Sequence) -> int:
         """Give a new turn the session's blocks of its longest common prefix (all but the
@@ -123,7 +123,7 @@ class SessionTurns:
     """The AR engine's side of sessions (a mixin of AREngine): a request's ``session``
     param, its blocks attached at admission and held when it leaves the scheduler."""
 
-    sessions: SessionContexts
+    sessions: SessionKV
     scheduler: Any
     export_layers: Any
 
