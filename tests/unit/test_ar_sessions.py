@@ -54,7 +54,7 @@ PROMPT = [(3 * j) % 97 + 2 for j in range(41)]
 def test_next_turn_prefills_only_new_tokens_under_cache_pressure(engine, model_dir):
     answer, cached = run(engine, "t1", PROMPT, session="s")
     assert cached == 0 and len(set(answer)) > 2  # the model's answers vary
-    held = engine.sessions.nbytes()["s"]
+    held = engine.session_kv.nbytes()["s"]
     assert held == engine.cache.blocks_for(len(PROMPT) + len(answer) - 1) * engine.cache.block_bytes
     pressure(engine)
     follow = PROMPT + answer + [11, 12, 13, 14, 15]
