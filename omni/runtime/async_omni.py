@@ -10,6 +10,8 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from omni.config.pipeline import PipelineConfig
 from omni.config.presets import load_pipeline
 from omni.errors import RequestFailedError
@@ -25,7 +27,7 @@ from omni.session.worlds import WorldSessions
 Params = Mapping[str, Mapping[str, Any]]
 
 
-class AsyncOmni(WorldSessions, PolicyCalls):
+class AsyncOmni:
     """One pipeline served from this process: engines start on `start()` / `async with`.
 
     ``params`` of `generate` maps a stage name (or ``"*"`` for every stage) to that
@@ -48,6 +50,9 @@ class AsyncOmni(WorldSessions, PolicyCalls):
         self.sessions = PipelineSessions(pipeline, self.orchestrator)
         self.conversations = ConversationTurns(self.sessions.manager, self.generate,
                                                self.orchestrator.abort)
+        self.worlds = WorldSessions(self.sessions, self.generate, self.stage_info,
+                                    pipeline.outputs.get("video", ()))
+        self.policies = PolicyCalls(self.sessions, self.generate)
 
     @property
     def name(self) -> str:
@@ -175,6 +180,32 @@ class AsyncOmni(WorldSessions, PolicyCalls):
         message put first for this turn. One response runs per session at a time."""
         return self.conversations.respond(session_id, fence=fence, modalities=modalities,
                                           params=params, view=view, instructions=instructions)
+
+    # -- world sessions (omni/session/worlds.py) and robot policies (policies.py) ------------
+    def open_world(self, image: bytes | np.ndarray, prompt: str, domain: str,
+                   **defaults: Any) -> Session:
+        """A new world session; ``defaults``: step params for every step (seed, steps,
+        chunk_size, guidance_scale, view_point). SessionCapacityError when full."""
+        return self.worlds.open(image, prompt, domain, **defaults)
+
+    def world_step(self, session_id: str, actions: np.ndarray,
+                   **params: Any) -> AsyncIterator[Any]:
+        """The next chunk: progress outputs, then one with ``video`` uint8 (F, H, W, 3)."""
+        return self.worlds.step(session_id, actions, **params)
+
+    def reset_world(self, session_id: str) -> None:
+        """Back to the first frame: the next step restarts the rollout from it."""
+        self.worlds.reset(session_id)
+
+    def open_robot(self, **params: Any) -> Session:
+        """A session for one robot's episode; SessionCapacityError when full."""
+        return self.policies.open_robot(**params)
+
+    async def act(self, observation: dict[str, Any], *, seed: int | None = None,
+                  steps: int | None = None, session: Session | None = None
+                  ) -> dict[str, Any]:
+        """The action chunk for ``observation`` (see PolicyCalls.act)."""
+        return await self.policies.act(observation, seed=seed, steps=steps, session=session)
 
     def health(self) -> dict[str, Any]:
         return self.orchestrator.health()
