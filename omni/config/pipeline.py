@@ -55,7 +55,7 @@ from omni.config.routes import (  # noqa: F401 - re-exported
     UnsupportedInputError,
     build_route,
 )
-from omni.config.sessions import SessionSettings, parse_sessions
+from omni.config.session_settings import SessionSettings, parse_sessions
 from omni.config.views import parse_views
 from omni.engines.kinds import ENGINE_KINDS
 

@@ -7,26 +7,27 @@ import contextlib
 import logging
 import os
 import threading
-import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from omni.config.pipeline import PipelineConfig
 from omni.config.presets import load_pipeline
-from omni.errors import RequestAbortedError, RequestFailedError
+from omni.errors import RequestFailedError
 from omni.runtime.client_payloads import ClientPayloads
 from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
+from omni.runtime.pipeline_sessions import PipelineSessions
 from omni.runtime.policies import PolicyCalls
-from omni.runtime.sessions import PipelineSessions
-from omni.runtime.worlds import WorldSessions
-from omni.session import Fence, Session, SessionError
-from omni.session.conversation import conversation
+from omni.session import Fence, Session
+from omni.session.conversation import ConversationTurns
+from omni.session.worlds import WorldSessions
 
 Params = Mapping[str, Mapping[str, Any]]
 
 
-class AsyncOmni(WorldSessions, PolicyCalls):
+class AsyncOmni:
     """One pipeline served from this process: engines start on `start()` / `async with`.
 
     ``params`` of `generate` maps a stage name (or ``"*"`` for every stage) to that
@@ -47,6 +48,11 @@ class AsyncOmni(WorldSessions, PolicyCalls):
         self.payloads = ClientPayloads(f"{self.orchestrator.engines.arena_prefix}-client",
                                        {"curve": remote.keys.to_dict()} if encrypted else None)
         self.sessions = PipelineSessions(pipeline, self.orchestrator)
+        self.conversations = ConversationTurns(self.sessions.manager, self.generate,
+                                               self.orchestrator.abort)
+        self.worlds = WorldSessions(self.sessions, self.generate, self.stage_info,
+                                    pipeline.outputs.get("video", ()))
+        self.policies = PolicyCalls(self.sessions, self.generate)
 
     @property
     def name(self) -> str:
@@ -153,64 +159,53 @@ class AsyncOmni(WorldSessions, PolicyCalls):
     def append(self, session_id: str, item: dict[str, Any],
                fence: Fence | None = None) -> None:
         """One input of the session's current turn (a conversation: a chat message)."""
-        session = self.sessions.manager.append(session_id, fence)
-        conversation(session).add(item)
+        self.conversations.append(session_id, item, fence)
 
     def signal(self, session_id: str, kind: str, fence: Fence | None = None) -> Fence:
         """commit (the turn's input is complete), cancel / interrupt (stop the running
         response: its outputs no longer reach anyone), reset (forget the history and the
         engine state). Returns the session's new fence."""
-        session = self.sessions.manager.get(session_id)
-        chat = conversation(session)
-        new = self.sessions.manager.signal(session_id, kind, fence)
-        if kind != "commit" and chat.running is not None:
-            self.orchestrator.abort(chat.running, f"session {kind}")
-        if kind == "reset":
-            chat.reset()
-        return new
+        return self.conversations.signal(session_id, kind, fence)
 
     def close_session(self, session_id: str, reason: str = "closed by the client") -> bool:
-        session = self.sessions.manager.sessions.get(session_id)
-        if session is not None and session.kind == "conversation":
-            running = conversation(session).running
-            if running is not None:
-                self.orchestrator.abort(running, "the session closed")
-        return self.sessions.manager.close(session_id, reason)
+        return self.conversations.close(session_id, reason)
 
-    async def respond(self, session_id: str, *, fence: Fence | None = None,
-                      modalities: Iterable[str] | None = None, params: Params | None = None,
-                      view: str | None = None, instructions: str | None = None,
-                      ) -> AsyncIterator[OmniOutput]:
+    def respond(self, session_id: str, *, fence: Fence | None = None,
+                modalities: Iterable[str] | None = None, params: Params | None = None,
+                view: str | None = None, instructions: str | None = None,
+                ) -> AsyncIterator[OmniOutput]:
         """Answer the conversation so far as one turn of the session: its outputs, as
         `generate` yields them. The answer's text joins the history when the turn ends
         (the part produced so far, if it was cancelled). ``instructions``: a system
         message put first for this turn. One response runs per session at a time."""
-        session = self.sessions.manager.append(session_id, fence)
-        chat = conversation(session)
-        if chat.running is not None:
-            raise SessionError(f"session {session_id} is already answering; cancel first")
-        messages = ([{"role": "system", "content": instructions}] if instructions else []) \
-            + chat.messages
-        chat.running, texts = uuid.uuid4().hex, []
-        session.busy += 1
-        try:
-            # the history is text (audio arrives transcribed): no entry stage that hears
-            async for out in self.generate({"messages": messages}, modalities=modalities,
-                                           params=params, request_id=chat.running,
-                                           view=view, session=session,
-                                           input_modalities=["text"]):
-                if out.modality == "text" and out.data:
-                    texts.append(out.data.get("text") or "")
-                yield out
-        except RequestAbortedError:
-            chat.answered("".join(texts))
-            raise
-        else:
-            chat.answered("".join(texts))
-        finally:
-            session.busy -= 1
-            chat.running = None
-            self.sessions.manager.touch(session)
+        return self.conversations.respond(session_id, fence=fence, modalities=modalities,
+                                          params=params, view=view, instructions=instructions)
+
+    # -- world sessions (omni/session/worlds.py) and robot policies (policies.py) ------------
+    def open_world(self, image: bytes | np.ndarray, prompt: str, domain: str,
+                   **defaults: Any) -> Session:
+        """A new world session; ``defaults``: step params for every step (seed, steps,
+        chunk_size, guidance_scale, view_point). SessionCapacityError when full."""
+        return self.worlds.open(image, prompt, domain, **defaults)
+
+    def world_step(self, session_id: str, actions: np.ndarray,
+                   **params: Any) -> AsyncIterator[Any]:
+        """The next chunk: progress outputs, then one with ``video`` uint8 (F, H, W, 3)."""
+        return self.worlds.step(session_id, actions, **params)
+
+    def reset_world(self, session_id: str) -> None:
+        """Back to the first frame: the next step restarts the rollout from it."""
+        self.worlds.reset(session_id)
+
+    def open_robot(self, **params: Any) -> Session:
+        """A session for one robot's episode; SessionCapacityError when full."""
+        return self.policies.open_robot(**params)
+
+    async def act(self, observation: dict[str, Any], *, seed: int | None = None,
+                  steps: int | None = None, session: Session | None = None
+                  ) -> dict[str, Any]:
+        """The action chunk for ``observation`` (see PolicyCalls.act)."""
+        return await self.policies.act(observation, seed=seed, steps=steps, session=session)
 
     def health(self) -> dict[str, Any]:
         return self.orchestrator.health()

@@ -35,11 +35,11 @@ from omni.runtime.aborts import AbortFences
 from omni.runtime.launcher import EngineGroup, ReplicaUnreachableError
 from omni.runtime.lead import LeadControl
 from omni.runtime.metrics import Metrics, end_request, observe_durations, pipeline_samples
+from omni.runtime.pipeline_sessions import session_stages, stage_params
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_media import RequestMedia
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
-from omni.runtime.sessions import session_stages, stage_params
 from omni.session import Session
 from omni.wire.protocol import Msg, encode
 

@@ -1,19 +1,26 @@
-"""Robot policies on AsyncOmni: one observation in, one action chunk out (the OpenPI
-server's path, for Python callers). A robot that keeps calling opens a session
-(kind "policy") so the engine keeps its episode record and the calls stay on one replica.
+"""Robot policies: one observation in, one action chunk out (the OpenPI server's path, for
+Python callers; AsyncOmni's open_robot and act delegate to PolicyCalls). A robot that keeps
+calling opens a session (kind "policy") so the engine keeps its episode record and the
+calls stay on one replica.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from omni.errors import RequestFailedError
+from omni.runtime.pipeline_sessions import PipelineSessions
 from omni.session import Session
 from omni.wire.arrays import pack_tree
 
 
 class PolicyCalls:
-    """AsyncOmni's policy methods (mixed into AsyncOmni)."""
+    """The policy calls of one pipeline; ``generate`` runs a request (AsyncOmni's)."""
+
+    def __init__(self, sessions: PipelineSessions,
+                 generate: Callable[..., AsyncIterator[Any]]) -> None:
+        self.sessions, self.generate = sessions, generate
 
     def open_robot(self, **params: Any) -> Session:
         """A session for one robot's episode; SessionCapacityError when full."""

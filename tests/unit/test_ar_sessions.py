@@ -1,4 +1,4 @@
-"""A session's KV blocks held by the AR engine between turns (omni/engines/ar/sessions.py),
+"""A session's KV blocks held by the AR engine between turns (omni/engines/ar/session_kv.py),
 in-process on the tiny Qwen3: the next turn prefills only its new tokens even after other
 requests pushed every cached prefix out, its answer equals a fresh engine's, and
 releasing gives every block back."""
@@ -54,7 +54,7 @@ PROMPT = [(3 * j) % 97 + 2 for j in range(41)]
 def test_next_turn_prefills_only_new_tokens_under_cache_pressure(engine, model_dir):
     answer, cached = run(engine, "t1", PROMPT, session="s")
     assert cached == 0 and len(set(answer)) > 2  # the model's answers vary
-    held = engine.sessions.nbytes()["s"]
+    held = engine.session_kv.nbytes()["s"]
     assert held == engine.cache.blocks_for(len(PROMPT) + len(answer) - 1) * engine.cache.block_bytes
     pressure(engine)
     follow = PROMPT + answer + [11, 12, 13, 14, 15]

@@ -50,10 +50,10 @@ from omni.engines.ar.media import step_media, whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
-from omni.engines.ar.sessions import SessionContexts, SessionTurns
+from omni.engines.ar.session_kv import SessionKV
 from omni.engines.ar.state import (
     Flight,
-    RequestState,
+    SequenceState,
     exported_rows,
     finish_reason,
     token_output,
@@ -81,7 +81,7 @@ AR_OPTIONS = frozenset({
     "prefill_beside_decodes"})
 
 
-class AREngine(StepOrder, SessionTurns, Engine):
+class AREngine(StepOrder, Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
@@ -124,7 +124,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
         cuda = self.lm.device.type == "cuda"
         self.cache = cache
         self.blocks = bind_cache(self.lm.model, cache)  # the decoder layers
-        self.sessions = SessionContexts(cache)  # KV kept between a session's turns
+        self.session_kv = SessionKV(cache, exporting=self.export_layers is not None)
         # a cached prefix is not recomputed, so its hidden states could not be exported
         caching = self.options.get("prefix_caching", self.export_layers is None)
         batched = self._max_batched()
@@ -138,7 +138,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
 
     def drop_runtime(self) -> None:
         """Let go of the cache, graphs and scheduler serve_on made (a budget's probe)."""
-        self.graphs = self.cache = self.blocks = self.sessions = self.scheduler = None
+        self.graphs = self.cache = self.blocks = self.session_kv = self.scheduler = None
 
     def _max_batched(self) -> int:
         return self._opt("max_batched_tokens", 8192 if self.lm.device.type == "cuda" else 512)
@@ -170,7 +170,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
             if rid in self._seqs or rid in self._encoder:
                 raise ValueError(f"request id {rid!r} is already running")
             params = SamplingParams.from_dict(request.params or {})
-            session = self._session_of(request.params or {})
+            session = self.session_kv.session_of(request.params or {})
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
             if producer is None and wants_media(self.lm, inputs):  # off the step loop
@@ -188,13 +188,13 @@ class AREngine(StepOrder, SessionTurns, Engine):
             raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
-        state = RequestState(params, SequenceSampler(params, penalized, self.lm.device),
-                             IncrementalDetokenizer(self.lm.tokenizer, params.stop),
-                             stream_from=producer, session=session)
+        state = SequenceState(params, SequenceSampler(params, penalized, self.lm.device),
+                              IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+                              stream_from=producer, session=session)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
                        media=media)
         if producer is None:
-            self._attach_session(seq)
+            self.session_kv.attach(seq)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
@@ -214,7 +214,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
         seq = self._seqs.get(request_id)
         if seq is None:
             return  # aborted or failed: late chunks in flight are dropped
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         try:
             if producer != state.stream_from or not seq.input_open:
                 raise ValueError(f"unexpected stream input from '{producer}'")
@@ -228,7 +228,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
             self._failed.append(self._fail(seq, f"bad stream input: {e}"))
 
     def _close_input(self, seq: Sequence) -> None:
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         if state.stream_text:
             seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
         if not seq.prompt:
@@ -272,8 +272,8 @@ class AREngine(StepOrder, SessionTurns, Engine):
                 "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
                 "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
                 "steps": self.steps, "chained_steps": self.chained_steps,
-                "session_bytes": self.sessions.nbytes(),
-                "session_reused_tokens": self.sessions.reused_tokens}
+                "session_bytes": self.session_kv.nbytes(),
+                "session_reused_tokens": self.session_kv.reused_tokens}
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
@@ -282,7 +282,11 @@ class AREngine(StepOrder, SessionTurns, Engine):
             self.scheduler.remove(seq)
         self._seqs.clear()
         self._failed.clear()
-        self.sessions.release_all()
+        self.session_kv.release_all()
+
+    def end_session(self, session: str, op: str) -> bool:
+        """Drop what the engine holds for a session (close, reset, eviction alike)."""
+        return self.session_kv.release(session)
 
     # -- one step -----------------------------------------------------------------------------
     def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
@@ -371,7 +375,7 @@ class AREngine(StepOrder, SessionTurns, Engine):
             self._retire(seq)
 
     def _emit(self, seq: Sequence, result: Any) -> StepOutput:
-        state: RequestState = seq.state
+        state: SequenceState = seq.state
         finish = state.finish
         text, stopped = state.detok.push([result.token], final=finish is not None)
         if stopped:
@@ -392,6 +396,11 @@ class AREngine(StepOrder, SessionTurns, Engine):
         return StepOutput(seq.id, finished=True, data={
             "token_ids": [], "text": rest, "finish_reason": reason,
             "completion_tokens": len(seq.output), "prompt_tokens": len(seq.prompt)})
+
+    def _retire(self, seq: Sequence) -> None:
+        """Out of the scheduler; its blocks go to its session, if it has one."""
+        self.session_kv.hold(seq)
+        self.scheduler.remove(seq)
 
     def _fail(self, seq: Sequence, error: str) -> StepOutput:
         self._seqs.pop(seq.id, None)

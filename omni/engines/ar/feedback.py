@@ -29,7 +29,7 @@ from omni.engines.ar.engine import AREngine
 from omni.engines.ar.inputs import stream_producer
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Sequence
-from omni.engines.ar.state import RequestState
+from omni.engines.ar.state import SequenceState
 from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, failed_output
 
 
@@ -44,7 +44,7 @@ class SilentDetokenizer:
 
 
 @dataclass
-class _FeedState(RequestState):
+class _FeedState(SequenceState):
     feed: Any = None  # the model feed's per-request state
     voice: str = ""
     fed: list[torch.Tensor] | None = None  # decode inputs fed so far (recompute on preemption)

@@ -1,4 +1,4 @@
-"""What the AR engine (ar.py) keeps per request and per launched step, and the output
+"""What the AR engine (engine.py) keeps per sequence and per launched step, and the output
 record of one sampled token."""
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from omni.engines.ar.scheduler import Sequence
 
 
 @dataclass
-class RequestState:
-    """Per-request data the scheduler carries but does not look at."""
+class SequenceState:
+    """A sequence's own data (``Sequence.state``), which the scheduler carries but does
+    not look at. The orchestrator's per-request record is omni/runtime/request_state.py's
+    RequestState."""
 
     params: SamplingParams
     sampler: SequenceSampler
@@ -28,7 +30,7 @@ class RequestState:
     hidden: list[torch.Tensor] | None = None  # exported hidden states not yet sent
     exported: int = 0  # positions whose hidden states were exported (a recompute skips them)
     finish: str | None = None  # the finish reason of the last recorded token
-    session: str | None = None  # its KV blocks stay with this session (sessions.py)
+    session: str | None = None  # its KV blocks stay with this session (session_kv.py)
 
 
 @dataclass
@@ -89,7 +91,7 @@ def finish_reason(seq: Sequence, token: int, eos_ids: set[int],
 def token_output(seq: Sequence, result: Any, text: str, finish: str | None, tokenizer: Any,
                  exporting: bool) -> dict[str, Any]:
     """The output data of one sampled token (usage with the first and the last)."""
-    state: RequestState = seq.state
+    state: SequenceState = seq.state
     data: dict[str, Any] = {"token_ids": [result.token], "text": text, "finish_reason": finish}
     if state.params.logprobs is not None:
         data["logprobs"] = [logprobs_entry(tokenizer, result.logprobs)]

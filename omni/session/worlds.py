@@ -1,4 +1,5 @@
-"""World-model sessions on AsyncOmni (a pipeline whose video stage is a world model):
+"""World-model sessions (a pipeline whose video stage is a world model; AsyncOmni's
+open_world, world_step and reset_world delegate to WorldSessions):
 open with a first frame, a prompt and an embodiment domain; each step sends actions and
 yields the next chunk of frames; reset goes back to the first frame.
 
@@ -11,13 +12,13 @@ which a step is refused until the client resets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 
 from omni.errors import InvalidInputError
-from omni.session import Session, SessionError
+from omni.session import Session, SessionError, SessionManager
 from omni.wire.arrays import pack
 
 WORLD = "world"
@@ -36,11 +37,28 @@ def _png(image: Any) -> bytes:
                             "array (H, W, 3)")
 
 
-class WorldSessions:
-    """AsyncOmni's world-session methods (mixed into AsyncOmni)."""
+class SessionOpener(Protocol):
+    """A pipeline's sessions as the runtime wires them to its engines (PipelineSessions):
+    ``open`` makes one whose engine state is freed when it ends."""
 
-    def open_world(self, image: bytes | np.ndarray, prompt: str, domain: str,
-                   **defaults: Any) -> Session:
+    manager: SessionManager
+
+    def open(self, kind: str, params: dict[str, Any] | None = None) -> Session: ...
+
+
+class WorldSessions:
+    """The world sessions of one pipeline. ``generate`` runs a request (AsyncOmni's);
+    ``video_stages``: the stages whose engine (a world model) reports the ``domains`` it
+    serves, read through ``stage_info(stage)``."""
+
+    def __init__(self, sessions: SessionOpener, generate: Callable[..., AsyncIterator[Any]],
+                 stage_info: Callable[[str], dict[str, Any]],
+                 video_stages: Iterable[str]) -> None:
+        self.sessions, self.generate = sessions, generate
+        self.stage_info, self.video_stages = stage_info, tuple(video_stages)
+
+    def open(self, image: bytes | np.ndarray, prompt: str, domain: str,
+             **defaults: Any) -> Session:
         """A new world session; ``defaults``: step params for every step (seed, steps,
         chunk_size, guidance_scale, view_point). SessionCapacityError when full."""
         if not isinstance(prompt, str) or not prompt.strip():
@@ -49,7 +67,7 @@ class WorldSessions:
         if unknown:
             raise InvalidInputError(f"unknown step param(s) {', '.join(unknown)}; "
                                     f"known: {', '.join(STEP_PARAMS)}")
-        domains = self._world_domains()
+        domains = self._domains()
         if domains and (not isinstance(domain, str) or domain not in domains):
             raise InvalidInputError(f"unknown domain {domain!r}; this model serves "
                                     f"{', '.join(sorted(domains))}")
@@ -57,8 +75,8 @@ class WorldSessions:
         session.state.update(first=_png(image), fresh=True, defaults=dict(defaults))
         return session
 
-    async def world_step(self, session_id: str, actions: np.ndarray,
-                         **params: Any) -> AsyncIterator[Any]:
+    async def step(self, session_id: str, actions: np.ndarray,
+                   **params: Any) -> AsyncIterator[Any]:
         """The next chunk: progress outputs, then one with ``video`` uint8 (F, H, W, 3)."""
         session = self.sessions.manager.append(session_id, None)
         if session.kind != WORLD:
@@ -84,15 +102,15 @@ class WorldSessions:
             session.busy -= 1
             self.sessions.manager.touch(session)
 
-    def reset_world(self, session_id: str) -> None:
+    def reset(self, session_id: str) -> None:
         """Back to the first frame: the engine drops the rollout, the next step restarts
         it from the first frame."""
         session = self.sessions.manager.get(session_id)
         self.sessions.manager.signal(session_id, "reset")
         session.state["fresh"] = True
 
-    def _world_domains(self) -> dict[str, int]:
-        for stage in self.pipeline.outputs.get("video", ()):
+    def _domains(self) -> dict[str, int]:
+        for stage in self.video_stages:
             domains = self.stage_info(stage).get("domains")
             if domains:
                 return domains

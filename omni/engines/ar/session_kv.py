@@ -25,23 +25,48 @@ from omni.engines.ar.scheduler import Sequence
 
 
 @dataclass
-class HeldContext:
+class HeldKV:
     tokens: list[int]  # their KV is in blocks, in this order
     blocks: SequenceBlocks
 
 
-class SessionContexts:
-    """Every session's held blocks in one engine."""
+class SessionKV:
+    """Every session's held blocks in one engine (a collaborator of AREngine): a request's
+    ``session`` param read at admission, the session's blocks attached to its new turn and
+    held again when the turn leaves the scheduler, released when the session layer says."""
 
-    def __init__(self, cache: PagedKVCache) -> None:
+    def __init__(self, cache: PagedKVCache, exporting: bool) -> None:
         self.cache = cache
-        self.held: dict[str, HeldContext] = {}
+        self.exporting = exporting  # the engine exports hidden states (no session KV then)
+        self.held: dict[str, HeldKV] = {}
         self.reused_tokens = 0  # prompt tokens a session turn did not recompute
 
     def __contains__(self, session: str) -> bool:
         return session in self.held
 
-    def hold(self, session: str, seq: Sequence) -> None:
+    def session_of(self, params: dict[str, Any]) -> str | None:
+        """The session a request belongs to, where its KV can be held: not with hidden
+        states exported (a reused prefix would not be exported again)."""
+        session = params.get("session")
+        if session is None or self.exporting:
+            return None
+        if not isinstance(session, str) or not session:
+            raise ValueError(f"param session must be a non-empty string, got {session!r}")
+        return session
+
+    def attach(self, seq: Sequence) -> int:
+        """A new turn of its session takes the session's held blocks; the tokens reused."""
+        session = _holder(seq)
+        return 0 if session is None else self._attach(session, seq)
+
+    def hold(self, seq: Sequence) -> None:
+        """A turn leaving the scheduler (finished or aborted) leaves its blocks to its
+        session, if it has one."""
+        session = _holder(seq)
+        if session is not None:
+            self._hold(session, seq)
+
+    def _hold(self, session: str, seq: Sequence) -> None:
         """A finished (or aborted) turn: its computed tokens' blocks move to the session,
         replacing any older context of it. A sequence without blocks (already held, or
         preempted) changes nothing."""
@@ -58,9 +83,9 @@ class SessionContexts:
         del blocks.hashes[keep:]
         if computed == 0:
             return
-        self.held[session] = HeldContext(seq.tokens[:computed], blocks)
+        self.held[session] = HeldKV(seq.tokens[:computed], blocks)
 
-    def attach(self, session: str, seq: Sequence) -> int:
+    def _attach(self, session: str, seq: Sequence) -> int:
         """Give a new turn the session's blocks of its longest common prefix (all but the
         prompt's last token, whose logits are needed); returns the tokens reused."""
         held = self.held.pop(session, None)
@@ -119,36 +144,9 @@ def _common_prefix(a: Tokens[int], b: Tokens[int], limit: int) -> int:
     return n
 
 
-class SessionTurns:
-    """The AR engine's side of sessions (a mixin of AREngine): a request's ``session``
-    param, its blocks attached at admission and held when it leaves the scheduler."""
-
-    sessions: SessionContexts
-    scheduler: Any
-    export_layers: Any
-
-    def _session_of(self, params: dict[str, Any]) -> str | None:
-        """The session a request belongs to, where its KV can be held: not with hidden
-        states exported (a reused prefix would not be exported again)."""
-        session = params.get("session")
-        if session is None or self.export_layers is not None:
-            return None
-        if not isinstance(session, str) or not session:
-            raise ValueError(f"param session must be a non-empty string, got {session!r}")
-        return session
-
-    def _attach_session(self, seq: Sequence) -> None:
-        session = seq.state.session
-        if session is not None and seq.embeds is None and seq.media is None:
-            self.sessions.attach(session, seq)
-
-    def _retire(self, seq: Sequence) -> None:
-        """Out of the scheduler; its blocks go to its session, if it has one."""
-        session = seq.state.session
-        if session is not None and seq.embeds is None and seq.media is None:
-            self.sessions.hold(session, seq)
-        self.scheduler.remove(seq)
-
-    def end_session(self, session: str, op: str) -> bool:
-        """Drop what the engine holds for a session (close, reset, eviction alike)."""
-        return self.sessions.release(session)
+def _holder(seq: Sequence) -> str | None:
+    """The session that may keep a sequence's blocks: only a prompt of token ids (one of
+    embeddings or media holds placeholder ids, which a later prompt cannot match)."""
+    if seq.embeds is None and seq.media is None:
+        return seq.state.session
+    return None

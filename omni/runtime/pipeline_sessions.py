@@ -23,7 +23,7 @@ from omni.runtime.pool import Replica
 from omni.session import Session, SessionManager
 from omni.wire.protocol import Msg, encode
 
-log = logging.getLogger("omni.runtime.sessions")
+log = logging.getLogger("omni.runtime.pipeline_sessions")
 
 DEFAULT_KV_SHARE = 0.5  # of the AR stages' KV caches, when no state_budget_mb is set
 REAP_EVERY_S = 1.0  # the most a lease can outlive its deadline
