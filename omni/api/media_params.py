@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError
+from omni.api.state import MODELS_KEY, ServedModel
 from omni.models import diffusion_limits as limits_of
 
 # extra_body names accepted for one engine param (diffusers' and vLLM-Omni's spellings)

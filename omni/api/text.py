@@ -18,10 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
+from omni.api.state import MODELS_KEY, ServedModel
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
 
 
