@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from omni.api import routes
 from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
 from omni.api.state import (
     METRICS_KEY,
@@ -70,8 +71,6 @@ async def _engines_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(models: list[ServedModel], metrics: Metrics,
               settings: ServerSettings | None = None) -> web.Application:
     """The whole HTTP surface; engines start with the app and stop with it."""
-    from omni.api import routes
-
     settings = settings or ServerSettings()
     middlewares = [error_middleware]
     if settings.api_key:
