@@ -84,7 +84,4 @@ async def realtime(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    from omni.api.realtime.duplex import duplex
-
     app.router.add_get("/v1/realtime", realtime)
-    app.router.add_get("/v1/duplex", duplex)
