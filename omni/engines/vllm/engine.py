@@ -78,7 +78,7 @@ def build_vllm_engine(spec: EngineSpec) -> VLLMEngine:
             raise EngineLoadError(
                 f"stage '{spec.stage}': memory {memory / 2**20:.0f} MiB leaves no room for a "
                 f"KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
-    # dtype auto on CPU is float32, as for the ar engine (hf_causal._resolve_dtype)
+    # dtype auto on CPU is float32, as for the ar engine (causal_lm._resolve_dtype)
     dtype = "float32" if spec.dtype == "auto" and device == "cpu" else spec.dtype
     return VLLMEngine(spec.model_dir, dtype=dtype, options=spec.options, kv_cache_bytes=kv_bytes)
 
