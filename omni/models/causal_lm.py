@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from omni.engines.base import EngineLoadError
-from omni.fixtures.tiny_models import FIXTURE_MARKER  # stdlib-only import; says "random weights"
+from omni.fixtures.release_files import FIXTURE_MARKER  # stdlib-only import; says "random weights"
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16", "half": "float16"}
