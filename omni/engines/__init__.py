@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from omni.engines.base import Engine, EngineLoadError
+from omni.engines.base import Engine, EngineLoadError, resolve_device
 
 if TYPE_CHECKING:
-    from omni.engines.proc import EngineSpec
+    from omni.engines.proc.spec import EngineSpec
 
 
 # engine kind -> (module, builder, the omni/models registry of its adapters)
@@ -17,15 +17,6 @@ ADAPTER_ENGINES = {
                   "DIFFUSION_DENOISERS"),
     "policy": ("omni.engines.policy.engine", "build_policy_engine", "POLICIES"),
 }
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; anything else unchanged."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def build_engine(spec: EngineSpec) -> Engine:

@@ -19,7 +19,7 @@ from omni.config.presets import (
     PRESET_DIR,
     load_pipeline,
 )
-from omni.engines import resolve_device
+from omni.engines.base import resolve_device
 
 
 def test_every_builtin_pipeline_puts_its_model_stages_on_the_gpu(tmp_path):

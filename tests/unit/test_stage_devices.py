@@ -21,7 +21,7 @@ from omni.config.presets import (
     PRESET_DIR,
     load_pipeline,
 )
-from omni.engines import resolve_device
+from omni.engines.base import resolve_device
 
 PRESET_NAMES = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 

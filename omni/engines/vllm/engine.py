@@ -46,7 +46,7 @@ from omni.engines.base import (
 )
 
 if TYPE_CHECKING:
-    from omni.engines.proc import EngineSpec
+    from omni.engines.proc.spec import EngineSpec
 
 UNSUPPORTED_INPUTS = ("stream", "prompt_embeds")
 
@@ -64,7 +64,7 @@ def build_vllm_engine(spec: EngineSpec) -> VLLMEngine:
     """The stage's engine; its `memory` (weights + KV cache, as for the ar engine) leaves
     vllm a KV cache of memory minus the weights on disk, never a share of free memory."""
     from omni.config.memory import budget_bytes
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
 
     if not spec.model_dir:
         raise EngineLoadError(f"stage '{spec.stage}': engine 'vllm' needs a model_dir")
