@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from omni.config.devices import CPU_ENGINES, default_devices
-from omni.config.pipeline import ENGINE_KINDS, ConfigError, StageConfig, parse_pipeline
+from omni.config.pipeline import ENGINE_KINDS, ConfigError, parse_pipeline
 from omni.config.presets import (
     DEFAULT_PIPELINES,
     PRESET_BY_MODEL_TYPE,
@@ -21,6 +21,7 @@ from omni.config.presets import (
     PRESET_DIR,
     load_pipeline,
 )
+from omni.config.stages import StageConfig
 from omni.engines.base import resolve_device
 
 PRESET_NAMES = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
