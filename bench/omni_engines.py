@@ -15,7 +15,8 @@ import statistics
 import time
 from typing import Any
 
-from omni.config.pipeline import PipelineConfig, StageConfig
+from omni.config.pipeline import PipelineConfig
+from omni.config.stages import StageConfig
 from omni.engines import build_engine
 from omni.engines.base import Engine, EngineRequest
 from omni.engines.proc import EngineSpec

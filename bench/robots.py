@@ -61,7 +61,7 @@ def stats_ms(samples: list[float]) -> dict[str, float]:
 def in_process(model_dir: str, dtype: str, rounds: int) -> dict[str, Any]:
     import torch
 
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
     from omni.models import build_policy
     from omni.wire.arrays import pack_tree
 

@@ -56,7 +56,7 @@ def pipeline_side(args: argparse.Namespace, model_dir: str, n: int) -> dict[str,
     from diffusers import Cosmos3OmniPipeline, CosmosActionCondition
     from PIL import Image
 
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
     from omni.models.diffusion import torch_dtype
 
     device = resolve_device("auto")

@@ -19,7 +19,8 @@ from pathlib import Path
 from aiohttp import web
 
 from omni.api import videos
-from omni.api.app import ServedModel, ServerSettings, build_app
+from omni.api.app import build_app
+from omni.api.state import ServedModel, ServerSettings
 from omni.config.pipeline import ConfigError, PipelineConfig
 from omni.config.presets import load_pipeline, preset_with_model_dirs, renamed
 from omni.heap import GcPauses, freeze_loaded_objects

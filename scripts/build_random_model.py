@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from omni.fixtures import tiny_models
+    from omni.fixtures import release_files
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from omni.fixtures import tiny_models
+    from omni.fixtures import release_files
 
 VOCAB_SIZE = 151936  # the releases' embedding rows (past the tokenizer, padded)
 FIRST_SPECIAL = 151643  # <|endoftext|>; <|im_start|> and <|im_end|> follow
@@ -100,22 +100,22 @@ def write_tokenizer(out: Path) -> None:
     """The tiny fixture's BPE, widened with filler tokens to FIRST_SPECIAL entries."""
     from transformers import Qwen2Tokenizer
 
-    vocab, merges = tiny_models._train_bpe()
+    vocab, merges = release_files._train_bpe()
     i = 0
     while len(vocab) < FIRST_SPECIAL:
         token = _filler(i)
         i += 1
         if token not in vocab:
             vocab[token] = len(vocab)
-    eot, im_start, im_end = tiny_models.QWEN_SPECIAL_TOKENS
+    eot, im_start, im_end = release_files.QWEN_SPECIAL_TOKENS
     tok = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None,
                          eos_token=eot, pad_token=eot, clean_up_tokenization_spaces=False)
     tok.add_special_tokens({"additional_special_tokens": [im_start, im_end]})
     tok.eos_token = im_end  # as the releases: eos <|im_end|>, pad <|endoftext|>
-    tok.chat_template = tiny_models.CHATML_TEMPLATE
+    tok.chat_template = release_files.CHATML_TEMPLATE
     tok.model_max_length = 131072
     tok.save_pretrained(str(out))
-    tiny_models.write_slow_tokenizer_files(out, vocab, merges)
+    release_files.write_slow_tokenizer_files(out, vocab, merges)
     ids = tok.convert_tokens_to_ids([eot, im_start, im_end])
     if ids != [FIRST_SPECIAL, FIRST_SPECIAL + 1, FIRST_SPECIAL + 2]:
         raise RuntimeError(f"special tokens landed at {ids}, not at {FIRST_SPECIAL}..")
@@ -272,8 +272,8 @@ def build(shape: str, out: Path, *, dtype: str = "bfloat16", shard_gb: float = 4
     hf_config = AutoConfig.from_pretrained(str(out), local_files_only=True)
     write_weights(out, hf_config, config, dtype, int(shard_gb * 1e9), seed, device)
     marker = {"random_weights": True, "builder": f"build_random_model:{shape}",
-              "version": tiny_models.FIXTURE_VERSION, "seed": seed}
-    (out / tiny_models.FIXTURE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+              "version": release_files.FIXTURE_VERSION, "seed": seed}
+    (out / release_files.FIXTURE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
 
 

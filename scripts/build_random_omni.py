@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from omni.fixtures import tiny_models, tiny_omni
+    from omni.fixtures import release_files, tiny_models, tiny_omni
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from omni.fixtures import tiny_models, tiny_omni
+    from omni.fixtures import release_files, tiny_models, tiny_omni
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_random_model as brm  # noqa: E402  (the shard writer and the filler tokens)
 
@@ -65,14 +65,14 @@ CODE2WAV = dict(codebook_size=CODEBOOK, hidden_size=1024, num_attention_heads=16
 
 
 def write_tokenizer(out: Path) -> Any:
-    vocab, merges = tiny_models._train_bpe(special_gap="")
+    vocab, merges = release_files._train_bpe(special_gap="")
     i = 0
     while len(vocab) < brm.FIRST_SPECIAL:
         token = brm._filler(i)
         i += 1
         if token not in vocab:
             vocab[token] = len(vocab)
-    return tiny_models.qwen_tokenizer_with_specials(
+    return release_files.qwen_tokenizer_with_specials(
         out, vocab, merges, tiny_omni.OMNI_SPECIAL_TOKENS, tiny_omni.OMNI_CHAT_TEMPLATE, 131072)
 
 
@@ -136,7 +136,7 @@ def build(out: Path, thinker_layers: int, seed: int, device: str, shard_gb: floa
     config = Qwen3OmniMoeConfig(**configs(tok, thinker_layers))
     config.torch_dtype = "bfloat16"
     config.save_pretrained(str(out))
-    eot, im_end = tok.convert_tokens_to_ids([tiny_models.ENDOFTEXT, tiny_models.IM_END])
+    eot, im_end = tok.convert_tokens_to_ids([release_files.ENDOFTEXT, release_files.IM_END])
     GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot,
                      do_sample=True, temperature=0.7, top_k=20,
                      top_p=0.8).save_pretrained(str(out))
@@ -145,8 +145,8 @@ def build(out: Path, thinker_layers: int, seed: int, device: str, shard_gb: floa
     check_against_tiny(tensors)
     brm.write_tensors(out, tensors, "bfloat16", int(shard_gb * 1e9), seed, device)
     marker = {"random_weights": True, "builder": f"build_random_omni:{thinker_layers}",
-              "version": tiny_models.FIXTURE_VERSION, "seed": seed}
-    (out / tiny_models.FIXTURE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+              "version": release_files.FIXTURE_VERSION, "seed": seed}
+    (out / release_files.FIXTURE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return out
 
 

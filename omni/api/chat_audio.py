@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from omni.api.app import METRICS_KEY
 from omni.api.errors import APIError, sse_error_event
 from omni.api.schemas.text import CHAT_AUDIO_FORMATS, ChatCompletionRequest
 from omni.api.speech import audio_info, resolve_voice
+from omni.api.state import METRICS_KEY
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.api.text import TextCall, TextResult, usage
 from omni.media.audio import AudioEncoder

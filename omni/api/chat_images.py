@@ -20,11 +20,11 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import media_params as mp
-from omni.api.app import SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.images import ImageCall, generate, usage
 from omni.api.schemas import parse
 from omni.api.schemas.media import EngineFields
+from omni.api.state import SETTINGS_KEY, ServedModel
 from omni.media import fetch
 from omni.media.image import IMAGE_FORMATS
 

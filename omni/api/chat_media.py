@@ -30,8 +30,8 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import SETTINGS_KEY
 from omni.api.errors import APIError
+from omni.api.state import SETTINGS_KEY
 from omni.media import fetch
 from omni.media.audio import decode_audio, pcm16
 from omni.media.image import MAX_IMAGE_PIXELS, check_image

@@ -23,10 +23,10 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import media_params as mp
-from omni.api.app import ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
 from omni.api.schemas.media import ImageGenerationRequest
+from omni.api.state import ServedModel
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.image import (
     MIME,

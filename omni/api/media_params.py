@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError
+from omni.api.state import MODELS_KEY, ServedModel, live_output_info
 from omni.models import diffusion_limits as limits_of
 
 # extra_body names accepted for one engine param (diffusers' and vLLM-Omni's spellings)
@@ -42,7 +42,7 @@ def pick_model(request: web.Request, model_id: Any, modality: str, task: str,
     models = request.app[MODELS_KEY]
     capable = require_served(request, modality)
     if model_id in (None, ""):
-        able = [m for m in capable if task in _info(m, modality).get("tasks", ())]
+        able = [m for m in capable if task in live_output_info(m, modality).get("tasks", ())]
         if len(able) != 1:
             raise APIError(400, f"'model' is required: {_can(capable, modality)}",
                            param="model")
@@ -52,7 +52,7 @@ def pick_model(request: web.Request, model_id: Any, modality: str, task: str,
         if modality not in model.modalities:
             raise APIError(400, f"model '{model.id}' does not output {modality}s "
                            f"({_can(capable, modality)})", param="model")
-    info = _info(model, modality)
+    info = live_output_info(model, modality)
     if task not in info.get("tasks", ()):
         raise APIError(400, f"model '{model.id}' ({info.get('pipeline')}) cannot do "
                        f"{task.replace('_', ' ')}: it does {', '.join(info.get('tasks', ()))}. "
@@ -62,16 +62,7 @@ def pick_model(request: web.Request, model_id: Any, modality: str, task: str,
 
 def _can(capable: list[ServedModel], modality: str) -> str:
     return "models with " + modality + " output: " + ", ".join(
-        f"{m.id} ({'/'.join(_info(m, modality).get('tasks', ()))})" for m in capable)
-
-
-def _info(model: ServedModel, modality: str) -> dict[str, Any]:
-    info = model.omni.output_info(modality)
-    if not info:
-        raise APIError(503, f"model '{model.id}' has no live {modality} stage right now; "
-                       "retry shortly", "server_error", code="stage_unavailable",
-                       headers={"retry-after": "5"})
-    return info
+        f"{m.id} ({'/'.join(live_output_info(m, modality).get('tasks', ()))})" for m in capable)
 
 
 def field(body: Mapping[str, Any], name: str, kind: type, default: Any = None) -> Any:

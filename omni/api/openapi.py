@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from omni.api.app import MODELS_KEY
 from omni.api.schemas.media import (
     ImageEditForm,
     ImageGenerationRequest,
@@ -24,6 +23,7 @@ from omni.api.schemas.media import (
 )
 from omni.api.schemas.speech import AUDIO_FORMATS, SpeechRequest
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
+from omni.api.state import MODELS_KEY
 from omni.media.audio import FORMATS as AUDIO_FORMAT_INFO
 
 REF = "#/components/schemas/{model}"

@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
 from omni.api.schemas.speech import SpeechRequest
+from omni.api.state import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.audio import AudioEncoder
 from omni.media.playback import PlaybackClock

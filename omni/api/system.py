@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from omni.api.app import METRICS_KEY, MODELS_KEY
 from omni.api.errors import APIError
+from omni.api.state import METRICS_KEY, MODELS_KEY
 
 
 async def health(request: web.Request) -> web.Response:

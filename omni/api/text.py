@@ -1,4 +1,5 @@
-"""/v1/completions and /v1/chat/completions (text out), non-stream and SSE.
+"""/v1/completions, and the text answers of /v1/chat/completions (omni/api/chat.py),
+non-stream and SSE.
 
 ``n`` choices run as n requests of the pipeline at once (they share the prompt's KV
 blocks through the AR engine's prefix cache); with a ``seed``, choice i uses seed + i, so
@@ -18,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api.app import MODELS_KEY, ServedModel
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
+from omni.api.state import MODELS_KEY, ServedModel
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
 
 
@@ -258,32 +259,13 @@ async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResp
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    call = TextCall(request, body, parse(CompletionRequest, body))
+    return await respond(TextCall(request, body, parse(CompletionRequest, body)))
+
+
+async def respond(call: TextCall) -> web.StreamResponse:
+    """The text answer to ``call``: one JSON body, or SSE when it asked to stream."""
     return await (_stream(call) if call.req.stream else _complete(call))
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await read_json(request)
-    req = parse(ChatCompletionRequest, body)
-    model = request.app[MODELS_KEY].get(body.get("model"))
-    if "text" not in model.modalities and "image" in model.modalities:
-        from omni.api.chat_images import chat_image
-
-        return await chat_image(request, body, model)
-    from omni.api.chat_audio import chat_with_audio, restore_audio_turns, wants_audio
-    from omni.api.chat_media import prepare_media
-
-    restore_audio_turns(request, body)
-    request[EXTRA_INPUTS] = await prepare_media(request, model, body)
-    if wants_audio(req):
-        return await chat_with_audio(request, body, req)
-    call = TextCall(request, body, req)
-    return await (_stream(call) if req.stream else _complete(call))
-
-
 def add_routes(app: web.Application) -> None:
-    from omni.api.chat_audio import TRANSCRIPTS_KEY, Transcripts
-
-    app[TRANSCRIPTS_KEY] = Transcripts()  # spoken answers' transcripts, by audio id
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)

@@ -21,10 +21,10 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.errors import APIError
 from omni.api.schemas import parse as schema_parse
 from omni.api.schemas.media import TranscriptionForm
+from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.streams import sse_data, start_sse
 from omni.api.subtitles import render, stream_deltas
 from omni.media.audio import decode_audio, pcm16

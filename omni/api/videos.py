@@ -22,10 +22,10 @@ from typing import Any
 from aiohttp import web
 
 from omni.api import media_params as mp
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError, from_exception, read_json
 from omni.api.schemas import parse
 from omni.api.schemas.media import VideoRequest
+from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.video_jobs import VideoJob, VideoStore, default_data_dir
 from omni.errors import ShuttingDownError
 from omni.media.image import encode_image

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
+from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.errors import InvalidInputError, OmniError, RejectedInputError
 from omni.media.image import MAX_IMAGE_PIXELS, check_image
 from omni.session import Session, SessionCapacityError, SessionError

@@ -2,7 +2,7 @@
 
 A stage lists devices; replica *i* runs on ``devices[i % len(devices)]``. Each is
 ``cpu``, ``cuda``, ``cuda:N`` or ``auto``. ``auto`` is resolved inside the engine
-process (``omni.engines.resolve_device``): ``cuda`` (the first visible GPU) when torch
+process (``omni.engines.base.resolve_device``): ``cuda`` (the first visible GPU) when torch
 sees one, else ``cpu``. So ``devices: [auto]`` with several replicas puts every replica
 on the same GPU, cuda:0 of the process's ``CUDA_VISIBLE_DEVICES``; list ``cuda:N``
 devices to spread them.

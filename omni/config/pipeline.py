@@ -9,7 +9,6 @@ without defensive copies.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +27,6 @@ from omni.config.checks import (
     as_mapping,
     as_positive_float,
     as_str,
-    check_acyclic,
-    check_all_needed,
     check_choice,
     check_keys,
     check_memory,
@@ -38,17 +35,21 @@ from omni.config.checks import (
     model_dir_path,
     opt_str,
     optional,
-    parse_defaults,
     parse_memory,
-    parse_outputs,
     require,
-    topo_order,
 )
 from omni.config.control import parse_control_bind, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
 from omni.config.frozen import Picklable, set_field
+from omni.config.graph import (
+    check_acyclic,
+    check_all_needed,
+    parse_defaults,
+    parse_outputs,
+    topo_order,
+)
 from omni.config.memory import check_shares, parse_share
-from omni.config.placement import LOCAL, ClusterSettings, Placement, parse_cluster, stage_placement  # noqa: I001
+from omni.config.placement import ClusterSettings, parse_cluster, stage_placement  # noqa: I001
 from omni.config.routes import (  # noqa: F401 - re-exported
     Route,
     UnknownModalityError,
@@ -56,6 +57,7 @@ from omni.config.routes import (  # noqa: F401 - re-exported
     build_route,
 )
 from omni.config.session_settings import SessionSettings, parse_sessions
+from omni.config.stages import EdgeConfig, StageConfig
 from omni.config.views import parse_views
 from omni.engines.kinds import ENGINE_KINDS
 
@@ -75,53 +77,6 @@ STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "me
               "takes_request", "placement")
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
-
-
-def _frozen(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    # A deep copy so that later edits to the caller's dict cannot leak into the config.
-    return MappingProxyType(copy.deepcopy(dict(value)))
-
-
-@dataclass(frozen=True)
-class StageConfig(Picklable):
-    """One stage: a model component run by one engine kind on a resource budget."""
-
-    name: str
-    engine: str
-    model: str | None = None
-    model_dir: str | None = None
-    devices: tuple[str, ...] = ()  # empty: default_devices(engine), auto but for echo
-    replicas: int = 1
-    memory: int | None = None
-    memory_share: float | None = None  # `memory: 60%` (omni/config/memory.py)
-    # dict defaults are frozen (MappingProxyType of a deep copy) in __post_init__
-    params: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    final_output: str | None = None
-    restart: bool = False  # start a new process when a replica dies
-    launch: str = "local"  # "external": replicas connect themselves (python -m omni.engines.proc)
-    inputs: tuple[str, ...] = ("text",)  # what it takes from a client, as an entry stage
-    takes_request: tuple[str, ...] = ()  # client input keys it also gets when fed by others
-    placement: Placement = LOCAL  # where its replicas run (omni/config/placement.py)
-
-    def __post_init__(self) -> None:
-        set_field(self, "devices", tuple(self.devices) or default_devices(self.engine))
-        set_field(self, "inputs", tuple(self.inputs))
-        set_field(self, "takes_request", tuple(self.takes_request))
-        set_field(self, "params", _frozen(self.params))
-        set_field(self, "options", _frozen(self.options))
-
-
-@dataclass(frozen=True)
-class EdgeConfig:
-    """Producer stage `src` feeds consumer stage `dst`."""
-
-    src: str
-    dst: str
-    payload: str = "data"
-    delivery: str = "full"
-    connector: str = "auto"
-    max_lead: int | None = None  # stream flow control: omni/runtime/lead.py
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from omni.config.checks import ancestors
 from omni.config.frozen import Picklable, set_field
+from omni.config.graph import ancestors
 
 
 class UnknownModalityError(ValueError):

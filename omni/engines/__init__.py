@@ -9,16 +9,7 @@ from omni.engines.base import Engine, EngineLoadError
 from omni.engines.kinds import KINDS, available, load_builder
 
 if TYPE_CHECKING:
-    from omni.engines.proc import EngineSpec
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; anything else unchanged."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    from omni.engines.proc.spec import EngineSpec
 
 
 def build_engine(spec: EngineSpec) -> Engine:

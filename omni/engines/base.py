@@ -40,6 +40,15 @@ def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[
                               f"are {', '.join(sorted(valid))}")
 
 
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; anything else unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @dataclass
 class EngineRequest:
     """One request as an engine sees it.

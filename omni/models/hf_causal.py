@@ -8,78 +8,13 @@ loudly when weights are missing: a model must never run with silently random wei
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omni.engines.base import EngineLoadError
-from omni.fixtures.tiny_models import FIXTURE_MARKER  # stdlib-only import; says "random weights"
-
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16", "half": "float16"}
-
-
-@dataclass
-class CausalLM:
-    """A loaded causal LM: the model (eval, no grad), its tokenizer and stop ids."""
-
-    model: Any
-    tokenizer: Any
-    eos_token_ids: set[int]
-    model_dir: str
-    dtype: Any  # torch.dtype
-    device: Any  # torch.device
-    random_weights: bool = False
-    config: Any = field(default=None, repr=False)
-    # the forward() keyword for the KV cache: "cache" in newer transformers, else
-    # "past_key_values" (5.24 still accepts it, with a deprecation warning)
-    cache_kwarg: str = "past_key_values"
-    # where an attention implementation is set: the whole model, or one sub-config of a
-    # composite model (the thinker's text model, not its audio/vision towers)
-    attn_subconfig: str | None = None
-    keeps_logits: bool = True  # forward() takes logits_to_keep
-    # hidden layers a downstream stage of this model reads (export_hidden_layers: auto)
-    export_layers: list[int] | None = None
-    # ... of the prompt only: that stage embeds the answer's token ids itself, so decode
-    # steps export nothing (no hidden row per token crosses processes)
-    export_prompt_only: bool = False
-    media: Any = None  # encodes prompts with media parts: wants(messages), encode, info
-    # multi-axis rotary positions (omni/engines/ar/media.py): axes, position_ids(text, axes)
-    rope: Any = None
-    deepstack: Any = None  # adds vision features to early layers: inject((mask, features))
-
-    def use_attention(self, name: str) -> None:
-        self.model.set_attn_implementation(
-            {self.attn_subconfig: name} if self.attn_subconfig else name)
-
-    def use_experts(self, name: str) -> None:
-        """transformers' MoE experts kernel (eager, grouped_mm, batched_mm, ...); the
-        EngineLoadError names the valid ones."""
-        setter = getattr(self.model, "set_experts_implementation", None)
-        if setter is None:
-            raise EngineLoadError(f"{self.model_dir}: this model has no choice of experts "
-                                  "implementation (option experts_implementation)")
-        try:
-            setter({self.attn_subconfig: name} if self.attn_subconfig else name)
-        except ValueError as e:
-            raise EngineLoadError(f"option experts_implementation: {e}") from e
-
-    def new_cache(self):
-        """An empty per-request KV cache for this model."""
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.config)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
-
-    @property
-    def max_positions(self) -> int | None:
-        return getattr(self.config, "max_position_embeddings", None)
+from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 
 
 def _check_dir(path: Path) -> None:
@@ -107,59 +42,11 @@ def _check_dir(path: Path) -> None:
             f"model directory {path} has no tokenizer (expected tokenizer.json / tokenizer_config.json)")
 
 
-def _resolve_dtype(dtype: str, device, config):
-    import torch
-
-    if dtype == "auto":
-        if device.type == "cpu":
-            return torch.float32
-        name = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(name, torch.dtype):
-            return name
-        return getattr(torch, _DTYPES.get(str(name), "bfloat16"))
-    if dtype not in _DTYPES:
-        raise EngineLoadError(
-            f"unknown dtype {dtype!r}; use auto, {', '.join(sorted(set(_DTYPES.values())))}")
-    return getattr(torch, _DTYPES[dtype])
-
-
-def _as_ids(value) -> set[int]:
-    if value is None:
-        return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value}
-
-
 def _model_type(path: Path) -> str | None:
     try:
         return json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return None
-
-
-def eos_ids(path: Path, config: Any, tokenizer: Any) -> set[int]:
-    """Stop ids from the config, generation_config.json, else the tokenizer."""
-    from transformers import GenerationConfig
-
-    eos = _as_ids(getattr(config, "eos_token_id", None))
-    if (path / "generation_config.json").is_file():
-        try:
-            gen = GenerationConfig.from_pretrained(str(path), local_files_only=True)
-            eos |= _as_ids(gen.eos_token_id)
-        except Exception as e:
-            raise EngineLoadError(
-                f"model directory {path}: cannot read generation_config.json: {e}") from e
-    if not eos and tokenizer.eos_token_id is not None:
-        eos = {int(tokenizer.eos_token_id)}
-    return eos
-
-
-def _is_random(path: Path) -> bool:
-    try:
-        return bool(json.loads((path / FIXTURE_MARKER).read_text()).get("random_weights"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") -> CausalLM:
@@ -219,13 +106,6 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
     return CausalLM(model=model, tokenizer=tokenizer, eos_token_ids=eos, model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=config,
                     cache_kwarg=cache_keyword(model.forward))
-
-
-def cache_keyword(forward: Any) -> str:
-    """The forward() keyword (and output field) of the KV cache: "cache" from transformers
-    5.24 on, "past_key_values" before (5.23, setup.cfg's floor; the H200 box's image has
-    5.17, below it: GPU runs carry a newer transformers wheel)."""
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _content_text(content: Any) -> str:

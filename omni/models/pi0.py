@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from omni.engines.base import EngineLoadError, PolicyJob
-from omni.models.hf_causal import cache_keyword
+from omni.models.causal_lm import cache_keyword
 from omni.models.lerobot_layout import LeRobotRelease, read_release
 from omni.models.policy_images import resize_pad
 from omni.models.policy_inputs import ObservationLayout, prompt_text

@@ -32,7 +32,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
 from omni.engines.base import PolicyJob
-from omni.models.hf_causal import cache_keyword
+from omni.models.causal_lm import cache_keyword
 
 log = logging.getLogger("omni.models.pi0")
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
-from omni.fixtures.tiny_models import FIXTURE_MARKER
+from omni.fixtures.release_files import FIXTURE_MARKER
 
 # Not in the config: Qwen3-Omni's codec runs at 12.5 frames/s and the vocoder emits 24 kHz
 # (models.md 2a, from OpenVINO's Qwen3-Omni docs); 1920 samples/frame * 12.5 = 24000.

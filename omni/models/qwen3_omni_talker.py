@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
-from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword
+from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope

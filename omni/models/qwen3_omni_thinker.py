@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from omni.engines.base import EngineLoadError, PromptLayout
-from omni.models.hf_causal import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
+from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
     VIDEO_PARTS,

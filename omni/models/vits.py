@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from omni.engines.base import EngineLoadError
-from omni.fixtures.tiny_models import FIXTURE_MARKER
+from omni.fixtures.release_files import FIXTURE_MARKER
 from omni.models.speech import (
     check_speed,
     pick_voice,

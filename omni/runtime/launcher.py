@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from omni.config.memory import memory_note
-from omni.config.pipeline import PipelineConfig, StageConfig
+from omni.config.pipeline import PipelineConfig
+from omni.config.stages import StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas

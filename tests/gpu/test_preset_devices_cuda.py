@@ -18,7 +18,7 @@ from omni.config.presets import (
     PRESET_DIR,
     load_pipeline,
 )
-from omni.engines import resolve_device
+from omni.engines.base import resolve_device
 from omni.engines.kinds import KINDS
 
 CPU_ENGINES = {name for name, kind in KINDS.items() if kind.default_device == "cpu"}

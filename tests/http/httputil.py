@@ -23,7 +23,8 @@ import aiohttp  # noqa: E402
 import openai  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from omni.api.app import ServedModel, ServerSettings, build_app  # noqa: E402
+from omni.api.app import build_app  # noqa: E402
+from omni.api.state import ServedModel, ServerSettings  # noqa: E402
 from omni.config.presets import load_pipeline  # noqa: E402
 from omni.runtime.async_omni import AsyncOmni  # noqa: E402
 from omni.runtime.metrics import Metrics  # noqa: E402

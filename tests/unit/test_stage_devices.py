@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from omni.config.devices import default_devices
-from omni.config.pipeline import ConfigError, StageConfig, parse_pipeline
+from omni.config.pipeline import ConfigError, parse_pipeline
 from omni.config.presets import (
     DEFAULT_PIPELINES,
     PRESET_BY_MODEL_TYPE,
@@ -21,7 +21,8 @@ from omni.config.presets import (
     PRESET_DIR,
     load_pipeline,
 )
-from omni.engines import resolve_device
+from omni.config.stages import StageConfig
+from omni.engines.base import resolve_device
 from omni.engines.kinds import ENGINE_KINDS, KINDS
 
 PRESET_NAMES = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

@@ -24,9 +24,9 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.openpi import codec
+from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.errors import (
     AdmissionError,
     InvalidInputError,

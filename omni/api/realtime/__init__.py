@@ -6,9 +6,9 @@ import logging
 
 from aiohttp import WSCloseCode, web
 
-from omni.api.app import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.errors import APIError
 from omni.api.realtime.connection import RealtimeConnection
+from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.session import Session, SessionCapacityError, SessionError
 
 log = logging.getLogger("omni.api.realtime")
@@ -84,7 +84,4 @@ async def realtime(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    from omni.api.realtime.duplex import duplex
-
     app.router.add_get("/v1/realtime", realtime)
-    app.router.add_get("/v1/duplex", duplex)

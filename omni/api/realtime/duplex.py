@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from omni.api.errors import APIError
-from omni.api.realtime import audio_input
+from omni.api.realtime import audio_input, realtime_model, upgrade
 from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
 from omni.api.realtime.connection import RealtimeConnection
 
@@ -78,7 +78,9 @@ def check_duplex_model(model: Any) -> None:
 
 
 async def duplex(request: web.Request) -> web.StreamResponse:
-    from omni.api.realtime import realtime_model, upgrade
-
     check_duplex_model(realtime_model(request))
     return await upgrade(request, DuplexConnection)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/duplex", duplex)

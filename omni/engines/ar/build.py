@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from omni.config.memory import budget_bytes
-from omni.engines import resolve_device
 from omni.engines.ar.engine import AREngine
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, resolve_device
 
 if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec

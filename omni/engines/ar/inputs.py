@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
-from omni.models.hf_causal import CausalLM, apply_chat_template
+from omni.models.causal_lm import CausalLM
+from omni.models.hf_causal import apply_chat_template
 
 
 def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:

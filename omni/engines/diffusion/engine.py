@@ -296,7 +296,7 @@ class DiffusionEngine(Engine):
 
 def stage_engine(spec: EngineSpec) -> DiffusionEngine:
     """The engine of a diffusion stage (omni/engines/kinds.py)."""
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
 
     return build_diffusion_engine(spec.model, model_dir=spec.model_dir,
                                   device=resolve_device(spec.device), dtype=spec.dtype,

@@ -376,7 +376,7 @@ def stage_engine(spec: EngineSpec) -> Engine:
     """The engine of a generation stage (omni/engines/kinds.py), its memory budget on its
     resolved device."""
     from omni.config.memory import budget_bytes
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
 
     device = resolve_device(spec.device)
     return build_generation_engine(

@@ -268,7 +268,7 @@ class PolicyEngine(Engine):
 
 def stage_engine(spec: EngineSpec) -> PolicyEngine:
     """The engine of a policy stage (omni/engines/kinds.py)."""
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
 
     return build_policy_engine(spec.model, model_dir=spec.model_dir,
                                device=resolve_device(spec.device), dtype=spec.dtype,

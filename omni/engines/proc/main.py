@@ -126,7 +126,8 @@ def _option_flag(options: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _serve(spec: EngineSpec, channel: Channel) -> None:
-    from omni.engines import build_engine, resolve_device
+    from omni.engines import build_engine
+    from omni.engines.base import resolve_device
 
     log.info("loading %s engine for stage '%s'", spec.engine, spec.stage)
     _lower_priority(spec.options.get("nice", 0))

@@ -46,7 +46,7 @@ from omni.engines.base import (
 )
 
 if TYPE_CHECKING:
-    from omni.engines.proc import EngineSpec
+    from omni.engines.proc.spec import EngineSpec
 
 UNSUPPORTED_INPUTS = ("stream", "prompt_embeds")
 
@@ -64,7 +64,7 @@ def stage_engine(spec: EngineSpec) -> VLLMEngine:
     """The stage's engine; its `memory` (weights + KV cache, as for the ar engine) leaves
     vllm a KV cache of memory minus the weights on disk, never a share of free memory."""
     from omni.config.memory import budget_bytes
-    from omni.engines import resolve_device
+    from omni.engines.base import resolve_device
 
     if not spec.model_dir:
         raise EngineLoadError(f"stage '{spec.stage}': engine 'vllm' needs a model_dir")
@@ -78,7 +78,7 @@ def stage_engine(spec: EngineSpec) -> VLLMEngine:
             raise EngineLoadError(
                 f"stage '{spec.stage}': memory {memory / 2**20:.0f} MiB leaves no room for a "
                 f"KV cache after the weights ({weights / 2**20:.0f} MiB); raise it")
-    # dtype auto on CPU is float32, as for the ar engine (hf_causal._resolve_dtype)
+    # dtype auto on CPU is float32, as for the ar engine (causal_lm._resolve_dtype)
     dtype = "float32" if spec.dtype == "auto" and device == "cpu" else spec.dtype
     return VLLMEngine(spec.model_dir, dtype=dtype, options=spec.options, kv_cache_bytes=kv_bytes)
 
