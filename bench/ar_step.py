@@ -36,7 +36,7 @@ picked, before the host reads them; omni/engines/ar/steps.py), same engine:
 - `schedule`: Scheduler.schedule (who runs, KV blocks for the new tokens);
 - `forward`: AREngine._forward: on CUDA with graphs, filling the graph's static inputs
   and launching its replay (the host does not wait for the GPU here);
-- `collect`: AREngine._collect: waits for the GPU to finish the step, picks the tokens
+- `collect`: StepRunner._collect: waits for the GPU to finish the step, picks the tokens
   (sampling.sample; chain: reads the ones picked on the device) and records them; with
   overlap on, for the step launched by the previous call;
 - `emit`: AREngine._emit over the batch (detokenizing, stop strings, the output dicts);
@@ -78,10 +78,10 @@ def _instrument(engine: AREngine, timer: _PhaseTimer) -> Callable[[], None]:
     engine.scheduler.schedule = timer.wrap("schedule", engine.scheduler.schedule)
     engine._forward = timer.wrap("forward", engine._forward)
     engine._emit = timer.wrap("emit", engine._emit)
-    engine._collect = timer.wrap("collect", engine._collect)
+    engine.runner._collect = timer.wrap("collect", engine.runner._collect)
 
     def undo() -> None:
-        del engine.scheduler.schedule, engine._forward, engine._emit, engine._collect
+        del engine.scheduler.schedule, engine._forward, engine._emit, engine.runner._collect
     return undo
 
 
@@ -117,7 +117,7 @@ def _replay_ms(engine: AREngine, rounds: int, kernels: int = 0) -> tuple[float |
 
 def measure_batch(engine: AREngine, batch: int, steps: int, prompt_len: int,
                   mode: str, kernels: int = 0) -> dict[str, Any]:
-    engine.overlap, engine.chain = mode != "off", mode == "chain"
+    engine.runner.overlap, engine.runner.chain = mode != "off", mode == "chain"
     rng = random.Random(f"{batch}-{mode}")  # distinct prompts per mode: no prefix-cache hits
     vocab = engine.lm.vocab_size
     ids = [f"b{batch}-{mode}-{i}" for i in range(batch)]

@@ -62,7 +62,7 @@ OutputsHandler = Callable[[Replica, list, dict[str, Any], int], None]
 DeathHandler = Callable[[Replica, str], None]
 
 
-class EngineGroup(Teardown):
+class EngineGroup:
     """The engine processes of one pipeline and the control socket that reaches them."""
 
     def __init__(self, pipeline: PipelineConfig, *, on_outputs: OutputsHandler,
@@ -90,6 +90,7 @@ class EngineGroup(Teardown):
         self._ipc_dir = new_ipc_dir()  # private (0700): only this user reaches its sockets
         # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
         self.arena_prefix = f"omni-{os.getpid()}-{os.path.basename(self._ipc_dir)[-6:]}"
+        self._teardown = Teardown(self._exits, self._ipc_dir, self.arena_prefix)
 
     @property
     def control_address(self) -> str:
@@ -174,6 +175,17 @@ class EngineGroup(Teardown):
 
     def _loading(self) -> str:
         return ", ".join(r.replica_id for r in self.replicas.values() if not r.ready.done())
+
+    # -- teardown ----------------------------------------------------------------------
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all
+        (teardown.py)."""
+        self.stopping = True
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+        sockets = [s for s in (self.control, self.remote) if s is not None]
+        await self._teardown.run(self.replicas, self.try_send, sockets, timeout_s)
+        self.control = None
 
     # -- messages ----------------------------------------------------------------------
     def send(self, replica: Replica, message: bytes) -> int:

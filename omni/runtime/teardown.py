@@ -1,7 +1,12 @@
-"""EngineGroup's teardown: SHUTDOWN, bounded waits, then terminate and kill; free all.
+"""How one launch of a pipeline's engines ends: SHUTDOWN, bounded waits, then terminate
+and kill; free all.
 
-A mixin of omni/runtime/launcher.py's EngineGroup, kept apart to keep that file short;
-it uses the group's replicas, exits, routers and launch names.
+The order is fixed: SHUTDOWN to every live replica (one still loading is terminated: it
+has nothing to drain), bounded waits for the exits (then terminate, then kill the
+stragglers), the sentinels unwatched, the control sockets closed, then the launch's IPC
+directory and shared-memory arenas removed. EngineGroup (launcher.py) holds one and
+hands it, at stop(), what it owns at that time: its replicas, how to send to one, its
+sockets.
 """
 
 from __future__ import annotations
@@ -9,54 +14,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from omni.runtime.leftovers import unlink_arenas
+from omni.runtime.pool import Replica
 from omni.wire.protocol import Msg, encode
 
 log = logging.getLogger("omni.runtime.launcher")
 
 
-class Teardown:
-    replicas: dict[str, Any]
-    _exits: dict[str, asyncio.Future]
+class Closable(Protocol):
+    def close(self) -> None: ...
 
-    async def stop(self, timeout_s: float = 5.0) -> None:
+
+class Teardown:
+    """Ends one launch: its replicas' processes first, then what the launch made."""
+
+    def __init__(self, exits: Mapping[str, asyncio.Future], ipc_dir: str,
+                 arena_prefix: str) -> None:
+        self.exits = exits  # replica id -> its process's exit code, once its sentinel fired
+        self.ipc_dir = ipc_dir
+        self.arena_prefix = arena_prefix
+
+    async def run(self, replicas: Mapping[str, Replica], send: Callable[[Replica, bytes], bool],
+                  sockets: Iterable[Closable], timeout_s: float) -> None:
         """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all."""
-        self.stopping = True
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
-        for replica in self.replicas.values():
+        for replica in replicas.values():
             if replica.alive:
-                self.try_send(replica, encode(Msg.SHUTDOWN))
+                send(replica, encode(Msg.SHUTDOWN))
             elif replica.process is not None and not (
-                    self._exits[replica.replica_id].done() or replica.exit_reason):
+                    self.exits[replica.replica_id].done() or replica.exit_reason):
                 replica.process.terminate()  # still loading: nothing to drain
             replica.alive = False
-        await self._wait_exits(timeout_s, "terminate")
-        await self._wait_exits(2.0, "kill")
-        await self._wait_exits(2.0, None)
-        self._close()
+        await self._wait_exits(replicas, timeout_s, "terminate")
+        await self._wait_exits(replicas, 2.0, "kill")
+        await self._wait_exits(replicas, 2.0, None)
+        self._free(replicas, sockets)
 
-    async def _wait_exits(self, timeout_s: float, then: str | None) -> None:
-        running = [f for f in self._exits.values() if not f.done()]
+    async def _wait_exits(self, replicas: Mapping[str, Replica], timeout_s: float,
+                          then: str | None) -> None:
+        running = [f for f in self.exits.values() if not f.done()]
         if running:
             await asyncio.wait(running, timeout=timeout_s)
-        for replica in self.replicas.values():
-            exited = self._exits.get(replica.replica_id)
+        for replica in replicas.values():
+            exited = self.exits.get(replica.replica_id)
             if then and exited is not None and not exited.done():
                 log.warning("replica %s did not exit; %s", replica.replica_id, then)
                 getattr(replica.process, then)()
 
-    def _close(self) -> None:
-        for replica in self.replicas.values():
-            exited = self._exits.get(replica.replica_id)
+    def _free(self, replicas: Mapping[str, Replica], sockets: Iterable[Closable]) -> None:
+        loop = asyncio.get_running_loop()  # the group's: it watches the sentinels and runs this
+        for replica in replicas.values():
+            exited = self.exits.get(replica.replica_id)
             if exited is not None and not exited.done():
-                self.loop.remove_reader(replica.process.sentinel)
-        if self.control is not None:
-            self.control.close()
-            self.control = None
-        if self.remote is not None:
-            self.remote.close()
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+                loop.remove_reader(replica.process.sentinel)
+        for socket in sockets:
+            socket.close()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
         unlink_arenas(self.arena_prefix + "-")

@@ -156,7 +156,7 @@ def test_overlapped_steps_equal_step_by_step_with_graphs(model_dir):
 
     over = AREngine(model_dir, device="cuda", dtype="float32")
     plain = AREngine(model_dir, device="cuda", dtype="float32", options={"overlap_steps": False})
-    assert over.overlap and not plain.overlap
+    assert over.runner.overlap and not plain.runner.overlap
     got, want = run(over), run(plain)
     assert over.graphs.replays > 0
     assert {k: v for k, v in got.items() if k != "s1"} == {k: v for k, v in want.items()

@@ -124,8 +124,8 @@ def test_outputs_go_out_before_a_prompt_step_is_launched(model_dir):
     assert over.step() == []  # a's prefill launched
     over.add(EngineRequest("b", {"prompt": PROMPTS[1]}, params))
     assert [o.request_id for o in over.step()] == ["a"]
-    assert over._inflight is None  # b's prefill (with a's decode) waits for the next call
-    assert over.step() == [] and over._inflight is not None
+    assert over.runner.inflight is None  # b's prefill (with a's decode) waits for the next call
+    assert over.step() == [] and over.runner.inflight is not None
     rest: dict[str, list[int]] = {}
     while over.has_work():
         for o in over.step():
@@ -143,7 +143,7 @@ def test_a_request_without_a_free_row_does_not_stop_the_overlap(model_dir):
     over.add(EngineRequest("a", {"prompt": PROMPTS[0]}, params))
     assert over.step() == []
     over.add(EngineRequest("b", {"prompt": PROMPTS[1]}, params))  # no row for it yet
-    assert [o.request_id for o in over.step()] == ["a"] and over._inflight is not None
+    assert [o.request_id for o in over.step()] == ["a"] and over.runner.inflight is not None
     done = set()
     while over.has_work():
         done |= {o.request_id for o in over.step() if o.finished}

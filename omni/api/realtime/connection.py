@@ -39,7 +39,7 @@ MAX_BAD_EVENTS = 50  # a client this wrong is not going to recover: 1008
 PCM_BYTES_PER_MS = 48  # pcm16 at 24 kHz, both ways
 
 
-class RealtimeConnection(VadTurns):
+class RealtimeConnection:
     """One client on one session (see module doc)."""
 
     def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
@@ -55,11 +55,9 @@ class RealtimeConnection(VadTurns):
         self.listener = audio_input.transcriber(self.omni)
         self.response: Response | None = None
         self.vad: audio_input.ServerVad | None = None
-        self.speech_item: str | None = None  # the item the speech heard now will become
-        self.speech_from = 0  # where that speech started, on the session's audio clock
-        self.early: tuple[int, asyncio.Task, bytes] | None = None  # (paused at, transcript)
         self.bad_events = 0
         self.tasks: set[asyncio.Task] = set()
+        self.turns = VadTurns(self, self.audio, self.listener, self._spawn)  # turns.py
         self._send_lock = asyncio.Lock()
 
     def _default_config(self) -> SessionConfig:
@@ -183,7 +181,7 @@ class RealtimeConnection(VadTurns):
             self.vad = None
         if self.config.turn_detection is not None:
             self.vad = audio_input.ServerVad(self.omni, self.config.turn_detection,
-                                             self._vad_event)
+                                             self.turns.on_event)
             self.vad.start(self.audio.now_ms)
 
     # -- input audio -------------------------------------------------------------------
@@ -211,7 +209,7 @@ class RealtimeConnection(VadTurns):
         if self.listener is None:
             raise ClientError(f"model '{self.model.id}' does not take audio input",
                               "unsupported_input")
-        item_id, self.speech_item = self.speech_item or new_id("item"), None
+        item_id = self.turns.take_item() or new_id("item")
         item = Item(item_id, "user", [{"type": "input_audio", "transcript": None}])
         previous = self.items.add(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id,

@@ -52,13 +52,12 @@ from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
 from omni.engines.ar.state import (
-    Flight,
     SequenceState,
     exported_rows,
     finish_reason,
     token_output,
 )
-from omni.engines.ar.steps import StepOrder
+from omni.engines.ar.steps import StepRunner
 from omni.engines.ar.warm import warm_prefill
 from omni.engines.base import (
     Engine,
@@ -81,7 +80,7 @@ AR_OPTIONS = frozenset({
     "prefill_beside_decodes"})
 
 
-class AREngine(StepOrder, Engine):
+class AREngine(Engine):
     """Continuous-batching AR engine over a transformers causal LM (see module doc)."""
 
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
@@ -110,13 +109,12 @@ class AREngine(StepOrder, Engine):
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
-        self._inflight: Flight | None = None  # launched by the last step(), not sampled
-        # emit a step's outputs while the GPU runs the next one (module doc); on a CPU the
+        # emit a step's outputs while the GPU runs the next one (steps.py); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
-        self.overlap = bool(self.options.get("overlap_steps", cuda))
-        self.chain = bool(self.options.get("chain_decode", cuda))  # steps.py
-        self.steps = 0
-        self.step_time_s = 0.0
+        self.runner = StepRunner(
+            self, self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
+            chain=bool(self.options.get("chain_decode", cuda)),
+            exports_decode_rows=self.export_layers is not None and not self.export_prompt_only)
 
     def serve_on(self, cache: Any) -> None:
         """Bind the KV cache, make the scheduler over it, capture the decode graphs and run
@@ -200,7 +198,7 @@ class AREngine(StepOrder, Engine):
 
     def _admit_encoded(self) -> None:
         """Requests whose media finished encoding join (waits briefly if idle)."""
-        idle = not self._failed and self._inflight is None and not self.scheduler.has_work()
+        idle = not self._failed and self.runner.inflight is None and not self.scheduler.has_work()
         for rid, params, prompt, error in self._encoder.finished(wait=idle):
             try:
                 if error is not None:
@@ -252,7 +250,7 @@ class AREngine(StepOrder, Engine):
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
-        return (bool(self._failed) or bool(self._encoder) or self._inflight is not None
+        return (bool(self._failed) or bool(self._encoder) or self.runner.inflight is not None
                 or self.scheduler.has_work())
 
     def info(self) -> dict[str, Any]:
@@ -271,13 +269,13 @@ class AREngine(StepOrder, Engine):
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
                 "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
-                "steps": self.steps, "chained_steps": self.chained_steps,
+                "steps": self.runner.steps, "chained_steps": self.runner.chained_steps,
                 "session_bytes": self.session_kv.nbytes(),
                 "session_reused_tokens": self.session_kv.reused_tokens}
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
-        self._inflight = None
+        self.runner.inflight = None
         for seq in list(self._seqs.values()):
             self.scheduler.remove(seq)
         self._seqs.clear()
@@ -289,6 +287,14 @@ class AREngine(StepOrder, Engine):
         return self.session_kv.release(session)
 
     # -- one step -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        """Requests whose media is encoded join; the order of the step's work: steps.py."""
+        if self._encoder:
+            self._admit_encoded()
+        outputs, self._failed = self._failed, []
+        return self.runner.step(outputs)
+
     def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
                  ) -> tuple[list[Sequence], torch.Tensor, Any]:
         """Run the packed batch: the sequences that reach their last token, their logits,
@@ -331,6 +337,9 @@ class AREngine(StepOrder, Engine):
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         """What a graphed decode step feeds: each sequence's last token."""
         return [s.last_token for s in batch.seqs]
+
+    def _before_launch(self) -> None:
+        """Hook: the last step's tokens are recorded; the next step is not scheduled yet."""
 
     def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
         """Hook: the step's tokens are sampled and not yet emitted."""

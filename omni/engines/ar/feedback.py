@@ -54,7 +54,7 @@ class FeedbackAREngine(AREngine):
     def __init__(self, model: str, model_dir: str, **kwargs: Any) -> None:
         self.model_name = model
         super().__init__(model_dir, **kwargs)
-        self.chain = False  # its decode input is the feed's embedding, not the token
+        self.runner.chain = False  # its decode input is the feed's embedding, not the token
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         from omni.models import build_feedback_lm

@@ -1,5 +1,6 @@
-"""The order of the AR engine's work inside one step() call (ar.py): overlapped steps and
-chained decode steps (options overlap_steps and chain_decode).
+"""The order of the AR engine's work inside one step() call (StepRunner, which engine.py's
+AREngine holds): overlapped steps and chained decode steps (options overlap_steps and
+chain_decode).
 
 Without overlap, a call schedules a step, runs its forward, samples (waiting for the GPU),
 records the tokens and builds the outputs. With overlap (on by default on CUDA), a call
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 
-from omni.engines.ar.kv_cache import OutOfBlocksError
+from omni.engines.ar.kv_cache import OutOfBlocksError, PagedKVCache
 from omni.engines.ar.sampling import Sampled, plain_greedy, sample
-from omni.engines.ar.scheduler import ScheduledBatch, Sequence
+from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.state import Flight
 from omni.engines.base import StepOutput
 
@@ -44,55 +46,83 @@ SLOW_STEP_S = 0.5  # a step this long, and SLOW_STEP_FACTOR times the usual, is 
 SLOW_STEP_FACTOR = 10.0
 
 
-class StepOrder:
-    """AREngine's step() (a mixin: the engine provides scheduler, cache, _forward, ...)."""
+class StepHost(Protocol):
+    """What a StepRunner needs of its engine (engine.py): the scheduler and KV cache it
+    steps over, the forward pass, and what becomes of a sequence and its sampled tokens."""
 
-    overlap: bool
-    chain: bool
-    chained_steps: int = 0  # steps launched by _chain
-    _usual_step_s: float = 0.0  # see _timed
-    _inflight: Flight | None
+    scheduler: Scheduler
+    cache: PagedKVCache
 
-    @torch.inference_mode()
-    def step(self) -> list[StepOutput]:
-        if self._encoder:
-            self._admit_encoded()
-        outputs, self._failed = self._failed, []
-        flight, self._inflight = self._inflight, None
+    def _forward(self, batch: ScheduledBatch, fed: torch.Tensor | None = None
+                 ) -> tuple[list[Sequence], torch.Tensor, Any]: ...
+    def _before_launch(self) -> None: ...
+    def _stop_ids(self) -> set[int]: ...
+    def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None: ...
+    def _record(self, seq: Sequence, token: int) -> None: ...
+    def _emit(self, seq: Sequence, result: Any) -> StepOutput: ...
+    def _finish(self, seq: Sequence, reason: str, text: str | None) -> StepOutput: ...
+    def _fail(self, seq: Sequence, error: str) -> StepOutput: ...
+
+
+class StepRunner:
+    """Runs the AR engine's steps in the order above: launches each step, collects its
+    tokens (a call later, with overlap), chains greedy decode steps; holds the step in
+    flight and the step counters."""
+
+    def __init__(self, engine: StepHost, seqs: Mapping[str, Sequence], *, overlap: bool,
+                 chain: bool, exports_decode_rows: bool) -> None:
+        self.engine = engine
+        self.seqs = seqs  # the engine's live requests: a sequence not here has ended
+        self.overlap = overlap
+        self.chain = chain
+        # a chained step exports no hidden states, so an engine that exports a decode
+        # step's rows (export_hidden_layers, not prompt-only) never chains
+        self.exports_decode_rows = exports_decode_rows
+        self.inflight: Flight | None = None  # launched by the last step(), not sampled
+        self.steps = 0
+        self.chained_steps = 0  # steps launched by _chain
+        self.step_time_s = 0.0
+        self._usual_step_s = 0.0  # see _timed
+
+    def step(self, outputs: list[StepOutput]) -> list[StepOutput]:
+        """One step() call's work; `outputs` (already due: failed requests) go first."""
+        engine = self.engine
+        flight, self.inflight = self.inflight, None
         chained = self._chain(flight) if flight is not None else None
         ready = self._collect(flight, outputs) if flight is not None else []
         if chained is not None:
             self._settle(chained)
-            self._inflight = chained
+            self.inflight = chained
         elif ready and self.overlap and self._prompt_next():
             pass  # these outputs go out first; the next call launches (see _prompt_next)
         else:
-            self._before_launch()
-            self._inflight = self._launch(outputs)
-            if not self.overlap and self._inflight is not None:
-                flight, self._inflight = self._inflight, None
+            engine._before_launch()
+            self.inflight = self._launch(outputs)
+            if not self.overlap and self.inflight is not None:
+                flight, self.inflight = self.inflight, None
                 ready += self._collect(flight, outputs)
         for seq, result in ready:  # with overlap, while the GPU runs the step just launched
             try:
-                outputs.append(self._emit(seq, result))
+                outputs.append(engine._emit(seq, result))
             except Exception as e:  # e.g. its detokenizer failed: only it fails
-                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
+                outputs.append(engine._fail(seq, f"{type(e).__name__}: {e}"))
         return outputs
 
     def _launch(self, outputs: list[StepOutput]) -> Flight | None:
         """Schedule the next step and start its forward (on CUDA the host does not wait)."""
-        batch = self.scheduler.schedule()
+        engine = self.engine
+        batch = engine.scheduler.schedule()
         for seq in batch.overflowed:
-            outputs.append(self._finish(seq, "length", None))
+            outputs.append(engine._finish(seq, "length", None))
         if not batch.seqs:
             return None
         started = time.perf_counter()
         try:
-            sampled, logits, hidden = self._forward(batch)
-            self.scheduler.finish_step(batch)
+            sampled, logits, hidden = engine._forward(batch)
+            engine.scheduler.finish_step(batch)
         except Exception as e:  # the whole step failed: fail its requests, keep the rest
             for seq in batch.seqs:
-                outputs.append(self._fail(seq, f"{type(e).__name__}: {e}"))
+                outputs.append(engine._fail(seq, f"{type(e).__name__}: {e}"))
             return None
         flight = Flight(batch.seqs, hidden, sampled, logits, started, tokens=sum(batch.counts))
         if self._chainable(batch, sampled):
@@ -100,29 +130,28 @@ class StepOrder:
         return flight
 
     def _chainable(self, batch: ScheduledBatch, sampled: list[Sequence]) -> bool:
-        return (self.chain and self.overlap
-                and (self.export_layers is None or self.export_prompt_only)
+        return (self.chain and self.overlap and not self.exports_decode_rows
                 and len(sampled) == len(batch.seqs) and all(n == 1 for n in batch.counts)
                 and all(s.media is None and plain_greedy(s.state.sampler) for s in sampled))
 
     def _chain(self, flight: Flight) -> Flight | None:
         """Launch the flight's next decode step on the tokens its device picked, or None
         when that cannot be done safely (then the call schedules as usual)."""
-        seqs = flight.seqs
-        if (flight.next_ids is None or self.scheduler.waiting
-                or len(self.scheduler.running) != len(seqs)
+        seqs, engine = flight.seqs, self.engine
+        if (flight.next_ids is None or engine.scheduler.waiting
+                or len(engine.scheduler.running) != len(seqs)
                 or not all(self._alive(s) for s in seqs)
                 or any(s.limit is not None and len(s.output) + 2 > s.limit for s in seqs)):
             return None  # (a limit: the flight's token and the chained one must both fit)
         try:  # the fed token's KV slot: position computed (the picked token's)
             for seq in seqs:
-                self.cache.grow(seq.blocks, seq.computed + 1)
+                engine.cache.grow(seq.blocks, seq.computed + 1)
         except OutOfBlocksError:
             return None  # the scheduler decides whom to preempt
         batch = ScheduledBatch(list(seqs), [1] * len(seqs), [s.computed for s in seqs], [], [])
         started = time.perf_counter()
         try:
-            sampled, logits, _ = self._forward(batch, fed=flight.next_ids)
+            sampled, logits, _ = engine._forward(batch, fed=flight.next_ids)
         except Exception as e:  # the usual launch runs it again and fails its requests properly
             log.warning("chained decode step failed (%s: %s); launching it the usual way",
                         type(e).__name__, e)
@@ -138,14 +167,15 @@ class StepOrder:
         as computed, except those whose request ended meanwhile."""
         batch = flight.settle
         live = [s for s in batch.seqs if self._alive(s) and s.state.finish is None]
-        self.scheduler.finish_step(ScheduledBatch(live, [1] * len(live),
-                                                  [s.computed for s in live], [], []))
+        self.engine.scheduler.finish_step(ScheduledBatch(live, [1] * len(live),
+                                                         [s.computed for s in live], [], []))
 
     def _collect(self, flight: Flight, outputs: list[StepOutput]) -> list[tuple[Sequence, Any]]:
         """Sample the launched step (waits for its forward) and record the tokens, so the
         next schedule sees them. Rows of requests that ended meanwhile (aborted, or stopped
         by a stop string at the previous emit) are dropped: their KV blocks are already
         free, and nothing can reuse them before this sync."""
+        engine = self.engine
         try:
             if flight.host_ids is not None:  # picked on the device at launch
                 if flight.event is not None:
@@ -153,18 +183,18 @@ class StepOrder:
                 results = [Sampled(t) for t in flight.host_ids.tolist()]
             else:
                 results = sample(flight.logits.float(), [s.state.sampler for s in flight.sampled],
-                                 self._stop_ids()) if flight.sampled else []
+                                 engine._stop_ids()) if flight.sampled else []
         except Exception as e:
-            outputs += [self._fail(s, f"{type(e).__name__}: {e}") for s in flight.seqs
+            outputs += [engine._fail(s, f"{type(e).__name__}: {e}") for s in flight.seqs
                         if self._alive(s)]
             return []
         for seq, rows in zip(flight.seqs, flight.hidden or [], strict=False):
             if rows is not None and self._alive(seq):
                 seq.state.hidden = (seq.state.hidden or []) + [rows]
         ready = [(s, r) for s, r in zip(flight.sampled, results, strict=True) if self._alive(s)]
-        self._sampled([s for s, _ in ready], [r for _, r in ready])
+        engine._sampled([s for s, _ in ready], [r for _, r in ready])
         for seq, result in ready:
-            self._record(seq, result.token)
+            engine._record(seq, result.token)
         self.steps += 1
         self._timed(flight, time.perf_counter() - flight.started)
         return ready
@@ -189,15 +219,12 @@ class StepOrder:
         GPU takes (a data-dependent MoE routing syncs), so overlapping it would hold back
         the outputs in hand, often first tokens, by a whole prefill step: they are
         published first."""
-        sched = self.scheduler
+        sched = self.engine.scheduler
         return ((bool(sched.waiting) and len(sched.running) < sched.max_num_seqs)
                 or any(s.pending > 1 for s in sched.running))
 
     def _alive(self, seq: Sequence) -> bool:
-        return self._seqs.get(seq.id) is seq
-
-    def _before_launch(self) -> None:
-        """Hook: the last step's tokens are recorded; the next step is not scheduled yet."""
+        return self.seqs.get(seq.id) is seq
 
 
 def _pick_on_device(flight: Flight) -> None:
