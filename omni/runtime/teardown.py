@@ -12,7 +12,7 @@ import shutil
 from typing import Any
 
 from omni.runtime.leftovers import unlink_arenas
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import Shutdown, encode
 
 log = logging.getLogger("omni.runtime.launcher")
 
@@ -28,7 +28,7 @@ class Teardown:
             self._heartbeat_timer.cancel()
         for replica in self.replicas.values():
             if replica.alive:
-                self.try_send(replica, encode(Msg.SHUTDOWN))
+                self.try_send(replica, encode(Shutdown()))
             elif replica.process is not None and not (
                     self._exits[replica.replica_id].done() or replica.exit_reason):
                 replica.process.terminate()  # still loading: nothing to drain
