@@ -134,7 +134,7 @@ def test_final_outputs_of_a_remote_last_stage_reach_the_front(cluster):
             tap = Tap(omni)
             remote = await _answers(omni, prompts)
             assert omni.orchestrator.engines.replicas["c/0"].info["host"] == hosts.ip("c")
-            fetchers = list(omni.wire.payloads._fetchers)  # one: c's data socket on host c
+            fetchers = list(omni.payloads._fetchers)  # one: c's data socket on host c
             assert len(fetchers) == 1 and fetchers[0].startswith(f"zmq:tcp://{hosts.ip('c')}:")
             stats = await _held_by(omni, tap, "c")
             assert stats["zmq_puts"] > 0 and stats["zmq_payload_bytes"] == 0, stats
