@@ -114,8 +114,7 @@ def per_call_us(fn: Any, rounds: int) -> float:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
     now = time.monotonic()
-    rows = [Row(*r) for r in ROWS]
-    sides = {
+    sides = {  # each encode builds its rows and stats, as the engine loop does per step
         "old (type byte + positional msgpack, checks)": (
             lambda: old_encode(1, RID, INPUTS, PARAMS, now), old_decode_add,
             lambda: old_encode(11, "s/0", [list(r) for r in ROWS],
@@ -123,11 +122,13 @@ def main() -> None:
                                 "sent_at": now}), old_decode_outputs),
         "new (msgspec tagged union, omni/wire/protocol.py)": (
             lambda: encode(Add(RID, INPUTS, PARAMS, now)), decode_command,
-            lambda: encode(Outputs("s/0", rows, now, STATS, INBOUND, [0.01], [])),
+            lambda: encode(Outputs("s/0", [Row(*r) for r in ROWS], now, STATS, INBOUND,
+                                   [0.01], [])),
             decode_report),
         "alt (msgspec structs behind a type byte)": (
             lambda: prefixed_encode(PAdd(RID, INPUTS, PARAMS, now)), prefixed_decode,
-            lambda: prefixed_encode(POutputs("s/0", rows, now, STATS, INBOUND, [0.01], [])),
+            lambda: prefixed_encode(POutputs("s/0", [Row(*r) for r in ROWS], now, STATS,
+                                             INBOUND, [0.01], [])),
             prefixed_decode),
     }
     cases = {}  # (side, message) -> (encode, decode of its frame, frame size)
