@@ -109,7 +109,7 @@ class EngineLoop:
 
     def _reject(self, request_id: str, exc: Exception) -> None:
         log.warning("request %s failed: %s", request_id, exc)
-        self.payloads.forget(request_id)  # what it made is freed after the abort (FREE)
+        self.payloads.forget(request_id)  # what it made is freed after the abort (Free)
         self.inbound.drop(request_id)
         error = (ENGINE_FAULT, str(exc))
         self.channel.send(encode(Outputs(self.replica_id, [Row(request_id, None, True, error)],
