@@ -35,7 +35,19 @@ from typing import Any
 import zmq
 
 from bench.common import PROMPT, progress, say, summarize
-from omni.wire.protocol import CONTROL_HWM, Msg, decode, encode, identity, ipc_address
+from omni.wire.protocol import (
+    CONTROL_HWM,
+    Add,
+    Message,
+    Outputs,
+    Ready,
+    Row,
+    Shutdown,
+    decode,
+    encode,
+    identity,
+    ipc_address,
+)
 
 REPLICA_ID = "s/0"
 STAGE = "s"
@@ -74,22 +86,23 @@ def bench_inprocess(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _echo(message: bytes) -> bytes | None:
-    """The bare children's answer to one message: OUTPUTS for ADD, None for SHUTDOWN."""
-    kind, body = decode(message)
-    if kind == Msg.SHUTDOWN:
+    """The bare children's answer to one message: Outputs for Add, None for Shutdown."""
+    add = decode(message)
+    if isinstance(add, Shutdown):
         return None
-    rid, inputs = body[0], body[1]  # ADD: id, inputs, params, sent_at
-    row = [rid, {"text": inputs["prompt"], "trace": [STAGE], "index": 0}, True, None]
-    return encode(Msg.OUTPUTS, REPLICA_ID, [row], {"running": 0})
+    row = Row(add.request_id, {"text": add.inputs["prompt"], "trace": [STAGE], "index": 0},
+              True)
+    return encode(Outputs(REPLICA_ID, [row], time.monotonic(), {"running": 0}))
 
 
 def _add(rid: str) -> bytes:
-    return encode(Msg.ADD, rid, {"prompt": PROMPT}, {}, time.monotonic())
+    return encode(Add(rid, {"prompt": PROMPT}, {}, time.monotonic()))
 
 
-def _check(label: str, rid: str, kind: Msg, body: list[Any]) -> None:
-    if kind != Msg.OUTPUTS or body[1][0][0] != rid or not body[1][0][2]:
-        raise RuntimeError(f"{label}: unexpected reply {kind.name} {body!r}"[:2000])
+def _check(label: str, rid: str, reply: Message) -> None:
+    if (not isinstance(reply, Outputs) or reply.rows[0].request_id != rid
+            or not reply.rows[0].finished):
+        raise RuntimeError(f"{label}: unexpected reply {reply!r}"[:2000])
 
 
 def _spawn(target: Any, *child_args: Any) -> multiprocessing.process.BaseProcess:
@@ -122,7 +135,7 @@ def _drive(label: str, args: argparse.Namespace, send: Any, receive: Any,
         send(message)
         reply = receive()
         t1 = clock()
-        _check(label, rid, *decode(reply))
+        _check(label, rid, decode(reply))
         if i >= args.warmup:
             samples.append(t1 - t0)
         sizes = (len(message), len(reply))
@@ -168,7 +181,7 @@ def _unix_echo_child(path: str) -> None:
     """B0's child: connect, READY, then answer each ADD with one OUTPUTS; no engine."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    sock.sendall(_frame(encode(Msg.READY, REPLICA_ID, {"engine": "bare"})))
+    sock.sendall(_frame(encode(Ready(REPLICA_ID, {"engine": "bare"}))))
     reader = _Reader(sock)
     while messages := reader.messages():
         for message in messages:
@@ -201,10 +214,10 @@ def bench_unix(args: argparse.Namespace, gap_s: float = 0.0) -> dict[str, Any]:
                 raise RuntimeError(f"{label}: {len(messages)} messages for 1 request")
             return messages[0]
 
-        if decode(receive())[0] != Msg.READY:
+        if not isinstance(decode(receive()), Ready):
             raise RuntimeError(f"{label}: the child's first message is not READY")
         stats = _drive(label, args, lambda m: conn.sendall(_frame(m)), receive, gap_s)
-        conn.sendall(_frame(encode(Msg.SHUTDOWN)))
+        conn.sendall(_frame(encode(Shutdown())))
         _stop(child)
     finally:
         if child.is_alive():
@@ -225,7 +238,7 @@ def _zmq_echo_child(address: str, peer: bytes) -> None:
     dealer.setsockopt(zmq.IDENTITY, peer)
     dealer.setsockopt(zmq.LINGER, 1000)
     dealer.connect(address)
-    dealer.send(encode(Msg.READY, REPLICA_ID, {"engine": "bare"}))
+    dealer.send(encode(Ready(REPLICA_ID, {"engine": "bare"})))
     while (reply := _echo(dealer.recv())) is not None:
         dealer.send(reply)
     dealer.close()
@@ -256,10 +269,10 @@ class _Router:
                 raise RuntimeError(f"{self.label}: no READY from the child (exit code "
                                    f"{child.exitcode})")
         sender, message = self.sock.recv_multipart()
-        kind, body = decode(message)
-        if sender != peer or kind != Msg.READY:
-            raise RuntimeError(f"{self.label}: expected READY from {peer!r}, got {kind.name} "
-                               f"from {sender!r}: {body!r}"[:2000])
+        ready = decode(message)
+        if sender != peer or not isinstance(ready, Ready):
+            raise RuntimeError(f"{self.label}: expected Ready from {peer!r}, got {ready!r} "
+                               f"from {sender!r}"[:2000])
         self.peer = peer
 
     def send(self, message: bytes) -> None:
@@ -294,7 +307,7 @@ def bench_zmq(args: argparse.Namespace, *, engine: bool, gap_s: float = 0.0) -> 
     try:
         router.wait_ready(child, peer)
         stats = _drive(label, args, router.send, router.receive, gap_s)
-        router.send(encode(Msg.SHUTDOWN))  # the engine exits on it, as the bare child does
+        router.send(encode(Shutdown()))  # the engine exits on it, as the bare child does
         _stop(child)
         if child.exitcode != 0:
             raise RuntimeError(f"{label}: the child exited with {child.exitcode}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import hardware, percentile, say
-from omni.wire.protocol import Msg, decode, encode, identity, ipc_address
+from omni.wire.protocol import Append, Ready, Shutdown, decode, encode, identity, ipc_address
 
 REPLICA_ID = "talker/0"
 READY_TIMEOUT_S = 60.0
@@ -60,7 +60,7 @@ def _receiver(address: str, kind: str, step_s: float, out: Any) -> None:
     from omni.engines.proc.channel import Channel
 
     channel = Channel(address, identity(REPLICA_ID, 0), REPLICA_ID)
-    channel.send(encode(Msg.READY, REPLICA_ID, {"engine": "channel_lag"}))
+    channel.send(encode(Ready(REPLICA_ID, {"engine": "channel_lag"})))
     lags: list[float] = []
     batch_max, steps, last_lag, last_at, nbytes = 0, 0, None, 0.0, 0
     done = False
@@ -69,11 +69,11 @@ def _receiver(address: str, kind: str, step_s: float, out: Any) -> None:
         now = time.monotonic()
         batch_max = max(batch_max, len(messages))
         for message in messages:
-            msg, body = decode(message)
-            if msg == Msg.SHUTDOWN:
+            command = decode(message)
+            if isinstance(command, Shutdown):
                 done = True
                 break
-            last_lag, last_at = now - body[5], now  # APPEND: ..., sent_at
+            last_lag, last_at = now - command.sent_at, now  # an Append
             lags.append(last_lag)
             nbytes += len(message)
         if done:
@@ -98,7 +98,7 @@ async def _send(address_dir: str, kind: str, step_s: float,
     ready: asyncio.Future[bytes] = loop.create_future()
 
     def on_message(peer: bytes, message: bytes) -> None:
-        if decode(message)[0] == Msg.READY and not ready.done():
+        if isinstance(decode(message), Ready) and not ready.done():
             ready.set_result(peer)
 
     router = ControlRouter(ipc_address(address_dir), on_message)
@@ -109,15 +109,15 @@ async def _send(address_dir: str, kind: str, step_s: float,
     child.start()
     try:
         peer = await asyncio.wait_for(ready, READY_TIMEOUT_S)
-        data = b"\0" * args.row_bytes
+        data = {"bytes": b"\0" * args.row_bytes}
         sent, seq, first_sent, round_max, size, t0 = 0, 0, None, 0.0, 0, 0.0
         started = time.monotonic()
         while True:
             last = time.monotonic() - started >= args.seconds
             t0 = time.monotonic()
             for i in range(args.rows):
-                message = encode(Msg.APPEND, f"req-{i}", "thinker", seq, data, last,
-                                 time.monotonic())
+                message = encode(Append(f"req-{i}", "thinker", seq, data, last,
+                                        time.monotonic()))
                 router.send(peer, message)
                 size = len(message)
             round_max = max(round_max, time.monotonic() - t0)
@@ -129,7 +129,7 @@ async def _send(address_dir: str, kind: str, step_s: float,
             # on a fixed schedule, so the rate offered is the rate sent
             await asyncio.sleep(max(0.0, first_sent + seq * args.producer_step_ms / 1e3
                                     - time.monotonic()))
-        router.send(peer, encode(Msg.SHUTDOWN))
+        router.send(peer, encode(Shutdown()))
         got = await loop.run_in_executor(None, _wait_result, results, child)
         child.join(10)
     finally:

@@ -131,9 +131,10 @@ def render_markdown(r: dict[str, Any]) -> str:
         "## Latency per request (us)",
         "",
         "Concurrency 1 unless said otherwise; every round trip goes to one spawned process. "
-        "Every message is `omni.wire.protocol.encode`'s (type byte, msgpack array). *B0* = raw "
-        "Unix socket: a stream socket, the messages behind a 4-byte length, to a bare echo "
-        "loop (the transport omni used before ZeroMQ; a baseline). *B* = raw ZeroMQ: a "
+        "Every message is `omni.wire.protocol.encode`'s (a msgspec struct as a tagged msgpack "
+        "array). *B0* = raw Unix socket: a stream socket, the messages behind a 4-byte "
+        "length, to a bare echo loop (the transport omni used before ZeroMQ; a baseline). "
+        "*B* = raw ZeroMQ: a "
         "ROUTER here, a DEALER child with a bare echo loop, ipc, one frame per message: the "
         "runtime's socket pattern, its transport floor. *B2* = a ROUTER bound as "
         "`omni/runtime/control.py` binds it, driving the real engine process "

@@ -41,8 +41,9 @@
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
-# Wheels the box lacks (pyzmq, av, ...) go in ./.whl and are installed to /tmp/site. Models
-# are built into /tmp/m (lost when the box is given back). Results go to $OUT (or ./out).
+# Wheels the box lacks (pyzmq, msgspec, av, ...) go in ./.whl and are installed to
+# /tmp/site. Models are built into /tmp/m (lost when the box is given back). Results go to
+# $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,40p "$0"; exit 2 ;; esac

@@ -27,7 +27,7 @@ def _record_output(self, stage, sent_at, now):  # noqa: ANN001, ANN202 - as add_
 
 
 def _record_inbound(self, stage, times):  # noqa: ANN001, ANN202 - as add_inbound
-    if isinstance(times, list) and times:
+    if isinstance(times, (tuple, list)) and times:
         inbound.append(times[0] * 1e6)
     _add_inbound(self, stage, times)
 

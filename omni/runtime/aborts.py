@@ -6,11 +6,11 @@ the request's shared-memory blocks on receipt. A consumer still inside a step (o
 input message queued before the ABORT) could then read a block the producer had already
 re-used for another request. Now:
 
-    orchestrator ── ABORT [id] ──► every live replica the request was bound to
+    orchestrator ── Abort([id]) ──► every live replica the request was bound to
     each replica: the engine drops the request, forgets the views it received (no
-        release), and answers an OUTPUTS without rows whose stats["aborted"] = [id]
+        release), and answers AbortAck([id])
     when every one of them has answered (or died: a dead process reads nothing)
-    orchestrator ── FREE [id] ──► the same replicas: each frees what it produced for id
+    orchestrator ── Free([id]) ──► the same replicas: each frees what it produced for id
 
 Messages on one ROUTER/DEALER pair keep their order, so nothing the orchestrator sent a
 replica before the ABORT (an APPEND carrying a ref) can reach it after its answer.
@@ -18,18 +18,15 @@ replica before the ABORT (an APPEND carrying a ref) can reach it after its answe
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from omni.runtime.pool import Replica
-from omni.wire.protocol import Msg, encode
-
-log = logging.getLogger("omni.runtime.aborts")
+from omni.wire.protocol import Abort, Free, encode
 
 
 class AbortFences:
-    """Per aborted request: the replicas that have not answered its ABORT yet."""
+    """Per aborted request: the replicas that have not answered its Abort yet."""
 
     def __init__(self, send: Callable[[Replica, bytes], Any],
                  on_freed: Callable[[str], None] = lambda engine_id: None) -> None:
@@ -42,20 +39,17 @@ class AbortFences:
 
     def abort(self, engine_id: str, replicas: list[Replica]) -> None:
         """Send ABORT to these replicas; FREE follows once they have all answered."""
-        sent = [r for r in replicas if r.alive and self._send(r, encode(Msg.ABORT, [engine_id]))]
+        message = encode(Abort([engine_id]))
+        sent = [r for r in replicas if r.alive and self._send(r, message)]
         if sent:
             self._waiting[engine_id] = ({r.replica_id for r in sent}, sent)
         else:  # nothing runs it any more (a request that ended well comes here too)
             self._on_freed(engine_id)
 
-    def answered(self, replica: Replica, engine_ids: Any) -> None:
-        """A replica's ABORT answer (stats["aborted"] of an OUTPUTS)."""
-        if not isinstance(engine_ids, list):
-            log.warning("%s: malformed abort answer %r", replica.replica_id, engine_ids)
-            return
+    def answered(self, replica: Replica, engine_ids: list[str]) -> None:
+        """A replica's AbortAck."""
         for engine_id in engine_ids:
-            if isinstance(engine_id, str):
-                self._let_go(engine_id, replica.replica_id)
+            self._let_go(engine_id, replica.replica_id)
 
     def died(self, replica: Replica) -> None:
         """A dead replica reads nothing: it no longer holds back any request's FREE."""
@@ -71,7 +65,8 @@ class AbortFences:
         if waiting:
             return
         del self._waiting[engine_id]
+        message = encode(Free([engine_id]))
         for replica in replicas:
             if replica.alive:
-                self._send(replica, encode(Msg.FREE, [engine_id]))
+                self._send(replica, message)
         self._on_freed(engine_id)

@@ -30,10 +30,15 @@ from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
 from omni.runtime.teardown import Teardown
 from omni.wire.protocol import (
-    Msg,
+    AbortAck,
+    Dead,
+    Outputs,
     ProtocolError,
-    check_outputs,
-    decode,
+    Ready,
+    Report,
+    SessionReply,
+    Shutdown,
+    decode_report,
     encode,
     heartbeat_owner,
     ipc_address,
@@ -47,7 +52,6 @@ RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not sp
 # a replica that stayed up this long before dying was not crash-looping: its backoff starts
 # over (bench soak: with a lifetime count, outages grew from 1.5 to 5.1 s over 18 kills)
 STABLE_UP_S = 60.0
-_OPENING = (bytes([Msg.READY]), bytes([Msg.DEAD]))  # what a new incarnation says first
 
 
 class StartupError(RuntimeError):
@@ -58,18 +62,19 @@ class ReplicaUnreachableError(ConnectionError):
     """The replica's control connection is gone (it is dying or dead)."""
 
 
-OutputsHandler = Callable[[Replica, list, dict[str, Any], int], None]
+# what a running engine reports: its outputs and its answers (and the frame's bytes)
+ReportHandler = Callable[[Replica, Outputs | AbortAck | SessionReply, int], None]
 DeathHandler = Callable[[Replica, str], None]
 
 
 class EngineGroup:
     """The engine processes of one pipeline and the control socket that reaches them."""
 
-    def __init__(self, pipeline: PipelineConfig, *, on_outputs: OutputsHandler,
+    def __init__(self, pipeline: PipelineConfig, *, on_report: ReportHandler,
                  on_death: DeathHandler, dtype: str = "auto", log_level: int = logging.INFO,
                  startup_timeout_s: float = 900.0) -> None:
         self.pipeline = pipeline
-        self.on_outputs = on_outputs
+        self.on_report = on_report
         self.on_death = on_death
         self.dtype = dtype
         self.log_level = log_level
@@ -228,17 +233,20 @@ class EngineGroup:
             self._from_unknown(identity, message)
             return
         try:
-            kind, body = decode(message)
+            report = decode_report(message)
+            if report.replica_id != replica.replica_id:
+                raise ProtocolError(f"{type(report).__name__} from {replica.replica_id} "
+                                    f"names {report.replica_id!r}")
             if not replica.connected:
-                self._identify(replica, kind, body)
-            elif kind == Msg.OUTPUTS:
-                check_outputs(body, replica.replica_id)
-                replica.stats = body[2]
-                self.on_outputs(replica, body[1], body[2], len(message))
-            elif kind == Msg.DEAD:
-                self._on_dead(replica, body[1])
+                self._identify(replica, report)
+            elif isinstance(report, (Outputs, AbortAck, SessionReply)):
+                if not isinstance(report, AbortAck) and report.stats:
+                    replica.stats = report.stats  # the latest gauges (a rejection has none)
+                self.on_report(replica, report, len(message))
+            elif isinstance(report, Dead):
+                self._on_dead(replica, report.reason)
             else:
-                raise ProtocolError(f"unexpected {kind.name} from a running engine")
+                raise ProtocolError(f"unexpected {type(report).__name__} from a running engine")
         except ProtocolError as exc:
             log.error("dropping malformed engine message from %s: %s", replica.replica_id, exc)
         except Exception:  # one bad message must not stop the others from being read
@@ -249,7 +257,7 @@ class EngineGroup:
         """A heartbeat, an external replica's new incarnation, or a message of a retired
         incarnation or a stranger (ignored)."""
         replica = self._external_slot(identity)
-        if replica is not None and message[:1] in _OPENING:  # a READY (or DEAD) adopts
+        if replica is not None and _opens_incarnation(message):  # a Ready (or Dead) adopts
             replica.incarnation = parse_identity(identity)[1]
             self._by_identity[identity] = replica
             self.on_message(identity, message)
@@ -275,23 +283,21 @@ class EngineGroup:
             return None
         return replica
 
-    def _identify(self, replica: Replica, kind: Msg, body: list) -> None:
-        """The first message of an incarnation: READY, or DEAD if loading failed."""
-        if kind not in (Msg.READY, Msg.DEAD) or body[0] != replica.replica_id:
-            raise ProtocolError(f"{replica.replica_id} opened with {kind.name} naming "
-                                f"{body[0]!r}; expected READY or DEAD naming itself")
+    def _identify(self, replica: Replica, report: Report) -> None:
+        """The first message of an incarnation: Ready, or Dead if loading failed."""
+        if not isinstance(report, (Ready, Dead)):
+            raise ProtocolError(f"{replica.replica_id} opened with {type(report).__name__}; "
+                                "expected Ready or Dead")
         replica.connected = True
         replica.last_heartbeat = time.monotonic()
-        if kind == Msg.DEAD:
-            self._on_dead(replica, body[1])
+        if isinstance(report, Dead):
+            self._on_dead(replica, report.reason)
         elif self.stopping:  # it finished loading after we gave up on the pipeline
-            self.try_send(replica, encode(Msg.SHUTDOWN))
+            self.try_send(replica, encode(Shutdown()))
         else:
-            self._mark_ready(replica, body[1])
+            self._mark_ready(replica, report.info)
 
-    def _mark_ready(self, replica: Replica, info: Any) -> None:
-        if not isinstance(info, dict):
-            raise ProtocolError("READY info must be a map")
+    def _mark_ready(self, replica: Replica, info: dict[str, Any]) -> None:
         replica.info, replica.alive = info, True
         replica.ready_at = time.monotonic()
         replica.ready.set_result(info)
@@ -302,10 +308,10 @@ class EngineGroup:
                  f" on {info.get('host')}" if self._router(replica) is not self.control else "",
                  info.get("device", "device not reported"), memory_note(info))
 
-    def _on_dead(self, replica: Replica, reason: Any) -> None:
+    def _on_dead(self, replica: Replica, reason: str) -> None:
         """The engine's own death notice: fail it, then let it exit (it waits for this)."""
-        self._fail(replica, str(reason))
-        self.try_send(replica, encode(Msg.SHUTDOWN))
+        self._fail(replica, reason)
+        self.try_send(replica, encode(Shutdown()))
 
     # -- deaths ------------------------------------------------------------------------
     def arena_name(self, replica: Replica) -> str:
@@ -393,3 +399,11 @@ class EngineGroup:
         replica.ready.add_done_callback(self._restarted)
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
+
+
+def _opens_incarnation(message: bytes) -> bool:
+    """A Ready or a Dead: what a new incarnation says first."""
+    try:
+        return isinstance(decode_report(message), (Ready, Dead))
+    except ProtocolError:
+        return False

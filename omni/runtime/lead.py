@@ -17,8 +17,8 @@ makes one would wait forever, so keep the lead above what the consumer takes bef
 first output (the talker takes one token).
 
 Mechanics: the orchestrator counts the consumer's outputs and sends the producer's replica
-LIMIT messages (omni/wire/protocol.py) with the most outputs the request may have made so far;
-updates gathered while handling one OUTPUTS message go out as one LIMIT per replica. An
+Limit messages (omni/wire/protocol.py) with the most outputs the request may have made so far;
+updates gathered while handling one Outputs message go out as one Limit per replica. An
 engine that cannot hold a request ignores them (Engine.limit; the AR engine holds it out of
 its steps).
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from omni.config.pipeline import PipelineConfig
 from omni.runtime.pool import Replica
 from omni.runtime.request_state import RequestState
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import Limit, encode
 
 
 class LeadControl:
@@ -90,8 +90,8 @@ class LeadControl:
         return tightest
 
     def flush(self, send: Callable[[Replica, bytes], bool]) -> None:
-        """Send the gathered updates, one LIMIT per replica."""
+        """Send the gathered updates, one Limit per replica."""
         pending, self._pending = self._pending, {}
         for replica, limits in pending.items():
-            if send(replica, encode(Msg.LIMIT, [[rid, n] for rid, n in limits.items()])):
+            if send(replica, encode(Limit(limits))):
                 self.updates_sent += len(limits)

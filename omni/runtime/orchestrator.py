@@ -41,7 +41,7 @@ from omni.runtime.request_media import RequestMedia
 from omni.runtime.request_state import OmniOutput, RequestState
 from omni.runtime.routing import CLIENT, RoutePlan, plan_route
 from omni.session import Session
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import AbortAck, Add, Append, Outputs, SessionReply, encode
 
 log = logging.getLogger("omni.runtime.orchestrator")
 
@@ -54,7 +54,7 @@ class Orchestrator:
                  startup_timeout_s: float = 900.0) -> None:
         self.pipeline = pipeline
         self.metrics = metrics or Metrics()
-        self.engines = EngineGroup(pipeline, on_outputs=self._on_outputs,
+        self.engines = EngineGroup(pipeline, on_report=self._on_report,
                                    on_death=self._on_death, dtype=dtype, log_level=log_level,
                                    startup_timeout_s=startup_timeout_s)
         self.requests: dict[str, RequestState] = {}  # by client request id
@@ -138,7 +138,7 @@ class Orchestrator:
             params = stage_params(self._default_params[stage], state, stage,
                                   self._session_stages)
             inputs = self.media.for_stage(stage, state.engine_id, inputs)
-            message = encode(Msg.ADD, state.engine_id, inputs, params, time.monotonic())
+            message = encode(Add(state.engine_id, inputs, params, time.monotonic()))
         except AdmissionError as exc:  # the request media buffer is full
             return self._finish(state, exc)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -183,27 +183,33 @@ class Orchestrator:
                 unreachable += (replica,)
 
     # -- engine outputs ----------------------------------------------------------------
-    def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
-                    nbytes: int) -> None:
+    def _on_report(self, replica: Replica, report: Outputs | AbortAck | SessionReply,
+                   nbytes: int) -> None:
         self.control_bytes[replica.stage, "in"] += nbytes
-        if self.on_session_bytes is not None and "session_bytes" in stats:
-            self.on_session_bytes(replica, stats["session_bytes"])
-        if "aborted" in stats:
-            self.fences.answered(replica, stats["aborted"])
-        now, sent_at, inbound = time.monotonic(), stats.get("sent_at"), stats.get("inbound")
-        inbound = inbound if isinstance(inbound, dict) else {}
+        if isinstance(report, AbortAck):
+            self.fences.answered(replica, report.request_ids)
+            return
+        if self.on_session_bytes is not None and "session_bytes" in report.stats:
+            self.on_session_bytes(replica, report.stats["session_bytes"])
+        if isinstance(report, Outputs):
+            self._on_outputs(replica, report)
+
+    def _on_outputs(self, replica: Replica, outputs: Outputs) -> None:
+        now, inbound = time.monotonic(), outputs.inbound
         try:  # a bug in the bookkeeping must not cost the outputs below
-            observe_durations(self._measure.engine_step[replica.stage], stats.get("step_s"))
-            observe_durations(self._measure.engine_gc_pause[replica.stage], stats.get("gc_s"))
+            observe_durations(self._measure.engine_step[replica.stage], outputs.step_s)
+            observe_durations(self._measure.engine_gc_pause[replica.stage], outputs.gc_s)
         except Exception:
             log.exception("%s: its engine stats could not be recorded", replica.replica_id)
-        for engine_id, data, finished, error in rows:
+        for row in outputs.rows:
+            engine_id = row.request_id
             state = self._by_engine_id.get(engine_id)
             if state is not None and state.bound.get(replica.stage) is replica:
                 try:
-                    state.transit.add_output(replica.stage, sent_at, now)
+                    state.transit.add_output(replica.stage, outputs.sent_at, now)
                     state.transit.add_inbound(replica.stage, inbound.get(engine_id))
-                    self._on_stage_output(state, replica.stage, data, finished, error)
+                    self._on_stage_output(state, replica.stage, row.data, row.finished,
+                                          row.error)
                 except Exception as exc:  # our bug, not the request's: it fails alone,
                     # saying why, instead of waiting forever for an output dropped here
                     log.exception("request %s: handling stage '%s' output raised",
@@ -214,7 +220,7 @@ class Orchestrator:
         self.leads.flush(self.engines.try_send)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
-                         finished: bool, error: list[str] | None) -> None:
+                         finished: bool, error: tuple[str, str] | None) -> None:
         now = time.monotonic()
         state.times[stage].setdefault("first_output", now)
         if error is not None:
@@ -281,10 +287,11 @@ class Orchestrator:
                 state.held.setdefault(consumer, []).append(message)
 
     def _send_append(self, state: RequestState, consumer: str, message: list) -> None:
+        """Send one held or new chunk, (producer, seq, data, last), as an Append."""
         replica = state.bound[consumer]
         try:
-            nbytes = self.engines.send(replica, encode(Msg.APPEND, state.engine_id, *message,
-                                                      time.monotonic()))
+            nbytes = self.engines.send(replica, encode(Append(state.engine_id, *message,
+                                                             time.monotonic())))
         except ReplicaUnreachableError as exc:
             self._finish(state, StageUnavailableError(
                 f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))

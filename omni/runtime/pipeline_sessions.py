@@ -2,7 +2,7 @@
 
 - engines report the bytes they hold per session in their stats (``session_bytes``);
   the manager adds them up and, over the budget, evicts the least recently used
-  session's state: a SESSION message to each replica the session is pinned to;
+  session's state: an EndSessions message to each replica the session is pinned to;
 - closing (or resetting) a session tells those replicas the same way, so engine state is
   freed on every way out: close, idle lease, resume grace, eviction, shutdown;
 - a replica that dies ends every session whose state lived there (the client gets an
@@ -21,7 +21,7 @@ from omni.config.pipeline import PipelineConfig
 from omni.engines.kinds import STATEFUL_KINDS
 from omni.runtime.pool import Replica
 from omni.session import Session, SessionManager
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import EndSessions, encode
 
 log = logging.getLogger("omni.runtime.pipeline_sessions")
 
@@ -87,7 +87,7 @@ class PipelineSessions:
 
     # -- engines -----------------------------------------------------------------------
     def _tell_engines(self, session: Session, op: str) -> None:
-        message = encode(Msg.SESSION, [[session.id, op]])
+        message = encode(EndSessions([(session.id, op)]))
         for replica in session.pins.values():
             if replica.alive:
                 self.orchestrator.engines.try_send(replica, message)

@@ -23,8 +23,9 @@ class RequestTransit:
             self.messages += 1
             self._last.setdefault(stage, [0.0, 0.0, 0.0])[2] = hop
 
-    def add_inbound(self, stage: str, times: list | None) -> None:
-        if isinstance(times, list) and len(times) == 5 and all(map(is_time, times)):
+    def add_inbound(self, stage: str, times: tuple | list | None) -> None:
+        """An engine's times of what it received for this request (Outputs.inbound)."""
+        if isinstance(times, (tuple, list)) and len(times) == 5 and all(map(is_time, times)):
             self.hop_s += times[0]
             self.wait_s += times[1]
             self.messages += times[2]

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from omni.runtime.leftovers import unlink_arenas
 from omni.runtime.pool import Replica
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import Shutdown, encode
 
 log = logging.getLogger("omni.runtime.launcher")
 
@@ -42,7 +42,7 @@ class Teardown:
         """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all."""
         for replica in replicas.values():
             if replica.alive:
-                send(replica, encode(Msg.SHUTDOWN))
+                send(replica, encode(Shutdown()))
             elif replica.process is not None and not (
                     self.exits[replica.replica_id].done() or replica.exit_reason):
                 replica.process.terminate()  # still loading: nothing to drain

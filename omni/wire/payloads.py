@@ -15,7 +15,7 @@ an engine puts in its outputs into a ref. Lifetimes, all per request:
   received, and keeps what it produced: a consumer elsewhere may still be reading it.
   The orchestrator aborts the request at every replica it touched, each says when it has
   let go (its ABORT is acknowledged after the engine dropped the request), and only then
-  tells them to `free` what they produced for it (Msg.FREE; omni/runtime/aborts.py): so
+  tells them to `free` what they produced for it (Free; omni/runtime/aborts.py): so
   no consumer ever reads a block its producer re-used for another request. A release
   sent instead of forgetting could land after the producer freed and re-used the block,
   overwrite the new owner's release flag and leak that block.

@@ -1,135 +1,196 @@
-"""Every wire message between orchestrator and engines, its one-byte type, and the sockets.
+"""Every wire message between orchestrator and engines, as a typed struct, and the sockets.
 
 The control plane is ZeroMQ: the orchestrator binds one ROUTER per pipeline, each replica
 connects one DEALER whose identity is ``<replica id>@<incarnation>`` (a restarted replica
 is a new identity, never confused with its predecessor's half-open connection). A message
-is one ZeroMQ frame, ``[type byte][msgpack array]``; the ROUTER adds and strips the
-identity frame. Bodies are arrays, not maps: positional fields keep each message a few
-dozen bytes. No pickle on any wire; payload bytes never ride here (omni/connector/).
+is one ZeroMQ frame; the ROUTER adds and strips the identity frame. No pickle on any wire;
+payload bytes never ride here (omni/connector/).
+
+Each message is a msgspec Struct, one type per purpose; the structs below are the
+documentation of the wire. msgspec, as vLLM's engine core speaks over ZeroMQ, because:
+
+- typed: a receiver gets an ``Add`` with named fields, not a positional list, and the
+  engine's answers (``AbortAck``, ``SessionReply``) are types of their own, not magic
+  keys inside an OUTPUTS' stats;
+- validated at decode: a wrong type, a missing field or a truncated frame raises
+  ProtocolError for that frame alone, before any handler runs (the receivers drop it and
+  log), so no hand-written shape checks;
+- compact: ``array_like`` structs in a tagged union encode as ``[tag, field, ...]``, the
+  same bytes as the type byte + positional msgpack array this replaced (bytes stay
+  msgpack bin, str stays str: request inputs round-trip exactly);
+- fast: encode + decode of an ADD or an OUTPUTS costs less than msgpack's positional
+  lists did (bench/probes/wire_codec.py).
 
 libzmq's I/O thread receives while an engine is inside a long step, so inbound bursts do
 not wait on the engine (the hand-written Unix-socket transport this replaced needed a
 drainer thread for that). Its price, one I/O-thread hand-off on each side of each
 direction, is measured in bench/results/core.md beside raw Unix-socket and ZeroMQ round
 trips.
+
+Every ``sent_at`` is the sender's time.monotonic() (one clock for every process of a
+host), so each side can time the hop it received (omni/wire/transit.py).
 """
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 import os
 import re
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-import msgpack
+import msgspec
 
 Buffer = bytes | bytearray | memoryview
-
-
-class Msg(enum.IntEnum):
-    # orchestrator -> engine
-    ADD = 1  # [request_id, inputs, params, sent_at]
-    ABORT = 2  # [[request_id, ...]]
-    SHUTDOWN = 3  # []   also the answer to DEAD: the engine may exit now
-    APPEND = 4  # [request_id, producer_stage, seq, data, last, sent_at]   stream-edge input
-    LIMIT = 5  # [[[request_id, max_outputs | None], ...]]   stream flow control (lead.py)
-    SESSION = 6  # [[[session_id, op], ...]]   drop a session's engine state (op: close,
-    #   reset, evict); answered by an OUTPUTS without rows whose stats say what is held
-    FREE = 7  # [[request_id, ...]]   free the payloads these aborted requests produced: every
-    #   replica that could read them has let go (ABORT is answered by an OUTPUTS without rows
-    #   whose stats["aborted"] lists the request ids; runtime/aborts.py)
-    # engine -> orchestrator
-    READY = 10  # [replica_id, info]   the first message of an incarnation
-    OUTPUTS = 11  # [replica_id, [[rid, data, finished, error|[kind, message]], ...], stats]
-    # sent_at / stats["sent_at"]: the sender's time.monotonic() (one clock for every
-    # process of a host), so each side can time the hop it received (omni/wire/transit.py)
-    DEAD = 12  # [replica_id, reason]   the last message of a dying engine
-    HEARTBEAT = 13  # [replica_id]   every heartbeat interval, from the engine's own thread
-
-
-TYPE_BYTES = {m: bytes([m]) for m in Msg}
-ARITY = {Msg.ADD: 4, Msg.ABORT: 1, Msg.SHUTDOWN: 0, Msg.APPEND: 6, Msg.LIMIT: 1,
-         Msg.SESSION: 1, Msg.FREE: 1, Msg.READY: 2, Msg.OUTPUTS: 3, Msg.DEAD: 2,
-         Msg.HEARTBEAT: 1}
-_KINDS = {int(m): m for m in Msg}  # a dict lookup; Msg(x) costs an enum call per message
-
-_packer = msgpack.Packer(use_bin_type=True)
 REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
+
+
+class _Message(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """A control message, encoded as ``[tag, field, ...]``. Both ends run the same code, so
+    a field more than the struct has is an error, as is a missing one that has no default.
+    gc=False: a message holds only plain values, never a cycle, so the collector need not
+    track it."""
+
+
+# -- orchestrator -> engine ("commands") -------------------------------------------------
+
+class Add(_Message, tag=1):
+    """Start a request on this replica's engine."""
+    request_id: str
+    inputs: dict[str, Any]  # values may be payload refs ["\x00ref", ...] or arrays ["\x00nd", ...]
+    params: dict[str, Any]  # the stage's params for this request
+    sent_at: float
+
+
+class Abort(_Message, tag=2):
+    """Drop these requests; answered by an AbortAck (omni/runtime/aborts.py)."""
+    request_ids: list[str]
+
+
+class Shutdown(_Message, tag=3):
+    """Exit now; also the answer to Dead (the engine waits for it before exiting)."""
+
+
+class Append(_Message, tag=4):
+    """One chunk of stream-edge input from a producer stage (or the client)."""
+    request_id: str
+    producer: str
+    seq: int  # per (producer, consumer): a gap or repeat is the engine's error
+    data: dict[str, Any] | None  # None: a `last` without data
+    last: bool
+    sent_at: float
+
+
+class Limit(_Message, tag=5):
+    """Stream flow control (omni/runtime/lead.py): request id -> the most outputs it may
+    have made so far, None lifting the limit."""
+    limits: dict[str, int | None]
+
+
+class EndSessions(_Message, tag=6):
+    """Drop sessions' engine state; answered by a SessionReply."""
+    ends: list[tuple[str, Literal["close", "reset", "evict"]]]  # (session id, why)
+
+
+class Free(_Message, tag=7):
+    """Free the payloads these aborted requests produced: every replica that could read
+    them has let go (omni/runtime/aborts.py)."""
+    request_ids: list[str]
+
+
+# -- engine -> orchestrator ("reports") --------------------------------------------------
+
+class Ready(_Message, tag=10):
+    """The first message of an incarnation: loaded, with its capabilities and memory."""
+    replica_id: str
+    info: dict[str, Any]
+
+
+class Row(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """One request's output of an engine step."""
+    request_id: str
+    data: dict[str, Any] | None  # payload refs inside, as in Add.inputs
+    finished: bool
+    error: tuple[str, str] | None = None  # (ENGINE_FAULT | INPUT_FAULT, message)
+
+
+class Outputs(_Message, tag=11):
+    """An engine step's outputs (or one request's rejection) with the engine's numbers."""
+    replica_id: str
+    rows: list[Row]
+    sent_at: float
+    stats: dict[str, Any] = {}  # the engine's and its payload plane's gauges (/metrics)
+    # per request: [hop sum, wait sum, messages, last hop, last wait] of what it received
+    inbound: dict[str, tuple[float, float, int, float, float]] = {}
+    step_s: list[float] = []  # durations of the steps since the last Outputs
+    gc_s: list[float] = []  # garbage-collector pauses since the last Outputs
+
+
+class Dead(_Message, tag=12):
+    """The last message of a dying engine (its error and last log lines)."""
+    replica_id: str
+    reason: str
+
+
+class Heartbeat(_Message, tag=13):
+    """Every heartbeat interval, from the engine's own thread and socket."""
+    replica_id: str
+
+
+class AbortAck(_Message, tag=14):
+    """The engine dropped these requests and reads none of their inputs any more."""
+    replica_id: str
+    request_ids: list[str]
+    sent_at: float
+
+
+class SessionReply(_Message, tag=15):
+    """The answer to EndSessions: the engine's stats now (``session_bytes``: what it
+    still holds per session)."""
+    replica_id: str
+    stats: dict[str, Any]
+    sent_at: float
+
+
+Command = Add | Abort | Shutdown | Append | Limit | EndSessions | Free
+Report = Ready | Outputs | Dead | Heartbeat | AbortAck | SessionReply
+Message = Command | Report
+
+_encoder = msgspec.msgpack.Encoder()
+_any, _commands, _reports = (msgspec.msgpack.Decoder(t) for t in (Message, Command, Report))
 
 
 class ProtocolError(Exception):
     """A peer sent bytes that are not a valid message."""
 
 
-def encode(kind: Msg, *fields: Any) -> bytes:
-    """One message: the type byte, then the packed body."""
-    return TYPE_BYTES[kind] + _packer.pack(list(fields))
+def encode(message: Message) -> bytes:
+    """One frame. Raises TypeError (or OverflowError, ValueError) for a value msgpack
+    cannot carry."""
+    return _encoder.encode(message)
 
 
-def decode(frame: Buffer) -> tuple[Msg, list[Any]]:
-    """Inverse of encode; raises ProtocolError on anything malformed."""
-    view = memoryview(frame)
-    if len(view) < 2:
-        raise ProtocolError(f"a message needs a type byte and a body, got {len(view)} bytes")
-    kind = _KINDS.get(view[0])
-    if kind is None:
-        raise ProtocolError(f"unknown message type {view[0]}")
+def decode(frame: Buffer) -> Message:
+    """Any message; raises ProtocolError on anything malformed."""
+    return _decode(_any, frame, "a message")
+
+
+def decode_command(frame: Buffer) -> Command:
+    """What an engine reads: an orchestrator's command, or ProtocolError."""
+    return _decode(_commands, frame, "an orchestrator's command")
+
+
+def decode_report(frame: Buffer) -> Report:
+    """What the orchestrator reads: an engine's report, or ProtocolError."""
+    return _decode(_reports, frame, "an engine's report")
+
+
+def _decode(decoder: msgspec.msgpack.Decoder, frame: Buffer, expected: str) -> Any:
     try:
-        body = msgpack.unpackb(view[1:], raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise ProtocolError(f"undecodable {kind.name} body: {exc}") from exc
-    if not isinstance(body, list) or len(body) != ARITY[kind]:
-        raise ProtocolError(f"{kind.name} body must be an array of {ARITY[kind]} fields")
-    return kind, body
-
-
-def check_outputs(body: list, replica_id: str) -> None:
-    """An OUTPUTS body from `replica_id` has the shape the orchestrator reads, or
-    ProtocolError: [replica_id, [[request_id, data, finished, error|None], ...], {stats}]."""
-    if body[0] != replica_id:
-        raise ProtocolError(f"OUTPUTS from {replica_id} names {body[0]!r}")
-    rows, stats = body[1], body[2]
-    if not isinstance(rows, list) or not isinstance(stats, dict) or not all(
-            isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
-            and (r[3] is None or _is_error(r[3])) for r in rows):
-        raise ProtocolError("OUTPUTS rows must be [request_id, data, finished, error] arrays, "
-                            "error null or [kind, message]")
-
-
-def _is_error(error: Any) -> bool:
-    return isinstance(error, list) and len(error) == 2 and all(isinstance(x, str) for x in error)
-
-
-# orchestrator -> engine: the fields an engine loop reads before its own checks of a
-# request (an unhashable request id would otherwise raise in the loop, outside them)
-_INBOUND_CHECKS: dict[Msg, Callable[[list], bool]] = {
-    Msg.ADD: lambda b: isinstance(b[0], str),
-    Msg.APPEND: lambda b: isinstance(b[0], str) and isinstance(b[1], str),
-    Msg.ABORT: lambda b: isinstance(b[0], list) and all(isinstance(r, str) for r in b[0]),
-    Msg.FREE: lambda b: isinstance(b[0], list) and all(isinstance(r, str) for r in b[0]),
-}
-
-
-def check_inbound(kind: Msg, body: list) -> None:
-    """An engine-bound body has the field types the engine loop reads, or ProtocolError
-    (LIMIT and SESSION bodies are checked where they are read)."""
-    check = _INBOUND_CHECKS.get(kind)
-    if check is not None and not check(body):
-        raise ProtocolError(f"{kind.name} body has fields of the wrong type")
-
-
-Handler = Callable[[list[Any]], None]
-
-
-def dispatch(table: dict[Msg, Handler], frame: Buffer) -> None:
-    """Route one message to its handler by type; unknown types are a protocol error."""
-    kind, body = decode(frame)
-    handler = table.get(kind)
-    if handler is None:
-        raise ProtocolError(f"no handler for {kind.name}")
-    handler(body)
+        return decoder.decode(frame)
+    # ValidationError is a DecodeError; msgspec before 0.23 raises UnicodeDecodeError for
+    # a str that is not UTF-8
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"not {expected}: {exc}") from exc
 
 
 # -- identities and addresses ----------------------------------------------------------

@@ -1,15 +1,15 @@
 """Time a request spends in our hops: sockets, message handling and queues between stages.
 
 Every message carries its sender's `time.monotonic()` (one clock for all processes of a
-host). An engine process times each ADD/APPEND it handles in two parts:
+host; omni/wire/protocol.py). An engine process times each Add/Append it handles in two parts:
 
   hop   from the later of (sent, the end of the engine step that was running) to handled:
         socket, decoding, payload mapping, the engine loop picking it up;
   wait  how long it sat behind a step already running when it was sent (step-level
         batching: a message that arrives mid-step is taken after the step).
 
-It reports them per request with its next outputs; the orchestrator times every OUTPUTS
-message (engine publish -> orchestrator handled) and keeps, per request:
+It reports them per request with its next outputs (Outputs.inbound); the orchestrator
+times every Outputs message (engine publish -> orchestrator handled) and keeps, per request:
 
   hop_s / step_wait_s   sums over all the request's messages. Most of them overlap with
                         compute elsewhere, so these overstate what the hops cost it.
@@ -59,7 +59,7 @@ class InboundTimes:
         times[3], times[4] = hop, wait
 
     def take(self, request_ids: Iterable[str]) -> dict[str, list]:
-        """The times not yet reported for these requests (for the next OUTPUTS)."""
+        """The times not yet reported for these requests (for the next Outputs)."""
         pending = self._pending
         return {rid: pending.pop(rid) for rid in request_ids if rid in pending}
 

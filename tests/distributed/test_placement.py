@@ -29,7 +29,7 @@ from omni.engines.proc.channel import Channel  # noqa: E402
 from omni.errors import RequestAbortedError  # noqa: E402
 from omni.runtime.orchestrator import OmniOutput  # noqa: E402
 from omni.wire.curve import CurveKeys  # noqa: E402
-from omni.wire.protocol import Msg, encode, identity  # noqa: E402
+from omni.wire.protocol import Ready, encode, identity  # noqa: E402
 
 _OK, _WHY = netns.available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -134,7 +134,7 @@ def test_final_outputs_of_a_remote_last_stage_reach_the_front(cluster):
             tap = Tap(omni)
             remote = await _answers(omni, prompts)
             assert omni.orchestrator.engines.replicas["c/0"].info["host"] == hosts.ip("c")
-            fetchers = list(omni.wire.payloads._fetchers)  # one: c's data socket on host c
+            fetchers = list(omni.payloads._fetchers)  # one: c's data socket on host c
             assert len(fetchers) == 1 and fetchers[0].startswith(f"zmq:tcp://{hosts.ip('c')}:")
             stats = await _held_by(omni, tap, "c")
             assert stats["zmq_puts"] > 0 and stats["zmq_payload_bytes"] == 0, stats
@@ -162,7 +162,7 @@ async def _held_by(omni, tap: Tap, stage: str, timeout_s: float = 10.0) -> dict:
 
 async def _stranger_is_refused(omni) -> None:
     """A process that knows the server's public key but holds another client key tries
-    to take over b/0 (a later incarnation's READY): its handshake is refused, nothing it
+    to take over b/0 (a later incarnation's Ready): its handshake is refused, nothing it
     sends is read."""
     remote = omni.orchestrator.engines.remote
     other = CurveKeys.generate()
@@ -170,7 +170,7 @@ async def _stranger_is_refused(omni) -> None:
                          other.client_public, other.client_secret)
     channel = Channel(remote.router.address, identity("b/0", 5), "b/0", curve=stranger)
     try:
-        channel.send(encode(Msg.READY, "b/0", {}))
+        channel.send(encode(Ready("b/0", {})))
         deadline = time.monotonic() + 5
         while remote.router.gatekeeper.refused == 0:
             assert time.monotonic() < deadline, "the stranger's handshake was not refused"

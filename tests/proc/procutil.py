@@ -23,6 +23,7 @@ from omni import AsyncOmni
 from omni.config.pipeline import PipelineConfig, parse_pipeline
 from omni.runtime.orchestrator import OmniOutput
 from omni.runtime.pool import Replica
+from omni.wire.protocol import Outputs
 
 TEST_TIMEOUT_S = 10.0
 ENGINE_LOG_LEVEL = logging.WARNING
@@ -133,38 +134,38 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0,
 
 @dataclass(frozen=True)
 class Row:
-    """One request's row in one OUTPUTS message, as the orchestrator received it."""
+    """One request's row in one Outputs message, as the orchestrator received it."""
 
     replica_id: str
     stage: str
     request_id: str
     data: dict[str, Any] | None
     finished: bool
-    error: str | None
+    error: tuple[str, str] | None  # (kind, message)
     stats: dict[str, Any]
 
 
 class Tap:
-    """Records every OUTPUTS row the orchestrator receives and lets a test await one.
+    """Records every Outputs row the orchestrator receives and lets a test await one.
 
-    It wraps EngineGroup.on_outputs, so it sees exactly what came off the PULL socket,
+    It wraps EngineGroup.on_report, so it sees exactly what came off the socket,
     including rows the orchestrator then ignores (e.g. for an aborted request).
     """
 
     def __init__(self, omni: AsyncOmni) -> None:
         group = omni.orchestrator.engines
-        self._inner = group.on_outputs
-        group.on_outputs = self._on_outputs
+        self._inner = group.on_report
+        group.on_report = self._on_report
         self.rows: list[Row] = []
         self._waiters: list[tuple[Callable[[Row], bool], asyncio.Future]] = []
 
-    def _on_outputs(self, replica: Replica, rows: list, stats: dict[str, Any],
-                    nbytes: int) -> None:
+    def _on_report(self, replica: Replica, report: Any, nbytes: int) -> None:
         # engines see "<client id>#<submit>"; tests speak client ids
-        new = [Row(replica.replica_id, replica.stage, rid.rsplit("#", 1)[0], data, finished,
-                   error, dict(stats)) for rid, data, finished, error in rows]
+        new = [Row(replica.replica_id, replica.stage, row.request_id.rsplit("#", 1)[0],
+                   row.data, row.finished, row.error, dict(report.stats))
+               for row in report.rows] if isinstance(report, Outputs) else []
         self.rows.extend(new)
-        self._inner(replica, rows, stats, nbytes)
+        self._inner(replica, report, nbytes)
         for predicate, future in list(self._waiters):
             match = next((r for r in new if predicate(r)), None)
             if match is not None and not future.done():

@@ -15,10 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from procutil import assert_idle, chunk_outputs, collect, serving, single_pipeline
 
-from omni.wire.protocol import Msg
+from omni.wire.protocol import Abort, AbortAck, Add, Free, Heartbeat, Outputs, Ready, SessionReply
 
-# a replica's own messages; DEAD is left out: from the real replica it is a real death notice
-KINDS = [Msg.READY, Msg.OUTPUTS, Msg.HEARTBEAT, Msg.ADD, Msg.ABORT, Msg.FREE, 99]
+# a replica's own messages (by their tags); Dead is left out: from the real replica it is a
+# real death notice
+TAGS = [m.__struct_config__.tag for m in (Ready, Outputs, Heartbeat, AbortAck, SessionReply,
+                                          Add, Abort, Free)] + [99]
 scalars = (st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats()
            | st.sampled_from(["s/0", "other/0", "", "aborted", "sent_at", "x"])
            | st.binary(max_size=8))
@@ -26,9 +28,10 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.sampled_from(["aborted", "sent_at", "session_bytes",
                                                          "inbound", "step_s", "gc_s", "k"]),
                                         inner, max_size=3), max_leaves=12)
-bodies = st.lists(values, max_size=4) | st.tuples(st.just("s/0"), values, values).map(list)
-frames = (st.tuples(st.sampled_from(KINDS), bodies)
-          .map(lambda kb: bytes([kb[0]]) + msgpack.packb(kb[1], use_bin_type=True))
+bodies = (st.lists(values, max_size=4) | st.tuples(st.just("s/0"), values, values).map(list)
+          | st.tuples(st.just("s/0"), values, st.floats(), values, values).map(list))
+frames = (st.tuples(st.sampled_from(TAGS), bodies)
+          .map(lambda kb: msgpack.packb([kb[0], *kb[1]], use_bin_type=True))
           | st.binary(max_size=24))
 
 

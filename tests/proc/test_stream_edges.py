@@ -19,7 +19,7 @@ from procutil import (
 
 from omni.config.pipeline import parse_pipeline
 from omni.errors import RequestAbortedError, RequestFailedError
-from omni.wire.protocol import Msg, encode
+from omni.wire.protocol import Append, encode
 
 STEP_MS = 30
 
@@ -92,7 +92,7 @@ def test_out_of_order_chunk_fails_only_that_request():
             consumer = state.bound["b"]
             # a chunk far ahead of the next expected sequence number
             omni.orchestrator.engines.send(consumer, encode(
-                Msg.APPEND, state.engine_id, "a", 99, {"text": "x"}, False, 0.0))
+                Append(state.engine_id, "a", 99, {"text": "x"}, False, 0.0)))
             with pytest.raises(RequestFailedError, match="expected chunk"):
                 await victim
             assert _text(await bystander) == "bystander"

@@ -13,30 +13,32 @@ import msgpack
 import zmq
 from procutil import assert_idle, chunk_outputs, collect, run, serving, single_pipeline, wait_until
 
-from omni.wire.protocol import Msg
-
-OUTPUTS = bytes([Msg.OUTPUTS])
+from omni.wire.protocol import AbortAck, Add, Outputs, Ready, Row, SessionReply, encode
 
 # What a foreign peer may send: none of its identities is a current replica's, so every
 # message is dropped (each stranger logged once).
 FOREIGN_FIRST = [
-    b"\xff" + msgpack.packb([]),  # unknown type
-    OUTPUTS + b"\xc1",  # bad msgpack
-    OUTPUTS + msgpack.packb({"replica": "s/0"}),  # map body
-    OUTPUTS + msgpack.packb(["s/0", [], {}]),  # not READY/DEAD first
-    bytes([Msg.READY]) + msgpack.packb(["nobody/0", {}]),  # unknown replica
-    bytes([Msg.READY]) + msgpack.packb(["s/0", {}]),  # already connected: no hijacking
+    msgpack.packb([99]),  # unknown type
+    b"\xc1",  # bad msgpack
+    msgpack.packb({"replica": "s/0"}),  # a map, not a message
+    encode(Outputs("s/0", [], 0.0)),  # not Ready/Dead first
+    encode(Ready("nobody/0", {})),  # unknown replica
+    encode(Ready("s/0", {})),  # already connected: no hijacking
 ]
 
-# Well-formed messages in a real replica's stream with a body of the wrong shape.
+# Messages in a real replica's stream with fields of the wrong type or number (encode
+# writes what it is given; decode checks).
 MISSHAPEN = [
-    OUTPUTS + msgpack.packb(["s/0"]),
-    OUTPUTS + msgpack.packb(["s/0", "not rows", {}]),
-    OUTPUTS + msgpack.packb(["s/0", [[1, 2]], {}]),
-    OUTPUTS + msgpack.packb([["unhashable"], [], {}]),
-    OUTPUTS + msgpack.packb(["other/0", [], {}]),  # names another replica
-    bytes([Msg.READY]) + msgpack.packb(["s/0", {}]),  # READY twice
-    bytes([Msg.ADD]) + msgpack.packb(["r", {}, {}, 0.0]),  # an orchestrator->engine type
+    msgpack.packb([11, "s/0"]),  # an Outputs missing its fields
+    encode(Outputs("s/0", "not rows", 0.0)),
+    encode(Outputs("s/0", [[1, 2]], 0.0)),
+    encode(Outputs(["unhashable"], [], 0.0)),
+    encode(Outputs("other/0", [], 0.0)),  # names another replica
+    encode(Outputs("s/0", [Row("r", None, True, ("engine",))], 0.0)),  # error not a pair
+    encode(AbortAck("s/0", "r", 0.0)),  # ids not a list
+    encode(SessionReply("s/0", [], 0.0)),  # stats not a map
+    encode(Ready("s/0", {})),  # Ready twice
+    encode(Add("r", {}, {}, 0.0)),  # an orchestrator->engine type
 ]
 
 
@@ -91,8 +93,7 @@ def test_foreign_peers_are_ignored_and_the_pipeline_keeps_serving(caplog):
                     await asyncio.to_thread(_foreign, address, identity, message)
             # the replica's own identity: libzmq refuses a second peer of the same name
             await asyncio.to_thread(_foreign, address, b"s/0@0",
-                                    OUTPUTS + msgpack.packb(["s/0", [["x", None, True, None]],
-                                                             {}]))
+                                    encode(Outputs("s/0", [Row("x", None, True)], 0.0)))
             outputs = await request
             assert "".join(o.data["text"] for o in chunk_outputs(outputs)) == "still here"
             await wait_until(lambda: _strangers(caplog) == len(strangers), 3.0,

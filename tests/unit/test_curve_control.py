@@ -12,7 +12,7 @@ import zmq
 from omni.engines.proc.channel import Channel
 from omni.runtime.control import ControlRouter
 from omni.wire.curve import CurveKeys
-from omni.wire.protocol import Msg, check_address, decode, encode
+from omni.wire.protocol import Ready, Shutdown, check_address, decode, encode
 
 
 def _pump(router: ControlRouter, received: list, seconds: float, want: int) -> None:
@@ -35,13 +35,13 @@ def test_only_the_launch_client_key_is_admitted():
                 Channel(router.address, b"plain@0", "plain")]  # no CURVE at all
     try:
         for channel in channels:
-            channel.send(encode(Msg.READY, channel.sock.identity.decode(), {}))
+            channel.send(encode(Ready(channel.sock.identity.decode(), {})))
         _pump(router, received, 3.0, want=2)  # one is right; wait for a wrong second
         assert [i for i, _ in received] == [b"good@0"]
-        assert decode(received[0][1])[0] == Msg.READY
+        assert decode(received[0][1]) == Ready("good@0", {})
         assert router.gatekeeper.refused >= 1  # the stranger's handshake was refused
-        router.send(b"good@0", encode(Msg.SHUTDOWN))  # and the admitted one hears back
-        assert channels[0].sock.poll(3000) and decode(channels[0].sock.recv())[0] == Msg.SHUTDOWN
+        router.send(b"good@0", encode(Shutdown()))  # and the admitted one hears back
+        assert channels[0].sock.poll(3000) and decode(channels[0].sock.recv()) == Shutdown()
     finally:
         for channel in channels:
             channel.sock.setsockopt(zmq.LINGER, 0)

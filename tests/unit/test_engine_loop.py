@@ -12,7 +12,7 @@ from omni.engines.echo.engine import EchoEngine
 from omni.engines.proc import EngineLoop
 from omni.engines.proc.channel import Channel
 from omni.wire.payloads import PayloadPlane
-from omni.wire.protocol import Msg, decode, encode, identity
+from omni.wire.protocol import Add, Limit, Ready, Shutdown, decode, encode, identity
 
 ENGINE = b"code2wav/0@0"
 
@@ -20,7 +20,7 @@ ENGINE = b"code2wav/0@0"
 class _BurstEcho(EchoEngine):
     """Echo engine that records how many requests each step runs; adding the first
     request sends the rest of the burst (as an orchestrator finishing a batch upstream
-    does, one ADD each, while the engine is still handling the first), and takes a
+    does, one Add each, while the engine is still handling the first), and takes a
     while to add it, so the burst has arrived when it is done."""
 
     def __init__(self, send, burst: int) -> None:
@@ -40,7 +40,7 @@ class _BurstEcho(EchoEngine):
 
 
 def _add(rid: str) -> bytes:
-    return encode(Msg.ADD, rid, {"prompt": "hello"}, {}, time.monotonic())
+    return encode(Add(rid, {"prompt": "hello"}, {}, time.monotonic()))
 
 
 def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_path):
@@ -56,9 +56,9 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_pa
 
     engine = _BurstEcho(send, burst=8)
     channel = Channel(address, identity("code2wav/0", 0), "code2wav/0")
-    channel.send(encode(Msg.READY, "code2wav/0", {}))
+    channel.send(encode(Ready("code2wav/0", {})))
     assert router.poll(5000)
-    router.recv_multipart()  # READY: the router can address the engine now
+    router.recv_multipart()  # Ready: the router can address the engine now
     payloads = PayloadPlane("test-engine-loop")
     loop = EngineLoop("code2wav/0", engine, channel, payloads)
     thread = threading.Thread(target=loop.run, daemon=True)
@@ -72,10 +72,10 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_pa
                 ready = router.poll(20)
                 message = router.recv_multipart()[1] if ready else None
             if message is not None:
-                finished += [row[0] for row in decode(message)[1][1] if row[2]]
+                finished += [row.request_id for row in decode(message).rows if row.finished]
         assert len(finished) == 8, finished
     finally:
-        send(encode(Msg.SHUTDOWN))
+        send(encode(Shutdown()))
         thread.join(timeout=10)
         channel.close()
         payloads.close()
@@ -98,12 +98,14 @@ def test_limit_messages_reach_the_engine_and_malformed_ones_are_dropped(caplog, 
     channel = Channel(f"ipc://{tmp_path}/control.sock", b"thinker/0@0", "thinker/0")
     loop = EngineLoop("thinker/0", engine, channel, payloads)
     try:
-        loop._handle(encode(Msg.LIMIT, [["a", 3], ["b", None]]))
-        loop._handle(encode(Msg.LIMIT, [["a"]]))  # not [id, limit] pairs
-        loop._handle(encode(Msg.LIMIT, 5))
-        loop._handle(encode(Msg.LIMIT, [["a", "3"]]))  # a limit is an integer or None
+        loop._handle(encode(Limit({"a": 3, "b": None})))
+        # encode writes what it is given; the engine's decode checks the types
+        loop._handle(encode(Limit([["a"]])))  # not a map of id -> limit
+        loop._handle(encode(Limit(5)))
+        loop._handle(encode(Limit({"a": "3"})))  # a limit is an integer or None
+        loop._handle(encode(Limit({"a": True})))
     finally:
         channel.close()
         payloads.close()
     assert engine.limits == [{"a": 3, "b": None}]
-    assert caplog.text.count("dropping malformed LIMIT") == 3
+    assert caplog.text.count("dropping malformed message from orchestrator") == 4

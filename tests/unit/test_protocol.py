@@ -1,95 +1,145 @@
-"""omni/wire/protocol.py without sockets: round trips, malformed frames, dispatch, identities,
-addresses."""
+"""omni/wire/protocol.py without sockets: round trips, sizes, malformed frames, each side's
+decoder, identities, addresses."""
 
 from __future__ import annotations
 
 import pickle
+import typing
 
 import msgpack
 import pytest
 
 from omni.wire.protocol import (
-    TYPE_BYTES,
-    Msg,
+    Abort,
+    AbortAck,
+    Add,
+    Append,
+    Command,
+    Dead,
+    EndSessions,
+    Free,
+    Heartbeat,
+    Limit,
+    Message,
+    Outputs,
     ProtocolError,
+    Ready,
+    Report,
+    Row,
+    SessionReply,
+    Shutdown,
     check_address,
     decode,
-    dispatch,
+    decode_command,
+    decode_report,
     encode,
     heartbeat_owner,
     identity,
     parse_identity,
 )
 
+REF = ["\x00ref", "omni-1-a", 4096, 128, "float32", [32], 7]  # a PayloadRef on the wire
+ND = ["\x00nd", "int16", [2, 3], b"\x00\x01" * 6]  # a numpy array (omni/wire/arrays.py)
 ROUND_TRIPS = [
-    (Msg.ADD, ["req-1", {"prompt": "héllo ✓"}, {"chunks": 3, "temperature": 0.5}, 12.5]),
-    (Msg.ABORT, [["r1", "r2", "r3"]]),
-    (Msg.LIMIT, [[["r1", 12], ["r2", None]]]),
-    (Msg.SESSION, [[["s1", "close"], ["s2", "evict"]]]),
-    (Msg.SHUTDOWN, []),
-    (Msg.READY, ["a/0", {"engine": "echo", "pid": 1234, "memory": 2**40}]),
-    (Msg.OUTPUTS, ["a/0", [["r1", {"text": "x", "index": 0, "trace": ["a"]}, False, None],
-                           ["r2", None, True, ["engine", "boom"]]], {"running": 1}]),
-    (Msg.DEAD, ["a/0", "a/0 died: RuntimeError: x\n-- last log lines --\n..."]),
-    (Msg.OUTPUTS, ["b/1", [["r", {"blob": b"\x00\x01\xff" * 100, "f": -1.5, "n": None,
-                                  "big": -(2**63), "nested": {"1": [1, [2, [3]]]}},
-                            True, None]], {}]),
+    Add("req-1", {"prompt": "héllo ✓", "audio": REF, "ids": ND},
+        {"chunks": 3, "temperature": 0.5}, 12.5),
+    Abort(["r1", "r2", "r3"]),
+    Limit({"r1": 12, "r2": None}),
+    EndSessions([("s1", "close"), ("s2", "evict"), ("s3", "reset")]),
+    Shutdown(),
+    Append("r1", "thinker", 3, {"hidden": REF, "text": "x"}, False, 1.25),
+    Append("r1", "client", 4, None, True, 1.5),
+    Free(["r1"]),
+    Ready("a/0", {"engine": "echo", "pid": 1234, "memory": 2**40}),
+    Outputs("a/0", [Row("r1", {"text": "x", "index": 0, "trace": ["a"]}, False),
+                    Row("r2", None, True, ("engine", "boom"))], 3.5, {"running": 1},
+            {"r1": (0.001, 0.002, 1, 0.001, 0.002)}, [0.01, 0.02], [0.0005]),
+    Dead("a/0", "a/0 died: RuntimeError: x\n-- last log lines --\n..."),
+    Heartbeat("a/0"),
+    AbortAck("a/0", ["r1"], 2.0),
+    SessionReply("a/0", {"session_bytes": {"s1": 4096}}, 2.5),
+    Outputs("b/1", [Row("r", {"blob": b"\x00\x01\xff" * 100, "f": -1.5, "n": None,
+                              "big": -(2**63), "nested": {"1": [1, [2, [3]]]}}, True)], 0.0),
 ]
 
 
-@pytest.mark.parametrize(("kind", "fields"), ROUND_TRIPS, ids=lambda v: str(v)[:20])
-def test_round_trip(kind, fields):
-    frame = encode(kind, *fields)
+@pytest.mark.parametrize("message", ROUND_TRIPS, ids=lambda m: type(m).__name__)
+def test_round_trip(message):
+    frame = encode(message)
     assert isinstance(frame, bytes)
-    assert frame[0] == kind  # the type byte leads the single frame
-    assert decode(frame) == (kind, fields)
-    got_kind, _ = decode(frame)
-    assert type(got_kind) is Msg
+    assert decode(frame) == message
+    assert type(decode(frame)) is type(message)
 
 
-def test_bytes_stay_bytes_and_str_stays_str():
-    _, body = decode(encode(Msg.ADD, "rid", {"b": b"raw", "s": "text"}, {}, 0.0))
-    assert body[1] == {"b": b"raw", "s": "text"}
-    assert type(body[1]["b"]) is bytes and type(body[1]["s"]) is str
+def test_bytes_stay_bytes_str_stays_str_and_refs_stay_lists():
+    add = decode(encode(Add("rid", {"b": b"raw", "s": "text", "ref": REF}, {}, 0.0)))
+    assert add.inputs == {"b": b"raw", "s": "text", "ref": REF}
+    assert type(add.inputs["b"]) is bytes and type(add.inputs["s"]) is str
+    assert type(add.inputs["ref"]) is list
 
 
-def test_integer_map_keys_decode():
-    _, body = decode(encode(Msg.OUTPUTS, "a/0", [], {0: "zero", 1: "one"}))
-    assert body[2] == {0: "zero", 1: "one"}
+def test_integer_map_keys_inside_values_decode():
+    add = decode(encode(Add("r", {"by_index": {0: "zero", 1: "one"}}, {}, 0.0)))
+    assert add.inputs["by_index"] == {0: "zero", 1: "one"}
 
 
-def test_type_bytes_cover_every_message_with_distinct_bytes():
-    assert set(TYPE_BYTES) == set(Msg)
-    assert len(set(TYPE_BYTES.values())) == len(Msg)
-    assert all(len(b) == 1 and b[0] == m for m, b in TYPE_BYTES.items())
+def test_every_message_has_its_own_tag_and_each_side_reads_its_own():
+    tags = [m.__struct_config__.tag for m in typing.get_args(Message)]
+    assert len(set(tags)) == len(tags) == 13
+    for message in ROUND_TRIPS:
+        command = type(message) in typing.get_args(Command)
+        assert command != (type(message) in typing.get_args(Report))
+        reader, other = (decode_command, decode_report) if command else (decode_report,
+                                                                          decode_command)
+        assert reader(encode(message)) == message
+        with pytest.raises(ProtocolError):
+            other(encode(message))
 
 
 def test_small_messages_stay_small():
-    # positional arrays keep control messages a few dozen bytes
-    assert len(encode(Msg.ABORT, ["0123456789abcdef0123456789abcdef"])) < 40
-    assert encode(Msg.SHUTDOWN) == bytes([Msg.SHUTDOWN]) + b"\x90"
+    # array_like structs: a tag and the fields, no names
+    assert len(encode(Abort(["0123456789abcdef0123456789abcdef"]))) < 40
+    assert encode(Shutdown()) == b"\x91\x03"
+
+
+@pytest.mark.parametrize("message", [m for m in ROUND_TRIPS if isinstance(m, (Add, Append))],
+                         ids=lambda m: type(m).__name__)
+def test_a_message_is_no_larger_than_the_type_byte_and_positional_array_it_replaced(message):
+    fields = [getattr(message, f) for f in message.__struct_fields__]
+    positional = bytes([1]) + msgpack.packb(fields, use_bin_type=True)
+    assert len(encode(message)) == len(positional)
 
 
 def test_encode_refuses_what_msgpack_cannot_carry():
     with pytest.raises(TypeError):
-        encode(Msg.ADD, "rid", {"obj": object()}, {})
+        encode(Add("rid", {"obj": object()}, {}, 0.0))
+    with pytest.raises(OverflowError):
+        encode(Add("rid", {"n": 2**64}, {}, 0.0))
 
 
+ADD = 1
 MALFORMED = {
     "empty": b"",
-    "type byte only": bytes([Msg.SHUTDOWN]),
-    "unknown type": b"\x63\x90",
-    "type zero": b"\x00\x90",
-    "reserved msgpack byte": bytes([Msg.ADD]) + b"\xc1",
-    "truncated array": bytes([Msg.ADD]) + b"\x93\x01",
-    "trailing bytes": bytes([Msg.ADD]) + b"\x90\x90",
-    "invalid utf-8 str": bytes([Msg.ADD]) + b"\x91\xa2\xff\xfe",
-    "map body": bytes([Msg.ADD]) + msgpack.packb({"request_id": "r"}),
-    "int body": bytes([Msg.ADD]) + msgpack.packb(7),
-    "str body": bytes([Msg.ADD]) + msgpack.packb("ADD"),
-    "nil body": bytes([Msg.SHUTDOWN]) + msgpack.packb(None),
-    "wrong arity": bytes([Msg.ADD]) + msgpack.packb(["r", {}]),
-    "deep nesting": bytes([Msg.ADD]) + b"\x91" * 100_000 + b"\x90",
+    "unknown tag": msgpack.packb([99]),
+    "tag zero": msgpack.packb([0]),
+    "reserved msgpack byte": b"\xc1",
+    "truncated array": b"\x95\x01",
+    "trailing bytes": encode(Shutdown()) + b"\x90",
+    "invalid utf-8 str": b"\x95\x01\xa2\xff\xfe",
+    "map": msgpack.packb({"request_id": "r"}),
+    "int": msgpack.packb(7),
+    "str": msgpack.packb("ADD"),
+    "nil": msgpack.packb(None),
+    "too few fields": msgpack.packb([ADD, "r", {}]),
+    "too many fields": msgpack.packb([ADD, "r", {}, {}, 0.0, "extra"]),
+    "request id not a str": msgpack.packb([ADD, 7, {}, {}, 0.0]),
+    "inputs not a map": msgpack.packb([ADD, "r", [], {}, 0.0]),
+    "stamp not a number": msgpack.packb([ADD, "r", {}, {}, "soon"]),
+    "limit a bool": encode(Limit({"r": True})),
+    "unknown session op": encode(EndSessions([("s", "explode")])),
+    "row error not a pair": encode(Outputs("a/0", [Row("r", None, True, ("x",))], 0.0)),
+    # an Add whose inputs {"k": [[[...]]]} nest deeper than any stack
+    "deep nesting": b"\x95\x01\xa1r\x81\xa1k" + b"\x91" * 100_000 + b"\x90",
 }
 
 
@@ -100,31 +150,16 @@ def test_malformed_frames_raise_protocol_error(frame):
 
 
 def test_protocol_error_says_what_was_wrong():
-    with pytest.raises(ProtocolError, match="ADD body must be an array of 4 fields"):
-        decode(bytes([Msg.ADD]) + msgpack.packb([1]))
+    with pytest.raises(ProtocolError, match=r"Expected `str`, got `int` - at `\$\[1\]`"):
+        decode(msgpack.packb([ADD, 1, {}, {}, 0.0]))
+    with pytest.raises(ProtocolError, match="not an engine's report"):
+        decode_report(encode(Shutdown()))
 
 
 def test_decode_accepts_frame_like_buffers():
-    frame = encode(Msg.ABORT, ["r"])
-    assert decode(bytearray(frame)) == (Msg.ABORT, [["r"]])
-    assert decode(memoryview(frame)) == (Msg.ABORT, [["r"]])
-
-
-def test_dispatch_routes_by_type():
-    seen = []
-    table = {Msg.ADD: lambda body: seen.append(("add", body)),
-             Msg.ABORT: lambda body: seen.append(("abort", body))}
-    dispatch(table, encode(Msg.ABORT, ["x"]))
-    dispatch(table, encode(Msg.ADD, "r", {}, {}, 0.0))
-    assert seen == [("abort", [["x"]]), ("add", ["r", {}, {}, 0.0])]
-
-
-def test_dispatch_refuses_unhandled_types_and_malformed_frames():
-    table = {Msg.ADD: lambda body: pytest.fail("must not be called")}
-    with pytest.raises(ProtocolError, match="SHUTDOWN"):
-        dispatch(table, encode(Msg.SHUTDOWN))
-    with pytest.raises(ProtocolError):
-        dispatch(table, bytes([Msg.ADD]) + b"\xc1")
+    frame = encode(Abort(["r"]))
+    assert decode(bytearray(frame)) == Abort(["r"])
+    assert decode(memoryview(frame)) == Abort(["r"])
 
 
 def test_identities_carry_the_replica_and_its_incarnation():
@@ -160,4 +195,4 @@ def test_other_addresses_are_refused_saying_why(address, why):
 
 def test_message_objects_are_not_pickled():
     with pytest.raises(TypeError):
-        encode(Msg.ADD, "r", {"p": pickle}, {})
+        encode(Add("r", {"p": pickle}, {}, 0.0))

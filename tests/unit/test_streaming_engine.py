@@ -29,7 +29,7 @@ from omni.models.piper import load_piper  # noqa: E402
 from omni.models.silero_vad import SAMPLE_RATE, SileroVadRunner  # noqa: E402
 from omni.runtime.orchestrator import Orchestrator  # noqa: E402
 from omni.runtime.pool import Replica, StagePool  # noqa: E402
-from omni.wire.protocol import Msg, decode  # noqa: E402
+from omni.wire.protocol import Add, Append, Message, decode  # noqa: E402
 
 MS = SAMPLE_RATE // 1000
 CHUNK = 20 * MS * 2  # bytes of 20 ms of pcm16
@@ -201,7 +201,7 @@ def test_the_orchestrator_numbers_client_stream_input_per_entry_stage():
 
     async def body():
         orch = Orchestrator(pipeline)
-        sent: list[tuple[str, list]] = []
+        sent: list[tuple[str, Message]] = []
         try:
             loop = asyncio.get_running_loop()
             for s in ("a", "b"):
@@ -212,15 +212,16 @@ def test_the_orchestrator_numbers_client_stream_input_per_entry_stage():
             orch.accepting = True
             state = orch.submit({"voice": "x"}, ["text", "events"], request_id="r",
                                 stream_input=True)
-            adds = [(s, body[1]) for s, (kind, body) in sent if kind == Msg.ADD]
+            adds = [(s, m.inputs) for s, m in sent if isinstance(m, Add)]
             assert adds == [("a", {"voice": "x", "stream": ["client"]}),
                             ("b", {"voice": "x", "stream": ["client"]})]
             for i in range(3):
                 orch.feed("r", {"n": i}, last=i == 2)
-            appends = [(s, body[1:5]) for s, (kind, body) in sent if kind == Msg.APPEND]
-            assert appends == [(s, ["client", i, {"n": i}, i == 2])
+            appends = [(s, (m.producer, m.seq, m.data, m.last)) for s, m in sent
+                       if isinstance(m, Append)]
+            assert appends == [(s, ("client", i, {"n": i}, i == 2))
                                for i in range(3) for s in ("a", "b")]
-            assert {body[0] for _, (kind, body) in sent} == {state.engine_id}
+            assert {m.request_id for _, m in sent} == {state.engine_id}
             with pytest.raises(InvalidInputError, match="last input"):
                 orch.feed("r", {"n": 3})
             with pytest.raises(RequestAbortedError, match="not in flight"):
@@ -232,7 +233,7 @@ def test_the_orchestrator_numbers_client_stream_input_per_entry_stage():
             with pytest.raises(InvalidInputError, match="cannot be encoded"):
                 orch.feed("s", {"x": object()})
             orch.feed("s", {"x": 1})  # nothing was numbered for the refused one
-            assert sent[-1][1][1][1:3] == ["client", 0]
+            assert (sent[-1][1].producer, sent[-1][1].seq) == ("client", 0)
             orch.abort("s")
             with pytest.raises(RequestAbortedError):
                 orch.feed("s", {"x": 2})

@@ -25,9 +25,10 @@ from omni.wire.protocol import (
     CONTROL_HWM,
     HEARTBEAT_SUFFIX,
     LINGER_MS,
-    Msg,
+    Heartbeat,
+    Shutdown,
     check_address,
-    decode,
+    decode_command,
     encode,
 )
 
@@ -87,10 +88,10 @@ class Channel:
             if not self.sock.poll(int(left * 1000) + 1):
                 return
             try:
-                kind, _ = decode(self.sock.recv(zmq.NOBLOCK))
+                command = decode_command(self.sock.recv(zmq.NOBLOCK))
             except Exception:  # noqa: BLE001 - anything else queued is moot now
                 continue
-            if kind == Msg.SHUTDOWN:
+            if isinstance(command, Shutdown):
                 return
 
     def close(self) -> None:
@@ -110,7 +111,7 @@ class Channel:
         if self.curve is not None:
             connect_curve(sock, self.curve)
         sock.connect(self.address)
-        beat = encode(Msg.HEARTBEAT, replica_id)
+        beat = encode(Heartbeat(replica_id))
         try:
             while True:
                 try:

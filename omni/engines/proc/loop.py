@@ -15,7 +15,22 @@ from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
 from omni.engines.proc.channel import Channel
 from omni.heap import GcPauses
 from omni.wire.payloads import PayloadPlane
-from omni.wire.protocol import Msg, ProtocolError, check_inbound, decode, encode
+from omni.wire.protocol import (
+    Abort,
+    AbortAck,
+    Add,
+    Append,
+    EndSessions,
+    Free,
+    Limit,
+    Outputs,
+    ProtocolError,
+    Row,
+    SessionReply,
+    Shutdown,
+    decode_command,
+    encode,
+)
 from omni.wire.transit import InboundTimes
 
 log = logging.getLogger("omni.engine")
@@ -33,10 +48,9 @@ class EngineLoop:
         self.running = True
         self.inbound = InboundTimes()
         self.gc_pauses: GcPauses | None = None  # while run() runs: it registers and removes
-        self.handlers = {Msg.ADD: self._add, Msg.APPEND: self._append, Msg.ABORT: self._abort,
-                         Msg.FREE: self._free,
-                         Msg.LIMIT: self._limit, Msg.SESSION: self._session,
-                         Msg.SHUTDOWN: self._stop}
+        self.handlers = {Add: self._add, Append: self._append, Abort: self._abort,
+                         Free: self._free, Limit: self._limit, EndSessions: self._end_sessions,
+                         Shutdown: self._stop}
 
     def run(self) -> None:
         self.gc_pauses = GcPauses()
@@ -68,82 +82,64 @@ class EngineLoop:
 
     def _handle(self, message: bytes) -> None:
         try:
-            kind, body = decode(message)
-            handler = self.handlers.get(kind)
-            if handler is None:
-                raise ProtocolError(f"unexpected {kind.name} from the orchestrator")
-            check_inbound(kind, body)
+            command = decode_command(message)  # typed and checked: handlers trust it
         except ProtocolError as exc:
             log.error("dropping malformed message from orchestrator: %s", exc)
             return
-        handler(body)
+        self.handlers[type(command)](command)
 
-    def _add(self, body: list[Any]) -> None:
-        request_id, inputs, params, sent_at = body
-        self.inbound.received(request_id, sent_at)
+    def _add(self, add: Add) -> None:
+        request_id = add.request_id
+        self.inbound.received(request_id, add.sent_at)
         try:
-            inputs = self.payloads.resolve(request_id, inputs)
-            self.engine.add(EngineRequest(request_id, inputs, params))
+            inputs = self.payloads.resolve(request_id, add.inputs)
+            self.engine.add(EngineRequest(request_id, inputs, add.params))
         except Exception as exc:  # a bad request fails alone, the engine keeps serving
             self._reject(request_id, exc)
 
-    def _append(self, body: list[Any]) -> None:
-        request_id, producer, seq, data, last, sent_at = body
-        self.inbound.received(request_id, sent_at)
+    def _append(self, append: Append) -> None:
+        request_id = append.request_id
+        self.inbound.received(request_id, append.sent_at)
         try:
-            data = self.payloads.resolve(request_id, data)
-            self.engine.append(request_id, producer, seq, data, last)
+            data = self.payloads.resolve(request_id, append.data)
+            self.engine.append(request_id, append.producer, append.seq, data, append.last)
         except Exception as exc:
             self.engine.abort([request_id])
             self._reject(request_id, exc)
 
     def _reject(self, request_id: str, exc: Exception) -> None:
         log.warning("request %s failed: %s", request_id, exc)
-        self.payloads.forget(request_id)  # what it made is freed after the abort (FREE)
+        self.payloads.forget(request_id)  # what it made is freed after the abort (Free)
         self.inbound.drop(request_id)
-        self.channel.send(encode(Msg.OUTPUTS, self.replica_id,
-                                 [[request_id, None, True, [ENGINE_FAULT, str(exc)]]],
-                                 {"sent_at": time.monotonic()}))
+        error = (ENGINE_FAULT, str(exc))
+        self.channel.send(encode(Outputs(self.replica_id, [Row(request_id, None, True, error)],
+                                         time.monotonic())))
 
-    def _abort(self, body: list[Any]) -> None:
+    def _abort(self, abort: Abort) -> None:
         """Drop the requests, then say so: the engine reads none of their inputs after this
         (their producers free them once every replica has said it; omni/wire/payloads.py)."""
-        self.engine.abort(body[0])
-        for request_id in body[0]:
+        self.engine.abort(abort.request_ids)
+        for request_id in abort.request_ids:
             self.payloads.forget(request_id)
             self.inbound.drop(request_id)
-        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, [],
-                                 {"aborted": body[0], "sent_at": time.monotonic()}))
+        self.channel.send(encode(AbortAck(self.replica_id, abort.request_ids,
+                                          time.monotonic())))
 
-    def _free(self, body: list[Any]) -> None:
-        for request_id in body[0]:
+    def _free(self, free: Free) -> None:
+        for request_id in free.request_ids:
             self.payloads.free(request_id)
 
-    def _limit(self, body: list[Any]) -> None:
-        try:
-            limits = {rid: n for rid, n in body[0]}
-            if not all(n is None or (isinstance(n, int) and not isinstance(n, bool))
-                       for n in limits.values()):
-                raise ValueError(f"limits must be integers or None, got {limits}")
-        except (TypeError, ValueError) as exc:
-            log.error("dropping malformed LIMIT from orchestrator: %s", exc)
-            return
-        self.engine.limit(limits)
+    def _limit(self, limit: Limit) -> None:
+        self.engine.limit(limit.limits)
 
-    def _session(self, body: list[Any]) -> None:
-        """Drop sessions' engine state, then say what is held now (stats only)."""
-        try:
-            ends = [(str(session), str(op)) for session, op in body[0]]
-        except (TypeError, ValueError) as exc:
-            log.error("dropping malformed SESSION from orchestrator: %s", exc)
-            return
-        for session, op in ends:
+    def _end_sessions(self, end: EndSessions) -> None:
+        """Drop sessions' engine state, then say what is held now."""
+        for session, op in end.ends:
             self.engine.end_session(session, op)
-        stats = self.engine.stats()
-        stats["sent_at"] = time.monotonic()
-        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, [], stats))
+        self.channel.send(encode(SessionReply(self.replica_id, self.engine.stats(),
+                                              time.monotonic())))
 
-    def _stop(self, body: list[Any]) -> None:
+    def _stop(self, shutdown: Shutdown) -> None:
         self.running = False
 
     def _publish(self, outputs: list) -> None:
@@ -156,18 +152,19 @@ class EngineLoop:
                 self.payloads.done(out.request_id)
         stats = self.engine.stats()
         stats.update(self.payloads.stats())
-        stats["inbound"] = self.inbound.take(row[0] for row in rows)
-        stats["step_s"] = self.inbound.take_steps()
-        stats["gc_s"] = self.gc_pauses.take() if self.gc_pauses else []
-        stats["sent_at"] = time.monotonic()
-        self.channel.send(encode(Msg.OUTPUTS, self.replica_id, rows, stats))
+        inbound = self.inbound.take(row.request_id for row in rows)
+        steps = self.inbound.take_steps()
+        gc_pauses = self.gc_pauses.take() if self.gc_pauses else []
+        self.channel.send(encode(Outputs(self.replica_id, rows, time.monotonic(), stats,
+                                         inbound, steps, gc_pauses)))
 
-    def _row(self, out: Any) -> list:
+    def _row(self, out: Any) -> Row:
         try:
             data = self.payloads.publish(out.request_id, out.data)
         except Exception as exc:  # e.g. the arena stayed full: this request fails alone
             self.engine.abort([out.request_id])
             self.payloads.forget(out.request_id)
-            return [out.request_id, None, True, [ENGINE_FAULT, f"cannot publish output: {exc}"]]
-        error = None if out.error is None else [out.error_kind, out.error]
-        return [out.request_id, data, out.finished, error]
+            return Row(out.request_id, None, True,
+                       (ENGINE_FAULT, f"cannot publish output: {exc}"))
+        error = None if out.error is None else (out.error_kind, out.error)
+        return Row(out.request_id, data, out.finished, error)

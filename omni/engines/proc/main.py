@@ -30,7 +30,7 @@ from omni.engines.proc.spec import EngineSpec
 from omni.heap import freeze_loaded_objects
 from omni.wire.curve import CurveKeys
 from omni.wire.payloads import PayloadPlane
-from omni.wire.protocol import Msg, encode, identity
+from omni.wire.protocol import Dead, Ready, encode, identity
 
 log = logging.getLogger("omni.engine")
 
@@ -99,7 +99,7 @@ def run_engine_process(spec: EngineSpec) -> None:
         reason = _death_reason(spec, exc, tail)
         log.error("%s", reason)
         if channel is not None:
-            channel.say_dead(encode(Msg.DEAD, spec.replica_id, reason))
+            channel.say_dead(encode(Dead(spec.replica_id, reason)))
     finally:
         if channel is not None:
             channel.close()
@@ -144,7 +144,7 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     info = {**engine.info(), **memory, "pid": os.getpid(),
             "host": spec.node or socket.gethostname()}
     info.setdefault("device", resolve_device(spec.device))  # for the READY log line
-    channel.send(encode(Msg.READY, spec.replica_id, info))
+    channel.send(encode(Ready(spec.replica_id, info)))
     try:
         EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:
