@@ -447,3 +447,24 @@ def test_an_unknown_option_fails_the_load_and_names_the_valid_ones(dirs):
         AREngine(dirs["qwen3"], options={"max_num_seq": 8})  # a typo of max_num_seqs
     engine = AREngine(dirs["qwen3"], options={"nice": 0, "overlap_steps": False})  # proc's
     engine.shutdown()
+
+
+def test_a_dropped_engine_is_freed_at_once_without_a_gc_pass(dirs):
+    """A reference cycle through the engine (its step runner held it strongly once) keeps
+    a dropped engine, and on a GPU its weights and KV cache, alive until the next GC
+    pass: a second engine built in the same process then sized its cache from what was
+    left, and CUDA graph capture ran out of memory (tests/gpu/test_omni_cuda.py, H100)."""
+    import gc
+    import weakref
+
+    engine = AREngine(dirs["qwen3"])
+    engine.add(EngineRequest("r", {"prompt": PROMPTS[0]}, {"max_tokens": 3}))
+    drain(engine)
+    gc.collect()
+    gc.disable()
+    try:
+        dropped = weakref.ref(engine)
+        del engine
+        assert dropped() is None, gc.get_referrers(dropped())
+    finally:
+        gc.enable()

@@ -28,6 +28,7 @@ limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,10 +110,12 @@ class AREngine(Engine):
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
+        # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
+        # alive until the next GC pass (a second engine in one process sizes its cache then)
         # emit a step's outputs while the GPU runs the next one (steps.py); on a CPU the
         # forward is synchronous: overlapping would only hold the outputs a call longer
         self.runner = StepRunner(
-            self, self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
+            weakref.proxy(self), self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
             chain=bool(self.options.get("chain_decode", cuda)),
             exports_decode_rows=self.export_layers is not None and not self.export_prompt_only)
 
