@@ -118,3 +118,25 @@ def test_qwen3_omni_release_serves_chat_through_its_thinker(start_server, tmp_pa
             chat = await client.chat.completions.create(model="omni", messages=HELLO, **FIXED)
         assert chat.usage.completion_tokens == 6 and chat.choices[0].finish_reason == "length"
     run(body())
+
+
+def test_cached_tokens_of_a_shared_prefix(ar_server):
+    """usage.prompt_tokens_details.cached_tokens: the prompt tokens the engine took from its
+    prefix cache. A long system prompt, then two questions: the second reuses it."""
+    system = {"role": "system", "content": " ".join(f"rule {i}: be brief." for i in range(60))}
+
+    async def ask(client, question: str):
+        return await client.chat.completions.create(
+            model="qwen3", messages=[system, {"role": "user", "content": question}], **FIXED)
+
+    async def body():
+        async with ar_server.client() as client:
+            first = await ask(client, "What is the sea?")
+            second = await ask(client, "What is a mountain?")
+        assert first.usage.prompt_tokens > 200
+        # its system prompt was new: at most the chat template's opening was cached
+        assert first.usage.prompt_tokens_details.cached_tokens < 16
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        # the system prompt's whole blocks, never the differing question
+        assert first.usage.prompt_tokens // 2 < cached < second.usage.prompt_tokens
+    run(body())
