@@ -1,13 +1,21 @@
-"""The realtime WebSocket API (GET /v1/realtime): the upgrade, then one connection."""
+"""The realtime WebSocket API (GET /v1/realtime): the upgrade, then one connection (a
+voice / text session, or with ``?intent=transcription`` a transcription session)."""
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 from aiohttp import WSCloseCode, web
 
 from omni.api.errors import APIError
 from omni.api.realtime.connection import RealtimeConnection
+from omni.api.realtime.transcription import (
+    NoTranscriber,
+    TranscriptionConnection,
+    transcribing_model,
+)
 from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.session import Session, SessionCapacityError, SessionError
 
@@ -51,21 +59,33 @@ async def open_or_resume(request: web.Request, model: ServedModel) -> Session:
     return model.omni.open_session("conversation", {"model": model.id})
 
 
-async def upgrade(request: web.Request, connection_class: type = RealtimeConnection
-                  ) -> web.WebSocketResponse:
-    model = realtime_model(request)
+def _socket(request: web.Request) -> web.WebSocketResponse:
+    return web.WebSocketResponse(protocols=SUBPROTOCOLS, heartbeat=30.0,
+                                 max_msg_size=request.app[SETTINGS_KEY].max_request_bytes)
+
+
+async def refuse(request: web.Request, ws: web.WebSocketResponse, code: str, message: str,
+                 param: str | None, close_code: WSCloseCode,
+                 type_: str = "server_error") -> web.WebSocketResponse:
+    """One ``error`` event, then the close: what a client that cannot be served hears."""
+    await ws.prepare(request)
+    await ws.send_json({"type": "error", "event_id": None, "error": {
+        "type": type_, "code": code, "message": message, "param": param, "event_id": None}})
+    await ws.close(code=close_code, message=code.encode())
+    return ws
+
+
+async def upgrade(request: web.Request,
+                  connection_class: Callable[..., RealtimeConnection] = RealtimeConnection,
+                  model: ServedModel | None = None) -> web.WebSocketResponse:
+    model = model or realtime_model(request)
     settings = request.app[SETTINGS_KEY]
-    ws = web.WebSocketResponse(protocols=SUBPROTOCOLS, max_msg_size=settings.max_request_bytes,
-                               heartbeat=30.0)
+    ws = _socket(request)
     try:
         session = await open_or_resume(request, model)
     except SessionCapacityError as exc:
-        await ws.prepare(request)
-        await ws.send_json({"type": "error", "event_id": None, "error": {
-            "type": "server_error", "code": "session_limit_reached", "message": str(exc),
-            "param": None, "event_id": None}})
-        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too many sessions")
-        return ws
+        return await refuse(request, ws, "session_limit_reached", str(exc), None,
+                            WSCloseCode.TRY_AGAIN_LATER)
     await ws.prepare(request)
     connection = connection_class(ws, model, session, is_beta(request),
                                   settings.max_audio_seconds)
@@ -80,7 +100,22 @@ async def upgrade(request: web.Request, connection_class: type = RealtimeConnect
 
 
 async def realtime(request: web.Request) -> web.StreamResponse:
+    if request.query.get("intent") == "transcription":
+        return await transcription(request)
     return await upgrade(request)
+
+
+async def transcription(request: web.Request) -> web.StreamResponse:
+    """A transcription session; a model that cannot transcribe is told so in an ``error``
+    event (what the SDK's connection reports), then a 1008 close."""
+    models = request.app[MODELS_KEY]
+    try:
+        model = transcribing_model(models, request.query.get("model"))
+    except NoTranscriber as exc:
+        return await refuse(request, _socket(request), "model_not_supported", str(exc),
+                            exc.param, WSCloseCode.POLICY_VIOLATION, "invalid_request_error")
+    return await upgrade(request, functools.partial(TranscriptionConnection, models=models),
+                         model)
 
 
 def add_routes(app: web.Application) -> None:

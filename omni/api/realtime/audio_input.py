@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from omni.api.subtitles import stream_deltas
 from omni.media.audio import PcmResampler
 
 INPUT_RATE = 16_000  # what the recognizer and the VAD take
@@ -83,16 +84,35 @@ def transcriber(omni: Any) -> Any | None:
     return None
 
 
-async def transcribe(listener: Any, pcm16k: bytes, request_id: str) -> dict[str, Any]:
-    """The transcription stage's result for 16 kHz pcm16 ({"text", "duration", ...})."""
+async def transcribe(listener: Any, pcm16k: bytes, request_id: str,
+                     settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The transcription stage's result for 16 kHz pcm16 ({"text", "duration", ...});
+    the session's ``transcription`` settings give its language and prompt."""
     result: dict[str, Any] = {}
+    params = {key: value for key, value in (settings or {}).items()
+              if key in ("language", "prompt") and isinstance(value, str) and value}
     outputs = listener.generate({"audio": {"pcm_s16le": pcm16k, "sample_rate": INPUT_RATE}},
-                                modalities=["text"], request_id=request_id)
+                                modalities=["text"], request_id=request_id,
+                                params={"*": params} if params else None)
     async with contextlib.aclosing(outputs):
         async for out in outputs:
             if out.modality == "text" and out.data:
                 result = out.data
     return result
+
+
+def transcript_deltas(result: dict[str, Any]) -> list[str]:
+    """The stripped transcript in pieces, one per segment: the recognizer answers whole,
+    so these come together, as /v1/audio/transcriptions streams them."""
+    text = (result.get("text") or "").strip()
+    if not text:
+        return []
+    if not result.get("segments"):
+        return [text]
+    pieces = stream_deltas({**result, "text": (result.get("text") or "").rstrip()})
+    pieces[0] = pieces[0].lstrip()
+    pieces = [p for p in pieces if p]
+    return pieces if "".join(pieces) == text else [text]
 
 
 def has_vad(omni: Any) -> bool:

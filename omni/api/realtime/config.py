@@ -17,6 +17,10 @@ AUDIO_RATE = 24_000  # realtime pcm16, in and out
 VAD_DEFAULTS = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
                 "silence_duration_ms": 500, "create_response": True,
                 "interrupt_response": True}
+# semantic_vad's eagerness as the silence (ms) that ends a turn: omni has no model of
+# whether an utterance is finished, so "less eager" means "waits longer in a pause"
+# (docs/realtime.md, "Turn detection"); auto is medium, as OpenAI's
+EAGERNESS_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 300}
 
 
 class ClientError(Exception):
@@ -46,6 +50,7 @@ class SessionConfig:
     transcription: dict[str, Any] | None = None
     max_output_tokens: int | str = "inf"
     temperature: float | None = None
+    kind: str = "realtime"  # or "transcription" (transcription.py): no responses
 
     # -- reading ---------------------------------------------------------------------
     def update(self, raw: Any) -> None:
@@ -78,19 +83,24 @@ class SessionConfig:
             if "turn_detection" in source:
                 changes["turn_detection"] = _turn_detection(source["turn_detection"])
         if "transcription" in audio_in or "input_audio_transcription" in raw:
-            changes["transcription"] = audio_in.get("transcription",
-                                                    raw.get("input_audio_transcription"))
+            changes["transcription"] = _transcription(audio_in.get(
+                "transcription", raw.get("input_audio_transcription")))
         limit = raw.get("max_output_tokens", raw.get("max_response_output_tokens"))
         if limit is not None:
             changes["max_output_tokens"] = max_tokens(limit, "session.max_output_tokens")
         if raw.get("temperature") is not None:
             changes["temperature"] = temperature(raw["temperature"])
+        if self.kind == "transcription" and changes.get("turn_detection"):
+            # a transcription session never answers: the VAD only ends turns
+            changes["turn_detection"].update(create_response=False, interrupt_response=False)
         for key, value in changes.items():
             setattr(self, key, value)
 
     # -- writing ---------------------------------------------------------------------
     def render(self, session_id: str, beta: bool) -> dict[str, Any]:
         fmt = {"type": "audio/pcm", "rate": AUDIO_RATE}
+        if self.kind == "transcription":
+            return self._render_transcription(session_id, beta, fmt)
         if beta:
             return {"id": session_id, "object": "realtime.session", "model": self.model,
                     "modalities": (["text", "audio"] if "audio" in self.output_modalities
@@ -111,6 +121,20 @@ class SessionConfig:
                 "tools": [], "tool_choice": "auto",
                 "max_output_tokens": self.max_output_tokens}
 
+    def _render_transcription(self, session_id: str, beta: bool,
+                              fmt: dict[str, Any]) -> dict[str, Any]:
+        if beta:  # protocols.md §10.11: the flat transcription_session shape
+            return {"id": session_id, "object": "realtime.transcription_session",
+                    "modalities": ["text"], "input_audio_format": "pcm16",
+                    "input_audio_transcription": self.transcription,
+                    "turn_detection": self.turn_detection,
+                    "input_audio_noise_reduction": None, "include": []}
+        return {"type": "transcription", "object": "realtime.transcription_session",
+                "id": session_id, "include": [],
+                "audio": {"input": {"format": fmt, "transcription": self.transcription,
+                                    "noise_reduction": None,
+                                    "turn_detection": self.turn_detection}}}
+
 
 def _modalities(value: Any, voices: tuple[str, ...]) -> list[str]:
     if not isinstance(value, list) or not value or not all(v in ("text", "audio")
@@ -121,6 +145,13 @@ def _modalities(value: Any, voices: tuple[str, ...]) -> list[str]:
         raise ConfigError("this model does not speak; use [\"text\"]",
                           "session.output_modalities")
     return ["audio"] if "audio" in value else ["text"]
+
+
+def _transcription(value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError("transcription is {\"model\", \"language\", \"prompt\"} or null",
+                          "session.audio.input.transcription")
+    return value
 
 
 def _check_format(fmt: Any, param: str) -> None:
@@ -136,9 +167,13 @@ def _check_format(fmt: Any, param: str) -> None:
 def _turn_detection(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or value.get("type", "server_vad") != "server_vad":
-        raise ConfigError("turn_detection is {\"type\": \"server_vad\", ...} or null "
-                          "(semantic_vad is not served)", "session.turn_detection")
+    kind = value.get("type", "server_vad") if isinstance(value, dict) else None
+    if kind == "semantic_vad":
+        return _semantic_vad(value)
+    if kind != "server_vad":
+        raise ConfigError("turn_detection is {\"type\": \"server_vad\", ...}, "
+                          "{\"type\": \"semantic_vad\", \"eagerness\": ...} or null",
+                          "session.turn_detection")
     merged = {**VAD_DEFAULTS, **{k: v for k, v in value.items() if v is not None}}
     if not (isinstance(merged["threshold"], int | float) and 0 <= merged["threshold"] <= 1):
         raise ConfigError("turn_detection.threshold is a number in [0, 1]",
@@ -148,6 +183,27 @@ def _turn_detection(value: Any) -> dict[str, Any] | None:
             raise ConfigError(f"turn_detection.{key} is an integer in [0, 10000]",
                               f"session.turn_detection.{key}")
     return merged
+
+
+def _semantic_vad(value: dict[str, Any]) -> dict[str, Any]:
+    """semantic_vad as the server VAD's settings its eagerness maps to; the echo carries
+    them, so a client sees what the VAD does. Threshold, padding and silence sent with it
+    are not OpenAI's and are recomputed (a client may send back the session it was shown)."""
+    eagerness = value.get("eagerness") or "auto"
+    if eagerness not in EAGERNESS_SILENCE_MS:
+        raise ConfigError(f"turn_detection.eagerness is one of low, medium, high, auto "
+                          f"(got {eagerness!r})", "session.turn_detection.eagerness")
+    flags = {}
+    for key in ("create_response", "interrupt_response"):
+        flag = value.get(key)
+        if flag is not None and not isinstance(flag, bool):
+            raise ConfigError(f"turn_detection.{key} is a boolean",
+                              f"session.turn_detection.{key}")
+        flags[key] = VAD_DEFAULTS[key] if flag is None else flag
+    return {"type": "semantic_vad", "eagerness": eagerness, **flags,
+            "threshold": VAD_DEFAULTS["threshold"],
+            "prefix_padding_ms": VAD_DEFAULTS["prefix_padding_ms"],
+            "silence_duration_ms": EAGERNESS_SILENCE_MS[eagerness]}
 
 
 def max_tokens(value: Any, param: str) -> int | str:

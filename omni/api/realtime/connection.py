@@ -60,6 +60,10 @@ class RealtimeConnection:
         self.turns = VadTurns(self, self.audio, self.listener, self._spawn)  # turns.py
         self._send_lock = asyncio.Lock()
 
+    @property
+    def handlers(self) -> dict[str, str]:
+        return HANDLERS  # a transcription session takes fewer events (transcription.py)
+
     def _default_config(self) -> SessionConfig:
         info = self.omni.output_info("audio") if "audio" in self.model.modalities else {}
         voices = tuple(v["id"] for v in info.get("voices") or ())
@@ -115,7 +119,7 @@ class RealtimeConnection:
         try:
             event = parse_event(raw)
             event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-            name = HANDLERS.get(event["type"])
+            name = self.handlers.get(event["type"])
             if name is None:
                 raise ClientError(f"unknown event type {event['type']!r}", "unknown_event",
                                   "type")
@@ -163,7 +167,12 @@ class RealtimeConnection:
     # -- session -----------------------------------------------------------------------
     async def session_update(self, event: dict[str, Any]) -> None:
         before = self.config.turn_detection
-        self.config.update(event.get("session"))
+        session = event.get("session")
+        if isinstance(session, dict) and session.get("type") not in (None, self.config.kind):
+            raise ConfigError(f"this is a {self.config.kind} session; a transcription session "
+                              "is its own connection (/v1/realtime?intent=transcription)",
+                              "session.type")
+        self.config.update(session)
         if self.config.turn_detection is not None and not audio_input.has_vad(self.omni):
             self.config.turn_detection = before
             raise ConfigError(f"model '{self.model.id}' has no voice activity detector; use "
@@ -226,8 +235,8 @@ class RealtimeConnection:
                     started: asyncio.Task | None = None) -> None:
         """The item's transcript, from ``started`` (a transcription begun during the
         silence window) or a new one."""
-        task = started or self._spawn(audio_input.transcribe(self.listener, pcm16k,
-                                                             f"asr-{item.id}"))
+        task = started or self._spawn(audio_input.transcribe(
+            self.listener, pcm16k, f"asr-{item.id}", self.config.transcription))
 
         async def run() -> None:
             try:
@@ -238,6 +247,9 @@ class RealtimeConnection:
                                      "type": "server_error", "message": str(exc)}})
                 return
             item.parts[0]["transcript"] = transcript = (result.get("text") or "").strip()
+            for delta in audio_input.transcript_deltas(result):
+                await self.send({"type": "conversation.item.input_audio_transcription.delta",
+                                 "item_id": item.id, "content_index": 0, "delta": delta})
             await self.send({"type": "conversation.item.input_audio_transcription.completed",
                              "item_id": item.id, "content_index": 0, "transcript": transcript,
                              "usage": {"type": "duration",

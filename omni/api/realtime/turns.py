@@ -105,7 +105,8 @@ class VadTurns:
         ends); EARLY_TAIL_MS past the pause keeps the last sound whole."""
         pcm = self.audio.peek(self.speech_from, paused_ms + EARLY_TAIL_MS)
         task = self.spawn(audio_input.transcribe(self.listener, pcm,
-                                                 f"asr-{self.speech_item}-{paused_ms}"))
+                                                 f"asr-{self.speech_item}-{paused_ms}",
+                                                 self.connection.config.transcription))
         return paused_ms, task, pcm
 
     def _drop_early(self) -> None:
