@@ -41,13 +41,14 @@ PCM_BYTES_PER_MS = 48  # pcm16 at 24 kHz, both ways
 
 class RealtimeConnection:
     """One client on one session (see module doc)."""
+    kind = "realtime"  # its key in the session's state (a transcription session's: its own)
 
     def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
                  max_audio_seconds: float) -> None:
         self.ws, self.model, self.omni, self.session, self.beta = (ws, model, model.omni,
                                                                    session, beta)
         self.ids = EventIds()
-        state = session.state.setdefault("realtime", {})
+        state = session.state.setdefault(self.kind, {})
         self.config: SessionConfig = state.get("config") or self._default_config()
         self.items: Items = state.setdefault("items", Items())
         state["config"] = self.config

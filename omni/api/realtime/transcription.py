@@ -60,6 +60,8 @@ def transcribing_model(models: ModelRegistry, requested: str | None) -> ServedMo
 
 
 class TranscriptionConnection(RealtimeConnection):
+    kind = "transcription"
+
     def __init__(self, *args: Any, models: ModelRegistry, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.models = models
@@ -71,7 +73,7 @@ class TranscriptionConnection(RealtimeConnection):
     def _default_config(self) -> SessionConfig:
         vad = audio_input.has_vad(self.omni)
         turns = {**VAD_DEFAULTS, "create_response": False, "interrupt_response": False}
-        return SessionConfig(self.model.id, ["text"], None, (), kind="transcription",
+        return SessionConfig(self.model.id, ["text"], None, (), kind=self.kind,
                              turn_detection=turns if vad else None)
 
     async def send(self, event: dict[str, Any]) -> None:
