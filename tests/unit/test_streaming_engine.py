@@ -20,7 +20,7 @@ from omni.engines.base import (  # noqa: E402
     EngineLoadError,
     EngineRequest,
 )
-from omni.engines.generation.engine import build_generation_engine  # noqa: E402
+from omni.engines.generation.build import build_generation_engine  # noqa: E402
 from omni.engines.generation.streams import StreamingEngine  # noqa: E402
 from omni.errors import InvalidInputError, RequestAbortedError  # noqa: E402
 from omni.fixtures.speech import SENTENCES  # noqa: E402
