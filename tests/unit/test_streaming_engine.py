@@ -237,7 +237,7 @@ def test_the_orchestrator_numbers_client_stream_input_per_entry_stage():
             orch.abort("s")
             with pytest.raises(RequestAbortedError):
                 orch.feed("s", {"x": 2})
-            assert not orch._feeding  # "r" had its last input, "s" ended
+            assert not orch.edges.feeding  # "r" had its last input, "s" ended
         finally:
             shutil.rmtree(orch.engines._ipc_dir, ignore_errors=True)
 
