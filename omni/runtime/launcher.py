@@ -28,6 +28,7 @@ from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_aren
 from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
+from omni.runtime.restarts import next_incarnation, restart_delay
 from omni.runtime.teardown import Teardown
 from omni.wire.protocol import (
     AbortAck,
@@ -48,10 +49,6 @@ from omni.wire.protocol import (
 log = logging.getLogger("omni.runtime.launcher")
 
 PROGRESS_EVERY_S = 15.0
-RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
-# a replica that stayed up this long before dying was not crash-looping: its backoff starts
-# over (bench soak: with a lifetime count, outages grew from 1.5 to 5.1 s over 18 kills)
-STABLE_UP_S = 60.0
 
 
 class StartupError(RuntimeError):
@@ -353,27 +350,17 @@ class EngineGroup:
         was_ready = replica.ready.done() and not replica.ready.exception()
         self._fail(replica, describe_exit(replica))
         if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
-            if time.monotonic() - replica.ready_at >= STABLE_UP_S:
-                replica.crash_streak = 0
-            delay = RESTART_BACKOFF_S[min(replica.crash_streak, len(RESTART_BACKOFF_S) - 1)]
-            self.loop.call_later(delay, self._restart, replica)
+            self.loop.call_later(restart_delay(replica), self._restart, replica)
 
     def _restart(self, replica: Replica) -> None:
         if self.stopping:
             return
         replica.restarts += 1
         replica.crash_streak += 1
-        replica.incarnation += 1
         log.warning("restarting replica %s (restart #%d)", replica.replica_id, replica.restarts)
-        replica.exit_reason = None
-        replica.ready = self.loop.create_future()
-        replica.ready.add_done_callback(self._restarted)
+        next_incarnation(replica, self.loop)
         self._start_process(process_context(self.pipeline),
                             self.pipeline.stage(replica.stage), replica)
-
-    def _restarted(self, ready: asyncio.Future) -> None:
-        if not ready.cancelled() and ready.exception() is not None:
-            log.error("%s", ready.exception())  # it failed to load again: stays down
 
     def _fail(self, replica: Replica, reason: str) -> None:
         """A DEAD notice (with the engine's own reason), an exit or silence, whichever
@@ -393,10 +380,7 @@ class EngineGroup:
     def _await_next_incarnation(self, replica: Replica) -> None:
         """An external replica is gone: its slot waits for a newer incarnation."""
         self._retire(replica)
-        replica.incarnation += 1
-        replica.exit_reason = None
-        replica.ready = self.loop.create_future()
-        replica.ready.add_done_callback(self._restarted)
+        next_incarnation(replica, self.loop)
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
 
