@@ -24,6 +24,7 @@ from omni.config.pipeline import PipelineConfig
 from omni.config.stages import StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
+from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
@@ -76,7 +77,6 @@ class EngineGroup:
         self.dtype = dtype
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
-        self.heartbeat_s = pipeline.heartbeat_s
         self.pools: dict[str, StagePool] = {}
         self.replicas: dict[str, Replica] = {}
         self.stopping = False
@@ -87,7 +87,9 @@ class EngineGroup:
         self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
         self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
-        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        # silence as death (omni/runtime/heartbeats.py)
+        self.heartbeats = HeartbeatWatch(pipeline.heartbeat_s, self.replicas, self._drain,
+                                         self._silent)
         sweep_dead_launches()
         self._ipc_dir = new_ipc_dir()  # private (0700): only this user reaches its sockets
         # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
@@ -118,9 +120,7 @@ class EngineGroup:
             for stage in self.pipeline.stages:
                 self.pools[stage.name] = StagePool(stage.name, [
                     self._spawn(spawn, stage, i) for i in range(stage.replicas)])
-            if self.heartbeat_s:
-                self._heartbeat_timer = self.loop.call_later(self.heartbeat_s,
-                                                             self._check_heartbeats)
+            self.heartbeats.start(self.loop)
             await self._wait_ready()
         except BaseException:
             await self.stop()
@@ -183,8 +183,7 @@ class EngineGroup:
         """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all
         (teardown.py)."""
         self.stopping = True
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
+        self.heartbeats.stop()
         sockets = [s for s in (self.control, self.remote) if s is not None]
         await self._teardown.run(self.replicas, self.try_send, sockets, timeout_s)
         self.control = None
@@ -314,21 +313,12 @@ class EngineGroup:
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
 
-    def _check_heartbeats(self) -> None:
-        """Declare dead every live replica silent for two heartbeat intervals."""
-        if self.stopping:
-            return
-        self._drain()  # heartbeats queued behind a busy loop count
-        now = time.monotonic()
-        for replica in self.replicas.values():
-            silent = now - replica.last_heartbeat
-            if replica.alive and silent > 2 * self.heartbeat_s:
-                self._retire(replica)
-                self._fail(replica, f"no heartbeat for {silent:.1f} s (interval "
-                                    f"{self.heartbeat_s:g} s): stopped or unreachable")
-                if replica.process is not None and replica.process.exitcode is None:
-                    replica.process.kill()  # the sentinel then restarts it, if configured
-        self._heartbeat_timer = self.loop.call_later(self.heartbeat_s, self._check_heartbeats)
+    def _silent(self, replica: Replica, reason: str) -> None:
+        """Missed heartbeats (heartbeats.py): dead; a local process is killed."""
+        self._retire(replica)
+        self._fail(replica, reason)
+        if replica.process is not None and replica.process.exitcode is None:
+            replica.process.kill()  # the sentinel then restarts it, if configured
 
     def _retire(self, replica: Replica) -> None:
         """Forget this incarnation's identity: whatever it still sends is ignored."""
