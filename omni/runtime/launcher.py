@@ -2,12 +2,13 @@
 
 EngineGroup owns the orchestrator side of one pipeline's control plane: a ZeroMQ ROUTER
 (omni/runtime/control.py) that every replica's DEALER connects to, one sentinel watch
-per child process, and a heartbeat check. Startup waits on READY messages and sentinels
-together, so a stage that fails to load fails the start at once with its own error.
-A replica is declared dead by whichever comes first: its DEAD notice, its process's
-exit (read after draining what it sent), or two missed heartbeats (a stopped or
-unreachable process; a local one is then killed). Nothing polls: readiness comes from
-the loop's own readers; the heartbeat check is a timer.
+per child process, and a heartbeat check (heartbeats.py). Startup waits on READY messages
+and sentinels together, so a stage that fails to load fails the start at once with its
+own error. A replica is declared dead by whichever comes first: its DEAD notice, its
+process's exit (read after draining what it sent), or two missed heartbeats (a stopped
+or unreachable process; a local one is then killed); a stage with ``restart`` starts it
+again (restarts.py). Nothing polls: readiness comes from the loop's own readers; the
+heartbeat check is a timer.
 """
 
 from __future__ import annotations

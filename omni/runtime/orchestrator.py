@@ -4,6 +4,8 @@ It lives on the server's asyncio loop and never touches tensor bytes: engines se
 small per-step OUTPUTS messages; for each request the orchestrator forwards finished
 producers' chunks to their consumers (full delivery), streams final stages' chunks to
 the client's queue, and ends the request when every final stage on its route is done.
+Chunks along stream edges, and a client's stream input, go as APPENDs through its
+StreamEdges (stream_edges.py).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ which a stream edge hands to the next stage (one that reads its hidden states). 
 "auto", a model whose next stage embeds the answer's token ids itself
 (CausalLM.export_prompt_only) exports the prompt's rows only.
 
-Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py;
-media prompts: encoder.py, media.py; KV cache size: kv_cache.sized_cache; output
-limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
+Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py; the
+eager forward over a packed batch: forward.py; media prompts: encoder.py, media.py; KV
+cache size: kv_cache.sized_cache; output limits (Engine.limit): omni/runtime/lead.py;
+options: docs/pipeline.md.
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ running dry: over capacity, clients queue for their first audio instead of all s
 Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
 + "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
 input is in, or on a final empty chunk (frames 0) when a stream ends after it.
+
+A stage's engine is built in build.py (this one, or streams.py's for a runner that keeps
+per-request state).
 """
 
 from __future__ import annotations
