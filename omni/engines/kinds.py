@@ -41,7 +41,7 @@ class EngineKind:
 KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
     EngineKind("ar", "omni.engines.ar.build:stage_engine", stateful=True),
     EngineKind("vllm", "omni.engines.vllm.engine:stage_engine"),
-    EngineKind("generation", "omni.engines.generation.engine:stage_engine",
+    EngineKind("generation", "omni.engines.generation.build:stage_engine",
                adapters="GENERATION_RUNNERS"),
     EngineKind("diffusion", "omni.engines.diffusion.engine:stage_engine", stateful=True,
                adapters="DIFFUSION_DENOISERS"),

@@ -2,12 +2,13 @@
 
 EngineGroup owns the orchestrator side of one pipeline's control plane: a ZeroMQ ROUTER
 (omni/runtime/control.py) that every replica's DEALER connects to, one sentinel watch
-per child process, and a heartbeat check. Startup waits on READY messages and sentinels
-together, so a stage that fails to load fails the start at once with its own error.
-A replica is declared dead by whichever comes first: its DEAD notice, its process's
-exit (read after draining what it sent), or two missed heartbeats (a stopped or
-unreachable process; a local one is then killed). Nothing polls: readiness comes from
-the loop's own readers; the heartbeat check is a timer.
+per child process, and a heartbeat check (heartbeats.py). Startup waits on READY messages
+and sentinels together, so a stage that fails to load fails the start at once with its
+own error. A replica is declared dead by whichever comes first: its DEAD notice, its
+process's exit (read after draining what it sent), or two missed heartbeats (a stopped
+or unreachable process; a local one is then killed); a stage with ``restart`` starts it
+again (restarts.py). Nothing polls: readiness comes from the loop's own readers; the
+heartbeat check is a timer.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from omni.config.pipeline import PipelineConfig
 from omni.config.stages import StageConfig
 from omni.engines.proc import run_engine_process, stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
+from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
+from omni.runtime.restarts import next_incarnation, restart_delay
 from omni.runtime.teardown import Teardown
 from omni.wire.protocol import (
     AbortAck,
@@ -48,10 +51,6 @@ from omni.wire.protocol import (
 log = logging.getLogger("omni.runtime.launcher")
 
 PROGRESS_EVERY_S = 15.0
-RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # a crash loop must not spin the CPU
-# a replica that stayed up this long before dying was not crash-looping: its backoff starts
-# over (bench soak: with a lifetime count, outages grew from 1.5 to 5.1 s over 18 kills)
-STABLE_UP_S = 60.0
 
 
 class StartupError(RuntimeError):
@@ -79,7 +78,6 @@ class EngineGroup:
         self.dtype = dtype
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
-        self.heartbeat_s = pipeline.heartbeat_s
         self.pools: dict[str, StagePool] = {}
         self.replicas: dict[str, Replica] = {}
         self.stopping = False
@@ -90,7 +88,9 @@ class EngineGroup:
         self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
         self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
-        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        # silence as death (omni/runtime/heartbeats.py)
+        self.heartbeats = HeartbeatWatch(pipeline.heartbeat_s, self.replicas, self._drain,
+                                         self._silent)
         sweep_dead_launches()
         self._ipc_dir = new_ipc_dir()  # private (0700): only this user reaches its sockets
         # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
@@ -121,9 +121,7 @@ class EngineGroup:
             for stage in self.pipeline.stages:
                 self.pools[stage.name] = StagePool(stage.name, [
                     self._spawn(spawn, stage, i) for i in range(stage.replicas)])
-            if self.heartbeat_s:
-                self._heartbeat_timer = self.loop.call_later(self.heartbeat_s,
-                                                             self._check_heartbeats)
+            self.heartbeats.start(self.loop)
             await self._wait_ready()
         except BaseException:
             await self.stop()
@@ -186,8 +184,7 @@ class EngineGroup:
         """SHUTDOWN every live replica, wait, then terminate/kill stragglers; free all
         (teardown.py)."""
         self.stopping = True
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
+        self.heartbeats.stop()
         sockets = [s for s in (self.control, self.remote) if s is not None]
         await self._teardown.run(self.replicas, self.try_send, sockets, timeout_s)
         self.control = None
@@ -317,21 +314,12 @@ class EngineGroup:
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
 
-    def _check_heartbeats(self) -> None:
-        """Declare dead every live replica silent for two heartbeat intervals."""
-        if self.stopping:
-            return
-        self._drain()  # heartbeats queued behind a busy loop count
-        now = time.monotonic()
-        for replica in self.replicas.values():
-            silent = now - replica.last_heartbeat
-            if replica.alive and silent > 2 * self.heartbeat_s:
-                self._retire(replica)
-                self._fail(replica, f"no heartbeat for {silent:.1f} s (interval "
-                                    f"{self.heartbeat_s:g} s): stopped or unreachable")
-                if replica.process is not None and replica.process.exitcode is None:
-                    replica.process.kill()  # the sentinel then restarts it, if configured
-        self._heartbeat_timer = self.loop.call_later(self.heartbeat_s, self._check_heartbeats)
+    def _silent(self, replica: Replica, reason: str) -> None:
+        """Missed heartbeats (heartbeats.py): dead; a local process is killed."""
+        self._retire(replica)
+        self._fail(replica, reason)
+        if replica.process is not None and replica.process.exitcode is None:
+            replica.process.kill()  # the sentinel then restarts it, if configured
 
     def _retire(self, replica: Replica) -> None:
         """Forget this incarnation's identity: whatever it still sends is ignored."""
@@ -353,27 +341,17 @@ class EngineGroup:
         was_ready = replica.ready.done() and not replica.ready.exception()
         self._fail(replica, describe_exit(replica))
         if was_ready and self.pipeline.stage(replica.stage).restart and not self.stopping:
-            if time.monotonic() - replica.ready_at >= STABLE_UP_S:
-                replica.crash_streak = 0
-            delay = RESTART_BACKOFF_S[min(replica.crash_streak, len(RESTART_BACKOFF_S) - 1)]
-            self.loop.call_later(delay, self._restart, replica)
+            self.loop.call_later(restart_delay(replica), self._restart, replica)
 
     def _restart(self, replica: Replica) -> None:
         if self.stopping:
             return
         replica.restarts += 1
         replica.crash_streak += 1
-        replica.incarnation += 1
         log.warning("restarting replica %s (restart #%d)", replica.replica_id, replica.restarts)
-        replica.exit_reason = None
-        replica.ready = self.loop.create_future()
-        replica.ready.add_done_callback(self._restarted)
+        next_incarnation(replica, self.loop)
         self._start_process(process_context(self.pipeline),
                             self.pipeline.stage(replica.stage), replica)
-
-    def _restarted(self, ready: asyncio.Future) -> None:
-        if not ready.cancelled() and ready.exception() is not None:
-            log.error("%s", ready.exception())  # it failed to load again: stays down
 
     def _fail(self, replica: Replica, reason: str) -> None:
         """A DEAD notice (with the engine's own reason), an exit or silence, whichever
@@ -393,10 +371,7 @@ class EngineGroup:
     def _await_next_incarnation(self, replica: Replica) -> None:
         """An external replica is gone: its slot waits for a newer incarnation."""
         self._retire(replica)
-        replica.incarnation += 1
-        replica.exit_reason = None
-        replica.ready = self.loop.create_future()
-        replica.ready.add_done_callback(self._restarted)
+        next_incarnation(replica, self.loop)
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
 

@@ -4,6 +4,8 @@ It lives on the server's asyncio loop and never touches tensor bytes: engines se
 small per-step OUTPUTS messages; for each request the orchestrator forwards finished
 producers' chunks to their consumers (full delivery), streams final stages' chunks to
 the client's queue, and ends the request when every final stage on its route is done.
+Chunks along stream edges, and a client's stream input, go as APPENDs through its
+StreamEdges (stream_edges.py).
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from omni.runtime.pipeline_sessions import session_stages, stage_params
 from omni.runtime.pool import NoReplicaError, Replica
 from omni.runtime.request_media import RequestMedia
 from omni.runtime.request_state import OmniOutput, RequestState
-from omni.runtime.routing import CLIENT, RoutePlan, plan_route
+from omni.runtime.routing import RoutePlan, plan_route
+from omni.runtime.stream_edges import StreamEdges
 from omni.session import Session
-from omni.wire.protocol import AbortAck, Add, Append, Outputs, SessionReply, encode
+from omni.wire.protocol import AbortAck, Add, Outputs, SessionReply, encode
 
 log = logging.getLogger("omni.runtime.orchestrator")
 
@@ -60,7 +63,6 @@ class Orchestrator:
         self.requests: dict[str, RequestState] = {}  # by client request id
         self._by_engine_id: dict[str, RequestState] = {}
         self._submits = itertools.count()
-        self._feeding: set[RequestState] = set()  # stream_input requests before their last
         self.accepting = False
         self._stopped = False
         self._idle = asyncio.Event()
@@ -74,6 +76,8 @@ class Orchestrator:
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
         self.media = RequestMedia(f"{self.engines.arena_prefix}-media",  # request media
                                   {s.name for s in pipeline.stages if not s.placement.remote})
+        # stream edges' APPENDs and the client's stream input (omni/runtime/stream_edges.py)
+        self.edges = StreamEdges(self.engines, self.media, self.control_bytes, self._finish)
         self.fences = AbortFences(self.engines.try_send,  # aborts' FREE (runtime/aborts.py)
                                   on_freed=self.media.free)
         self._session_stages = session_stages(pipeline)  # stages keeping session state
@@ -111,8 +115,7 @@ class Orchestrator:
         self._by_engine_id[engine_id] = state
         self._idle.clear()
         if stream_input:
-            self._feeding.add(state)
-            state.seq.update({(CLIENT, s): 0 for s in plan.route.entries})
+            self.edges.open_input(state)
         timeout_s = timeout_s or self.pipeline.request_timeout_s
         state.deadline = asyncio.get_running_loop().call_later(timeout_s, self._expire,
                                                                request_id, timeout_s)
@@ -151,9 +154,7 @@ class Orchestrator:
         state.bound[stage] = replica
         replica.outstanding.add(state.engine_id)
         state.times[stage] = {"queued": time.monotonic()}
-        for message in state.held.pop(stage, ()):
-            if not state.finished:
-                self._send_append(state, stage, message)
+        self.edges.send_held(state, stage)
         if self.leads and not state.finished:
             self.leads.dispatched(state, stage)
 
@@ -241,7 +242,7 @@ class Orchestrator:
         if data is not None and state.plan.full_consumers[stage]:
             state.chunks.setdefault(stage, []).append(data)
         if state.plan.stream_consumers[stage] and (data is not None or finished):
-            self._stream(state, stage, data, finished)
+            self.edges.stream(state, stage, data, finished)
             if state.finished:
                 return
         if finished:
@@ -272,54 +273,10 @@ class Orchestrator:
             if all(c in state.bound for c in state.plan.full_consumers[producer]):
                 state.chunks.pop(producer, None)
 
-    def _stream(self, state: RequestState, producer: str, data: dict | None,
-                last: bool) -> None:
-        """Number a producer's chunk for each stream consumer; hold it until dispatch."""
-        for consumer in state.plan.stream_consumers[producer]:
-            if consumer in state.done:
-                continue
-            seq = state.seq.get((producer, consumer), 0)
-            state.seq[producer, consumer] = seq + 1
-            message = [producer, seq, data, last]
-            if consumer in state.bound:
-                self._send_append(state, consumer, message)
-            else:
-                state.held.setdefault(consumer, []).append(message)
-
-    def _send_append(self, state: RequestState, consumer: str, message: list) -> None:
-        """Send one held or new chunk, (producer, seq, data, last), as an Append."""
-        replica = state.bound[consumer]
-        try:
-            nbytes = self.engines.send(replica, encode(Append(state.engine_id, *message,
-                                                             time.monotonic())))
-        except ReplicaUnreachableError as exc:
-            self._finish(state, StageUnavailableError(
-                f"stage '{consumer}' replica {replica.replica_id} unreachable: {exc}"))
-            return
-        self.control_bytes[consumer, "out"] += nbytes
-
     def feed(self, request_id: str, data: dict[str, Any], last: bool = False) -> None:
-        """More input of a ``stream_input`` request, for its entry stages as APPENDs from
-        producer "client" (to them a stream edge, so no audio passes here); ``last`` ends it."""
-        state = self.requests.get(request_id)
-        if state is None:
-            raise RequestAbortedError(f"request {request_id} is not in flight (it finished, "
-                                      "failed or was aborted): its input is not taken")
-        if state not in self._feeding:
-            raise InvalidInputError(f"request {request_id} " + (
-                "has had its last input" if (CLIENT, state.route.entries[0]) in state.seq
-                else "was not opened as a stream (AsyncOmni.open_stream)"))
-        for stage in state.route.entries:
-            if stage in state.done or state.finished:
-                continue
-            try:
-                self._send_append(state, stage, [CLIENT, state.seq[CLIENT, stage], self.media
-                                                 .for_stage(stage, state.engine_id, data), last])
-            except (TypeError, ValueError, OverflowError) as exc:  # the first: none got it
-                raise InvalidInputError(f"stream input cannot be encoded: {exc}") from None
-            state.seq[CLIENT, stage] += 1
-        if last:
-            self._feeding.discard(state)
+        """More input of a ``stream_input`` request, for its entry stages
+        (stream_edges.py); ``last`` ends it."""
+        self.edges.feed(self.requests.get(request_id), request_id, data, last)
 
     # -- ending ------------------------------------------------------------------------
     def abort(self, request_id: str, reason: str = "aborted by the client") -> bool:
@@ -352,7 +309,7 @@ class Orchestrator:
         if state.finished:
             return
         state.finished = True
-        self._feeding.discard(state)
+        self.edges.close_input(state)
         if state.deadline is not None:
             state.deadline.cancel()
         self._release_stages(state, failed=error is not None)

@@ -29,7 +29,7 @@ class Replica:
     incarnation: int = 0  # +1 per restart: a new DEALER identity (omni/wire/protocol.py)
     last_heartbeat: float = 0.0  # time.monotonic() of its last heartbeat
     restarts: int = 0
-    crash_streak: int = 0  # restarts since it last stayed up STABLE_UP_S (picks the backoff)
+    crash_streak: int = 0  # restarts since it last stayed up STABLE_UP_S (restarts.py)
     ready_at: float = 0.0  # time.monotonic() of its current incarnation's READY
 
     @property

@@ -105,7 +105,7 @@ def test_code2wav_sizes_its_calls_from_its_memory_budget(omni_dir):
     within the budget, and a budget too small for one row fails the load, naming the
     least that would do."""
     from omni.engines.base import EngineLoadError
-    from omni.engines.generation.engine import build_generation_engine
+    from omni.engines.generation.build import build_generation_engine
 
     def build(budget: int):
         return build_generation_engine("qwen3_omni_code2wav", model_dir=omni_dir, device="cuda",

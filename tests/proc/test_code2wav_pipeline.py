@@ -14,7 +14,7 @@ from procutil import Tap, assert_idle, collect, run, serving
 
 from omni.config.pipeline import parse_pipeline
 from omni.engines.base import EngineRequest
-from omni.engines.generation.engine import build_generation_engine
+from omni.engines.generation.build import build_generation_engine
 from omni.errors import RequestAbortedError
 from omni.fixtures.tiny_models import ensure_tiny_model
 

@@ -75,10 +75,10 @@ def test_backoff_starts_over_after_a_replica_stayed_up(stable_s, delays, streak,
     """The restart delay follows the crash streak, not the lifetime count: a replica that
     stayed up STABLE_UP_S before dying again restarts at once (streak back to 1), one that
     did not waits the next backoff step. Checks the delay the launcher schedules."""
-    from omni.runtime import launcher
+    from omni.runtime import restarts
 
-    monkeypatch.setattr(launcher, "STABLE_UP_S", stable_s)
-    assert launcher.RESTART_BACKOFF_S[:2] == (0.0, 1.0)
+    monkeypatch.setattr(restarts, "STABLE_UP_S", stable_s)
+    assert restarts.RESTART_BACKOFF_S[:2] == (0.0, 1.0)
 
     async def body():
         async with serving(restarting_pipeline()) as omni:

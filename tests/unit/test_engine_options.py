@@ -29,7 +29,7 @@ def test_echo_engine_refuses_an_unknown_option():
                                               ("diffusion", "wan", "max_batch_row")])
 def test_an_unknown_adapter_option_fails_before_any_weights_load(tmp_path, kind, model, typo):
     from omni.engines.diffusion.engine import build_diffusion_engine
-    from omni.engines.generation.engine import build_generation_engine
+    from omni.engines.generation.build import build_generation_engine
 
     build = build_generation_engine if kind == "generation" else build_diffusion_engine
     missing = str(tmp_path / "no-such-model")  # loading would fail on this directory

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from omni.engines.base import EngineLoadError, EngineRequest
-from omni.engines.generation.engine import GenerationEngine, build_generation_engine
+from omni.engines.generation.build import build_generation_engine
+from omni.engines.generation.engine import GenerationEngine
 from omni.fixtures import ensure_tiny_model
 from omni.models.qwen3_omni import Code2WavRunner, load_code2wav
 

@@ -9,7 +9,7 @@ import pytest
 
 from omni.engines.base import EngineLoadError
 from omni.engines.diffusion.engine import build_diffusion_engine
-from omni.engines.generation.engine import build_generation_engine
+from omni.engines.generation.build import build_generation_engine
 from omni.engines.policy.engine import build_policy_engine
 from omni.models import (
     AR_FEEDBACK_MODELS,

@@ -20,7 +20,7 @@ from omni.engines.base import (  # noqa: E402
     EngineLoadError,
     EngineRequest,
 )
-from omni.engines.generation.engine import build_generation_engine  # noqa: E402
+from omni.engines.generation.build import build_generation_engine  # noqa: E402
 from omni.engines.generation.streams import StreamingEngine  # noqa: E402
 from omni.errors import InvalidInputError, RequestAbortedError  # noqa: E402
 from omni.fixtures.speech import SENTENCES  # noqa: E402
@@ -237,7 +237,7 @@ def test_the_orchestrator_numbers_client_stream_input_per_entry_stage():
             orch.abort("s")
             with pytest.raises(RequestAbortedError):
                 orch.feed("s", {"x": 2})
-            assert not orch._feeding  # "r" had its last input, "s" ended
+            assert not orch.edges.feeding  # "r" had its last input, "s" ended
         finally:
             shutil.rmtree(orch.engines._ipc_dir, ignore_errors=True)
 

@@ -20,9 +20,10 @@ which a stream edge hands to the next stage (one that reads its hidden states). 
 "auto", a model whose next stage embeds the answer's token ids itself
 (CausalLM.export_prompt_only) exports the prompt's rows only.
 
-Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py;
-media prompts: encoder.py, media.py; KV cache size: kv_cache.sized_cache; output
-limits (Engine.limit): omni/runtime/lead.py; options: docs/pipeline.md.
+Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py; the
+eager forward over a packed batch: forward.py; media prompts: encoder.py, media.py; KV
+cache size: kv_cache.sized_cache; output limits (Engine.limit): omni/runtime/lead.py;
+options: docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from omni.engines.ar.budget import measure_runtime_bytes
 from omni.engines.ar.decode_graphs import decode_graphs_for
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
 from omni.engines.ar.encoder import PromptEncoder
+from omni.engines.ar.forward import eager_forward, graph_covers, prompt_embeds_inputs
 from omni.engines.ar.fused_projections import fuse_projections
 from omni.engines.ar.inputs import (
     encode_prompt,
@@ -47,8 +49,8 @@ from omni.engines.ar.inputs import (
     wants_media,
 )
 from omni.engines.ar.kv_cache import sized_cache
-from omni.engines.ar.media import step_media, whole_delta
-from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, build_layout, register
+from omni.engines.ar.media import whole_delta
+from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
@@ -303,7 +305,7 @@ class AREngine(Engine):
         """Run the packed batch: the sequences that reach their last token, their logits,
         and (export_hidden_layers) each sequence's rows of the chosen layers. fed: a
         chained decode step's token ids, on the device, one per sequence (steps.py)."""
-        if self._graphable(batch, chained=fed is not None):
+        if graph_covers(self.graphs, batch, chained=fed is not None):
             seqs = batch.seqs
             inputs = self._graph_inputs(batch) if fed is None else fed
             logits = self.graphs.run(inputs, list(batch.starts),
@@ -312,30 +314,8 @@ class AREngine(Engine):
             hidden = None if self.graphs.export_layers is None else exported_rows(
                 batch, self.graphs.hidden[:len(seqs)], self.export_prompt_only)
             return seqs, logits, hidden
-        ids, positions, last, sampled = [], [], [], []
-        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
-            ids += seq.token_slice(start, start + n)
-            positions += range(start, start + n)
-            if fed is not None or start + n == len(seq.prompt) + len(seq.output):
-                last.append(len(positions) - 1)
-                sampled.append(seq)
-        dev = self.lm.device
-        exporting = self.export_layers is not None and (not self.export_prompt_only or any(
-            start < len(s.prompt) for s, start in zip(batch.seqs, batch.starts, strict=True)))
-        layout = build_layout(self.cache, [s.blocks.table for s in batch.seqs], batch.starts,
-                              batch.counts, dev)
-        inputs = self._packed_inputs(batch, torch.tensor([ids], device=dev) if fed is None
-                                     else fed[None])
-        position_ids, media = step_media(self.lm, batch, torch.tensor(positions, device=dev))
-        with media:  # a multimodal prompt's rotary positions and vision features
-            out = self.lm.model(**inputs, position_ids=position_ids, use_cache=False,
-                                omni_batch=layout,
-                                output_hidden_states=exporting, **self._keep(last))
-        hidden = None if not exporting else exported_rows(batch, torch.stack(
-            [out.hidden_states[i][0] for i in self.export_layers], dim=1), self.export_prompt_only)
-        if not self.lm.keeps_logits:  # the model returned every position's logits
-            return sampled, out.logits[0, torch.tensor(last, dtype=torch.long, device=dev)], hidden
-        return sampled, out.logits[0], hidden
+        return eager_forward(self.lm, self.cache, batch, fed, self._packed_inputs,
+                             self.export_layers, self.export_prompt_only)
 
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         """What a graphed decode step feeds: each sequence's last token."""
@@ -347,31 +327,9 @@ class AREngine(Engine):
     def _sampled(self, seqs: list[Sequence], results: list[Any]) -> None:
         """Hook: the step's tokens are sampled and not yet emitted."""
 
-    def _keep(self, last: list[int]) -> dict[str, Any]:
-        if not self.lm.keeps_logits:
-            return {}
-        return {"logits_to_keep": torch.tensor(last, dtype=torch.long, device=self.lm.device)}
-
     def _packed_inputs(self, batch: ScheduledBatch, ids: torch.Tensor) -> dict[str, Any]:
         """input_ids, or inputs_embeds when a sequence feeds prompt embeddings this step."""
-        if all(s.embeds is None or start >= len(s.prompt)
-               for s, start in zip(batch.seqs, batch.starts, strict=True)):
-            return {"input_ids": ids}
-        embeds = self.lm.model.get_input_embeddings()(ids)[0]
-        offset = 0
-        for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
-            if seq.embeds is not None and start < len(seq.prompt):
-                upto = min(start + n, len(seq.prompt))
-                embeds[offset:offset + upto - start] = seq.embeds[start:upto]
-            offset += n
-        return {"inputs_embeds": embeds.unsqueeze(0)}
-
-    def _graphable(self, batch: ScheduledBatch, chained: bool = False) -> bool:
-        """A decode-only step that a captured graph covers (a chained step is one)."""
-        return (self.graphs is not None and all(n == 1 for n in batch.counts)
-                and all((chained or (s.samples_next and s.pending == 1))
-                        and whole_delta(s.media) is not None for s in batch.seqs)
-                and self.graphs.fits(len(batch.seqs), max(batch.starts) + 1))
+        return prompt_embeds_inputs(self.lm, batch, ids)
 
     def _stop_ids(self) -> set[int]:
         return set(self.lm.eos_token_ids)

@@ -37,6 +37,9 @@ running dry: over capacity, clients queue for their first audio instead of all s
 Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
 + "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
 input is in, or on a final empty chunk (frames 0) when a stream ends after it.
+
+A stage's engine is built in build.py (this one, or streams.py's for a runner that keeps
+per-request state).
 """
 
 from __future__ import annotations
@@ -44,16 +47,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput, check_options
+from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
 from omni.engines.generation.memory import size_batch_frames, trim_cache
 from omni.engines.generation.request import GenRequest, Runner, media_seconds
-
-if TYPE_CHECKING:
-    from omni.engines.proc import EngineSpec
 
 log = logging.getLogger(__name__)
 
@@ -371,31 +371,3 @@ class GenerationEngine(Engine):
         self._failed = [o for o in self._failed if o.request_id != rid]
         self._failed.append(StepOutput(rid, finished=True, error=msg))
 
-
-def stage_engine(spec: EngineSpec) -> Engine:
-    """The engine of a generation stage (omni/engines/kinds.py), its memory budget on its
-    resolved device."""
-    from omni.config.memory import budget_bytes
-    from omni.engines.base import resolve_device
-
-    device = resolve_device(spec.device)
-    return build_generation_engine(
-        spec.model, model_dir=spec.model_dir, device=device, dtype=spec.dtype,
-        options=spec.options, memory_bytes=budget_bytes(spec.memory, spec.memory_share, device))
-
-
-def build_generation_engine(model: str, *, model_dir: str | None, device: str, dtype: str,
-                            options: Mapping[str, Any],
-                            memory_bytes: int | None = None) -> Engine:
-    """The generation engine for a stage's `model` (adapters: omni/models/__init__.py)."""
-    from omni.models import adapter_options, adapter_streams, build_runner
-
-    if adapter_streams(model):  # per-request recurrent state: generation/streams.py
-        from omni.engines.generation.streams import build_streaming_engine
-        return build_streaming_engine(model, model_dir=model_dir, device=device, dtype=dtype,
-                                      options=options)
-    check_options(f"generation engine ({model})", options,
-                  GenerationEngine.OPTIONS | adapter_options(model))
-    runner = build_runner(model, model_dir=model_dir, device=device, dtype=dtype,
-                          options=options)
-    return GenerationEngine(runner, options, memory_bytes)
