@@ -111,7 +111,7 @@ async def _measure(base: str, args: argparse.Namespace) -> dict[str, Any]:
         result["correct"] = correct(result["text"], QUESTIONS[index][1])
         return result
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await one(session, 0, False)  # warm-up, unmeasured
         text = [one(session, i, False) for i in range(len(QUESTIONS)) for _ in range(args.rounds)]
         spoken = [one(session, 0, True) for _ in range(args.readme)]
@@ -157,9 +157,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     tree = Path(args.tree).resolve() if args.tree else Path.cwd()
     say(f"[default] starting python -m omni.server (no flags) from {tree} ({args.label})")
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc, base = start_server(None, env=env, cwd=str(tree), timeout_s=600.0)
+    log: list[str] = []
+    proc, base = start_server(None, env=env, cwd=str(tree), timeout_s=600.0, log=log)
     try:
         raw = asyncio.run(_measure(base, args))
+    except BaseException:
+        say("[default] the server's last lines:\n" + "".join(log[-30:]))
+        raise
     finally:
         proc.terminate()
         proc.wait(60)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ORDER = ("before", "after")  # known labels first, then any other in name order
+ORDER = ("before", "after-v1", "after")  # known labels first, then any other in name order
 
 
 def _runs(out: Path) -> list[dict[str, Any]]:
@@ -46,7 +46,8 @@ def write_report(out: Path) -> None:
         f"Machine: {hw['cpu_model']}, {hw['cores']} cores, Python {hw['python']}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", "",
         *(f"- {r['label']}: `{r['command']}` (server from {r['tree']}, commit {r['commit']}; "
-          f"wall {r['wall_s']['text']} s text, {r['wall_s']['spoken']} s spoken)" for r in runs),
+          f"wall {r['wall_s']['text']} s text, {r['wall_s']['spoken']} s spoken)"
+          + (f"; {r['note']}" if r.get("note") else "") for r in runs),
         "", DESCRIPTION.split("\n\n", 1)[1].strip(), "",
         "| run | text correct | text tokens median / max | spoken correct | spoken tokens "
         "median / max | audio s median / max | README command: Paris, longest audio | bar |",

@@ -167,6 +167,7 @@ def test_the_assistant_preset_speaks_briefly_and_pickles():
     config = load_pipeline_file(preset_path("assistant"))
     spoken = _pipeline_params(config, ["text", "audio"], {})
     assert spoken["max_tokens"] < 512 and "sentences" in spoken["system_prompt"]
-    assert "system_prompt" not in _pipeline_params(config, ["text"], {})
-    assert "system_prompt" not in _pipeline_params(config, ["text"], {}, view="smollm2")
+    assert spoken["system_prompt"] == _pipeline_params(config, ["text"], {})["system_prompt"]
+    assert _pipeline_params(config, ["audio"], {}) == spoken
+    assert _pipeline_params(config, ["text"], {}, view="smollm2") == {"max_tokens": 512}
     assert pickle.loads(pickle.dumps(config)).defaults == config.defaults
