@@ -1,4 +1,7 @@
-"""default.md from every default-LABEL.json in the results directory (bench/default.py)."""
+"""The "good answers by default" section of default.md, from every default-LABEL.json in
+the results directory (bench/default.py). default.md also holds the default server's other
+measurements (python -m bench assistant, ar, asr): only the section between the markers is
+rewritten, appended when it is not there yet."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 ORDER = ("before", "after-v1", "after")  # known labels first, then any other in name order
+BEGIN = "<!-- python -m bench default: begin (generated) -->"
+END = "<!-- python -m bench default: end -->"
 
 
 def _runs(out: Path) -> list[dict[str, Any]]:
@@ -42,7 +47,7 @@ def write_report(out: Path) -> None:
     from bench.default import DESCRIPTION, QUESTIONS
 
     lines = [
-        "# Good answers by default: the default server at its default settings", "",
+        "## Good answers by default: the default server at its default settings", "",
         f"Machine: {hw['cpu_model']}, {hw['cores']} cores, Python {hw['python']}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", "",
         *(f"- {r['label']}: `{r['command']}` (server from {r['tree']}, commit {r['commit']}; "
@@ -53,6 +58,9 @@ def write_report(out: Path) -> None:
         "median / max | audio s median / max | README command: Paris, longest audio | bar |",
         "|---|---:|---:|---:|---:|---:|---|---|",
         *(_row(r) for r in runs), "",
+        "Wall times include whatever else ran on the machine's shared cores: they are not a "
+        "latency measure (`python -m bench assistant` is). A text answer's tokens are "
+        "bounded by the stage's max_tokens (512 for assistant's text answers).", "",
         "Correct answers per question (text, of " + str(runs[-1]["rounds"]) + "):", "",
         "| question | " + " | ".join(r["label"] for r in runs) + " |",
         "|---|" + "---:|" * len(runs),
@@ -60,4 +68,15 @@ def write_report(out: Path) -> None:
           + " |" for q, _ in QUESTIONS), "",
         "First spoken answers of the README's question:", "",
         *(line for r in runs for line in _samples(r)), ""]
-    (out / "default.md").write_text("\n".join(lines))
+    _replace_section(out / "default.md", "\n".join(lines))
+
+
+def _replace_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.is_file() else ""
+    block = f"{BEGIN}\n{section}\n{END}\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + block
+    path.write_text(text)
