@@ -21,6 +21,8 @@ BENCHMARKS = {
             "piper called directly"),
     "assistant": ("assistant", "the default spoken assistant: time to first audio (asked by "
                   "text and by voice) vs its critical path"),
+    "default": ("default", "good answers by default: the default server's answers to 20 "
+                "factual questions at its defaults, share correct, tokens, audio seconds"),
     "sessions": ("sessions", "realtime sessions: a turn with history vs a plain request, many "
                  "sessions on one replica, voice turns vs their critical path"),
     "robots": ("robots", "robot policies: OpenPI round trip and chunks/s at N robots, omni's "

@@ -119,7 +119,8 @@ def _pipeline(config: str, tmp: Path) -> str:
 
 def start_server(pipeline: str | None, name: str = "tts", extra: list[str] | None = None,
                  log: MutableSequence[str] | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+                 timeout_s: float = 120.0, cwd: str | None = None
+                 ) -> tuple[subprocess.Popen, str]:
     """`python -m omni.server --pipeline PIPELINE` serving it as `name` (no pipeline: the
     server's default, its own ids; `extra`: more server flags); (process, url). The server
     runs in its own process group (its pid is the group id), so a caller can find and
@@ -127,7 +128,7 @@ def start_server(pipeline: str | None, name: str = "tts", extra: list[str] | Non
     target = [] if pipeline is None else ["--pipeline", pipeline, "--served-model-name", name]
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", *target, *(extra or []),
                              "--port", "0"], stderr=subprocess.PIPE, text=True,
-                            env=env or os.environ.copy(), start_new_session=True)
+                            env=env or os.environ.copy(), start_new_session=True, cwd=cwd)
     lines = log if log is not None else []
     found: list[str] = []
     listening = threading.Event()

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from omni.api.errors import APIError
+from omni.config.request_defaults import effective_defaults
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
 from omni.runtime.metrics import Metrics
@@ -40,7 +41,27 @@ class ServedModel:
         """The /v1/models entry; extra keys beyond OpenAI's are ignored by clients."""
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "omni",
                 "modalities": [m for m in self.modalities if m not in SIGNAL_MODALITIES],
-                "input_modalities": list(self.input_modalities), **self.metadata}
+                "input_modalities": list(self.input_modalities),
+                "defaults": self.request_defaults(), **self.metadata}
+
+    def request_defaults(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """output modality -> stage -> the params a request asking for it gets when it
+        sets none: the model's own (an AR stage's generation_config.json, from its live
+        engine), then the pipeline's (docs/pipeline.md, "Request defaults"). Stages with
+        neither are left out."""
+        pipeline = self.omni.pipeline
+        cards = {}
+        for modality in self.modalities:
+            if modality in SIGNAL_MODALITIES:
+                continue
+            params = effective_defaults(pipeline, [modality])
+            stages = {}
+            for stage in pipeline.route([modality]).stages:
+                model = self.omni.stage_info(stage).get("sampling_defaults") or {}
+                if model or params[stage]:
+                    stages[stage] = {**model, **params[stage]}
+            cards[modality] = stages
+        return cards
 
 
 class ModelRegistry:

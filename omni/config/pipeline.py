@@ -9,6 +9,7 @@ without defensive copies.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from omni.config.graph import (
 )
 from omni.config.memory import check_shares, parse_share
 from omni.config.placement import ClusterSettings, parse_cluster, stage_placement  # noqa: I001
+from omni.config.request_defaults import parse_request_defaults
 from omni.config.routes import (  # noqa: F401 - re-exported
     Route,
     UnknownModalityError,
@@ -71,7 +73,8 @@ DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions", "cluster")
+            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions", "cluster",
+            "defaults")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch", "inputs",
               "takes_request", "placement")
@@ -97,6 +100,8 @@ class PipelineConfig(Picklable):
     views: Mapping[str, PipelineConfig] = field(default_factory=dict)
     sessions: SessionSettings = field(default_factory=SessionSettings)
     cluster: ClusterSettings | None = None  # set when a stage runs on other hosts
+    # request params per output modality and stage (omni/config/request_defaults.py)
+    defaults: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     @property
     def remote(self) -> bool:
@@ -109,6 +114,7 @@ class PipelineConfig(Picklable):
         set_field(self, "outputs", MappingProxyType({m: tuple(s) for m, s in self.outputs.items()}))
         set_field(self, "default_modalities", tuple(self.default_modalities))
         set_field(self, "views", MappingProxyType(dict(self.views)))
+        set_field(self, "defaults", MappingProxyType(copy.deepcopy(dict(self.defaults))))
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -245,6 +251,8 @@ def parse_pipeline(
         views=parse_views(source, data, base_dir, parse_pipeline),
         sessions=parse_sessions(source, data.get("sessions")),
         cluster=parse_cluster(source, data.get("cluster"), stages),
+        defaults=parse_request_defaults(source, data.get("defaults"),
+                                        (s.name for s in stages), outputs),
     )
 
 

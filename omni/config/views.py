@@ -27,7 +27,7 @@ from omni.config.checks import (
     require,
 )
 
-VIEW_KEYS = ("stages", "outputs", "default_modalities")
+VIEW_KEYS = ("stages", "outputs", "default_modalities", "defaults")  # own defaults only
 INHERITED = ("max_inflight", "request_timeout_s")
 
 
@@ -71,6 +71,7 @@ def _sub_pipeline(src: str, path: str, name: str, spec: Mapping[str, Any],
     }
     if outputs is not None:
         sub["outputs"] = outputs
-    if "default_modalities" in spec:
-        sub["default_modalities"] = spec["default_modalities"]
+    for key in ("default_modalities", "defaults"):
+        if key in spec:
+            sub[key] = spec[key]
     return sub

@@ -1,6 +1,7 @@
 """A loaded causal LM, and what every loader of one needs (omni/models/hf_causal.py, the
-Qwen3-Omni thinker and talker): the dtype to load in, the stop ids, whether the weights
-are a random fixture's, the KV-cache keyword of forward()."""
+Qwen3-Omni thinker and talker): the dtype to load in, the stop ids, the sampling defaults
+of generation_config.json, whether the weights are a random fixture's, the KV-cache
+keyword of forward()."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class CausalLM:
     # multi-axis rotary positions (omni/engines/ar/media.py): axes, position_ids(text, axes)
     rope: Any = None
     deepstack: Any = None  # adds vision features to early layers: inject((mask, features))
+    # request defaults from generation_config.json, under the engine's param names
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def use_attention(self, name: str) -> None:
         self.model.set_attn_implementation(
@@ -116,6 +119,30 @@ def eos_ids(path: Path, config: Any, tokenizer: Any) -> set[int]:
     if not eos and tokenizer.eos_token_id is not None:
         eos = {int(tokenizer.eos_token_id)}
     return eos
+
+
+# generation_config.json's sampling fields -> the AR engine's request param names (as vLLM
+# reads them; `do_sample` is not read: an OpenAI-style request samples unless its
+# temperature is 0, and a model that ships a temperature wants it used)
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                   "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                   "max_new_tokens": "max_tokens"}
+
+
+def sampling_defaults(path: Path) -> dict[str, Any]:
+    """The sampling fields generation_config.json sets (the raw file: transformers'
+    GenerationConfig would fill in its own defaults, top_k 50, as if the model had)."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise EngineLoadError(f"model directory {path}: cannot read {file.name}: {e}") from e
+    if not isinstance(raw, dict):
+        raise EngineLoadError(f"model directory {path}: {file.name} is not a JSON object")
+    return {ours: raw[theirs] for theirs, ours in SAMPLING_FIELDS.items()
+            if raw.get(theirs) is not None}
 
 
 def _is_random(path: Path) -> bool:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from omni.engines.base import EngineLoadError
-from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
+from omni.models.causal_lm import (
+    CausalLM,
+    _is_random,
+    _resolve_dtype,
+    cache_keyword,
+    eos_ids,
+    sampling_defaults,
+)
 
 
 def _check_dir(path: Path) -> None:
@@ -105,7 +112,8 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
     eos = eos_ids(path, config, tokenizer)
     return CausalLM(model=model, tokenizer=tokenizer, eos_token_ids=eos, model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=config,
-                    cache_kwarg=cache_keyword(model.forward))
+                    cache_kwarg=cache_keyword(model.forward),
+                    sampling_defaults=sampling_defaults(path))
 
 
 def _content_text(content: Any) -> str:

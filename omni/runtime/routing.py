@@ -16,10 +16,11 @@ reaches them as numbered APPENDs, like a producer stage's (``Orchestrator.feed``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig, Route
+from omni.config.request_defaults import stage_defaults
 
 CLIENT = "client"  # the producer name of a client's stream input: no stage may be called so
 
@@ -34,6 +35,9 @@ class RoutePlan:
     stream_consumers: dict[str, tuple[str, ...]]
     final_modality: dict[str, str]  # final stage -> the output modality it gives here
     request_keys: dict[str, tuple[str, ...]]  # non-entry stage -> client keys it takes
+    # stage -> its default params on this route: its `params`, then the pipeline's
+    # `defaults:` for the modalities asked for (omni/config/request_defaults.py); only read
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def start_inputs(self, stage: str, client_inputs: dict[str, Any],
                      client_stream: bool = False) -> dict[str, Any]:
@@ -71,8 +75,10 @@ def plan_route(pipeline: PipelineConfig, route: Route) -> RoutePlan:
     finals = {s: pipeline.stage(s).final_output for s in route.finals}
     keys = {s: pipeline.stage(s).takes_request for s in route.stages
             if s not in route.entries and pipeline.stage(s).takes_request}
+    params = {s: stage_defaults(pipeline.stage(s).params, pipeline.defaults, s,
+                                route.modalities) for s in route.stages}
     return RoutePlan(route, start, full_producers, stream_producers, full_consumers,
-                     stream_consumers, finals, keys)
+                     stream_consumers, finals, keys, params)
 
 
 def _delivery(pipeline: PipelineConfig, src: str, dst: str) -> str:

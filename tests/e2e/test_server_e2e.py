@@ -223,6 +223,15 @@ def test_default_server_answers_with_real_weights() -> None:
         assert [m["input_modalities"] for m in models] == [
             ["text", "audio"], ["text"], ["text"], ["audio"]]
         assert [m.get("view_of") for m in models] == [None] + ["assistant"] * 3
+        # SmolLM2's card sampling (its converted generation_config.json) for every text
+        # answer; the assistant's are told to be brief, and a spoken one is short
+        speaking = models[0]["defaults"]["audio"]["llm"]
+        assert speaking["temperature"] == 0.2 and speaking["top_p"] == 0.9
+        assert speaking["max_tokens"] == 40 and "sentences" in speaking["system_prompt"]
+        assert models[0]["defaults"]["text"]["llm"]["system_prompt"] == \
+            speaking["system_prompt"]
+        assert models[1]["defaults"] == {"text": {"llm": {
+            "temperature": 0.2, "top_p": 0.9, "max_tokens": 512}}}
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="none")
         answer = client.chat.completions.create(
             model="smollm2", temperature=0, max_tokens=40, messages=[{

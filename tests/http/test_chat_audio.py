@@ -40,8 +40,11 @@ def speak(fmt: str) -> dict:
     return {"model": "spoken", "messages": ASK, "modalities": ["text", "audio"],
             "audio": {"voice": "alloy", "format": fmt}}
 
-# sampled with a seed: greedy decoding of the random model repeats "\\n" (nothing to say)
-GREEDY = {"max_tokens": 24, "temperature": 1.0, "seed": 7, "extra_body": {"ignore_eos": True}}
+# sampled with a seed: greedy decoding of the random model repeats "\\n" (nothing to say);
+# plain sampling, not the fixture's generation_config.json (top_k 20, top_p 0.95), which
+# the stop word below was picked under
+GREEDY = {"max_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 7,
+          "extra_body": {"ignore_eos": True, "top_k": -1}}
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ import torch
 
 from omni.engines.ar.budget import measure_runtime_bytes
 from omni.engines.ar.decode_graphs import decode_graphs_for
+from omni.engines.ar.defaults import model_defaults, request_sampling, with_system_prompt
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
 from omni.engines.ar.encoder import PromptEncoder
 from omni.engines.ar.forward import eager_forward, graph_covers, prompt_embeds_inputs
@@ -92,6 +93,7 @@ class AREngine(Engine):
         check_options("ar engine", self.options, AR_OPTIONS)
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
+        self.defaults = model_defaults(model_dir, self.lm.sampling_defaults)  # defaults.py
         if self.options.get("fuse_projections", True):  # q/k/v and gate/up: one matmul each
             fuse_projections(self.lm.model)
         register()
@@ -172,9 +174,9 @@ class AREngine(Engine):
         try:
             if rid in self._seqs or rid in self._encoder:
                 raise ValueError(f"request id {rid!r} is already running")
-            params = SamplingParams.from_dict(request.params or {})
+            params = request_sampling(self.defaults, request.params or {})
             session = self.session_kv.session_of(request.params or {})
-            inputs = request.inputs or {}
+            inputs = with_system_prompt(request.inputs or {}, request.params or {})
             producer = stream_producer(inputs)
             if producer is None and wants_media(self.lm, inputs):  # off the step loop
                 self._encoder.submit(rid, params, encode_prompt, self.lm, inputs)
@@ -266,7 +268,7 @@ class AREngine(Engine):
                 "max_num_seqs": self.scheduler.max_num_seqs,
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
-                "runtime_bytes": self.runtime_bytes,
+                "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
                 **(self.lm.media.info() if self.lm.media else {})}
 
     def stats(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from omni.engines.ar.defaults import model_defaults, request_sampling, with_system_prompt
 from omni.engines.ar.inputs import prompt_ids
 from omni.engines.ar.sampling import SamplingParams
 from omni.engines.base import (
@@ -44,6 +45,7 @@ from omni.engines.base import (
     check_options,
     failed_output,
 )
+from omni.models.causal_lm import sampling_defaults
 
 if TYPE_CHECKING:
     from omni.engines.proc.spec import EngineSpec
@@ -115,6 +117,8 @@ class VLLMEngine(Engine):
             raise EngineLoadError(f"vllm could not load {model_dir}: "
                                   f"{type(e).__name__}: {e}") from e
         self.model_dir = model_dir
+        # the request defaults of generation_config.json, as the ar engine takes them
+        self.defaults = model_defaults(model_dir, sampling_defaults(Path(model_dir)))
         self.tokenizer = self.engine.get_tokenizer()
         config = self.engine.model_config
         # what ar/inputs.py prompt_ids reads of a loaded model
@@ -146,12 +150,12 @@ class VLLMEngine(Engine):
         try:
             if rid in self._running:
                 raise ValueError(f"request id {rid!r} is already running")
-            inputs = request.inputs or {}
+            inputs = with_system_prompt(request.inputs or {}, request.params or {})
             refused = [k for k in UNSUPPORTED_INPUTS if k in inputs]
             if refused:
                 raise ValueError(f"a vllm stage takes text prompts only, not {refused}")
             ids = prompt_ids(self._prompt_model, inputs)
-            params = self._sampling(SamplingParams.from_dict(request.params or {}))
+            params = self._sampling(request_sampling(self.defaults, request.params or {}))
         except Exception as e:  # a bad request fails alone, as the ar engine's do
             self._failed.append(failed_output(rid, e))
             return
@@ -185,7 +189,8 @@ class VLLMEngine(Engine):
     def info(self) -> dict[str, Any]:
         config = self.engine.model_config
         return {"model_dir": self.model_dir, "engine": "vllm", "dtype": str(config.dtype),
-                "vocab_size": config.get_vocab_size(), "max_model_len": config.max_model_len}
+                "vocab_size": config.get_vocab_size(), "max_model_len": config.max_model_len,
+                "sampling_defaults": self.defaults}
 
     def stats(self) -> dict[str, Any]:
         return {"running": len(self._running)}
