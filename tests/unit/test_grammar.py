@@ -110,3 +110,23 @@ def test_unpack_bitmask_matches_token_ids():
     assert allowed.shape == (2, 40)
     assert allowed[0].nonzero().flatten().tolist() == [3]
     assert allowed[1].nonzero().flatten().tolist() == [36]
+
+
+def test_overlapped_steps_mask_after_the_previous_token(tmp_path):
+    """With overlap (CUDA's default) a step is sampled a call after its launch: the mask
+    must still follow every token taken before it, or the answer would not parse."""
+    model = build_tiny_qwen3(tmp_path / "q", initializer_range=0.5)
+    engine = AREngine(str(model), options={"overlap_steps": True, "chain_decode": True})
+    try:
+        assert engine.runner.overlap
+        requests = {f"s{i}": {"json_schema": json.dumps(SCHEMA), "max_tokens": 200,
+                              "temperature": 1.0, "seed": i} for i in range(4)}
+        requests["free"] = {"max_tokens": 20, "temperature": 0.0, "ignore_eos": True}
+        done = run_all(engine, requests)
+        for rid, (text, finish, _) in done.items():
+            if rid != "free":
+                assert finish == "stop", text
+                jsonschema.validate(json.loads(text), SCHEMA)
+        assert done["free"][1] == "length"
+    finally:
+        engine.shutdown()
