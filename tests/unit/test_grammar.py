@@ -102,14 +102,19 @@ def test_template_cache_is_bounded(engine, monkeypatch):
     assert len(compiler._templates) == 3
 
 
-def test_unpack_bitmask_matches_token_ids():
+def test_bitmask_bits_are_token_ids():
     mask = torch.zeros(2, 2, dtype=torch.int32)
     mask[0, 0] = 1 << 3
     mask[1, 1] = 1 << 4  # token 36
-    allowed = grammar.unpack_bitmask(mask, 40)
-    assert allowed.shape == (2, 40)
-    assert allowed[0].nonzero().flatten().tolist() == [3]
-    assert allowed[1].nonzero().flatten().tolist() == [36]
+    bias = grammar.refusal_bias(mask, 40)
+    assert bias.shape == (2, 40)
+    assert (bias[0] == 0).nonzero().flatten().tolist() == [3]
+    assert (bias[1] == 0).nonzero().flatten().tolist() == [36]
+    assert bool((bias[bias != 0] == float("-inf")).all())
+    words = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32)  # every bit
+    want = torch.tensor([[bool((int(w) >> b) & 1) for w in row for b in range(32)]
+                         for row in words.tolist()])
+    assert torch.equal(grammar.refusal_bias(words, 160) == 0, want)
 
 
 def test_overlapped_steps_mask_after_the_previous_token(tmp_path):
