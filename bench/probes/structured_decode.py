@@ -101,7 +101,11 @@ def main() -> None:
     print(json.dumps({"model": Path(model).name, "device": args.device, "batch": args.batch,
                       "tokens": args.tokens, "free_tok_s": round(free, 1),
                       "json_schema_tok_s": round(constrained, 1),
-                      "ratio": round(constrained / free, 3)}))
+                      "ratio": round(constrained / free, 3),
+                      # each round's pair ran back to back: less moved by a shared CPU's load
+                      "pair_ratio_median": round(statistics.median(
+                          c / f for f, c in zip(rates["free"], rates["json_schema"],
+                                                strict=True)), 3)}))
     engine.shutdown()
 
 
