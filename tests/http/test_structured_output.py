@@ -141,3 +141,15 @@ def test_sdk_sees_the_400(ar_server):
                             "type": "string", "pattern": "(?<=a)b"}}})
         assert caught.value.body["param"] == "response_format"
     run(body())
+
+
+def test_json_with_a_spoken_answer_is_a_400(ar_server):
+    async def body():
+        async with ar_server.session() as session:
+            async with session.post("/v1/chat/completions", json={
+                    "model": "qwen3", "messages": HELLO, "modalities": ["text", "audio"],
+                    "audio": {"voice": "alloy", "format": "wav"},
+                    "response_format": {"type": "json_object"}}) as r:
+                assert r.status == 400
+                assert_error_object(await r.json(), param="response_format")
+    run(body())
