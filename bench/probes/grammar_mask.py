@@ -3,7 +3,9 @@
 fills every row's token bitmask, applies it to (B, V) logits on --device and advances each
 matcher. Prints the compile time and the per-step medians (fill, apply, advance) for each
 library and tokenizer (the tiny Qwen3 fixture's; SmolLM2's if converted under
-~/.cache/omni/models/smollm2). Behind the choice in omni/engines/ar/grammar.py.
+~/.cache/omni/models/smollm2), and whether each lets a raw control character into a
+string with a maxLength (xgrammar 0.2.9 does). Behind the choice in
+omni/engines/ar/grammar.py.
 
     OMP_NUM_THREADS=1 python bench/probes/grammar_mask.py [--device cuda] [--batch 8]
 """
@@ -123,6 +125,22 @@ def _walk(compile_s, fill, apply, advance, ids, batch, vocab, dev) -> dict:
             "first_fill_ms": round(fills[0] * 1e3, 2)}
 
 
+def control_char_in_bounded_string(tok, vocab: int) -> dict:
+    """Whether each library lets '"<U+000F>"' through {"type": "string", "maxLength": 10}:
+    not JSON (json.loads refuses a raw control character in a string)."""
+    import llguidance
+    import llguidance.hf
+    import xgrammar as xgr
+    schema = {"type": "string", "maxLength": 10}
+    ids = tok('"\x0f"', add_special_tokens=False)["input_ids"]
+    xg = xgr.GrammarMatcher(xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(
+        tok, vocab_size=vocab)).compile_json_schema(json.dumps(schema)))
+    ll = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tok, n_vocab=vocab),
+                              llguidance.LLMatcher.grammar_from_json_schema(schema))
+    return {"xgrammar_accepts": all(xg.accept_token(t) for t in ids),
+            "llguidance_accepts": all(ll.consume_token(t) for t in ids)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -135,6 +153,8 @@ def main() -> None:
         tok = AutoTokenizer.from_pretrained(path)
         vocab = AutoConfig.from_pretrained(path).vocab_size
         ids = tok(text, add_special_tokens=False)["input_ids"]
+        print(json.dumps({"tokenizer": name, "control_char_in_maxLength_string":
+                          control_char_in_bounded_string(tok, vocab)}))
         for lib, fn in (("xgrammar", run_xgrammar), ("llguidance", run_llguidance)):
             print(json.dumps({"tokenizer": name, "vocab": vocab, "lib": lib, "batch": args.batch,
                               "device": args.device, **fn(tok, vocab, ids, args.batch, dev)}))
