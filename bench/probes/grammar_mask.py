@@ -13,6 +13,7 @@ omni/engines/ar/grammar.py.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import tempfile
@@ -153,9 +154,14 @@ def main() -> None:
         tok = AutoTokenizer.from_pretrained(path)
         vocab = AutoConfig.from_pretrained(path).vocab_size
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        print(json.dumps({"tokenizer": name, "control_char_in_maxLength_string":
-                          control_char_in_bounded_string(tok, vocab)}))
+        libs = [lib for lib in ("xgrammar", "llguidance") if importlib.util.find_spec(lib)]
+        if len(libs) == 2:
+            print(json.dumps({"tokenizer": name, "control_char_in_maxLength_string":
+                              control_char_in_bounded_string(tok, vocab)}))
         for lib, fn in (("xgrammar", run_xgrammar), ("llguidance", run_llguidance)):
+            if lib not in libs:
+                print(json.dumps({"lib": lib, "skipped": "not installed"}))
+                continue
             print(json.dumps({"tokenizer": name, "vocab": vocab, "lib": lib, "batch": args.batch,
                               "device": args.device, **fn(tok, vocab, ids, args.batch, dev)}))
 
