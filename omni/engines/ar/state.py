@@ -82,7 +82,7 @@ def finish_reason(seq: Sequence, token: int, eos_ids: set[int],
             not p.ignore_eos and token in eos_ids)):
         return "stop"
     grammar = seq.state.sampler.grammar
-    if grammar is not None and grammar.done:  # its stop token taken (ignore_eos or not)
+    if grammar is not None and grammar.done:  # the value is complete: nothing may follow
         return "stop"
     if n >= p.max_tokens:
         return "length"
