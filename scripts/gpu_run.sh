@@ -41,7 +41,8 @@
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
-# Wheels the box lacks (pyzmq, msgspec, av, ...) go in ./.whl and are installed to
+# Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
+# llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
 # /tmp/site. Models are built into /tmp/m (lost when the box is given back). Results go to
 # $OUT (or ./out).
 set -uo pipefail

@@ -15,7 +15,7 @@ from omni.api.chat_audio import (
 )
 from omni.api.chat_images import chat_image
 from omni.api.chat_media import prepare_media
-from omni.api.errors import read_json
+from omni.api.errors import APIError, read_json
 from omni.api.schemas import parse
 from omni.api.schemas.text import ChatCompletionRequest
 from omni.api.state import MODELS_KEY
@@ -31,6 +31,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     restore_audio_turns(request, body)
     request[EXTRA_INPUTS] = await prepare_media(request, model, body)
     if wants_audio(req):
+        if req.response_format is not None and req.response_format.type != "text":
+            raise APIError(400, "'response_format' json_object / json_schema is for text "
+                           "answers; a spoken answer (modalities with \"audio\") is free "
+                           "text", param="response_format")
         return await chat_with_audio(request, body, req)
     return await respond(TextCall(request, body, req))
 

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
+from omni.api.schemas.response_format import check_response_format
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.state import MODELS_KEY, ServedModel
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
@@ -270,6 +271,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def respond(call: TextCall) -> web.StreamResponse:
     """The text answer to ``call``: one JSON body, or SSE when it asked to stream."""
+    schema = await check_response_format(call.req.response_format)
+    if schema is not None:  # structured output (omni/engines/ar/grammar.py)
+        call.sampling["json_schema"] = schema
     return await (_stream(call) if call.req.stream else _complete(call))
 
 

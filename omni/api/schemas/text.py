@@ -19,6 +19,7 @@ from omni.api.schemas import (
     int_in,
     number_in,
 )
+from omni.api.schemas.response_format import ResponseFormat
 
 MAX_N = 16
 MAX_STOPS = 16
@@ -54,6 +55,8 @@ class SamplingFields(ModelRequest):
     stop_token_ids: checked(list[Annotated[int, Field(ge=0, strict=True)]],
                             "must be a list of token ids") | None = None
     ignore_eos: checked(StrictBool, "must be true or false") | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: the answer follows the schema")
 
     @model_validator(mode="after")
     def _min_within_max(self) -> SamplingFields:

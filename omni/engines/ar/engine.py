@@ -42,6 +42,7 @@ from omni.engines.ar.detokenizer import IncrementalDetokenizer
 from omni.engines.ar.encoder import PromptEncoder
 from omni.engines.ar.forward import eager_forward, graph_covers, prompt_embeds_inputs
 from omni.engines.ar.fused_projections import fuse_projections
+from omni.engines.ar.grammar import GrammarCompiler
 from omni.engines.ar.inputs import (
     encode_prompt,
     export_layers,
@@ -114,6 +115,8 @@ class AREngine(Engine):
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
+        self.grammars = GrammarCompiler(self.lm.tokenizer, self.lm.vocab_size,
+                                        self.lm.eos_token_ids)  # json_schema requests
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
         # alive until the next GC pass (a second engine in one process sizes its cache then)
         # emit a step's outputs while the GPU runs the next one (steps.py); on a CPU the
@@ -193,8 +196,9 @@ class AREngine(Engine):
             raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
-        state = SequenceState(params, SequenceSampler(params, penalized, self.lm.device),
-                              IncrementalDetokenizer(self.lm.tokenizer, params.stop),
+        sampler = SequenceSampler(params, penalized, self.lm.device,
+                                  self.grammars.matcher(params.json_schema))
+        state = SequenceState(params, sampler, IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                               stream_from=producer, session=session)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
                        media=media)
@@ -239,7 +243,8 @@ class AREngine(Engine):
         if not seq.prompt:
             raise ValueError("the stream ended without any prompt")
         seq.input_open = False
-        state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device)
+        state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device,
+                                        self.grammars.matcher(state.params.json_schema))
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
         """A request still encoding its media is held from the next limit sent (lead.py)."""

@@ -6,6 +6,9 @@ repetition penalty (HF: prompt + generated tokens) -> presence/frequency penalty
 generated tokens only) -> min_tokens (eos and stop_token_ids masked) -> greedy argmax at
 temperature 0, else temperature -> top_k -> top_p -> min_p -> sample from the softmax.
 
+A request with a JSON schema (grammar.py) has its row masked to what the grammar allows
+first, before the penalties (its min_tokens rule then yields to the grammar).
+
 Logprobs describe the model's own distribution: log_softmax of the raw logits, before any
 penalty or temperature (vLLM's default), so they do not depend on the sampling params.
 """
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from omni.engines.ar.grammar import RowGrammar, apply_grammars
 
 MAX_STOPS = 16
 MAX_LOGPROBS = 20
@@ -61,6 +66,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives returned besides the sampled token
+    json_schema: str | None = None  # structured output: the schema's JSON text (grammar.py)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -82,6 +88,9 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.json_schema is not None and (not isinstance(self.json_schema, str)
+                                             or not self.json_schema):
+            raise ValueError(f"json_schema must be a schema's JSON text, got {self.json_schema!r}")
 
     def _set_floats(self) -> None:
         checks = {
@@ -119,8 +128,9 @@ class SequenceSampler:
     """Per-request sampling state: the seeded generator and what the penalties need."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Iterable[int] = (),
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, grammar: RowGrammar | None = None):
         self.params = params
+        self.grammar = grammar  # the matcher of params.json_schema (the engine builds it)
         self.num_generated = 0
         self.counts: dict[int, int] = {}  # generated token -> count (presence/frequency)
         self._generator: torch.Generator | None = None
@@ -151,6 +161,8 @@ class SequenceSampler:
         token_id = int(token_id)
         self.num_generated += 1
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if self.params.repetition_penalty != 1.0 and token_id not in self._seen:
             self._seen.add(token_id)
             self._new_seen.append(token_id)
@@ -220,7 +232,7 @@ def _apply_min_tokens(logits: torch.Tensor, seqs: Sequence[SequenceSampler],
                       eos_ids: Iterable[int]) -> None:
     eos = [int(e) for e in eos_ids]
     for i, s in enumerate(seqs):
-        if s.num_generated < s.params.min_tokens:
+        if s.num_generated < s.params.min_tokens and s.grammar is None:
             banned = [t for t in (*eos, *s.params.stop_token_ids) if t < logits.shape[1]]
             if banned:
                 logits[i, banned] = _NEG_INF
@@ -276,6 +288,7 @@ def processed_logits(logits: torch.Tensor, seqs: Sequence[SequenceSampler],
         raise ValueError(f"logits must be (B, V) with B = {len(seqs)}, got {tuple(logits.shape)}")
     out = logits.float()
     out = out.clone() if out is logits else out
+    apply_grammars(out, [s.grammar for s in seqs])
     _apply_repetition(out, seqs)
     _apply_presence_frequency(out, seqs)
     _apply_min_tokens(out, seqs, eos_ids)
@@ -327,7 +340,7 @@ def plain_greedy(s: SequenceSampler) -> bool:
     p = s.params
     return (p.greedy and p.logprobs is None and p.repetition_penalty == 1.0
             and not p.presence_penalty and not p.frequency_penalty
-            and s.num_generated >= p.min_tokens)
+            and s.num_generated >= p.min_tokens and s.grammar is None)
 
 
 def sample(logits: torch.Tensor, seqs: Sequence[SequenceSampler],

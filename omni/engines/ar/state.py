@@ -81,6 +81,9 @@ def finish_reason(seq: Sequence, token: int, eos_ids: set[int],
     if n >= p.min_tokens and (token in p.stop_token_ids or (
             not p.ignore_eos and token in eos_ids)):
         return "stop"
+    grammar = seq.state.sampler.grammar
+    if grammar is not None and grammar.done:  # the value is complete: nothing may follow
+        return "stop"
     if n >= p.max_tokens:
         return "length"
     if max_positions is not None and len(seq.prompt) + n >= max_positions:

@@ -202,6 +202,9 @@ class VLLMEngine(Engine):
     def _sampling(self, p: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmParams
         from vllm.sampling_params import RequestOutputKind
+        if p.json_schema is not None:  # refused, not answered as free text
+            raise ValueError("response_format json_object / json_schema is served by the "
+                             "ar engine; this stage runs vllm")
 
         return VllmParams(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or 0, min_p=p.min_p,
