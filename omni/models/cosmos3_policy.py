@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+import omni.models.diffusion as common
 from omni.engines.base import EngineLoadError, PolicyJob
-from omni.models import diffusion as common
 from omni.models.cosmos3_world import FPS, Cosmos3WorldDenoiser, _pil, build_cosmos3_world
 from omni.models.policy_inputs import ObservationLayout, prompt_text
 from omni.wire.arrays import unpack_tree

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+import omni.models.diffusion as common
 from omni.engines.base import DenoiseJob, EngineLoadError
-from omni.models import diffusion as common
 from omni.wire.arrays import unpack_tree
 
 PIPELINE = "Cosmos3OmniPipeline"

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+import omni.models.diffusion as common
 from omni.engines.base import DenoiseJob
-from omni.models import diffusion as common
 
 T2I, EDIT = "QwenImagePipeline", "QwenImageEditPipeline"
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+import omni.models.diffusion as common
 from omni.engines.base import DenoiseJob, EngineLoadError
-from omni.models import diffusion as common
 
 T2V, I2V = "WanPipeline", "WanImageToVideoPipeline"
 

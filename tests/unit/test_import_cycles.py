@@ -10,8 +10,10 @@ the failure names every module of each cycle and the import lines inside it.
 
 What an edge points at:
 
-- ``import a.b.c`` and ``from a.b import c`` where ``a.b.c`` is a module: an edge to
-  ``a.b.c``;
+- ``import a.b.c`` where ``a.b.c`` is a module: an edge to ``a.b.c``;
+- ``from a.b import c`` where ``a.b.c`` is a module: edges to ``a.b.c`` and to ``a.b``
+  (the statement names the package; a submodule of ``a.b`` that does this while
+  ``a.b``'s __init__ imports that submodule is a cycle: write ``import a.b.c as c``);
 - ``from pkg import name`` where ``name`` is not a submodule (a class, a function, a
   re-export): an edge to ``pkg``, the package's ``__init__.py``, since that is the code
   that must run to hand ``name`` over. So a package whose ``__init__`` re-exports a
@@ -25,6 +27,7 @@ What an edge points at:
 
 from __future__ import annotations
 
+import ast
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,7 +46,29 @@ def import_graph(root: Path, package: str = PACKAGE) -> Graph:
         if target is not None:
             source = _module_name(root, root / imp.file)[0]
             graph[source][target].append(f"{imp.file}:{imp.line}")
+    for source, target, where in _from_package_imports(root, package, known):
+        graph[source][target].append(where)
     return graph
+
+
+def _from_package_imports(root: Path, package: str, known: set[str]):
+    """``from pkg import sub``: the statement names ``pkg`` as what it imports from, so
+    it is an edge to ``pkg``'s __init__ as well as to ``pkg.sub`` (write ``import
+    pkg.sub as sub`` to depend on the submodule alone)."""
+    for path in _source_files(root, package):
+        source, is_package = _module_name(root, path)
+        here = source if is_package else source.rpartition(".")[0]
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = here.split(".")
+                base = ".".join([*parts[:len(parts) - node.level + 1], *filter(None, [base])])
+            if base in known and base != source and any(
+                    f"{base}.{alias.name}" in known for alias in node.names):
+                yield source, base, f"{rel}:{node.lineno}"
 
 
 def _nearest_module(name: str, known: set[str]) -> str | None:
@@ -167,6 +192,10 @@ def _cyclic_tree(root: Path) -> None:
            "import importlib\n"
            "class C: ...\n"
            "A = importlib.import_module('omni.high.a')\n")
+    # a package whose __init__ imports a submodule that takes a sibling `from` the package
+    _write(root, "omni/side/__init__.py", "from omni.side.conn import Conn\n")
+    _write(root, "omni/side/helper.py", "")
+    _write(root, "omni/side/conn.py", "from omni.side import helper\nclass Conn: ...\n")
     # a package re-exporting a submodule that imports a name from the package
     _write(root, "omni/pkg/__init__.py", "from omni.pkg.sub import Sub\nNAME = 1\n")
     _write(root, "omni/pkg/sub.py", "from omni.pkg import NAME\nclass Sub: ...\n")
@@ -178,7 +207,8 @@ def test_checker_accepts_a_clean_synthetic_tree(tmp_path):
     _clean_tree(tmp_path)
     graph = import_graph(tmp_path)
     assert cycles(graph) == []
-    assert set(graph["omni.high.app"]) == {"omni.low.base", "omni.low.util"}
+    # `from omni.low import base, util` names omni.low too (its __init__ runs)
+    assert set(graph["omni.high.app"]) == {"omni.low", "omni.low.base", "omni.low.util"}
     assert set(graph["omni.reexp"]) == {"omni.reexp.one", "omni.reexp.two"}
 
 
@@ -187,7 +217,8 @@ def test_checker_finds_each_kind_of_cycle(tmp_path):
     graph = import_graph(tmp_path)
     assert cycles(graph) == [["omni.high.a", "omni.high.b", "omni.high.c"],
                              ["omni.low.selfish"],
-                             ["omni.pkg", "omni.pkg.sub"]]
+                             ["omni.pkg", "omni.pkg.sub"],
+                             ["omni.side", "omni.side.conn"]]
     message = describe(graph, ["omni.pkg", "omni.pkg.sub"])
     assert message.splitlines() == [
         "cycle of 2: omni.pkg, omni.pkg.sub",

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from omni.api.realtime import audio_input
+import omni.api.realtime.audio_input as audio_input
 from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
 from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id, user_item
 from omni.api.realtime.response import Response, spec_from

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni.api.realtime import audio_input
+import omni.api.realtime.audio_input as audio_input
 from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
 from omni.api.realtime.connection import HANDLERS, RealtimeConnection
 from omni.api.state import ModelRegistry, ServedModel

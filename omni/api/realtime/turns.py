@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from omni.api.realtime import audio_input
+import omni.api.realtime.audio_input as audio_input
 from omni.api.realtime.config import ClientError, ConfigError, SessionConfig
 from omni.api.realtime.items import new_id
 from omni.api.realtime.response import Response

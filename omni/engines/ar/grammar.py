@@ -4,9 +4,9 @@ omni/api/schemas/response_format.py).
 
 The library is llguidance (not xgrammar). bench/probes/grammar_mask.py walked 8
 constrained rows through a 7-field schema's answer on a 2-core CPU: xgrammar filled the
-8 rows' bitmasks faster (a median 0.012 ms per step against 0.092 ms on SmolLM2's 49k
-vocabulary; 0.007 vs 0.079 ms on the tiny Qwen3 fixture's), both well under a decode
-step. But xgrammar 0.2.9 let a random model put raw control characters (U+000F) into a
+8 rows' bitmasks faster (a median 0.012 ms per step against 0.092 ms with a 49k-token
+vocabulary; 0.007 vs 0.079 ms with a 1k one; bench/results/structured.md), both well
+under a decode step. But xgrammar 0.2.9 let a random model put raw control characters (U+000F) into a
 string with a maxLength (its bounded-string rule excludes only the quote, the
 backslash, CR and LF), which is not JSON:
 json.loads refused the answer. llguidance refused the same token. Correct output first.

@@ -70,7 +70,7 @@ def _setup_logging(spec: EngineSpec) -> _TailHandler:
 
 def _thread_lock_for_tqdm() -> None:
     """tqdm takes a multiprocessing lock for its first bar, even a disabled one
-    (faster-whisper makes one per transcription). In a process forked from the fork server
+    (a model library may make one per request). In a process forked from the fork server
     that lock is a named semaphore registered with the resource tracker, and an engine ends
     with os._exit, so the tracker reported it as leaked when the server stopped. Bars of
     one engine are written by its own threads only: a thread lock is all they need."""
