@@ -15,6 +15,17 @@ from voiceutil import QUESTION, b64, events_until, events_until_any, quiet_for, 
 TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
 
 
+async def transcribe_through_sdk(conn, pcm: bytes) -> list:
+    """Send ``pcm`` in 1-second appends through the SDK's connection; the events until
+    the turn's transcription completed."""
+    for offset in range(0, len(pcm), 48_000):
+        await conn.input_audio_buffer.append(audio=b64(pcm[offset:offset + 48_000]))
+    events = []
+    while not events or events[-1].type != TRANSCRIBED:
+        events.append(await conn.recv())
+    return events
+
+
 def semantic(eagerness: str, **more) -> dict:
     return {"type": "realtime", "output_modalities": ["text"], "audio": {"input": {
         "turn_detection": {"type": "semantic_vad", "eagerness": eagerness, **more}}}}
@@ -108,11 +119,7 @@ def test_ga_sdk_transcription_session_with_semantic_vad(voice_server, speech):
             assert turns.type == "semantic_vad" and turns.eagerness == "high"
             assert turns.create_response is False  # a transcription session never answers
             pcm = silence(0.5) + speech[QUESTION] + silence(1.0)
-            for offset in range(0, len(pcm), 48_000):
-                await conn.input_audio_buffer.append(audio=b64(pcm[offset:offset + 48_000]))
-            events = []
-            while not events or events[-1].type != TRANSCRIBED:
-                events.append(await conn.recv())
+            events = await transcribe_through_sdk(conn, pcm)
             kinds = [e.type for e in events]
             assert kinds.index("input_audio_buffer.speech_started") \
                 < kinds.index("input_audio_buffer.speech_stopped") \
@@ -217,11 +224,7 @@ def test_beta_sdk_transcription_session(voice_server, speech):
             assert updated.type == "transcription_session.updated", updated
             assert updated.session.turn_detection.silence_duration_ms == 800
             pcm = silence(0.5) + speech[QUESTION] + silence(1.5)
-            for offset in range(0, len(pcm), 48_000):
-                await conn.input_audio_buffer.append(audio=b64(pcm[offset:offset + 48_000]))
-            events = []
-            while not events or events[-1].type != TRANSCRIBED:
-                events.append(await conn.recv())
+            events = await transcribe_through_sdk(conn, pcm)
             kinds = [e.type for e in events]
             assert "input_audio_buffer.speech_stopped" in kinds
             assert "conversation.item.input_audio_transcription.delta" in kinds

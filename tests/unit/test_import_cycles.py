@@ -32,7 +32,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from test_import_boundaries import PACKAGE, REPO_ROOT, _module_name, _source_files, collect_imports
+from test_import_boundaries import (
+    PACKAGE,
+    REPO_ROOT,
+    _module_name,
+    _source_files,
+    _write,
+    collect_imports,
+)
 
 Graph = dict[str, dict[str, list[str]]]  # module -> imported module -> ["file:line", ...]
 
@@ -151,12 +158,6 @@ def test_omni_has_no_import_cycles(real_graph):
 
 
 # ---------------------------------------------------------- the checker on a synthetic tree
-
-def _write(root: Path, rel: str, text: str = "") -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
 
 def _clean_tree(root: Path) -> None:
     for pkg in ("omni", "omni/low", "omni/high", "omni/reexp"):
