@@ -35,6 +35,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise APIError(400, "'response_format' json_object / json_schema is for text "
                            "answers; a spoken answer (modalities with \"audio\") is free "
                            "text", param="response_format")
+        if req.tools and req.tool_choice != "none":
+            raise APIError(400, "tool calls are answered in text; ask for modalities "
+                           "[\"text\"] (or use /v1/realtime, whose voice answers call tools)",
+                           param="tools")
         return await chat_with_audio(request, body, req)
     return await respond(TextCall(request, body, req))
 

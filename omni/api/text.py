@@ -25,6 +25,7 @@ from omni.api.schemas.response_format import check_response_format
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.state import MODELS_KEY, ServedModel
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
+from omni.api.tools import CallStream, ToolPlan, check_tool_history, plan_tools
 
 
 @dataclass
@@ -37,6 +38,14 @@ class TextResult:
     cached_tokens: int = 0  # prompt tokens the engine did not recompute (prefix cache, session KV)
     completion_tokens: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    calls: CallStream | None = None  # the answer read for tool calls (omni/api/tools.py)
+
+    @property
+    def reason(self) -> str:
+        """The finish reason a client sees: "tool_calls" when the answer made calls."""
+        if self.calls is not None and self.calls.ids and self.finish_reason == "stop":
+            return "tool_calls"
+        return self.finish_reason
 
     def add(self, data: dict[str, Any]) -> str:
         delta = data.get("text", "") or ""
@@ -122,6 +131,21 @@ class TextCall:
         self.client_request_id = request.headers.get("X-Request-Id") or self.id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.tools: ToolPlan | None = None
+
+    async def plan_tools(self) -> None:
+        """The request's tools into the engine's inputs and params (omni/api/tools.py)."""
+        req = self.req
+        check_tool_history(self.body["messages"])
+        if req.tools is None and req.tool_choice is None:
+            return
+        self.tools = await plan_tools(
+            self.model, [t.function for t in req.tools or ()], req.tool_choice,
+            req.parallel_tool_calls, lambda i: f"tools[{i}].function.parameters")
+        if self.tools.grammar is not None and "json_schema" in self.sampling:
+            raise APIError(400, "'response_format' json_schema and a required tool call "
+                           "cannot both shape one answer", param="tool_choice")
+        self.tools.apply(self.inputs, self.sampling)
 
     def stream(self, index: int) -> Any:
         params = dict(self.sampling)
@@ -137,13 +161,22 @@ class TextCall:
             return None
         return _chat_logprobs(entries) if self.chat else _completion_logprobs(entries, offset)
 
+    def new_result(self) -> TextResult:
+        reads_calls = self.tools is not None and self.tools.reads_calls
+        return TextResult(calls=CallStream() if reads_calls else None)
+
     def choice(self, index: int, result: TextResult) -> dict[str, Any]:
-        base = {"index": index, "finish_reason": result.finish_reason,
+        base = {"index": index, "finish_reason": result.reason,
                 "logprobs": self._logprobs(result.logprobs, 0)}
-        if self.chat:
-            return {**base, "message": {"role": "assistant", "content": result.text,
-                                        "refusal": None}}
-        return {**base, "text": result.text}
+        if not self.chat:
+            return {**base, "text": result.text}
+        message = {"role": "assistant", "content": result.text, "refusal": None}
+        if result.calls is not None and result.calls.ids:
+            message["content"] = result.calls.content.strip() or None
+            message["tool_calls"] = result.calls.tool_calls
+        elif result.calls is not None:
+            message["content"] = result.calls.content
+        return {**base, "message": message}
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model.id,
@@ -160,13 +193,20 @@ class TextCall:
             delta["content"] = text
         return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
 
+    def tool_call_choice(self, index: int, tool_call: dict[str, Any]) -> dict[str, Any]:
+        return {"index": index, "delta": {"tool_calls": [tool_call]}, "finish_reason": None,
+                "logprobs": None}
+
 
 async def _collect(call: TextCall, index: int) -> TextResult:
-    result = TextResult()
+    result = call.new_result()
     async with contextlib.aclosing(call.stream(index)) as outputs:
         async for out in outputs:
             if out.data is not None and out.modality == "text":
                 result.add(out.data)
+    if result.calls is not None:
+        result.calls.feed(result.text)
+        result.calls.finish()
     return result
 
 
@@ -234,7 +274,7 @@ async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResp
             payload.setdefault("usage", None)
         await response.write(sse_data(payload))
 
-    results = [TextResult() for _ in range(call.n)]
+    results = [call.new_result() for _ in range(call.n)]
     open_choices, pending = set(range(call.n)), first
     try:
         for i in range(call.n):
@@ -246,13 +286,17 @@ async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResp
                 raise item
             if item is None:
                 open_choices.discard(index)
+                if results[index].calls is not None:
+                    await _send_parts(call, index, results[index].calls.finish(), send)
                 await send(call.envelope(chunk_object, [call.delta_choice(
-                    index, None, results[index].finish_reason, False)]))
+                    index, None, results[index].reason, False)]))
             elif item.data is not None and item.modality == "text":
                 offset = len(results[index].text)
                 delta = results[index].add(item.data)
                 entries = item.data.get("logprobs")
-                if delta or entries:
+                if results[index].calls is not None:
+                    await _send_parts(call, index, results[index].calls.feed(delta), send)
+                elif delta or entries:
                     await send(call.envelope(chunk_object, [call.delta_choice(
                         index, delta, None, False, entries, offset)]))
         if include_usage:
@@ -262,6 +306,18 @@ async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResp
         raise  # the client left; closing the merge aborts every choice
     except Exception as exc:
         await response.write(sse_error_event(exc))
+
+
+async def _send_parts(call: TextCall, index: int, parts: list[dict[str, Any]],
+                      send: Any) -> None:
+    """A tool-reading answer's content and call fragments, each as a chunk (logprobs
+    are not given beside tool calls)."""
+    for part in parts:
+        if "content" in part:
+            choice = call.delta_choice(index, part["content"], None, False)
+        else:
+            choice = call.tool_call_choice(index, part["tool_call"])
+        await send(call.envelope("chat.completion.chunk", [choice]))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -274,6 +330,8 @@ async def respond(call: TextCall) -> web.StreamResponse:
     schema = await check_response_format(call.req.response_format)
     if schema is not None:  # structured output (omni/engines/ar/grammar.py)
         call.sampling["json_schema"] = schema
+    if call.chat:
+        await call.plan_tools()
     return await (_stream(call) if call.req.stream else _complete(call))
 
 

@@ -22,6 +22,7 @@ from omni.models.causal_lm import (
     eos_ids,
     sampling_defaults,
 )
+from omni.models.tool_calls import hermes_messages, template_knows_tools
 
 
 def _check_dir(path: Path) -> None:
@@ -130,9 +131,13 @@ def _content_text(content: Any) -> str:
     raise ValueError(f"message content must be a string or a list of text parts, got {content!r}")
 
 
-def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]]) -> list[int]:
-    """Token ids of `messages` rendered with the directory's chat template + generation prompt."""
-    if not getattr(tokenizer, "chat_template", None):
+def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
+                        tools: list[Mapping[str, Any]] | None = None) -> list[int]:
+    """Token ids of `messages` rendered with the directory's chat template + generation
+    prompt; ``tools`` (OpenAI function tools) written in the family's format
+    (omni/models/tool_calls.py)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise ValueError("this model directory has no chat template; send a prompt instead")
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
@@ -140,9 +145,31 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]]) -> list[in
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
-        norm.append({**m, "content": _content_text(m.get("content", ""))})
+        content = m.get("content")  # None beside an assistant's tool_calls
+        norm.append({**m, "content": "" if content is None else _content_text(content)})
+        if m.get("tool_calls"):
+            norm[-1]["tool_calls"] = [_decoded_arguments(c) for c in m["tool_calls"]]
+    functions = [t["function"] for t in tools or ()]
+    uses_calls = functions or any(m.get("tool_calls") or m["role"] == "tool" for m in norm)
+    extra: dict[str, Any] = {}
+    if uses_calls and template_knows_tools(template):
+        extra["tools"] = list(tools or ()) or None
+    elif uses_calls:
+        norm = hermes_messages(norm, functions)
     ids = tokenizer.apply_chat_template(norm, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+                                        return_dict=False, **extra)
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
     return [int(i) for i in ids]
+
+
+def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A past call with its ``arguments`` JSON text as an object: templates write them
+    with ``tojson`` (Qwen2.5's whatever the type; Qwen3's unless a string)."""
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # written as sent
+    return {**call, "function": function}

@@ -12,6 +12,7 @@ import torch
 
 from omni.engines.ar import grammar
 from omni.engines.ar.engine import AREngine
+from omni.engines.ar.sampling import SamplingParams
 from omni.engines.base import EngineRequest
 from omni.fixtures import build_tiny_qwen3
 
@@ -98,7 +99,7 @@ def test_template_cache_is_bounded(engine, monkeypatch):
     monkeypatch.setattr(grammar, "MAX_COMPILED", 3)
     compiler = engine.grammars
     for n in range(6):
-        compiler.matcher(json.dumps({"type": "integer", "maximum": n}))
+        compiler.matcher(SamplingParams(json_schema=json.dumps({"type": "integer", "maximum": n})))
     assert len(compiler._templates) == 3
 
 

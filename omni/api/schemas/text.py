@@ -20,6 +20,7 @@ from omni.api.schemas import (
     number_in,
 )
 from omni.api.schemas.response_format import ResponseFormat
+from omni.api.schemas.tools import ChatTools, PastToolCall, ToolChoice
 
 MAX_N = 16
 MAX_STOPS = 16
@@ -118,12 +119,17 @@ class ChatMessage(RequestModel):
     content: checked(StrictStr | list[ContentPart],
                      "must be a string or a list of content parts") | None = None
     audio: ChatAudioRef | None = Field(None, description="an earlier spoken answer, by id")
+    tool_calls: list[PastToolCall] | None = Field(None, description="an assistant's calls")
+    tool_call_id: StrictStr | None = Field(None, description="a tool message's call")
 
     @model_validator(mode="after")
     def _has_content(self) -> ChatMessage:
-        if self.content is None and self.audio is None:
+        if self.content is None and self.audio is None and not self.tool_calls:
             raise cross_field("content", "a message needs a 'content' (or, for an earlier "
                               "spoken answer, 'audio': {\"id\": ...})")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise cross_field("tool_call_id", "a 'tool' message needs the 'tool_call_id' "
+                              "of the call it answers")
         return self
 
 
@@ -145,6 +151,9 @@ class ChatCompletionRequest(SamplingFields):
     audio: ChatAudio | None = Field(None, description="voice and format of a spoken answer")
     audio_transcript_in_content: StrictBool | None = None
     use_audio_in_video: checked(StrictBool, "must be true or false") | None = None
+    tools: ChatTools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: checked(StrictBool, "must be true or false") | None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:

@@ -73,6 +73,7 @@ from omni.engines.base import (
     failed_output,
 )
 from omni.models.hf_causal import load_causal_lm
+from omni.models.tool_calls import tool_format
 
 log = logging.getLogger("omni.engines.ar.engine")
 
@@ -197,7 +198,7 @@ class AREngine(Engine):
                              f"{capacity}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         sampler = SequenceSampler(params, penalized, self.lm.device,
-                                  self.grammars.matcher(params.json_schema))
+                                  self.grammars.matcher(params))
         state = SequenceState(params, sampler, IncrementalDetokenizer(self.lm.tokenizer, params.stop),
                               stream_from=producer, session=session)
         seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
@@ -244,7 +245,7 @@ class AREngine(Engine):
             raise ValueError("the stream ended without any prompt")
         seq.input_open = False
         state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device,
-                                        self.grammars.matcher(state.params.json_schema))
+                                        self.grammars.matcher(state.params))
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
         """A request still encoding its media is held from the next limit sent (lead.py)."""
@@ -274,7 +275,16 @@ class AREngine(Engine):
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
+                "tool_format": self._tool_format(),
                 **(self.lm.media.info() if self.lm.media else {})}
+
+    def _tool_format(self) -> str | None:
+        """The family's tool-call format (omni/models/tool_calls.py); prompts with media
+        are written by the family's encoder, which takes no tools yet."""
+        if self.lm.media:
+            return None
+        return tool_format(getattr(self.lm.config, "model_type", None),
+                           getattr(self.lm.tokenizer, "chat_template", None))
 
     def stats(self) -> dict[str, Any]:
         pool = self.cache.pool

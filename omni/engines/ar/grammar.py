@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-MAX_COMPILED = 64  # template matchers kept per engine, by schema text
+MAX_COMPILED = 64  # template matchers kept per engine, by schema / grammar text
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # the JSON the grammar emits: one line, OpenAI's separators (no whitespace for a random
 # or small model to loop in)
@@ -48,16 +48,6 @@ def schema_grammar(schema: str) -> str:
                                                          defaults=dict(JSON_OPTIONS))
 
 
-def schema_problem(schema: str) -> str | None:
-    """What llguidance refuses in a schema (its message names the feature), or None."""
-    import llguidance
-    try:
-        error = llguidance.LLMatcher.validate_grammar(schema_grammar(schema))
-    except ValueError as e:
-        return str(e)
-    return error or None
-
-
 class GrammarCompiler:
     """The engine's llguidance tokenizer (built on the first constrained request: about a
     second for a large vocabulary) and a template matcher per schema."""
@@ -66,34 +56,40 @@ class GrammarCompiler:
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._stop_ids = sorted({int(t) for t in stop_ids if int(t) < vocab_size})
         self._lltok: Any = None
-        self._templates: OrderedDict[str, Any] = OrderedDict()
+        self._templates: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()  # the media encoder's thread also admits requests
 
-    def matcher(self, schema: str | None) -> RowGrammar | None:
-        """A fresh matcher for a request's schema text; None: unconstrained. A schema the
-        library refuses is a ValueError naming what it refused."""
-        if schema is None:
+    def matcher(self, params: Any) -> RowGrammar | None:
+        """A fresh matcher for a request's ``json_schema`` or ``grammar`` (Lark) param;
+        None: unconstrained. What the library refuses is a ValueError naming it."""
+        if params.json_schema is not None:
+            key = ("json_schema", params.json_schema)
+        elif params.grammar is not None:
+            key = ("grammar", params.grammar)
+        else:
             return None
         with self._lock:
-            template = self._templates.get(schema)
+            template = self._templates.get(key)
             if template is None:
-                template = self._template(schema)
-            self._templates.move_to_end(schema)
+                template = self._template(*key)
+            self._templates.move_to_end(key)
             return RowGrammar(template.deep_copy())
 
-    def _template(self, schema: str) -> Any:
+    def _template(self, kind: str, text: str) -> Any:
         import llguidance
         import llguidance.hf
         if self._lltok is None:
             self._lltok = llguidance.hf.from_tokenizer(
                 self._tokenizer, n_vocab=self._vocab_size, eos_token=self._stop_ids or None)
-        problem = schema_problem(schema)
+        grammar = (schema_grammar(text) if kind == "json_schema"
+                   else llguidance.LLMatcher.grammar_from_lark(text))
+        problem = llguidance.LLMatcher.validate_grammar(grammar)
         if problem:
-            raise ValueError(f"json_schema: {problem}")
-        template = llguidance.LLMatcher(self._lltok, schema_grammar(schema), log_level=0)
+            raise ValueError(f"{kind}: {problem}")
+        template = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
         if template.is_error():
-            raise ValueError(f"json_schema: {template.get_error()}")
-        self._templates[schema] = template
+            raise ValueError(f"{kind}: {template.get_error()}")
+        self._templates[(kind, text)] = template
         if len(self._templates) > MAX_COMPILED:
             self._templates.popitem(last=False)
         return template

@@ -28,7 +28,8 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
             raise ValueError(f"prompt_token_ids out of range [0, {vocab}): {bad[:5]}")
         ids = list(ids)
     elif "messages" in inputs:
-        ids = apply_chat_template(tok, with_transcripts(inputs["messages"], inputs))
+        ids = apply_chat_template(tok, with_transcripts(inputs["messages"], inputs),
+                                  inputs.get("tools"))
     elif "prompt" in inputs:
         if not isinstance(inputs["prompt"], str):
             raise ValueError("prompt must be a string")
@@ -47,12 +48,15 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     return [int(i) for i in ids]
 
 
+NOT_UPSTREAM = ("messages", "tools")  # inputs keys the request itself carries
+
+
 def with_transcripts(messages: Any, inputs: Mapping[str, Any]) -> Any:
     """The chat with each audio placeholder part (``{"type": "input_audio", "input_audio":
     {"transcript": i}}``, the front end's stand-in for a clip a speech stage upstream
     transcribed) replaced by a text part holding the i-th transcript: the text of the
     i-th chunk the upstream stage delivered (full delivery, in order)."""
-    texts = [c.get("text", "") for key, chunks in inputs.items() if key != "messages"
+    texts = [c.get("text", "") for key, chunks in inputs.items() if key not in NOT_UPSTREAM
              and isinstance(chunks, list) for c in chunks if isinstance(c, Mapping)]
     if not isinstance(messages, list):
         return messages

@@ -67,6 +67,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives returned besides the sampled token
     json_schema: str | None = None  # structured output: the schema's JSON text (grammar.py)
+    grammar: str | None = None  # or any grammar, in llguidance's Lark (tool calls: grammar.py)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1)
@@ -91,6 +92,9 @@ class SamplingParams:
         if self.json_schema is not None and (not isinstance(self.json_schema, str)
                                              or not self.json_schema):
             raise ValueError(f"json_schema must be a schema's JSON text, got {self.json_schema!r}")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar
+                                         or self.json_schema is not None):
+            raise ValueError("grammar must be a Lark grammar's text, and not beside json_schema")
 
     def _set_floats(self) -> None:
         checks = {
@@ -130,7 +134,7 @@ class SequenceSampler:
     def __init__(self, params: SamplingParams, prompt_ids: Iterable[int] = (),
                  device: torch.device | str | None = None, grammar: RowGrammar | None = None):
         self.params = params
-        self.grammar = grammar  # the matcher of params.json_schema (the engine builds it)
+        self.grammar = grammar  # the matcher of params.json_schema / .grammar (the engine's)
         self.num_generated = 0
         self.counts: dict[int, int] = {}  # generated token -> count (presence/frequency)
         self._generator: torch.Generator | None = None
