@@ -34,6 +34,11 @@
 #   bash scripts/gpu_run.sh pi0probe     # the same π0: tests/gpu/test_pi0_cuda.py, then
 #                                        # bench/probes/pi0_graphs.py (each pass eager vs
 #                                        # CUDA graphs, batch 1/8/32; a chunk's time)
+#   bash scripts/gpu_run.sh structured   # Qwen3-8B shape (151k vocab): json_schema / required
+#                                        # tool calls vs free decode, batch 8, in-process
+#                                        # (bench/probes/structured_decode.py) and through
+#                                        # `python -m omni.server` (structured_http.py), then
+#                                        # the per-step mask times (grammar_mask.py)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -47,7 +52,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,40p "$0"; exit 2 ;; esac
+case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,45p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -143,6 +148,20 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu --tb=short 2>&1 | tail -30
     timeout 60 python3 -m bench.decode_fill --device cuda --out "$OUT" 2>&1 | tail -6
+    ;;
+  structured)
+    only_model q8
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    say "model ready"
+    timeout 200 python3 bench/probes/structured_decode.py --device cuda --model /tmp/m/q8 \
+      --tokens 128 --rounds 3 2>&1 | tee "$OUT/structured-decode.log" | tail -8
+    say "in-process done"
+    timeout 200 python3 bench/probes/structured_http.py --model /tmp/m/q8 --tokens 128 \
+      --rounds 3 2>&1 | tee "$OUT/structured-http.log" | tail -11
+    say "http done"
+    timeout 100 python3 bench/probes/grammar_mask.py --device cuda --tokenizer /tmp/m/q8 2>&1 \
+      | tee "$OUT/grammar-mask.log" | tail -8
     ;;
   ar)
     only_model q8

@@ -45,9 +45,11 @@ ANSWER = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org",
           "status": "active", "score": 99.5}
 
 
-def tokenizers() -> dict[str, Path]:
+def tokenizers(extra: str | None) -> dict[str, Path]:
     from omni.fixtures.tiny_models import build_tiny_qwen3
     found = {"tiny-qwen3": build_tiny_qwen3(Path(tempfile.mkdtemp()) / "qwen3")}
+    if extra:  # e.g. a real-size random model's directory (scripts/build_random_model.py)
+        found[Path(extra).name] = Path(extra)
     smol = Path.home() / ".cache/omni/models/smollm2"
     if (smol / "tokenizer.json").exists():
         found["smollm2"] = smol
@@ -146,11 +148,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--tokenizer", default=None, help="another model directory's tokenizer")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
     dev = torch.device(args.device)
     text = json.dumps(ANSWER)  # both libraries default to ", " and ": " when not flexible
-    for name, path in tokenizers().items():
+    for name, path in tokenizers(args.tokenizer).items():
         tok = AutoTokenizer.from_pretrained(path)
         vocab = AutoConfig.from_pretrained(path).vocab_size
         ids = tok(text, add_special_tokens=False)["input_ids"]
