@@ -1,0 +1,117 @@
+"""The Hermes tool-call format (omni/models/tool_calls.py): the reader gives the same calls
+and content however the text is split into deltas; the prompt a ChatML template without
+tools gets; the call grammar."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from llguidance import LLMatcher
+
+from omni.api.tools import CallStream
+from omni.models.tool_calls import (
+    ToolCallReader,
+    call_grammar,
+    hermes_messages,
+    tool_format,
+)
+
+TWO_CALLS = ('Checking both.\n<tool_call>\n{"name": "get_weather", "arguments": '
+             '{"city": "Pa\\"ris}", "days": [1, {"x": 2}]}}\n</tool_call>\n<tool_call>\n'
+             '{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def read(pieces: list[str]) -> tuple[str, list[dict], list]:
+    reader, events = ToolCallReader(), []
+    for piece in pieces:
+        events += reader.feed(piece)
+    events += reader.finish()
+    content = "".join(e.content for e in events)
+    return content, reader.calls, events
+
+
+def splits(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(40, len(text) - 1))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_calls_are_the_same_however_the_text_is_split(seed):
+    content, calls, events = read(splits(TWO_CALLS, random.Random(seed)))
+    assert content == "Checking both.\n"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": 'Pa"ris}', "days": [1, {"x": 2}]}), ("get_time", {})]
+    # the arguments went out as written, fragment by fragment, after the call's name
+    per_call: dict[int, str] = {}
+    for event in events:
+        if event.index is not None:
+            assert (event.name is not None) == (event.index not in per_call)
+            per_call[event.index] = per_call.get(event.index, "") + event.arguments
+    assert [per_call[0], per_call[1]] == [c["arguments"] for c in calls]
+
+
+def test_every_single_character_split():
+    content, calls, _ = read(list(TWO_CALLS))
+    assert content == "Checking both.\n" and len(calls) == 2
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("no calls here, just <tool and text", "no calls here, just <tool and text", []),
+    ("ends with a tag start <tool_ca", "ends with a tag start <tool_ca", []),
+    ('<tool_call>\n{"arguments": {"a": 1}, "name": "late"}\n</tool_call>', "",
+     [("late", {"a": 1})]),  # name after the arguments: read when the call closes
+    ('<tool_call>\n{"name": "s", "arguments": "{\\"a\\": 1}"}\n</tool_call>', "",
+     [("s", {"a": 1})]),  # arguments as a JSON string, as some models write them
+    ("<tool_call>\nnot json\n</tool_call>", "<tool_call>\nnot json\n</tool_call>", []),
+    ('<tool_call>\n{"name": "cut", "arguments": {"a": ', "", [("cut", None)]),
+])
+def test_edge_cases(text, content, calls):
+    got_content, got_calls, _ = read([text[:7], text[7:]])
+    assert got_content == content
+    assert [(c["name"], json.loads(c["arguments"]) if calls and calls[0][1] is not None
+             else None) for c in got_calls] == calls
+
+
+def test_call_stream_shapes_chat_deltas():
+    stream = CallStream()
+    parts = [p for piece in splits(TWO_CALLS, random.Random(7)) for p in stream.feed(piece)]
+    parts += stream.finish()
+    deltas = [p["tool_call"] for p in parts if "tool_call" in p]
+    firsts = [d for d in deltas if "id" in d]
+    assert [d["function"]["name"] for d in firsts] == ["get_weather", "get_time"]
+    assert all(d["type"] == "function" and d["id"].startswith("call_") for d in firsts)
+    assert all("name" not in d["function"] and "id" not in d for d in deltas
+               if d not in firsts)
+    assert [d["index"] for d in deltas] == sorted(d["index"] for d in deltas)
+    whole = stream.tool_calls
+    assert [c["id"] for c in whole] == [d["id"] for d in firsts]
+    assert json.loads(whole[1]["function"]["arguments"]) == {}
+
+
+def test_hermes_prompt_for_a_template_without_tools():
+    tools = [{"name": "get_time", "parameters": {"type": "object"}}]
+    messages = hermes_messages([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "c2", "content": "13:00"}], tools)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[0]["content"].startswith("Be brief.\n\n# Tools")
+    assert json.dumps(tools[0]) in messages[0]["content"]
+    assert messages[2]["content"] == ('<tool_call>\n{"name": "get_time", "arguments": '
+                                      '{"zone": "utc"}}\n</tool_call>')
+    assert messages[3]["content"] == ("<tool_response>\n12:00\n</tool_response>\n"
+                                      "<tool_response>\n13:00\n</tool_response>")
+
+
+def test_call_grammar_is_valid_and_families_are_known():
+    grammar = call_grammar([{"name": "a", "parameters": {"type": "object"}},
+                            {"name": "b"}], parallel=True)
+    assert LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(grammar)) == ""
+    assert tool_format("qwen3", None) == "hermes"
+    assert tool_format("llama", "<|im_start|>{{ m }}") == "hermes"
+    assert tool_format("llama", "[INST] {{ m }}") is None
