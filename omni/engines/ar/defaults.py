@@ -16,6 +16,11 @@ from omni.engines.ar.sampling import SamplingParams
 from omni.engines.base import EngineLoadError
 
 SYSTEM_ROLES = ("system", "developer")  # OpenAI's newer name for the system message
+# an answer's length when neither the request, the pipeline nor the model sets one: long
+# enough for any answer a chat model gives (the context's end still stops it, "length"),
+# bounded so a model that never ends does not hold a slot for its whole context. (The
+# Python SamplingParams keeps vLLM's 16 for callers that build params themselves.)
+DEFAULT_MAX_TOKENS = 4096
 
 
 def model_defaults(model_dir: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,7 +34,7 @@ def model_defaults(model_dir: str, defaults: Mapping[str, Any]) -> dict[str, Any
 
 def request_sampling(defaults: Mapping[str, Any], params: Mapping[str, Any]) -> SamplingParams:
     """A request's sampling params: its own (None = unset) over the model's defaults."""
-    merged = dict(defaults)
+    merged = {"max_tokens": DEFAULT_MAX_TOKENS, **defaults}
     merged.update({k: v for k, v in params.items() if v is not None})
     return SamplingParams.from_dict(merged)
 
