@@ -205,6 +205,9 @@ class VLLMEngine(Engine):
         if p.json_schema is not None:  # refused, not answered as free text
             raise ValueError("response_format json_object / json_schema is served by the "
                              "ar engine; this stage runs vllm")
+        if p.grammar is not None:  # a certain tool call: the same
+            raise ValueError("tool_choice \"required\" or a named function is served by the "
+                             "ar engine; this stage runs vllm (tool_choice \"auto\" works)")
 
         return VllmParams(
             temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or 0, min_p=p.min_p,
