@@ -115,3 +115,33 @@ def test_call_grammar_is_valid_and_families_are_known():
     assert tool_format("qwen3", None) == "hermes"
     assert tool_format("llama", "<|im_start|>{{ m }}") == "hermes"
     assert tool_format("llama", "[INST] {{ m }}") is None
+
+
+# a template that writes tools itself (as Qwen2.5's and Qwen3's do): it gets `tools=` and
+# the calls' arguments as objects (templates write them with tojson)
+NATIVE_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTOOLS:{% for t in tools %}{{ t.function.name }};"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}CALL {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% endfor %}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n")
+
+
+def test_a_template_that_knows_tools_gets_them(tmp_path):
+    from transformers import AutoTokenizer
+
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.models.hf_causal import apply_chat_template
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("qwen3", tmp_path))
+    tok.chat_template = NATIVE_TEMPLATE
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    messages = [{"role": "user", "content": "time?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    text = tok.decode(apply_chat_template(tok, messages, tools))
+    assert "TOOLS:get_time;" in text
+    assert 'CALL get_time {"zone": "utc"}' in text  # an object, not a quoted string
+    assert "<|im_start|>tool\n12:00" in text
