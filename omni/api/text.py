@@ -143,8 +143,10 @@ class TextCall:
             self.model, [t.function for t in req.tools or ()], req.tool_choice,
             req.parallel_tool_calls, lambda i: f"tools[{i}].function.parameters")
         if self.tools.grammar is not None and "json_schema" in self.sampling:
-            raise APIError(400, "'response_format' json_schema and a required tool call "
-                           "cannot both shape one answer", param="tool_choice")
+            if self.tools.mode == "required":
+                raise APIError(400, "'response_format' json_schema and a required tool "
+                               "call cannot both shape one answer", param="tool_choice")
+            self.tools.grammar = None  # auto: the answer's schema wins; calls are read
         self.tools.apply(self.inputs, self.sampling)
 
     def stream(self, index: int) -> Any:

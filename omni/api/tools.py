@@ -4,10 +4,13 @@ checks that make a bad one a 400 naming the field, and the calls read back out o
 answer's text (`CallStream`).
 
 The format of the calls is the model family's (omni/models/tool_calls.py; the AR engine
-says which in its READY info). ``auto`` lets the model choose: its text is read for calls.
-``required`` and a named function are certain: the answer is constrained, token by token,
-to calls whose arguments follow each function's JSON schema (a Lark grammar the AR
-sampler applies, as response_format's). ``none`` leaves the tools out of the prompt.
+says which in its READY info). ``required`` and a named function are certain: the answer
+is constrained, token by token, to calls whose arguments follow each function's JSON
+schema (a Lark grammar the AR sampler applies, as response_format's). ``auto`` lets the
+model choose between text and calls, but a call it starts follows the schema too (the
+grammar's optional form). A stage that cannot constrain decoding (vllm) serves ``auto``
+unconstrained, its text read for calls, and refuses ``required``. ``none`` leaves the
+tools out of the prompt.
 """
 
 from __future__ import annotations
@@ -78,15 +81,23 @@ async def plan_tools(model: ServedModel, tools: Sequence[FunctionDef] | None, ch
                        param="tools")
     plan = ToolPlan(functions, "required" if mode == "named" else mode,
                     parallel is not False and named is None)
-    if plan.prompt_tools is not None and _tool_format(model) is None:
+    if plan.prompt_tools is None:
+        return plan
+    info = _text_stage_info(model)
+    if info.get("tool_format", "hermes") is None:
         raise APIError(400, f"model '{model.id}' has no tool-call format this server knows "
                        "(served: Hermes-style, for Qwen-family and ChatML models)",
                        param="tools")
     await asyncio.to_thread(_check_schemas, functions, [param_of(i) for i in range(
         len(functions))])
-    if plan.mode == "required":
-        chosen = [f for f in functions if named is None or f["name"] == named]
-        plan.grammar = call_grammar(chosen, plan.parallel)
+    if not info.get("constrained_decoding"):
+        if plan.mode == "required":
+            raise APIError(400, f"model '{model.id}' cannot make a call certain (its stage "
+                           "does not constrain decoding); use tool_choice \"auto\"",
+                           param="tool_choice")
+        return plan  # auto: the answer is read for calls, unconstrained
+    chosen = [f for f in functions if named is None or f["name"] == named]
+    plan.grammar = call_grammar(chosen, plan.parallel, optional=plan.mode == "auto")
     return plan
 
 
@@ -110,14 +121,15 @@ def _choice(choice: Any) -> tuple[str, str | None, set[str] | None]:
     raise APIError(400, "'tool_choice' is not one this server knows", param="tool_choice")
 
 
-def _tool_format(model: ServedModel) -> str | None:
-    """What the model's text stage said its tool format is; Hermes while no replica has
-    reported yet (all served families use it)."""
+def _text_stage_info(model: ServedModel) -> dict[str, Any]:
+    """What the model's text stage said when it loaded: its ``tool_format`` (absent: the
+    Hermes default all served families use) and whether it can ``constrained_decoding``
+    (the AR engine); {} while no replica has reported."""
     for stage in reversed(model.omni.pipeline.route(["text"]).stages):
         info = model.omni.stage_info(stage)
-        if "tool_format" in info:
-            return info["tool_format"]
-    return "hermes"
+        if info:
+            return info
+    return {}
 
 
 def _check_schemas(functions: list[dict[str, Any]], params: list[str]) -> None:

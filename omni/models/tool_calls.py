@@ -106,10 +106,15 @@ def _call_text(call: Mapping[str, Any]) -> str:
 
 # ---- the grammar of a certain call ------------------------------------------------------
 
-def call_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
+def call_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
+                 optional: bool = False) -> str:
     """The grammar (llguidance's Lark, with embedded JSON schemas) of an answer made of
-    tool calls only, one of ``tools`` each (``{"name", "parameters"}``); up to
-    MAX_PARALLEL_CALLS of them when ``parallel``."""
+    tool calls, one of ``tools`` each (``{"name", "parameters"}``); up to
+    MAX_PARALLEL_CALLS of them when ``parallel``. ``optional`` (tool_choice "auto"): free
+    text without calls, or text up to the first ``<tool_call>`` and then the calls, so the
+    model chooses, but a call it starts follows the schema. (Free text is one lexeme that
+    cannot hold the tag, PRE one that ends at its first: a lexeme ends as late as it can,
+    so free text that may still grow into the tag would swallow it.)"""
     options = [{"type": "object",
                 "properties": {"name": {"const": t["name"]},
                                "arguments": t.get("parameters") or {"type": "object"}},
@@ -117,10 +122,16 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool) -> str:
                for t in tools]
     schema = {**(options[0] if len(options) == 1 else {"anyOf": options}),
               "x-guidance": _JSON_STYLE}
-    more = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    return (f"start: call{more}\n"
-            f'call: "{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"\n'
-            f"body: %json {json.dumps(schema)}\n")
+    more = (f' ("\\n{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"){{0,{MAX_PARALLEL_CALLS - 1}}}'
+            if parallel else "")
+    first = f'"\\n" body "\\n{CALL_CLOSE}"'
+    if optional:
+        start = (f"start: FREE | PRE {first}{more}\n"
+                 f"FREE: /(.|\\n)*/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)*/\n"
+                 f"PRE: /(.|\\n)*{CALL_OPEN}/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)+/\n")
+    else:
+        start = f'start: "{CALL_OPEN}" {first}{more}\n'
+    return start + f"body: %json {json.dumps(schema)}\n"
 
 
 # ---- reading calls out of the model's text ----------------------------------------------

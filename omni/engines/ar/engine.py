@@ -275,7 +275,7 @@ class AREngine(Engine):
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
-                "tool_format": self._tool_format(),
+                "tool_format": self._tool_format(), "constrained_decoding": True,
                 **(self.lm.media.info() if self.lm.media else {})}
 
     def _tool_format(self) -> str | None:

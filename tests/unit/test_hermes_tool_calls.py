@@ -145,3 +145,31 @@ def test_a_template_that_knows_tools_gets_them(tmp_path):
     assert "TOOLS:get_time;" in text
     assert 'CALL get_time {"zone": "utc"}' in text  # an object, not a quoted string
     assert "<|im_start|>tool\n12:00" in text
+
+
+AUTO_TEXTS = {
+    "Hello there.": (True, False),  # (accepted by the auto grammar, by the required one)
+    '<tool_call>\n{"name": "f", "arguments": {"a": 3}}\n</tool_call>': (True, True),
+    ('Sure. <tool_call>\n{"name": "f", "arguments": {"a": 3}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "f", "arguments": {"a": 4}}\n</tool_call>'): (True, False),
+    'Sure <tool_call>\n{"name": "f", "arguments": {"a": "x"}}': (False, False),
+    '<tool_call>\n{"name": "g", "arguments": {"a": 3}}': (False, False),
+}
+
+
+@pytest.mark.parametrize("text", list(AUTO_TEXTS))
+def test_auto_grammar_lets_text_through_but_holds_calls_to_the_schema(text, tmp_path_factory):
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("qwen3", tmp_path_factory.mktemp("m")))
+    lltok = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}]
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for optional, expected in zip((True, False), AUTO_TEXTS[text], strict=True):
+        matcher = LLMatcher(lltok, LLMatcher.grammar_from_lark(
+            call_grammar(tools, parallel=optional, optional=optional)), log_level=0)
+        taken = all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+        assert taken == expected, (optional, text)
