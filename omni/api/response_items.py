@@ -49,10 +49,9 @@ def called_ids(messages: Iterable[dict[str, Any]]) -> set[str]:
     return {call["id"] for m in messages for call in m.get("tool_calls") or ()}
 
 
-def to_messages(items: str | list[Any] | None, called: set[str],
-                where: str = "input") -> Conversation:
-    """``items`` (a request's ``input``, or a response's ``output``) as chat messages;
-    ``called``: the ids of calls made before them (grows with the calls read here)."""
+def to_messages(items: str | list[Any] | None, called: set[str]) -> Conversation:
+    """A request's ``input`` as chat messages; ``called``: the ids of calls made before
+    it (grows with the calls read here)."""
     out = Conversation()
     if items is None:
         return out
@@ -61,11 +60,29 @@ def to_messages(items: str | list[Any] | None, called: set[str],
         out.sources.append(0)
         return out
     for i, raw in enumerate(items):
-        message = _item(raw, (where, i), called, out.messages[-1] if out.messages else None)
+        message = _item(raw, ("input", i), called, out.messages[-1] if out.messages else None)
         if message is not None:
             out.messages.append(message)
             out.sources.append(i)
     return out
+
+
+def output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's own output items as the assistant's messages, for the kept
+    conversation (not checked as input is: a call the model made up may have any name)."""
+    messages: list[dict[str, Any]] = []
+    for item in output:
+        if item["type"] == "message":
+            text = "".join(part["text"] for part in item["content"])
+            messages.append({"role": "assistant", "content": text})
+            continue
+        call = {"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        if messages:  # after the message (or the calls) before it, in the same turn
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    return messages
 
 
 def _item(raw: Any, loc: Loc, called: set[str],

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from omni.api.chat_media import prepare_media
 from omni.api.errors import APIError, from_exception, read_json
-from omni.api.response_items import Conversation, called_ids, to_messages
+from omni.api.response_items import Conversation, called_ids, output_messages, to_messages
 from omni.api.response_output import Event, OutputItems
 from omni.api.response_store import RESPONSES_KEY, TTL_S, ResponseStore
 from omni.api.schemas import parse
@@ -162,9 +162,9 @@ class ResponseRun:
     def keep(self, response: dict[str, Any]) -> None:
         """Kept for previous_response_id (store: true): the conversation to here."""
         if self.req.stores:
-            answer = to_messages(response["output"], set(), "output").messages
-            self.request.app[RESPONSES_KEY].put(
-                response, [*self.history, *self.conversation.messages, *answer])
+            self.request.app[RESPONSES_KEY].put(response, [
+                *self.history, *self.conversation.messages,
+                *output_messages(response["output"])])
 
 
 def _input_param(param: str | None, first: int, sources: list[int]) -> str | None:

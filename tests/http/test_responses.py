@@ -193,6 +193,13 @@ def test_store_previous_response_get_and_delete(main_server):
             second = await client.responses.create(model="streamy", input="next",
                                                    previous_response_id=first.id)
             assert second.previous_response_id == first.id and second.output_text == "next"
+            calls = await client.responses.create(model="streamy", input=CALLS_TEXT,
+                                                  tools=TOOLS)
+            call_id = calls.output[1].call_id  # answered in the next request alone
+            answered = await client.responses.create(
+                model="streamy", tools=TOOLS, previous_response_id=calls.id, input=[
+                    {"type": "function_call_output", "call_id": call_id, "output": "rain"}])
+            assert answered.output_text == "rain"
             await client.responses.delete(first.id)
             with pytest.raises(openai.NotFoundError):
                 await client.responses.retrieve(first.id)
@@ -257,6 +264,10 @@ def test_failure_after_the_stream_started(main_server):
         assert failed["response"]["status"] == "failed"
         assert "injected failure" in failed["response"]["error"]["message"]
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        status, error = await post(main_server, {"model": "fail", "stream": True,
+                                                 "input": "x"})
+        assert status == 500  # failed before its first output: a status, not a stream
+        assert_error_object(error, type_="server_error")
         async with main_server.client() as client:
             with pytest.raises(openai.APIError) as caught:
                 async with client.responses.stream(model="midfail", input="abc") as stream:

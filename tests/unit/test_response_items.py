@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from omni.api.errors import APIError
-from omni.api.response_items import called_ids, to_messages
+from omni.api.response_items import called_ids, output_messages, to_messages
 from omni.api.response_output import OutputItems
 from omni.api.response_store import ResponseStore
 
@@ -56,6 +56,22 @@ def test_a_string_is_one_user_message_and_calls_stand_alone():
     assert out.messages[1] == {"role": "assistant", "content": None,
                                "tool_calls": [{"id": "c1", "type": "function", "function": {
                                    "name": "get_time", "arguments": "{\"zone\": \"utc\"}"}}]}
+
+
+def test_a_responses_output_is_the_assistants_turn():
+    out = OutputItems()
+    out.parts([{"content": "Sure."}, {"tool_call": {
+        "index": 0, "id": "call_a", "function": {"name": "odd name!", "arguments": "{}"}}}])
+    out.finish("stop")
+    assert output_messages(out.items) == [{"role": "assistant", "content": "Sure.",
+                                           "tool_calls": [{"id": "call_a", "type": "function",
+                                                           "function": {"name": "odd name!",
+                                                                        "arguments": "{}"}}]}]
+    calls_only = OutputItems()
+    calls_only.parts([{"tool_call": {"index": 0, "id": "call_b",
+                                     "function": {"name": "f", "arguments": "{}"}}}])
+    calls_only.finish("stop")
+    assert output_messages(calls_only.items)[0]["content"] is None
 
 
 def test_an_output_may_answer_a_call_of_the_stored_conversation():
