@@ -21,6 +21,7 @@ from omni.api.schemas.media import (
     VideoForm,
     VideoRequest,
 )
+from omni.api.schemas.responses import ResponseCreateRequest
 from omni.api.schemas.speech import AUDIO_FORMATS, SpeechRequest
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.state import MODELS_KEY
@@ -125,6 +126,11 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/v1/chat/completions"): Route(
         "chat completion: text, spoken answers (modalities), or images from an image "
         "model", (ChatCompletionRequest,), ok=JSON_OR_SSE),
+    ("POST", "/v1/responses"): Route(
+        "a model response (OpenAI Responses API; SSE events with stream: true)",
+        (ResponseCreateRequest,), ok=JSON_OR_SSE),
+    ("GET", "/v1/responses/{response_id}"): Route("a kept response (store: true)"),
+    ("DELETE", "/v1/responses/{response_id}"): Route("forget a kept response"),
     ("POST", "/v1/audio/speech"): Route("text to speech (audio bytes, or SSE)",
                                         (SpeechRequest,), ok={**AUDIO, **SSE}),
     ("GET", "/v1/audio/voices"): Route("the voices of one model, or of every speaking one",

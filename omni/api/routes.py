@@ -10,6 +10,7 @@ from omni.api import (
     openapi,
     openpi,
     realtime,
+    responses,
     speech,
     system,
     text,
@@ -24,6 +25,7 @@ def add_routes(app: web.Application) -> None:
     system.add_routes(app)
     text.add_routes(app)
     chat.add_routes(app)
+    responses.add_routes(app)
     speech.add_routes(app)
     transcriptions.add_routes(app)
     realtime.add_routes(app)

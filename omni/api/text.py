@@ -109,10 +109,12 @@ class TextCall:
     """One text request: runs its choices, and shapes them for its endpoint. ``body`` is
     the raw JSON that ``req`` was validated from: chat messages go to the engine as sent
     (with the fields this server does not declare), after chat_media.py rewrote their
-    media parts in place."""
+    media parts in place. ``call_id``: the endpoint's own id (the Responses API's
+    ``resp_...``) instead of a chat or completion id."""
 
     def __init__(self, request: web.Request, body: dict[str, Any],
-                 req: ChatCompletionRequest | CompletionRequest) -> None:
+                 req: ChatCompletionRequest | CompletionRequest,
+                 call_id: str | None = None) -> None:
         chat = isinstance(req, ChatCompletionRequest)
         self.request, self.body, self.req, self.chat = request, body, req, chat
         self.model = _text_model(request, body)
@@ -127,7 +129,7 @@ class TextCall:
             self.sampling["logprobs"] = self.logprobs
         prefix = "chatcmpl" if chat else "cmpl"
         # our own id inside (a client's X-Request-Id need not be unique); theirs is echoed
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.id = call_id or f"{prefix}-{uuid.uuid4().hex}"
         self.client_request_id = request.headers.get("X-Request-Id") or self.id
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -139,15 +141,21 @@ class TextCall:
         check_tool_history(self.body["messages"])
         if req.tools is None and req.tool_choice is None:
             return
-        self.tools = await plan_tools(
+        self.use_tools(await plan_tools(
             self.model, [t.function for t in req.tools or ()], req.tool_choice,
-            req.parallel_tool_calls, lambda i: f"tools[{i}].function.parameters")
-        if self.tools.grammar is not None and "json_schema" in self.sampling:
-            if self.tools.mode == "required":
-                raise APIError(400, "'response_format' json_schema and a required tool "
+            req.parallel_tool_calls, lambda i: f"tools[{i}].function.parameters"))
+
+    def use_tools(self, plan: ToolPlan, format_field: str = "response_format") -> None:
+        """Run with ``plan`` (its tools in the prompt, its call grammar in the sampler);
+        set the answer's schema first: a required call and a schema cannot both apply
+        (with auto, the schema wins and the answer is still read for calls)."""
+        if plan.grammar is not None and "json_schema" in self.sampling:
+            if plan.mode == "required":
+                raise APIError(400, f"'{format_field}' json_schema and a required tool "
                                "call cannot both shape one answer", param="tool_choice")
-            self.tools.grammar = None  # auto: the answer's schema wins; calls are read
-        self.tools.apply(self.inputs, self.sampling)
+            plan.grammar = None
+        self.tools = plan
+        plan.apply(self.inputs, self.sampling)
 
     def stream(self, index: int) -> Any:
         params = dict(self.sampling)

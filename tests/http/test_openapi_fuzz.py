@@ -41,6 +41,7 @@ from omni.media.image import encode_image
 TEXT_MODELS = ["echo", "speech"]
 # body schema -> the served ids its operation takes ('model' is narrowed to them)
 MODELS_OF = {"CompletionRequest": TEXT_MODELS, "ChatCompletionRequest": TEXT_MODELS,
+             "ResponseCreateRequest": TEXT_MODELS,
              "SpeechRequest": TEXT_MODELS, "TranscriptionForm": ["whisper"],
              "ImageGenerationRequest": ["image"], "ImageEditForm": ["image_edit"],
              "VideoRequest": ["video"], "VideoForm": ["video"]}

@@ -90,9 +90,18 @@ def parse(model: type[Model], body: dict[str, Any]) -> Model:
         raise to_api_error(exc) from None
 
 
-def to_api_error(exc: ValidationError) -> APIError:
+def parse_at(model: type[Model], value: Any, loc: tuple[int | str, ...]) -> Model:
+    """``value``, found at ``loc`` of a body, validated as ``model``; a 400 naming the
+    field's whole path (``input[2].call_id``), for parts checked one by one."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise to_api_error(exc, loc) from None
+
+
+def to_api_error(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> APIError:
     error = exc.errors(include_url=False)[0]
-    param = field_path(error["loc"])
+    param = field_path((*prefix, *error["loc"]))
     if error["type"] == "omni_cross_field":  # nested: "messages[0]: ...", on messages[0].x
         where = f"{param}: " if param else ""
         param = ".".join(p for p in (param, error["ctx"]["param"]) if p)

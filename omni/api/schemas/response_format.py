@@ -22,8 +22,12 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'  # as omni/engines/ar/grammar.py's
 PARAM = "response_format"
 
 
+FormatName = Annotated[StrictStr, Field(min_length=1, max_length=64,
+                                        pattern=r"^[A-Za-z0-9_-]+$")]
+
+
 class JsonSchemaFormat(RequestModel):
-    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    name: FormatName
     description: StrictStr | None = None
     schema_: checked(dict[str, Any], "must be a JSON Schema object") | None = Field(
         None, alias="schema")
@@ -62,15 +66,18 @@ def _problem(schema: str) -> str | None:
     return error or None
 
 
-async def check_response_format(fmt: ResponseFormat | None) -> str | None:
-    """The request's schema text, once the grammar library takes it; else a 400."""
+async def check_response_format(fmt: ResponseFormat | None, param: str = PARAM,
+                                schema_field: str = "response_format.json_schema.schema",
+                                ) -> str | None:
+    """The request's schema text, once the grammar library takes it; else a 400 on
+    ``param`` (the Responses API's format is ``text.format``, its schema ``text.format.schema``)."""
     schema = fmt.schema_text() if fmt is not None else None
     if schema is None or schema == JSON_OBJECT_SCHEMA:
         return schema
     if len(schema) > MAX_SCHEMA_CHARS:
-        raise APIError(400, f"'response_format.json_schema.schema' is {len(schema)} characters "
-                       f"of JSON; at most {MAX_SCHEMA_CHARS} are taken", param=PARAM)
+        raise APIError(400, f"'{schema_field}' is {len(schema)} characters of JSON; at most "
+                       f"{MAX_SCHEMA_CHARS} are taken", param=param)
     problem = await asyncio.to_thread(_problem, schema)
     if problem:
-        raise APIError(400, f"'response_format' schema not supported: {problem}", param=PARAM)
+        raise APIError(400, f"'{param}' schema not supported: {problem}", param=param)
     return schema

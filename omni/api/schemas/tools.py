@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictStr, field_validator
+from pydantic import Field, StrictBool, StrictStr, field_validator, model_validator
 
-from omni.api.schemas import RequestModel, checked, choice
+from omni.api.schemas import RequestModel, checked, choice, cross_field
 
 MAX_TOOLS = 128
 FunctionName = checked(Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")],
@@ -46,6 +46,17 @@ class FlatFunctionTool(FunctionDef):
     type: StrictStr
 
     _only_functions = field_validator("type")(_function_only)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _type_first(cls, value: Any) -> Any:
+        """Another tool type (web_search, file_search...) is refused for its type, not
+        for the function fields it lacks."""
+        kind = value.get("type", "function") if isinstance(value, dict) else "function"
+        if isinstance(kind, str) and kind != "function":
+            raise cross_field("type", f"tool type {kind!r} is not served here; only "
+                              "'function' tools are")
+        return value
 
 
 class NamedFunction(RequestModel):

@@ -1,0 +1,86 @@
+"""Responses kept for ``previous_response_id`` and ``GET``/``DELETE /v1/responses/{id}``
+(``store``: true, OpenAI's default).
+
+In this process's memory only: a restart forgets them, and replicas behind a load
+balancer do not share them. Each kept response holds its object and the whole
+conversation up to it as chat messages (the earlier ones, its input, its output; its
+``instructions`` left out, as OpenAI does not carry them over), so a chain does not
+depend on older entries that may be gone. Bounded three ways, checked at each ``put``:
+at most MAX_RESPONSES entries and MAX_BYTES of their JSON text (the least recently used
+go first), and none older than TTL_S (the expiry counts from creation; using an entry
+does not extend it). A response whose JSON alone is over MAX_BYTES is not kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("omni.api")
+
+MAX_RESPONSES = 1_000
+MAX_BYTES = 64 * 2**20
+TTL_S = 3_600.0
+
+
+@dataclass
+class Stored:
+    response: dict[str, Any]
+    messages: list[dict[str, Any]]  # the conversation to it, instructions left out
+    nbytes: int
+    expires: float
+
+
+class ResponseStore:
+    def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES,
+                 ttl_s: float = TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_responses, self.max_bytes, self.ttl_s = max_responses, max_bytes, ttl_s
+        self.clock = clock
+        self.entries: OrderedDict[str, Stored] = OrderedDict()  # least recently used first
+        self.nbytes = 0
+
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+        """Keep ``response``; False when it alone is over the byte bound."""
+        nbytes = len(json.dumps(response)) + len(json.dumps(messages))
+        if nbytes > self.max_bytes:
+            log.warning("response %s (%d bytes of JSON) is over the store's %d bytes: not "
+                        "kept", response["id"], nbytes, self.max_bytes)
+            return False
+        self.delete(response["id"])
+        self.entries[response["id"]] = Stored(response, messages, nbytes,
+                                              self.clock() + self.ttl_s)
+        self.nbytes += nbytes
+        self._bound()
+        return True
+
+    def get(self, response_id: str) -> Stored | None:
+        entry = self.entries.get(response_id)
+        if entry is not None and entry.expires <= self.clock():
+            self.delete(response_id)
+            return None
+        if entry is not None:
+            self.entries.move_to_end(response_id)
+        return entry
+
+    def delete(self, response_id: str) -> bool:
+        entry = self.entries.pop(response_id, None)
+        if entry is not None:
+            self.nbytes -= entry.nbytes
+        return entry is not None
+
+    def _bound(self) -> None:
+        now = self.clock()
+        for response_id in [k for k, e in self.entries.items() if e.expires <= now]:
+            self.delete(response_id)
+        while len(self.entries) > self.max_responses or self.nbytes > self.max_bytes:
+            self.delete(next(iter(self.entries)))
+
+
+RESPONSES_KEY = web.AppKey("omni_responses", ResponseStore)

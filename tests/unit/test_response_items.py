@@ -1,0 +1,162 @@
+"""The Responses API's pure parts: input items as chat messages (omni/api/response_items.py),
+output items and their events built from an answer's parts (omni/api/response_output.py),
+and the bounded store of kept responses (omni/api/response_store.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni.api.errors import APIError
+from omni.api.response_items import called_ids, output_messages, to_messages
+from omni.api.response_output import OutputItems
+from omni.api.response_store import ResponseStore
+
+CALL = {"type": "function_call", "call_id": "c1", "name": "get_time",
+        "arguments": "{\"zone\": \"utc\"}", "id": "fc_1", "status": "completed"}
+
+
+def test_items_become_chat_messages():
+    items = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                     {"type": "input_text", "text": "b"}]},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+        CALL, {**CALL, "call_id": "c2", "name": "other"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call_output", "call_id": "c1", "output": "noon"},
+        {"type": "function_call_output", "call_id": "c2",
+         "output": [{"type": "input_text", "text": "done"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "see"},
+                                     {"type": "input_image", "image_url": "data:x",
+                                      "detail": "low"}]},
+    ]
+    called: set[str] = set()
+    out = to_messages(items, called)
+    assert out.messages == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_time", "arguments": "{\"zone\": \"utc\"}"}},
+            {"id": "c2", "type": "function",
+             "function": {"name": "other", "arguments": "{\"zone\": \"utc\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+        {"role": "tool", "tool_call_id": "c2", "content": "done"},
+        {"role": "user", "content": [
+            {"type": "text", "text": "see"},
+            {"type": "image_url", "image_url": {"url": "data:x", "detail": "low"}}]}]
+    assert out.sources == [0, 1, 2, 6, 7, 8]
+    assert called == {"c1", "c2"} == called_ids(out.messages)
+
+
+def test_a_string_is_one_user_message_and_calls_stand_alone():
+    assert to_messages("hi", set()).messages == [{"role": "user", "content": "hi"}]
+    out = to_messages([{"role": "user", "content": "q"}, CALL], set())
+    assert out.messages[1] == {"role": "assistant", "content": None,
+                               "tool_calls": [{"id": "c1", "type": "function", "function": {
+                                   "name": "get_time", "arguments": "{\"zone\": \"utc\"}"}}]}
+
+
+def test_a_responses_output_is_the_assistants_turn():
+    out = OutputItems()
+    out.parts([{"content": "Sure."}, {"tool_call": {
+        "index": 0, "id": "call_a", "function": {"name": "odd name!", "arguments": "{}"}}}])
+    out.finish("stop")
+    assert output_messages(out.items) == [{"role": "assistant", "content": "Sure.",
+                                           "tool_calls": [{"id": "call_a", "type": "function",
+                                                           "function": {"name": "odd name!",
+                                                                        "arguments": "{}"}}]}]
+    calls_only = OutputItems()
+    calls_only.parts([{"tool_call": {"index": 0, "id": "call_b",
+                                     "function": {"name": "f", "arguments": "{}"}}}])
+    calls_only.finish("stop")
+    assert output_messages(calls_only.items)[0]["content"] is None
+
+
+def test_an_output_may_answer_a_call_of_the_stored_conversation():
+    answer = {"type": "function_call_output", "call_id": "old", "output": "x"}
+    with pytest.raises(APIError) as caught:
+        to_messages([answer], set())
+    assert caught.value.param == "input[0].call_id"
+    assert to_messages([answer], {"old"}).messages[0]["tool_call_id"] == "old"
+
+
+@pytest.mark.parametrize("item, param", [
+    ({"type": "function_call_output", "output": "x"}, "input[0].call_id"),
+    ({"type": "function_call", "call_id": "c", "name": "f"}, "input[0].arguments"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": {}},
+     "input[0].arguments"),
+    ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
+    ({"type": "file_search_call"}, "input[0].type"),
+    ({"content": "no role or type"}, "input[0].type"),
+    ({"role": "user"}, "input[0].content"),
+    ({"role": "user", "content": [{"type": "input_audio"}]}, "input[0].content[0].type"),
+    ({"role": "user", "content": [{"type": "input_text"}]}, "input[0].content[0].text"),
+    ({"role": "user", "content": [{"type": "input_image", "file_id": "f"}]},
+     "input[0].content[0].image_url"),
+])
+def test_bad_items_name_their_path(item, param):
+    with pytest.raises(APIError) as caught:
+        to_messages([item], set())
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def _types(events):
+    return [e["type"].removeprefix("response.") for e in events]
+
+
+def test_text_then_calls_make_a_message_then_call_items():
+    out = OutputItems()
+    events = out.parts([{"content": "Let me "}, {"content": "check.\n"}])
+    events += out.parts([{"tool_call": {"index": 0, "id": "call_a", "type": "function",
+                                        "function": {"name": "f", "arguments": "{\"a\":"}}},
+                         {"tool_call": {"index": 0, "function": {"arguments": " 1}"}}}])
+    events += out.parts([{"content": "\n"}])  # between calls: not a message
+    events += out.parts([{"tool_call": {"index": 1, "id": "call_b", "type": "function",
+                                        "function": {"name": "g", "arguments": ""}}}])
+    events += out.finish("stop")
+    assert _types(events) == [
+        "output_item.added", "content_part.added", "output_text.delta",
+        "output_text.delta", "output_text.done", "content_part.done", "output_item.done",
+        "output_item.added", "function_call_arguments.delta",
+        "function_call_arguments.delta", "function_call_arguments.done", "output_item.done",
+        "output_item.added", "function_call_arguments.done", "output_item.done"]
+    message, first, second = out.items
+    assert message["content"][0]["text"] == "Let me check."  # the held newline dropped
+    assert events[0]["item"]["content"] == []
+    assert first == {"type": "function_call", "id": first["id"], "call_id": "call_a",
+                     "name": "f", "arguments": "{\"a\": 1}", "status": "completed"}
+    assert events[7]["item"]["arguments"] == "" and events[7]["output_index"] == 1
+    assert second["arguments"] == "" and events[-1]["output_index"] == 2
+    assert all(item["status"] == "completed" for item in out.items)
+
+
+def test_a_plain_answer_keeps_its_text_exactly_and_an_empty_one_has_a_message():
+    out = OutputItems()
+    events = out.parts([{"content": "  a \n"}, {"content": " b  "}]) + out.finish("length")
+    assert out.items[0]["content"][0]["text"] == "  a \n b  "
+    assert "".join(e["delta"] for e in events if e["type"].endswith(".delta")) == "  a \n b  "
+    assert out.items[0]["status"] == "incomplete"
+    empty = OutputItems()
+    assert _types(empty.finish("stop")) == [
+        "output_item.added", "content_part.added", "output_text.done", "content_part.done",
+        "output_item.done"]
+    assert empty.items[0]["content"][0]["text"] == ""
+
+
+def test_the_store_bounds_count_bytes_and_age():
+    now = [0.0]
+    store = ResponseStore(max_responses=2, max_bytes=400, ttl_s=10, clock=lambda: now[0])
+    for i in range(3):
+        assert store.put({"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert store.get("r0") is None and store.get("r1") is not None  # least recent out
+    store.put({"id": "r3"}, [])  # r1 was used after r2: r2 goes
+    assert set(store.entries) == {"r1", "r3"}
+    assert not store.put({"id": "big"}, [{"content": "x" * 500}])  # alone over the cap
+    store.put({"id": "fat"}, [{"content": "x" * 370}])
+    assert set(store.entries) == {"fat"} and store.nbytes <= 400
+    now[0] = 10.0
+    assert store.get("fat") is None and store.nbytes == 0  # expired
+    store.put({"id": "r4"}, [])
+    assert store.delete("r4") and not store.delete("r4")
