@@ -311,3 +311,48 @@ def test_required_in_a_spoken_session_runs_without_the_voice(server):
         [message] = events[-1]["response"]["output"]
         assert message["content"] == [{"type": "output_text", "text": "Anything."}]
     run(body())
+
+
+@pytest.fixture(scope="module")
+def agent(start_server):
+    """SmolLM2 speaking through Piper (the default assistant's models, real weights)."""
+    from omni.models.smollm2 import ensure_smollm2
+
+    agent = textwrap.dedent(f"""\
+        name: agent
+        stages:
+          - {{name: llm, engine: ar, model: hf_causal, model_dir: {ensure_smollm2()},
+             final_output: text, params: {{temperature: 0}}}}
+          - {{name: tts, engine: generation, model: piper, inputs: [text],
+             final_output: audio, options: {{openai_voices: true}}}}
+        edges:
+          - {{from: llm, to: tts, delivery: stream}}
+        """)
+    return start_server({"agent": agent})
+
+
+def test_a_spoken_agent_calls_silently_then_speaks_the_answer(agent):
+    async def body():
+        async with aiohttp.ClientSession() as http:
+            ws = await raw_connect(http, agent, "agent")
+            await update(ws, {"tools": TOOLS, "output_modalities": ["audio"],
+                              "tool_choice": {"type": "function", "name": "get_weather"},
+                              "max_output_tokens": 200})
+            called, called_s = await spoken_turn(ws, "What is the weather in Paris?")
+            [call] = called[-1]["response"]["output"]
+            answer = await send(ws, {"type": "conversation.item.create", "item": {
+                "type": "function_call_output", "call_id": call["call_id"],
+                "output": "sunny, 21 C"}})
+            assert answer["type"] == "conversation.item.added", answer
+            await ws.receive_json()
+            await ws.send_str(json.dumps({"type": "response.create", "response": {
+                "tool_choice": "auto", "max_output_tokens": 30}}))
+            spoken = await events_until(ws, "response.done")
+            await ws.close()
+        assert called_s == 0 and call["type"] == "function_call"
+        jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+        done = spoken[-1]["response"]
+        assert done["status"] == "completed" and done["output"][0]["type"] == "message"
+        pcm = [e for e in spoken if e["type"] == "response.output_audio.delta"]
+        assert pcm and done["output"][0]["content"][0]["transcript"].strip()
+    run(body())

@@ -11,7 +11,7 @@ item of its own, and the message item only opens once there is something to say,
 answer that is calls only has none. Calls are not spoken: with ``required`` or a named
 function the answer is calls only (the grammar makes it so), so it runs without the
 speech stages at all; with ``auto`` the text streamed to a speech stage still holds them,
-and the voice leaves them out (omni/models/speech.py ``speakable``).
+and the voice leaves them out (omni/models/tool_calls.py ``spoken_text``).
 """
 
 from __future__ import annotations
@@ -116,7 +116,10 @@ class Response:
 
     async def _add_output(self, item: Item) -> int:
         """A new output item, in the conversation and announced; its output_index."""
-        previous = self.items.add(item)
+        try:
+            previous = self.items.add(item)
+        except ValueError:  # the conversation is full (MAX_ITEMS): said, but not kept
+            previous = self.items.last_id
         self.output.append(item)
         index = len(self.output) - 1
         await self.send({"type": "response.output_item.added", "response_id": self.id,
