@@ -187,6 +187,40 @@ def test_beta_client_gets_beta_names_for_a_call(server):
     run(body())
 
 
+def test_a_call_cut_short_is_incomplete_and_not_read_again(server):
+    # arguments of 1,000 characters cannot fit in 60 tokens; the name comes within them
+    note = {"type": "function", "name": "n", "parameters": {
+        "type": "object", "properties": {"t": {"type": "string", "minLength": 1000,
+                                               "maxLength": 1000}},
+        "required": ["t"], "additionalProperties": False}}
+
+    async def prompt_after(conn, cut: bool) -> int:
+        await conn.conversation.item.create(item=ASK)
+        if cut:
+            await conn.response.create(response={"tools": [note], "tool_choice": "required",
+                                                 "max_output_tokens": 60})
+            events = await until(conn, "response.done")
+            [call] = events[-1].response.output
+            done = next(e for e in events
+                        if e.type == "response.function_call_arguments.done")
+            assert call.status == "incomplete" and done.arguments == call.arguments
+            assert call.arguments.startswith('{"t": "')
+        await conn.response.create(response={"tool_choice": "none", "max_output_tokens": 2})
+        return (await until(conn, "response.done"))[-1].response.usage.input_tokens
+
+    async def both():
+        prompts = []
+        for cut in (True, False):
+            async with server.client().realtime.connect(model="qwen3") as conn:
+                await conn.recv()
+                await conn.session.update(session={"type": "realtime",
+                                                   "output_modalities": ["text"]})
+                await conn.recv()
+                prompts.append(await prompt_after(conn, cut))
+        assert prompts[0] == prompts[1]  # the cut call is not in the history
+    run(both())
+
+
 async def raw_connect(http, server, model: str = "qwen3"):
     ws = await http.ws_connect(f"{server.url}/v1/realtime?model={model}")
     assert (await ws.receive_json())["type"] == "session.created"
