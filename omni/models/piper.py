@@ -42,6 +42,7 @@ from omni.models.speech import (
     texts,
     voice_entry,
 )
+from omni.models.tool_calls import spoken_text
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +270,12 @@ class PiperRunner:
 
     def split_stream(self, text: str, params: Mapping[str, Any],
                      final: bool) -> tuple[list[list[str]], str]:
-        """Streamed text: units for the sentences that ended (all of it when ``final``)."""
-        ready, held = (text, "") if final else ended_sentences(text)
-        return (self.split(ready, params) if ready.strip() else []), held
+        """Streamed text (an LLM's answer): units for the sentences that ended (all of it
+        when ``final``). Its tool calls are not read out (a voice agent's answer may hold
+        some: omni/models/tool_calls.py spoken_text)."""
+        spoken, pending = spoken_text(text, final)
+        ready, held = (spoken, "") if final else ended_sentences(spoken)
+        return (self.split(ready, params) if ready.strip() else []), held + pending
 
     def group_key(self, params: Mapping[str, Any]) -> tuple[float, int | None]:
         # the model takes one speed and one speaker per call

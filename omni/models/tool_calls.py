@@ -172,6 +172,11 @@ class ToolCallReader:
         self._call: _Call | None = None
         self.calls: list[dict[str, str]] = []  # {"name", "arguments"} of each call read
 
+    @property
+    def in_call(self) -> bool:
+        """Whether a ``<tool_call>`` is open (its ``</tool_call>`` has not come yet)."""
+        return self._call is not None
+
     def feed(self, text: str) -> list[ToolCallEvent]:
         self._pending += text
         events: list[ToolCallEvent] = []
@@ -257,6 +262,22 @@ class ToolCallReader:
             events.append(ToolCallEvent(content=CALL_OPEN + self._call.body + self._pending))
         self._pending, self._call = "", None
         return [e for e in events if e.content]
+
+
+def spoken_text(text: str, final: bool) -> tuple[str, str]:
+    """(what a voice may read of streamed ``text``, what to hold until more comes): the
+    calls are left out, since a call is for the client, not the listener; an open call,
+    or a tag's start at the end, is held back until it closes. At the end of the stream
+    (``final``) an open call is dropped, and a tag's start that never became one is read."""
+    spoken, rest = "", text
+    while (at := rest.find(CALL_OPEN)) >= 0:
+        end = rest.find(CALL_CLOSE, at)
+        spoken += rest[:at]
+        if end < 0:
+            return spoken, "" if final else rest[at:]
+        spoken, rest = spoken + " ", rest[end + len(CALL_CLOSE):]  # words stay apart
+    keep = 0 if final else _partial_tag(rest, CALL_OPEN)
+    return spoken + rest[:len(rest) - keep], rest[len(rest) - keep:]
 
 
 def _partial_tag(text: str, tag: str) -> int:

@@ -173,13 +173,15 @@ class AsyncOmni:
     def respond(self, session_id: str, *, fence: Fence | None = None,
                 modalities: Iterable[str] | None = None, params: Params | None = None,
                 view: str | None = None, instructions: str | None = None,
-                ) -> AsyncIterator[OmniOutput]:
+                inputs: Mapping[str, Any] | None = None) -> AsyncIterator[OmniOutput]:
         """Answer the conversation so far as one turn of the session: its outputs, as
         `generate` yields them. The answer's text joins the history when the turn ends
         (the part produced so far, if it was cancelled). ``instructions``: a system
-        message put first for this turn. One response runs per session at a time."""
+        message put first for this turn; ``inputs``: request inputs beside the history
+        (``tools``). One response runs per session at a time."""
         return self.conversations.respond(session_id, fence=fence, modalities=modalities,
-                                          params=params, view=view, instructions=instructions)
+                                          params=params, view=view, instructions=instructions,
+                                          inputs=inputs)
 
     # -- world sessions (omni/session/worlds.py) and robot policies (policies.py) ------------
     def open_world(self, image: bytes | np.ndarray, prompt: str, domain: str,

@@ -98,7 +98,7 @@ class ConversationTurns:
                       modalities: Iterable[str] | None = None,
                       params: Mapping[str, Mapping[str, Any]] | None = None,
                       view: str | None = None, instructions: str | None = None,
-                      ) -> AsyncIterator[Any]:
+                      inputs: Mapping[str, Any] | None = None) -> AsyncIterator[Any]:
         """The conversation so far answered as one turn (see AsyncOmni.respond)."""
         session = self.manager.append(session_id, fence)
         chat = conversation(session)
@@ -110,7 +110,8 @@ class ConversationTurns:
         session.busy += 1
         try:
             # the history is text (audio arrives transcribed): no entry stage that hears
-            async for out in self.generate({"messages": messages}, modalities=modalities,
+            async for out in self.generate({**(inputs or {}), "messages": messages},
+                                           modalities=modalities,
                                            params=params, request_id=chat.running,
                                            view=view, session=session,
                                            input_modalities=["text"]):

@@ -54,6 +54,10 @@ ITEM = {"type": "message", "role": "user", "id": "item_1",
         "content": [{"type": "input_text", "text": "hello"},
                     {"type": "input_audio", "audio": "AAAA", "transcript": None}]}
 
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}
+CALL_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "12:00"}
+
+
 
 def _paths(value, prefix=()):
     """Every path (tuple of keys/indices) into a nested dict/list."""
@@ -142,13 +146,17 @@ def test_response_create_spec_or_config_error(raw):
 
 
 @FUZZ
-@given(mutated(ITEM) | json_values)
+@given(mutated(ITEM) | mutated(CALL) | mutated(CALL_OUTPUT) | json_values)
 def test_item_create_builds_an_item_or_raises_value_error(content):
     try:
         item = user_item(content)
     except ValueError:
         return
-    assert item.role in ("user", "assistant", "system") and item.parts
+    if item.type == "message":
+        assert item.role in ("user", "assistant", "system") and item.parts
+    else:  # a call's fields are strings, its ids not empty
+        assert item.type in ("function_call", "function_call_output") and item.call["call_id"]
+        assert all(isinstance(v, str) for v in item.call.values())
     json.dumps(item.render(beta=True))
 
 

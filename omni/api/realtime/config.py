@@ -40,6 +40,17 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class ToolSettings:
+    """A session's (or one response's) tools as the client set them, echoed in
+    session.created / .updated, and their plan for the engine (omni/api/tools.py
+    ToolPlan; None: no tools). Read and checked by tools.py."""
+
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    choice: str | dict[str, Any] = "auto"
+    plan: Any = None
+
+
+@dataclass
 class SessionConfig:
     model: str
     output_modalities: list[str]  # ["audio"] (speech + its transcript) or ["text"]
@@ -50,6 +61,7 @@ class SessionConfig:
     transcription: dict[str, Any] | None = None
     max_output_tokens: int | str = "inf"
     temperature: float | None = None
+    tools: ToolSettings = field(default_factory=ToolSettings)
     kind: str = "realtime"  # or "transcription" (transcription.py): no responses
 
     # -- reading ---------------------------------------------------------------------
@@ -108,7 +120,8 @@ class SessionConfig:
                     "instructions": self.instructions, "voice": self.voice,
                     "input_audio_format": "pcm16", "output_audio_format": "pcm16",
                     "input_audio_transcription": self.transcription,
-                    "turn_detection": self.turn_detection, "tools": [], "tool_choice": "auto",
+                    "turn_detection": self.turn_detection, "tools": self.tools.tools,
+                    "tool_choice": self.tools.choice,
                     "temperature": 0.8 if self.temperature is None else self.temperature,
                     "max_response_output_tokens": self.max_output_tokens}
         return {"type": "realtime", "object": "realtime.session", "id": session_id,
@@ -118,7 +131,7 @@ class SessionConfig:
                                     "noise_reduction": None,
                                     "turn_detection": self.turn_detection},
                           "output": {"format": fmt, "voice": self.voice, "speed": 1.0}},
-                "tools": [], "tool_choice": "auto",
+                "tools": self.tools.tools, "tool_choice": self.tools.choice,
                 "max_output_tokens": self.max_output_tokens}
 
     def _render_transcription(self, session_id: str, beta: bool,

@@ -28,19 +28,21 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 import omni.api.realtime.audio_input as audio_input
 from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
-from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id, user_item
+from omni.api.realtime.item_events import ItemEvents
+from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id
 from omni.api.realtime.response import Response, spec_from
+from omni.api.realtime.tools import has_tools, read_tools
 from omni.api.realtime.turns import VadTurns
 from omni.errors import OmniError
 from omni.session import Session, SessionError
 
 log = logging.getLogger("omni.api.realtime")
 MAX_BAD_EVENTS = 50  # a client this wrong is not going to recover: 1008
-PCM_BYTES_PER_MS = 48  # pcm16 at 24 kHz, both ways
 
 
-class RealtimeConnection:
-    """One client on one session (see module doc)."""
+class RealtimeConnection(ItemEvents):
+    """One client on one session (see module doc); conversation.item.* events are
+    item_events.py's."""
     kind = "realtime"  # its key in the session's state (a transcription session's: its own)
 
     def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
@@ -173,7 +175,11 @@ class RealtimeConnection:
             raise ConfigError(f"this is a {self.config.kind} session; a transcription session "
                               "is its own connection (/v1/realtime?intent=transcription)",
                               "session.type")
+        tools = None
+        if self.config.kind == "realtime" and has_tools(session):  # checked before changes
+            tools = await read_tools(self.model, session, self.config.tools, "session")
         self.config.update(session)
+        self.config.tools = tools or self.config.tools
         if self.config.turn_detection is not None and not audio_input.has_vad(self.omni):
             self.config.turn_detection = before
             raise ConfigError(f"model '{self.model.id}' has no voice activity detector; use "
@@ -257,64 +263,6 @@ class RealtimeConnection:
                                        "seconds": round(len(pcm16k) / 32000, 3)}})
         item.transcribing = self._spawn(run())
 
-    # -- conversation ------------------------------------------------------------------
-    async def _item_added(self, item: Item, previous: str | None) -> None:
-        await self.send({"type": "conversation.item.added", "previous_item_id": previous,
-                         "item": item})
-        await self.send({"type": "conversation.item.done", "previous_item_id": previous,
-                         "item": item})
-
-    async def item_create(self, event: dict[str, Any]) -> None:
-        try:
-            item = user_item(event.get("item"))
-            audio = [p.pop("audio") for p in item.parts if "audio" in p]
-            if audio and audio[0] and item.role == "assistant":  # its length, to truncate
-                item.audio_ms = len(decode_pcm(audio[0], "input_audio.audio")) // PCM_BYTES_PER_MS
-            previous = self.items.add(item, event.get("previous_item_id"))
-        except KeyError:
-            raise ClientError("previous_item_id names no item", "item_not_found",
-                              "previous_item_id") from None
-        except ValueError as exc:
-            raise ClientError(str(exc), "invalid_item", "item") from None
-        await self._item_added(item, previous)
-        if audio and audio[0] and item.role == "user":
-            if self.listener is None:
-                raise ClientError(f"model '{self.model.id}' does not take audio input",
-                                  "unsupported_input")
-            buffer = audio_input.InputAudio(30.0)
-            try:
-                pcm16k = buffer.append(decode_pcm(audio[0], "input_audio.audio"))
-            except ValueError as exc:
-                raise ClientError(f"input_audio.audio: {exc}", "invalid_audio") from None
-            self._transcribe(item, pcm16k)
-
-    async def item_delete(self, event: dict[str, Any]) -> None:
-        try:
-            self.items.delete(event.get("item_id"))
-        except KeyError:
-            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
-        await self.send({"type": "conversation.item.deleted", "item_id": event["item_id"]})
-
-    async def item_retrieve(self, event: dict[str, Any]) -> None:
-        try:
-            item = self.items.get(event.get("item_id"))
-        except KeyError:
-            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
-        await self.send({"type": "conversation.item.retrieved", "item": item})
-
-    async def item_truncate(self, event: dict[str, Any]) -> None:
-        """Cut an assistant's audio where the client stopped playing it. As OpenAI's, the
-        item's transcript goes too: nothing the user did not hear stays in what the next
-        answer reads."""
-        try:
-            item = self.items.get(event.get("item_id"))
-        except KeyError:
-            raise ClientError("item_id names no item", "item_not_found", "item_id") from None
-        index, end = event.get("content_index", 0), event.get("audio_end_ms")
-        item.truncate(index, end)
-        await self.send({"type": "conversation.item.truncated", "item_id": item.id,
-                         "content_index": index, "audio_end_ms": end})
-
     # -- responses ---------------------------------------------------------------------
     async def response_create(self, event: dict[str, Any]) -> None:
         previous = self.response
@@ -327,16 +275,16 @@ class RealtimeConnection:
         if not isinstance(raw, dict):
             raise ClientError("'response' must be an object", "invalid_value", "response")
         spec = spec_from(self.config, raw)
+        if has_tools(raw):  # this response's own tools
+            spec.tools = (await read_tools(self.model, raw, self.config.tools, "response")).plan
         info = self.omni.output_info("audio") if "audio" in spec.output_modalities else {}
         response = Response(self.omni, self.session.id, spec, self.send, info,
-                            self.items.last_id, self.audio_out)
+                            self.items, self.audio_out)
         self.response = response
 
         async def run() -> None:
             try:
-                messages = await self.items.messages()
-                self.items.add(response.item)
-                await response.run(messages)
+                await response.run(await self.items.messages())
             finally:
                 if self.response is response:
                     self.response = None
@@ -360,14 +308,6 @@ class RealtimeConnection:
 
     async def ignore(self, event: dict[str, Any]) -> None:
         """Events meant for WebRTC (output_audio_buffer.clear): nothing to do over WS."""
-
-
-def decode_pcm(data: Any, param: str) -> bytes:
-    """Base64 audio of an event; ClientError (invalid_audio) when it is not base64."""
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise ClientError(f"{param}: {exc}", "invalid_audio", param) from None
 
 
 def parse_event(raw: str | bytes) -> dict[str, Any]:

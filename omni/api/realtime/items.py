@@ -4,6 +4,9 @@ Items are what the client sees (``conversation.item.*``); the session's chat his
 (omni/session/conversation.py) is rebuilt from them before each response, so deleting
 or truncating an item changes what the next answer reads. A user's audio item holds no
 audio here: it is transcribed when committed, and its transcript is what the model reads.
+A ``function_call`` item (the model's, or one the client replays) becomes an assistant
+message's ``tool_calls`` and a ``function_call_output`` a ``tool`` message (protocols.md
+§10.10), the history chat completions takes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Item:
     status: str = "completed"
     transcribing: asyncio.Future | None = None  # an audio item's transcript, once known
     audio_ms: int = 0  # an assistant's audio: what the answer sent, or the item brought
+    type: str = "message"  # or "function_call" / "function_call_output" (no parts)
+    # a function_call's {"call_id", "name", "arguments"}, an output's {"call_id", "output"}
+    call: dict[str, str] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -71,6 +77,9 @@ class Item:
         self.audio_ms = end_ms
 
     def render(self, beta: bool) -> dict[str, Any]:
+        if self.type != "message":  # the same shape in GA and beta
+            return {"id": self.id, "object": "realtime.item", "type": self.type,
+                    "status": self.status, **self.call}
         parts = [{**p, "type": BETA_PARTS.get(p["type"], p["type"])} if beta else dict(p)
                  for p in self.parts]
         return {"id": self.id, "object": "realtime.item", "type": "message",
@@ -109,18 +118,50 @@ class Items:
     def last_id(self) -> str | None:
         return self.order[-1].id if self.order else None
 
+    def call_ids(self) -> set[str]:
+        return {i.call["call_id"] for i in self.order if i.type == "function_call"}
+
     async def messages(self) -> list[dict[str, Any]]:
         """The chat history the model reads (waits for transcripts being made)."""
         pending = [i.transcribing for i in self.order if i.transcribing is not None]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        return [{"role": i.role, "content": i.text} for i in self.order if i.text]
+        out: list[dict[str, Any]] = []
+        for item in self.order:
+            if item.type == "function_call":
+                _add_call(out, item)
+            elif item.type == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item.call["call_id"],
+                            "content": item.call["output"]})
+            elif item.text:
+                out.append({"role": item.role, "content": item.text})
+        return out
+
+
+def _add_call(history: list[dict[str, Any]], item: Item) -> None:
+    """A call joins the assistant message just before it (the text the answer began
+    with, or the calls before it: one turn of the model's); a call cut short (cancelled
+    mid-arguments) was never made, so the model does not read it."""
+    if item.status != "completed":
+        return
+    call = {"id": item.call["call_id"], "type": "function",
+            "function": {"name": item.call["name"], "arguments": item.call["arguments"]}}
+    last = history[-1] if history else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        history.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
 def user_item(content: Any) -> Item:
-    """A conversation.item.create's message; ValueError saying what is wrong."""
-    if not isinstance(content, dict) or content.get("type", "message") != "message":
-        raise ValueError("only message items are served (function calls are not)")
+    """A conversation.item.create's item; ValueError saying what is wrong."""
+    if not isinstance(content, dict):
+        raise ValueError("item must be an object")
+    kind = content.get("type", "message")
+    if kind in ("function_call", "function_call_output"):
+        return _function_item(content, kind)
+    if kind != "message":
+        raise ValueError("item.type is message, function_call or function_call_output")
     role = content.get("role")
     if role not in ("user", "assistant", "system"):
         raise ValueError("item.role must be user, assistant or system")
@@ -142,6 +183,20 @@ def user_item(content: Any) -> Item:
             raise ValueError(f"content part type {kind!r} is not served here")
     item_id = content.get("id") if isinstance(content.get("id"), str) else new_id("item")
     return Item(item_id, role, kept)
+
+
+def _function_item(content: dict[str, Any], kind: str) -> Item:
+    """A function_call the client replays (its own history) or the output of a call."""
+    keys = ("call_id", "name", "arguments") if kind == "function_call" else (
+        "call_id", "output")
+    call = {k: content.get(k, "{}" if k == "arguments" else None) for k in keys}
+    for key, value in call.items():
+        if not isinstance(value, str) or (key in ("call_id", "name") and not value):
+            raise ValueError(f"a {kind} item's '{key}' must be a string"
+                             + (" (not empty)" if key in ("call_id", "name") else ""))
+    item_id = content.get("id") if isinstance(content.get("id"), str) else new_id("item")
+    role = "assistant" if kind == "function_call" else "tool"
+    return Item(item_id, role, [], type=kind, call=call)
 
 
 class EventIds:
