@@ -331,19 +331,18 @@ def test_calls_in_a_spoken_answer_are_not_voiced(server):
     run(body())
 
 
-def test_required_in_a_spoken_session_runs_without_the_voice(server):
-    """A certain call is the whole answer, so no speech stage runs: the echo stage (no
-    grammar) answers plain words here, and they come as text, not speech."""
+def test_required_on_a_stage_that_cannot_constrain_is_refused(server):
+    """A certain call needs a stage that constrains decoding (the AR engine); the echo
+    stage cannot, so "required" is an error event naming tool_choice, and the session
+    keeps answering (in words, spoken). The real models' test below runs one."""
     async def body():
         async with aiohttp.ClientSession() as http:
             ws = await raw_connect(http, server, "spoken")
-            await update(ws, {"tools": TOOLS, "tool_choice": "required"})
+            refused = await update(ws, {"tools": TOOLS, "tool_choice": "required"})
             events, seconds = await spoken_turn(ws, "Anything.")
             await ws.close()
-        kinds = [e["type"] for e in events]
-        assert seconds == 0 and "response.output_audio_transcript.delta" not in kinds
-        [message] = events[-1]["response"]["output"]
-        assert message["content"] == [{"type": "output_text", "text": "Anything."}]
+        assert refused["type"] == "error" and refused["error"]["param"] == "session.tool_choice"
+        assert seconds > 0 and events[-1]["response"]["status"] == "completed"
     run(body())
 
 
