@@ -387,5 +387,5 @@ def test_a_spoken_agent_calls_silently_then_speaks_the_answer(agent):
         done = spoken[-1]["response"]
         assert done["status"] == "completed" and done["output"][0]["type"] == "message"
         pcm = [e for e in spoken if e["type"] == "response.output_audio.delta"]
-        assert pcm and done["output"][0]["content"][0]["transcript"].strip()
+        assert pcm and done["output"][0]["content"][0]["transcript"].strip(), json.dumps(done["output"])
     run(body())

@@ -89,7 +89,8 @@ class Response:
         self.calls = CallItems(self.id, send, self._add_output) \
             if plan is not None and plan.reads_calls else None
         # a certain call (required / named) is the whole answer: nothing to speak
-        self.audio = "audio" in spec.output_modalities and not (plan and plan.grammar)
+        self.audio = "audio" in spec.output_modalities and not (
+            plan and plan.grammar and plan.mode == "required")
         self.part = {"type": "output_audio" if self.audio else "output_text",
                      **({"transcript": ""} if self.audio else {"text": ""})}
         self.audio_info, self.items = audio_info, items
