@@ -92,8 +92,7 @@ class ResponseRun:
         if self.req.tools is not None or self.req.tool_choice is not None:
             self.call.use_tools(await plan_tools(
                 self.call.model, self.req.tools or [], self.req.tool_choice,
-                self.req.parallel_tool_calls, lambda i: f"tools[{i}].parameters"),
-                "text.format")
+                self.req.parallel_tool_calls, lambda i: f"tools[{i}].parameters"))
         self.result = self.call.new_result()  # reads calls when the plan has tools
 
     async def _media(self, chat: dict[str, Any], first: int) -> None:

@@ -26,6 +26,7 @@ from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.state import MODELS_KEY, ServedModel
 from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
 from omni.api.tools import CallStream, ToolPlan, check_tool_history, plan_tools
+from omni.models.tool_calls import call_grammar
 
 
 @dataclass
@@ -145,15 +146,17 @@ class TextCall:
             self.model, [t.function for t in req.tools or ()], req.tool_choice,
             req.parallel_tool_calls, lambda i: f"tools[{i}].function.parameters"))
 
-    def use_tools(self, plan: ToolPlan, format_field: str = "response_format") -> None:
-        """Run with ``plan`` (its tools in the prompt, its call grammar in the sampler);
-        set the answer's schema first: a required call and a schema cannot both apply
-        (with auto, the schema wins and the answer is still read for calls)."""
-        if plan.grammar is not None and "json_schema" in self.sampling:
-            if plan.mode == "required":
-                raise APIError(400, f"'{format_field}' json_schema and a required tool "
-                               "call cannot both shape one answer", param="tool_choice")
-            plan.grammar = None
+    def use_tools(self, plan: ToolPlan) -> None:
+        """Run with ``plan`` (its tools in the prompt, its call grammar in the sampler),
+        after the answer's schema is set: a required call is the whole answer, so the
+        schema (for a text answer) goes; with auto the answer is that schema's JSON or
+        calls (one grammar of both)."""
+        schema = self.sampling.get("json_schema")
+        if plan.grammar is not None and schema is not None:
+            del self.sampling["json_schema"]
+            if plan.mode == "auto":
+                plan.grammar = call_grammar(plan.functions, plan.parallel, optional=True,
+                                            answer_schema=schema)
         self.tools = plan
         plan.apply(self.inputs, self.sampling)
 

@@ -107,14 +107,16 @@ def _call_text(call: Mapping[str, Any]) -> str:
 # ---- the grammar of a certain call ------------------------------------------------------
 
 def call_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
-                 optional: bool = False) -> str:
+                 optional: bool = False, answer_schema: str | None = None) -> str:
     """The grammar (llguidance's Lark, with embedded JSON schemas) of an answer made of
     tool calls, one of ``tools`` each (``{"name", "parameters"}``); up to
     MAX_PARALLEL_CALLS of them when ``parallel``. ``optional`` (tool_choice "auto"): free
     text without calls, or text up to the first ``<tool_call>`` and then the calls, so the
     model chooses, but a call it starts follows the schema. (Free text is one lexeme that
     cannot hold the tag, PRE one that ends at its first: a lexeme ends as late as it can,
-    so free text that may still grow into the tag would swallow it.)"""
+    so free text that may still grow into the tag would swallow it.) ``answer_schema``
+    (with ``optional``: a response_format's schema text): the answer is either a JSON value
+    of that schema or calls."""
     options = [{"type": "object",
                 "properties": {"name": {"const": t["name"]},
                                "arguments": t.get("parameters") or {"type": "object"}},
@@ -125,7 +127,11 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
     more = (f' ("\\n{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"){{0,{MAX_PARALLEL_CALLS - 1}}}'
             if parallel else "")
     first = f'"\\n" body "\\n{CALL_CLOSE}"'
-    if optional:
+    if optional and answer_schema is not None:
+        answer = {**json.loads(answer_schema), "x-guidance": _JSON_STYLE}
+        start = (f'start: answer | "{CALL_OPEN}" {first}{more}\n'
+                 f"answer: %json {json.dumps(answer)}\n")
+    elif optional:
         start = (f"start: FREE | PRE {first}{more}\n"
                  f"FREE: /(.|\\n)*/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)*/\n"
                  f"PRE: /(.|\\n)*{CALL_OPEN}/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)+/\n")

@@ -194,3 +194,27 @@ def test_auto_reads_calls_from_fixed_text(main_server):
         assert plain.choices[0].message.content == CALLS_TEXT  # none: nothing is read
         assert plain.choices[0].message.tool_calls is None
     run(body())
+
+
+def test_tools_beside_a_response_format(ar_server):
+    """required: the calls are the answer (the format is for a text answer); auto: the
+    answer is the format's JSON or calls, whatever the weights."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "strict": True,
+                                                  "schema": WEATHER}}
+
+    async def body():
+        async with ar_server.client() as client:
+            required = await client.chat.completions.create(
+                model="qwen3", messages=ASK, tools=TOOLS, tool_choice="required",
+                response_format=fmt, max_tokens=300, seed=4)
+            auto = await client.chat.completions.create(
+                model="qwen3", messages=ASK, tools=TOOLS, response_format=fmt, n=4,
+                temperature=1.0, max_tokens=300, seed=9)
+        assert required.choices[0].finish_reason == "tool_calls"
+        _valid_calls(required.choices[0].message)
+        for choice in auto.choices:
+            if choice.message.tool_calls:
+                _valid_calls(choice.message)
+            else:
+                jsonschema.validate(json.loads(choice.message.content), WEATHER)
+    run(body())

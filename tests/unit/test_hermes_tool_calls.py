@@ -173,3 +173,26 @@ def test_auto_grammar_lets_text_through_but_holds_calls_to_the_schema(text, tmp_
             call_grammar(tools, parallel=optional, optional=optional)), log_level=0)
         taken = all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
         assert taken == expected, (optional, text)
+
+
+@pytest.mark.parametrize("text, taken", [
+    ('{"city": "Paris"}', True),  # the answer's schema
+    ('<tool_call>\n{"name": "f", "arguments": {"a": 3}}\n</tool_call>', True),
+    ("Paris.", False),  # free text is neither
+    ('{"town": "Paris"}', False),
+])
+def test_auto_with_an_answer_schema_is_that_json_or_calls(text, taken, tmp_path_factory):
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("qwen3", tmp_path_factory.mktemp("m")))
+    answer = json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"], "additionalProperties": False})
+    grammar = call_grammar([{"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}], True, optional=True,
+        answer_schema=answer)
+    matcher = LLMatcher(llguidance.hf.from_tokenizer(tok, n_vocab=len(tok)),
+                        LLMatcher.grammar_from_lark(grammar), log_level=0)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert (all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()) == taken
