@@ -155,7 +155,7 @@ class TextCall:
         if plan.grammar is not None and schema is not None:
             del self.sampling["json_schema"]
             if plan.mode == "auto":
-                plan.grammar = call_grammar(plan.functions, plan.parallel, optional=True,
+                plan.grammar = call_grammar(plan.grammar_functions, plan.parallel, optional=True,
                                             answer_schema=schema)
         self.tools = plan
         plan.apply(self.inputs, self.sampling)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni.api.errors import APIError
+from omni.api.schemas.response_format import closed_objects
 from omni.api.schemas.tools import AllowedToolsChoice, FunctionDef, NamedToolChoice
 from omni.api.state import ServedModel
 from omni.models.tool_calls import ToolCallReader, call_grammar
@@ -37,7 +38,10 @@ class ToolPlan:
     functions: list[dict[str, Any]]  # {"name", "description"?, "parameters"?}
     mode: str = "auto"  # "none" | "auto" | "required"
     parallel: bool = True
-    grammar: str | None = None  # the call grammar ("required" / a named function)
+    grammar: str | None = None  # the call grammar the sampler follows
+    # the functions the grammar holds calls to (named: that one), objects closed
+    # (response_format.closed_objects); the prompt shows them as sent
+    grammar_functions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def prompt_tools(self) -> list[dict[str, Any]] | None:
@@ -96,8 +100,11 @@ async def plan_tools(model: ServedModel, tools: Sequence[FunctionDef] | None, ch
                            "does not constrain decoding); use tool_choice \"auto\"",
                            param="tool_choice")
         return plan  # auto: the answer is read for calls, unconstrained
-    chosen = [f for f in functions if named is None or f["name"] == named]
-    plan.grammar = call_grammar(chosen, plan.parallel, optional=plan.mode == "auto")
+    plan.grammar_functions = [
+        {**f, "parameters": closed_objects(f["parameters"])} if "parameters" in f else f
+        for f in functions if named is None or f["name"] == named]
+    plan.grammar = call_grammar(plan.grammar_functions, plan.parallel,
+                                optional=plan.mode == "auto")
     return plan
 
 

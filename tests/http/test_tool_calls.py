@@ -218,3 +218,21 @@ def test_tools_beside_a_response_format(ar_server):
             else:
                 jsonschema.validate(json.loads(choice.message.content), WEATHER)
     run(body())
+
+
+def test_objects_without_additional_properties_get_no_other_keys(ar_server):
+    """A schema as instructor and pipecat send it (no additionalProperties): the calls
+    hold only the listed keys, whatever the weights (objects are closed)."""
+    open_schema = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
+                   "required": ["zone"]}
+
+    async def body():
+        async with ar_server.client() as client:
+            chat = await client.chat.completions.create(
+                model="qwen3", messages=ASK, n=4, temperature=1.0, seed=21, max_tokens=200,
+                tools=[tool("get_time", open_schema, strict=False)], tool_choice="required")
+        for choice in chat.choices:
+            assert choice.finish_reason == "tool_calls"
+            for call in choice.message.tool_calls:
+                assert set(json.loads(call.function.arguments)) == {"zone"}
+    run(body())

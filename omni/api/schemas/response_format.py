@@ -52,8 +52,47 @@ class ResponseFormat(RequestModel):
         if self.type == "json_schema":
             # no schema: any JSON object, as OpenAI's json_schema without one
             schema = self.json_schema.schema_
-            return JSON_OBJECT_SCHEMA if schema is None else json.dumps(schema)
+            return JSON_OBJECT_SCHEMA if schema is None else json.dumps(closed_objects(schema))
         return None
+
+
+# subschema keywords walked when closing objects: name -> how its value holds schemas
+_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+        "propertyNames", "unevaluatedItems")
+_LISTS = ("prefixItems", "anyOf", "oneOf")
+_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def closed_objects(schema: Any, close_here: bool = True) -> Any:
+    """``schema`` with every object that lists ``properties`` and says nothing about
+    other keys closed (``additionalProperties: false``). Constrained decoding follows a
+    schema exactly, and plain JSON Schema lets an object hold any other key: random or
+    small models then add keys until max_tokens (instructor's and pipecat's schemas omit
+    the keyword). OpenAI's strict mode requires it on every object; vLLM's default
+    grammar backend closes them the same way. A schema that wants other keys says
+    ``additionalProperties: true`` (or patternProperties). ``allOf`` branches are left
+    open: closing each would forbid the keys the others bring."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = closed_objects(out[key])
+    for key in _MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_objects(s, close_here=False) for s in out["allOf"]]
+    if close_here and isinstance(out.get("properties"), dict) and not any(
+            k in out for k in ("additionalProperties", "patternProperties",
+                               "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    return out
 
 
 def _problem(schema: str) -> str | None:
