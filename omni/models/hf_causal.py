@@ -22,7 +22,7 @@ from omni.models.causal_lm import (
     eos_ids,
     sampling_defaults,
 )
-from omni.models.tool_calls import hermes_messages, template_knows_tools
+from omni.models.tool_calls import with_tools
 
 
 def _check_dir(path: Path) -> None:
@@ -147,29 +147,10 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         content = m.get("content")  # None beside an assistant's tool_calls
         norm.append({**m, "content": "" if content is None else _content_text(content)})
-        if m.get("tool_calls"):
-            norm[-1]["tool_calls"] = [_decoded_arguments(c) for c in m["tool_calls"]]
-    functions = [t["function"] for t in tools or ()]
-    uses_calls = functions or any(m.get("tool_calls") or m["role"] == "tool" for m in norm)
-    extra: dict[str, Any] = {}
-    if uses_calls and template_knows_tools(template):
-        extra["tools"] = list(tools or ()) or None
-    elif uses_calls:
-        norm = hermes_messages(norm, functions)
+    norm, extra = with_tools(norm, tools, template)
     ids = tokenizer.apply_chat_template(norm, add_generation_prompt=True, tokenize=True,
                                         return_dict=False, **extra)
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
     return [int(i) for i in ids]
 
-
-def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A past call with its ``arguments`` JSON text as an object: templates write them
-    with ``tojson`` (Qwen2.5's whatever the type; Qwen3's unless a string)."""
-    function = dict(call.get("function") or {})
-    if isinstance(function.get("arguments"), str):
-        try:
-            function["arguments"] = json.loads(function["arguments"])
-        except ValueError:
-            pass  # written as sent
-    return {**call, "function": function}

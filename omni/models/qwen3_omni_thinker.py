@@ -45,6 +45,7 @@ from omni.models.qwen3_omni_vision import (
     rope_index,
     video_audio_tokens,
 )
+from omni.models.tool_calls import with_tools
 
 AUDIO_PARTS = ("input_audio",)
 UNSUPPORTED_PARTS = ("video_url", "image_url")  # the API turns them into video / image
@@ -77,7 +78,8 @@ class ThinkerMedia:
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
             for part in m["content"])
 
-    def encode(self, messages: list[dict[str, Any]]) -> tuple[list[int], Any, Any]:
+    def encode(self, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
         import torch
 
         # audio: every clip in prompt order, standalone or a video's track (heard[i]: the
@@ -89,8 +91,9 @@ class ThinkerMedia:
             if isinstance(content, list):
                 content = [self._part(p, media) for p in content]
             rendered.append({**m, "content": content})
+        rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
-                                                  tokenize=False)
+                                                  tokenize=False, **extra)
         ids = self.tokenizer(text)["input_ids"]
         audio = self._audio(media["audio"]) if media["audio"] else None
         with torch.inference_mode():

@@ -51,6 +51,34 @@ def template_knows_tools(chat_template: str | None) -> bool:
 
 # ---- the prompt -------------------------------------------------------------------------
 
+def with_tools(messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+               template: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(messages, extra apply_chat_template kwargs) for a chat with ``tools`` (chat's
+    shape) or past calls: a template that knows tools gets ``tools=`` and the calls'
+    arguments as objects (templates write them with ``tojson``: Qwen2.5's whatever the
+    type, Qwen3's unless a string); a ChatML one without gets Hermes text
+    (`hermes_messages`). A chat without either is left as it is."""
+    messages = [{**m, "tool_calls": [_decoded_arguments(c) for c in m["tool_calls"]]}
+                if m.get("tool_calls") else m for m in messages]
+    if not tools and not any(m.get("tool_calls") or m.get("role") == "tool"
+                             for m in messages):
+        return messages, {}
+    if template_knows_tools(template):
+        return messages, {"tools": list(tools or ()) or None}
+    return hermes_messages(messages, [t["function"] for t in tools or ()]), {}
+
+
+def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A past call with its ``arguments`` JSON text as an object (as sent if not JSON)."""
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass
+    return {**call, "function": function}
+
+
 _SYSTEM_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
@@ -70,10 +98,13 @@ def hermes_messages(messages: Sequence[Mapping[str, Any]],
     if tools:
         listing = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
         block = _SYSTEM_TOOLS + listing + _SYSTEM_TOOLS_END
+        content: Any = block
         if messages and messages[0].get("role") == "system":
-            block = f"{messages[0].get('content') or ''}\n\n{block}"
+            own = messages[0].get("content") or ""
+            content = ([*own, {"type": "text", "text": "\n\n" + block}]
+                       if isinstance(own, list) else f"{own}\n\n{block}")
             messages = messages[1:]
-        out.append({"role": "system", "content": block})
+        out.append({"role": "system", "content": content})
     for m in messages:
         role = m.get("role")
         if role == "assistant" and m.get("tool_calls"):

@@ -350,3 +350,29 @@ def test_bad_media_parts_get_clear_errors(server):
             assert "at least 2 are needed" in info.value.message
             assert info.value.code == "invalid_input"
     run(body())
+
+
+def test_the_thinker_makes_tool_calls_with_and_without_media(server):
+    """Qwen3-Omni's thinker takes tools through the plain prompt and through its media
+    encoder (an audio clip in the message): a required call is schema-valid either way."""
+    import json
+
+    import jsonschema
+    zone = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
+            "required": ["zone"]}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": zone}}]
+    heard = [{"role": "user", "content": [
+        {"type": "text", "text": "What time is it?"},
+        {"type": "input_audio", "input_audio": {"data": wav_b64(0.5), "format": "wav"}}]}]
+
+    async def body():
+        async with server.client(timeout=90) as client:
+            for messages in (ASK, heard):
+                reply = await client.chat.completions.create(
+                    model="omni", messages=messages, tools=tools, tool_choice="required",
+                    max_tokens=80, temperature=1.0, seed=3)
+                choice = reply.choices[0]
+                assert choice.finish_reason == "tool_calls", choice.message
+                for call in choice.message.tool_calls:
+                    jsonschema.validate(json.loads(call.function.arguments), zone)
+    run(body())

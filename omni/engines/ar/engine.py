@@ -279,10 +279,7 @@ class AREngine(Engine):
                 **(self.lm.media.info() if self.lm.media else {})}
 
     def _tool_format(self) -> str | None:
-        """The family's tool-call format (omni/models/tool_calls.py); prompts with media
-        are written by the family's encoder, which takes no tools yet."""
-        if self.lm.media:
-            return None
+        """The family's tool-call format (omni/models/tool_calls.py)."""
         return tool_format(getattr(self.lm.config, "model_type", None),
                            getattr(self.lm.tokenizer, "chat_template", None))
 

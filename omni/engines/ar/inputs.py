@@ -92,7 +92,7 @@ def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], A
     parts (the model's `media` encoder) and given prompt_embeds come as embeddings;
     placeholder ids stand for prompt_embeds (never fed: the embeddings are)."""
     if wants_media(lm, inputs):
-        return lm.media.encode(inputs["messages"])
+        return lm.media.encode(inputs["messages"], inputs.get("tools"))
     embeds = prompt_embeds(lm, inputs)
     if embeds is not None:
         return [0] * embeds.shape[0], embeds, None
