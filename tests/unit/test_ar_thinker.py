@@ -357,9 +357,9 @@ def test_media_prompts_encode_off_the_step_loop(omni_dir):
     gate = threading.Event()
     encode = engine.lm.media.encode
 
-    def gated(messages):  # the real encoder, once the test lets it run
+    def gated(messages, tools=None):  # the real encoder, once the test lets it run
         gate.wait(30)
-        return encode(messages)
+        return encode(messages, tools)
 
     engine.lm.media.encode = gated
     image = {"type": "image", "image": {"data": _png(64, 64, 1)}}

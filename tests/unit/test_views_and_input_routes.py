@@ -31,7 +31,7 @@ def test_routes_follow_inputs_and_outputs(assistant, outputs, inputs, stages, en
 
 def test_a_stage_fed_by_others_still_gets_the_request_keys_it_takes(assistant):
     plan = plan_route(assistant, assistant.route(["text"], ["text", "audio"]))
-    assert plan.request_keys == {"llm": ("messages",)}
+    assert plan.request_keys == {"llm": ("messages", "tools")}
     inputs = plan.ready_inputs("llm", {"asr": [{"text": "hi"}]},
                                {"messages": ["m"], "audio": ["big"]})
     assert inputs == {"messages": ["m"], "asr": [{"text": "hi"}]}  # not the audio again
