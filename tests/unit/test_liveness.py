@@ -208,3 +208,22 @@ def test_a_link_probe_reaches_a_connected_heartbeat_socket_only(tmp_path):
     finally:
         channel.close()
         router.close()
+
+
+def test_the_settings_parse_and_the_flags_override():
+    from omni.config.pipeline import ConfigError, parse_pipeline
+    from omni.server import parse_args
+
+    stages = [{"name": "s", "engine": "echo", "final_output": "text"}]
+    default = parse_pipeline({"stages": stages})
+    assert (default.heartbeat_s, default.hang_timeout_s) == (2.0, 60.0)
+    assert parse_pipeline({"stages": stages, "hang_timeout_s": 0}).hang_timeout_s == 0.0
+    for bad in (-1, "soon", True):
+        with pytest.raises(ConfigError, match="hang_timeout_s"):
+            parse_pipeline({"stages": stages, "hang_timeout_s": bad})
+    args = parse_args(["--heartbeat-s", "0.5", "--hang-timeout-s", "0"])
+    assert (args.heartbeat_s, args.hang_timeout_s) == (0.5, 0.0)
+    assert parse_args([]).heartbeat_s is None  # the pipeline's own then
+    for flag, value in (("--heartbeat-s", "0.01"), ("--hang-timeout-s", "-1")):
+        with pytest.raises(SystemExit):
+            parse_args([flag, value])
