@@ -78,9 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds between each engine replica's heartbeats (overrides every "
                    "pipeline's heartbeat_s, default 2; 0 turns them off). After two missed, "
                    "a replica is declared dead only if it is gone: a local one's process "
-                   "stopped or exited, a remote one's connection silent to libzmq's own "
-                   "heartbeats for two intervals; one that is only busy (a loaded machine) "
-                   "is logged as a slow heartbeat (docs/reliability.md)")
+                   "stopped or exited, a remote one's connection closed by libzmq's own "
+                   "heartbeats (a ping every half interval, 1.5 intervals to answer); one "
+                   "that is only busy (a loaded machine) is logged as a slow heartbeat "
+                   "(docs/reliability.md)")
     p.add_argument("--hang-timeout-s", type=_non_negative_float, default=None, metavar="S",
                    help="seconds a replica that is alive by those signs may send no "
                    "heartbeat before it is declared hung and restarted (overrides every "

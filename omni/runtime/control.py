@@ -21,7 +21,7 @@ handle (fail the requests bound there).
 
 A router that replicas reach from elsewhere (other hosts, or processes this server did
 not start) runs ZMTP heartbeats (``link_heartbeat_s``): libzmq's I/O thread pings every
-connection and closes one whose peer stays silent for two intervals, which drops the
+connection and closes one whose peer stays silent (within two intervals), which drops the
 peer's routing id; ``reaches`` asks whether an identity is still routable. That is how
 a remote replica's liveness is judged without its Python (omni/runtime/liveness.py). A
 router of local children runs none: their process state is the truth there, and a link
@@ -161,9 +161,12 @@ class ControlRouter:
 
 
 def watch_links(sock: zmq.Socket, interval_s: float) -> None:
-    """ZMTP heartbeats on a socket: a PING each interval, and a connection whose peer has
-    sent nothing (no PONG, no message) for two intervals after a PING is closed. The
-    peer's libzmq I/O thread answers PINGs by itself, without the GIL."""
-    interval_ms = max(1, round(interval_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2 * interval_ms)
+    """ZMTP heartbeats on a socket: a PING every half interval, and a connection whose
+    peer has sent nothing (no PONG, no message) for 1.5 intervals after a PING is closed:
+    a dead link is gone within two intervals of its last word, by the check that finds
+    its app heartbeats two intervals late (the timing of the old silence rule). The
+    peer's libzmq I/O thread answers PINGs by itself, without the GIL, so 1.5 intervals
+    (3 s by default) is all a native thread needs on a loaded host."""
+    interval_ms = max(2, round(interval_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms // 2)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval_ms * 3 // 2)

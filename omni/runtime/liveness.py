@@ -17,8 +17,9 @@ something that does not need the engine's Python to run:
   by ``python -m omni.engines.proc --connect``): the server cannot read their ``/proc``.
   Their link is watched by ZMTP heartbeats instead (``ZMQ_HEARTBEAT_IVL`` and
   ``ZMQ_HEARTBEAT_TIMEOUT`` on the server's ROUTER, omni/runtime/control.py): libzmq's
-  I/O thread pings every connection each ``heartbeat_s`` and closes one whose peer has
-  not answered within two intervals. Those pings are answered by the peer's libzmq I/O
+  I/O thread pings every connection each half ``heartbeat_s`` and closes one whose peer
+  has not answered a ping within 1.5 intervals, so a dead link is gone within two
+  intervals of its last word, as fast as the old rule judged. Those pings are answered by the peer's libzmq I/O
   thread, a native thread that needs neither the GIL nor the engine's Python threads,
   so a starved engine still answers while a stopped process or a cut-off host does not.
   A closed connection drops the peer's routing id from the ROUTER; a replica whose
@@ -102,5 +103,5 @@ def probe(replica: Replica, router: ControlRouter, local: bool) -> tuple[str | N
         return local_gone(pid), f"its process {pid} is alive (state {process_state(pid)})"
     if router.reaches(replica.identity + HEARTBEAT_SUFFIX):
         return None, "its connection still answers libzmq's heartbeats"
-    return ("its connection timed out (libzmq heartbeats, two intervals): stopped or "
+    return ("its connection timed out (libzmq heartbeats): stopped or "
             "unreachable"), ""
