@@ -166,8 +166,8 @@ class ServerVad:
         """A chunk of input audio that starts at ``at_ms`` on the session clock."""
         if self.failed_at is not None and not self._reopen(at_ms):
             return
-        if self.stream.finished:  # it just ended: its reader reports why, once
-            return
+        if self.stream is None or self.stream.finished:  # it just ended: its reader
+            return  # reports why, once (None: it could not open; that was said then)
         try:
             self.stream.feed({"audio": pcm16k, "sample_rate": INPUT_RATE})
         except OmniError:  # it ended meanwhile: the same
