@@ -20,10 +20,11 @@ import sys
 import time
 from typing import Any
 
-# spin; every ~5 ms of spinning, leave if the parent is gone (reparented)
+# spin; every ~5 ms of spinning, leave if the parent (its pid given: it may be gone
+# before the hog first looks) is gone, the hog reparented
 HOG = """
-import os
-parent = os.getppid()
+import os, sys
+parent = int(sys.argv[1])
 while os.getppid() == parent:
     for _ in range(100_000):
         pass
@@ -46,7 +47,8 @@ class CpuHog:
         self.load_before = os.getloadavg()
         self.started = time.monotonic()
         for _ in range(self.processes):
-            proc = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen([sys.executable, "-c", HOG, str(os.getpid())],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             self.procs.append(proc)
             if os.getpriority(os.PRIO_PROCESS, proc.pid) < nice:
                 os.setpriority(os.PRIO_PROCESS, proc.pid, nice)  # only ever higher: allowed
