@@ -39,11 +39,12 @@ class CpuHog:
         self.like_pid = like_pid
         self.procs: list[subprocess.Popen] = []
         self.started = self.stopped = 0.0
+        self.nice = 0  # the hogs', read from like_pid at start (it may be gone at the end)
         self.load_before: tuple[float, ...] = ()
         self.load_after: tuple[float, ...] = ()
 
     def start(self) -> CpuHog:
-        nice = os.getpriority(os.PRIO_PROCESS, self.like_pid or 0)
+        self.nice = nice = os.getpriority(os.PRIO_PROCESS, self.like_pid or 0)
         self.load_before = os.getloadavg()
         self.started = time.monotonic()
         for _ in range(self.processes):
@@ -73,7 +74,7 @@ class CpuHog:
     def summary(self) -> dict[str, Any]:
         return {"processes": self.processes, "cores": os.cpu_count(),
                 "seconds": round((self.stopped or time.monotonic()) - self.started, 1),
-                "nice": os.getpriority(os.PRIO_PROCESS, self.like_pid or 0),
+                "nice": self.nice,
                 "loadavg_before": [round(x, 2) for x in self.load_before],
                 "loadavg_after": [round(x, 2) for x in self.load_after]}
 
