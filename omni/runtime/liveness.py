@@ -19,9 +19,11 @@ something that does not need the engine's Python to run:
   ``ZMQ_HEARTBEAT_TIMEOUT`` on the server's ROUTER, omni/runtime/control.py): libzmq's
   I/O thread pings every connection each half ``heartbeat_s`` and closes one whose peer
   has not answered a ping within 1.5 intervals, so a dead link is gone within two
-  intervals of its last word, as fast as the old rule judged. Those pings are answered by the peer's libzmq I/O
-  thread, a native thread that needs neither the GIL nor the engine's Python threads,
-  so a starved engine still answers while a stopped process or a cut-off host does not.
+  intervals of its last word, as fast as the old rule judged. Those pings are answered
+  by the peer's libzmq I/O thread, a native thread that needs neither the GIL nor the
+  engine's Python threads, so a starved engine still answers while a stopped process or
+  a cut-off host does not. Only routers that such replicas reach run them: a link closed
+  under a starved local child would lose the messages queued on it.
   A closed connection drops the peer's routing id from the ROUTER; a replica whose
   heartbeats are late is asked whether its heartbeat socket is still routable
   (``ControlRouter.reaches``), and is dead when it is not. The app heartbeats stay (they
