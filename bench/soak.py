@@ -18,13 +18,16 @@ stage with `restart: true`. Then:
   drain      SIGTERM while requests are in flight: they finish; probes sent meanwhile get
              503 shutting_down; the tree exits within --drain-timeout + 15 s and leaves no
              process and no /dev/shm block behind
+  cpu hog    with --cpu-hog N, N busy-looping processes at the server's niceness for the
+             whole load (bench/cpu_hog.py): a machine loaded several times over its cores
 
 Every request ends ok, wrong (checked against the reference: equal text, audio duration
 within --audio-tolerance of the median of 5 runs alone: Piper's durations are random,
 noise_w 0.8, about +-4 % around their median; image size, video frames and size), typed (an OpenAI error
 object with a code), untyped (a reset, a 500 without the object) or hung (no byte within
 the kind's deadline). FAIL on any hung, wrong or untyped request, on a typed one not
-explained by a kill of a stage on its route (or by the drain), on PSS or /dev/shm growth
+explained by a kill of a stage on its route (or by the drain), on a replica declared dead
+that no kill explains (the server's log: "replica X is down"), on PSS or /dev/shm growth
 beyond +-5 % after warm-up (samples taken while every replica is up), fd growth, or an
 unclean drain. Writes soak[-TAG].md and .json; exits 1 on FAIL.
 """
@@ -40,13 +43,13 @@ import signal
 import statistics
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from bench import soak_report
 from bench import soak_workload as wl
 from bench.common import hardware, say
+from bench.cpu_hog import CpuHog, ServerLog
 from bench.soak_watch import Watch, descendants, shm_blocks, still_there
 
 DESCRIPTION = __doc__
@@ -81,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--audio-tolerance", type=float, default=0.20,
         help="audio duration vs the reference's, as a fraction (default 0.20)")
     add("--chat-tokens", type=int, default=8, help="max_tokens of a text chat (default 8)")
+    add("--cpu-hog", type=int, default=0, metavar="N",
+        help="N busy-looping processes at the server's niceness during the load, e.g. 4x "
+        "the cores (default 0); the report's liveness row: replicas declared dead, slow "
+        "heartbeats, load average")
     add("--seed", type=int, default=0, help="clients' and the killer's random seed")
     add("--cache-dir", default=None, help="models' cache (default $OMNI_CACHE_DIR)")
     add("--tag", default="", help="report name suffix: soak-TAG.md")
@@ -123,12 +130,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     mix = _pairs(args.mix, float)
     settings = wl.Settings(chat_tokens=args.chat_tokens, deadlines={
         **DEFAULT_DEADLINES, **_pairs(",".join(args.deadline), float)})
-    log: deque[str] = deque(maxlen=400)  # the server's last log lines, for the report
+    log = ServerLog(keep=400)  # the server's last log lines and its deaths, for the report
     with tempfile.TemporaryDirectory(prefix="omni-soak-") as tmp:
         flags = server_flags(Path(tmp), args)
         say(f"[soak] starting python -m omni.server {' '.join(flags)}")
         env = {**os.environ, "TMPDIR": tmp}  # its control sockets: checked empty after
-        proc, base = start_server(None, extra=flags, log=log, env=env, timeout_s=300)
+        # a hog competes with it thread by thread only from the same session (cpu_hog.py)
+        proc, base = start_server(None, extra=flags, log=log, env=env, timeout_s=300,
+                                  new_session=not args.cpu_hog)
         try:
             result = asyncio.run(Soak(args, mix, settings, proc, base).run())
         finally:
@@ -138,7 +147,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         result["videos_left"] = _video_records(Path(tmp) / "data" / "videos")
     result.update(command="python -m bench " + " ".join(argv), hardware=hardware(),
                   args=vars(args), mix=mix, deadlines=settings.deadlines,
-                  server_log_tail=[line.rstrip() for line in list(log)[-40:]])
+                  server_log_tail=[line.rstrip() for line in list(log)[-40:]],
+                  liveness={**log.counts, "down": log.deaths})
     verdict = soak_report.verdict(result, args)
     result["verdict"] = verdict
     # the report keeps every request that did not end ok; the ok ones are in the counts
@@ -182,9 +192,10 @@ class Soak:
             killer = asyncio.create_task(self.watch.kill_every(
                 session, self.args.kill_every, stop, random.Random(self.args.seed))) \
                 if self.args.kill_every > 0 else None
-            clients = [asyncio.create_task(self.client(session, i, stop))
-                       for i in range(self.args.clients)]
-            await asyncio.sleep(self.args.seconds)
+            with CpuHog(self.args.cpu_hog, like_pid=self.proc.pid) as hog:
+                clients = [asyncio.create_task(self.client(session, i, stop))
+                           for i in range(self.args.clients)]
+                await asyncio.sleep(self.args.seconds)
             stop.set()
             if killer:
                 await killer
@@ -194,7 +205,8 @@ class Soak:
                            else self.stop_quietly(clients))
         return {"references": self.references, "records": self.records,
                 "samples": self.watch.samples, "kills": self.watch.kills, "drain": drain,
-                "seconds": self.args.seconds, "clients": self.args.clients}
+                "seconds": self.args.seconds, "clients": self.args.clients,
+                "cpu_hog": hog.summary() if self.args.cpu_hog else None}
 
     async def reference(self, session: Any) -> None:
         """Each distinct request alone (also the warm-up); a failure here aborts the run."""

@@ -74,6 +74,7 @@ def verdict(r: dict[str, Any], args: Any) -> dict[str, Any]:
     memory = growth(r["samples"], args.warmup)
     reasons += memory.pop("reasons")
     reasons += _kill_reasons(r["kills"], args)
+    reasons += _death_reasons(r.get("liveness"), r["kills"])
     reasons += _drain_reasons(drain, r.get("videos_left", []))
     for row in per_kind.values():
         lat = sorted(row.pop("latency_s"))
@@ -144,6 +145,16 @@ def _kill_reasons(kills: list[dict[str, Any]], args: Any) -> list[str]:
             for k in done if "back" not in k]
 
 
+def _death_reasons(liveness: dict[str, Any] | None, kills: list[dict[str, Any]]) -> list[str]:
+    """Every replica the server declared dead must be one the soak killed: any other
+    death is a false one (a busy replica taken for a gone one: issue 43) or a crash."""
+    if liveness is None:
+        return []
+    extra = liveness["deaths"] - len([k for k in kills if "pid" in k])
+    return [f"{extra} replica deaths that no kill explains (e.g. "
+            f"{liveness['down'][-1] if liveness['down'] else '?'})"] if extra > 0 else []
+
+
 def _drain_reasons(d: dict[str, Any], videos: list[dict[str, Any]]) -> list[str]:
     if "t_term" not in d:
         return [] if d.get("exit_code") == 0 else [f"server exit code {d.get('exit_code')}"]
@@ -189,6 +200,7 @@ def markdown(r: dict[str, Any], description: str) -> str:
                for k, x in v["per_kind"].items()), "",
              *_audio_reference_lines(r["references"]),
              f"Kills: {len(kills)} ({', '.join(_kill_text(k) for k in kills) or 'none'})", "",
+             *_liveness_lines(r.get("liveness"), r.get("cpu_hog"), len(kills)),
              *_memory_lines(v["memory"]), "", *_drain_lines(d, r.get("videos_left", [])), "",
              *_exit_warnings(r.get("server_log_tail", [])),
              "## Method", "", description.split("\n\n", 1)[1].strip(), ""]
@@ -210,6 +222,23 @@ def _exit_warnings(log_tail: list[str]) -> list[str]:
     leaked = [line.strip() for line in log_tail if "leaked" in line]
     return ["Cleaned up by the resource tracker at exit (from the server's log):", "",
             *(f"    {line}" for line in leaked), ""] if leaked else []
+
+
+def _liveness_lines(liveness: dict[str, Any] | None, hog: dict[str, Any] | None,
+                    kills: int) -> list[str]:
+    """The liveness row: replicas declared dead (each must be a kill), slow heartbeats
+    (late but alive: not deaths), and the CPU hog beside the server, if any."""
+    if liveness is None:
+        return []
+    load = (f"{hog['processes']} busy processes on {hog['cores']} cores at nice "
+            f"{hog['nice']} for {hog['seconds']:g} s, load average {hog['loadavg_before'][0]}"
+            f" -> {hog['loadavg_after'][0]}" if hog else "none")
+    return ["Liveness (from the server's log; a slow heartbeat is a late one from a replica "
+            "that is alive, warned at most every 30 s per replica, not a death):", "",
+            "| CPU hog | replicas declared dead | of them killed | restarts | "
+            "slow-heartbeat warnings |", "|---|---:|---:|---:|---:|",
+            f"| {load} | {liveness['deaths']} | {kills} | {liveness['restarts']} | "
+            f"{liveness['slow_heartbeats']} |", ""]
 
 
 def _kill_text(k: dict[str, Any]) -> str:

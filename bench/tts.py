@@ -119,16 +119,19 @@ def _pipeline(config: str, tmp: Path) -> str:
 
 def start_server(pipeline: str | None, name: str = "tts", extra: list[str] | None = None,
                  log: MutableSequence[str] | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 120.0, cwd: str | None = None
+                 timeout_s: float = 120.0, cwd: str | None = None, new_session: bool = True
                  ) -> tuple[subprocess.Popen, str]:
     """`python -m omni.server --pipeline PIPELINE` serving it as `name` (no pipeline: the
     server's default, its own ids; `extra`: more server flags); (process, url). The server
     runs in its own process group (its pid is the group id), so a caller can find and
-    check everything it started; `log` collects its log lines."""
+    check everything it started; `log` collects its log lines. ``new_session=False``
+    keeps it in the caller's session (where the kernel groups CPU time by session, its
+    threads then compete one by one with the caller's other children: bench/cpu_hog.py)."""
     target = [] if pipeline is None else ["--pipeline", pipeline, "--served-model-name", name]
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", *target, *(extra or []),
                              "--port", "0"], stderr=subprocess.PIPE, text=True,
-                            env=env or os.environ.copy(), start_new_session=True, cwd=cwd)
+                            env=env or os.environ.copy(), start_new_session=new_session,
+                            process_group=None if new_session else 0, cwd=cwd)
     lines = log if log is not None else []
     found: list[str] = []
     listening = threading.Event()

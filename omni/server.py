@@ -21,6 +21,7 @@ from aiohttp import web
 from omni.api import videos
 from omni.api.app import build_app
 from omni.api.state import ServedModel, ServerSettings
+from omni.config.control import parse_heartbeat
 from omni.config.pipeline import ConfigError, PipelineConfig
 from omni.config.presets import load_pipeline, preset_with_model_dirs, renamed
 from omni.heap import GcPauses, freeze_loaded_objects
@@ -73,6 +74,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="realtime/duplex sessions each served pipeline holds at once "
                         "(overrides its sessions.max_sessions, default 64); a connection "
                         "beyond it is closed with 1013 (try again later)")
+    p.add_argument("--heartbeat-s", type=_heartbeat, default=None, metavar="S",
+                   help="seconds between each engine replica's heartbeats (overrides every "
+                   "pipeline's heartbeat_s, default 2; 0 turns them off). After two missed, "
+                   "a replica is declared dead only if it is gone: a local one's process "
+                   "stopped or exited, a remote one's connection closed by libzmq's own "
+                   "heartbeats (a ping every half interval, 1.5 intervals to answer); one "
+                   "that is only busy (a loaded machine) is logged as a slow heartbeat "
+                   "(docs/reliability.md)")
+    p.add_argument("--hang-timeout-s", type=_non_negative_float, default=None, metavar="S",
+                   help="seconds a replica that is alive by those signs may send no "
+                   "heartbeat before it is declared hung and restarted (overrides every "
+                   "pipeline's hang_timeout_s, default 60; 0 never)")
     p.add_argument("--policy-seed", type=int, default=None, metavar="S",
                    help="OpenPI robot policies: call k of every connection draws its noise "
                    "from seed S + k, so a robot's run is reproducible (default: a random S "
@@ -114,6 +127,20 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def _heartbeat(value: str) -> float:
+    try:
+        return parse_heartbeat("command line", float(value))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -151,6 +178,10 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
     if args.max_sessions is not None:
         pipelines = [dataclasses.replace(p, sessions=p.sessions.replace(
             max_sessions=args.max_sessions)) for p in pipelines]
+    liveness = {key: value for key, value in (("heartbeat_s", args.heartbeat_s),
+                                              ("hang_timeout_s", args.hang_timeout_s))
+                if value is not None}
+    pipelines = [dataclasses.replace(p, **liveness) for p in pipelines]
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,

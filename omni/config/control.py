@@ -1,4 +1,5 @@
-"""Pipeline settings of the control plane: where its ROUTER binds, how often engines beat."""
+"""Pipeline settings of the control plane: where its ROUTER binds, how often engines beat,
+how long a live but silent replica may stay so (omni/runtime/liveness.py)."""
 
 from __future__ import annotations
 
@@ -29,4 +30,15 @@ def parse_heartbeat(src: str, value: object) -> float:
             math.isfinite(value) and (value == 0 or value >= 0.05)):
         raise ConfigError(src, "heartbeat_s", f"expected 0 or a number >= 0.05, got "
                           f"{describe(value)}", "Use e.g. 2 (seconds); 0 turns heartbeats off")
+    return float(value)
+
+
+def parse_hang_timeout(src: str, value: object) -> float:
+    """`hang_timeout_s`: seconds a replica whose process (or link) is alive may send no
+    heartbeat before it is declared hung; 0 for never."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ConfigError(src, "hang_timeout_s", f"expected a number >= 0, got "
+                          f"{describe(value)}", "Use e.g. 60 (seconds); 0 never declares a "
+                          "live replica hung")
     return float(value)

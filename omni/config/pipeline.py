@@ -39,7 +39,7 @@ from omni.config.checks import (
     parse_memory,
     require,
 )
-from omni.config.control import parse_control_bind, parse_heartbeat
+from omni.config.control import parse_control_bind, parse_hang_timeout, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
 from omni.config.frozen import Picklable, set_field
 from omni.config.graph import (
@@ -73,8 +73,8 @@ DELIVERIES = ("full", "stream")
 CONNECTORS = ("auto", "inline", "shm", "cuda_ipc", "zmq", "mooncake")
 
 TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "stages",
-            "edges", "outputs", "control_bind", "heartbeat_s", "views", "sessions", "cluster",
-            "defaults")
+            "edges", "outputs", "control_bind", "heartbeat_s", "hang_timeout_s", "views",
+            "sessions", "cluster", "defaults")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch", "inputs",
               "takes_request", "placement")
@@ -94,7 +94,9 @@ class PipelineConfig(Picklable):
     max_inflight: int = 256
     request_timeout_s: float = 600.0
     control_bind: str | None = None  # the ROUTER's address; None: ipc:// in a private dir
-    heartbeat_s: float = 2.0  # engines' heartbeat interval; dead after two missed; 0 = off
+    # engines' heartbeat interval; two missed: gone or busy? (omni/runtime/liveness.py); 0 = off
+    heartbeat_s: float = 2.0
+    hang_timeout_s: float = 60.0  # a live replica silent this long is hung; 0 = never
     source: str = "<dict>"
     # served ids that run a part of this pipeline on its engines (omni/config/views.py)
     views: Mapping[str, PipelineConfig] = field(default_factory=dict)
@@ -247,6 +249,7 @@ def parse_pipeline(
         ),
         control_bind=parse_control_bind(source, data.get("control_bind")),
         heartbeat_s=parse_heartbeat(source, data.get("heartbeat_s", 2.0)),
+        hang_timeout_s=parse_hang_timeout(source, data.get("hang_timeout_s", 60.0)),
         source=source,
         views=parse_views(source, data, base_dir, parse_pipeline),
         sessions=parse_sessions(source, data.get("sessions")),

@@ -293,6 +293,11 @@ class InputStream:
         self.omni, self.state, self.outputs = omni, state, outputs
         self.request_id = state.request_id
 
+    @property
+    def finished(self) -> bool:
+        """It ended (its last output, a failure, an abort): it takes no more input."""
+        return self.state.finished
+
     def feed(self, data: dict[str, Any], last: bool = False) -> None:
         self.omni.feed(self.request_id, data, last)
 

@@ -18,6 +18,14 @@ Sends never block the loop and never drop silently: ``ROUTER_MANDATORY`` turns a
 an identity that is not connected into EHOSTUNREACH, and a send past the peer's
 high-water mark into EAGAIN; both raise ``PeerUnreachableError`` for the caller to
 handle (fail the requests bound there).
+
+A router that replicas reach from elsewhere (other hosts, or processes this server did
+not start) runs ZMTP heartbeats (``link_heartbeat_s``): libzmq's I/O thread pings every
+connection and closes one whose peer stays silent (within two intervals), which drops the
+peer's routing id; ``reaches`` asks whether an identity is still routable. That is how
+a remote replica's liveness is judged without its Python (omni/runtime/liveness.py). A
+router of local children runs none: their process state is the truth there, and a link
+closed under a merely starved child would lose the messages queued on it.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ class ControlRouter:
     """Bind, receive on the loop, send by identity; see the module doc."""
 
     def __init__(self, address: str, on_message: MessageHandler,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, link_heartbeat_s: float = 0.0) -> None:
         self.on_message = on_message
         self.context = zmq.Context(io_threads=1)
         self.gatekeeper = Gatekeeper(self.context, curve) if curve is not None else None
@@ -63,6 +71,8 @@ class ControlRouter:
         self.sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
         self.sock.setsockopt(zmq.LINGER, 0)  # at close every peer is gone or being killed
+        if link_heartbeat_s > 0:
+            watch_links(self.sock, link_heartbeat_s)
         try:
             self.sock.bind(check_address(address, authenticated=curve is not None))
         except zmq.ZMQError as exc:  # e.g. a tcp port in use: nothing of ours stays open
@@ -118,6 +128,16 @@ class ControlRouter:
         finally:
             self._after_send()
 
+    def reaches(self, identity: bytes) -> bool:
+        """Whether a peer of this identity is connected now (an empty frame to it is
+        queued; with ROUTER_MANDATORY an unknown identity raises EHOSTUNREACH). The
+        heartbeat socket that such a probe reaches discards it (channel.py)."""
+        try:
+            self.send(identity, b"")
+        except PeerUnreachableError as exc:
+            return isinstance(exc.__cause__, zmq.Again)  # its queue is full: connected
+        return True
+
     def _after_send(self) -> None:
         """A send may have consumed the descriptor's signal of input: look, and drain on
         the next loop iteration if something waits (never inside a caller's handler).
@@ -138,3 +158,15 @@ class ControlRouter:
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
         self.context.term()
+
+
+def watch_links(sock: zmq.Socket, interval_s: float) -> None:
+    """ZMTP heartbeats on a socket: a PING every half interval, and a connection whose
+    peer has sent nothing (no PONG, no message) for 1.5 intervals after a PING is closed:
+    a dead link is gone within two intervals of its last word, by the check that finds
+    its app heartbeats two intervals late (the timing of the old silence rule). The
+    peer's libzmq I/O thread answers PINGs by itself, without the GIL, so 1.5 intervals
+    (3 s by default) is all a native thread needs on a loaded host."""
+    interval_ms = max(2, round(interval_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms // 2)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, interval_ms * 3 // 2)

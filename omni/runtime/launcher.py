@@ -5,10 +5,11 @@ EngineGroup owns the orchestrator side of one pipeline's control plane: a ZeroMQ
 per child process, and a heartbeat check (heartbeats.py). Startup waits on READY messages
 and sentinels together, so a stage that fails to load fails the start at once with its
 own error. A replica is declared dead by whichever comes first: its DEAD notice, its
-process's exit (read after draining what it sent), or two missed heartbeats (a stopped
-or unreachable process; a local one is then killed); a stage with ``restart`` starts it
-again (restarts.py). Nothing polls: readiness comes from the loop's own readers; the
-heartbeat check is a timer.
+process's exit (read after draining what it sent), or late heartbeats from a replica
+that is gone (a stopped local process, a remote one whose link timed out: liveness.py;
+a local one is then killed); a replica that is only busy is not. A stage with
+``restart`` starts it again (restarts.py). Nothing polls: readiness comes from the
+loop's own readers; the heartbeat check is a timer.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from omni.engines.proc import run_engine_process, stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
 from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
+from omni.runtime.liveness import probe
 from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
@@ -88,9 +90,9 @@ class EngineGroup:
         self._by_identity: dict[bytes, Replica] = {}  # current incarnations only
         self._retired: set[bytes] = set()  # identities whose late messages were seen
         self._exits: dict[str, asyncio.Future] = {}
-        # silence as death (omni/runtime/heartbeats.py)
+        # late heartbeats: gone or busy? (omni/runtime/heartbeats.py, liveness.py)
         self.heartbeats = HeartbeatWatch(pipeline.heartbeat_s, self.replicas, self._drain,
-                                         self._silent)
+                                         self._silent, self._probe, pipeline.hang_timeout_s)
         sweep_dead_launches()
         self._ipc_dir = new_ipc_dir()  # private (0700): only this user reaches its sockets
         # shared-memory names of this launch's payload arenas: omni-<pid>-<tag>-<replica>
@@ -107,8 +109,9 @@ class EngineGroup:
         self.loop = asyncio.get_running_loop()
         try:
             try:
-                self.control = ControlRouter(self.pipeline.control_bind
-                                             or ipc_address(self._ipc_dir), self.on_message)
+                self.control = ControlRouter(
+                    self.pipeline.control_bind or ipc_address(self._ipc_dir), self.on_message,
+                    link_heartbeat_s=self.pipeline.heartbeat_s if self._external else 0.0)
             except BindError as exc:
                 raise StartupError(f"pipeline '{self.pipeline.name}': {exc}") from None
             self.control.attach(self.loop)
@@ -314,8 +317,20 @@ class EngineGroup:
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
 
+    @property
+    def _external(self) -> bool:
+        """Whether replicas this server does not start connect to its control router."""
+        return any(stage.launch == "external" for stage in self.pipeline.stages)
+
+    def _probe(self, replica: Replica) -> tuple[str | None, str]:
+        """Gone or busy, for a replica whose heartbeats are late (liveness.py): a child of
+        ours by its process state, any other by its link."""
+        router = self._router(replica)
+        return probe(replica, router, router is self.control and replica.process is not None)
+
     def _silent(self, replica: Replica, reason: str) -> None:
-        """Missed heartbeats (heartbeats.py): dead; a local process is killed."""
+        """Late heartbeats of a replica that is gone (heartbeats.py): dead; a local
+        process is killed."""
         self._retire(replica)
         self._fail(replica, reason)
         if replica.process is not None and replica.process.exitcode is None:

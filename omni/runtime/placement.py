@@ -78,7 +78,9 @@ class RemoteReplicas:
         await self.placer.connect()
         address = f"tcp://{_bracketed(self.host)}:{self.pipeline.cluster.control_port or '*'}"
         try:
-            self.router = ControlRouter(address, on_message, curve=self.keys)
+            # its replicas' liveness is their link's (omni/runtime/liveness.py)
+            self.router = ControlRouter(address, on_message, curve=self.keys,
+                                        link_heartbeat_s=self.pipeline.heartbeat_s)
         except BindError as exc:
             raise PlacementError(f"pipeline '{self.pipeline.name}': {exc}") from None
         self.router.attach(loop)

@@ -180,7 +180,7 @@ def test_help_explains_every_flag() -> None:
     assert out.returncode == 0
     for flag in ("--model", "--pipeline", "--served-model-name", "--host", "--port",
                  "--api-key", "--dtype", "--max-request-mb", "--drain-timeout", "--cache-dir",
-                 "--max-speech-chars"):
+                 "--max-speech-chars", "--heartbeat-s", "--hang-timeout-s"):
         assert flag in out.stdout
 
 

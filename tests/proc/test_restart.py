@@ -4,8 +4,10 @@ with a typed error, health dips and recovers, and later requests are served agai
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import time
 
 import pytest
 from procutil import Tap, assert_idle, chunk_outputs, collect, run, serving, wait_until
@@ -96,3 +98,48 @@ def test_backoff_starts_over_after_a_replica_stayed_up(stable_s, delays, streak,
                 f"(STABLE_UP_S={stable_s})")
             assert replica.restarts == 2 and replica.crash_streak == streak
     run(body(), timeout_s=30)
+
+
+def _drop_heartbeats(group) -> None:
+    """As if every heartbeat thread were starved: the group never sees a heartbeat."""
+    from_unknown = group._from_unknown
+    group._from_unknown = lambda identity, message: (
+        None if identity.endswith(b"#hb") else from_unknown(identity, message))
+
+
+def test_late_heartbeats_of_a_running_replica_are_no_death_and_a_stopped_one_is(caplog):
+    """Liveness (omni/runtime/liveness.py) end to end: no heartbeat reaches the
+    orchestrator for 10 intervals, yet the replica's process is alive, so it keeps its
+    requests (a slow-heartbeat warning instead of a death); stopped (SIGSTOP), it is
+    declared dead at the next check after two missed intervals, as before, and restarted."""
+    caplog.set_level(logging.WARNING, logger="omni.runtime.launcher")
+    pipeline = parse_pipeline({"name": "phoenix", "heartbeat_s": 0.2, "stages": [
+        {"name": "s", "engine": "echo", "final_output": "text", "restart": True,
+         "options": {"delay_ms": 50}}]})
+
+    async def body():
+        async with serving(pipeline) as omni:
+            group = omni.orchestrator.engines
+            replica = group.replicas["s/0"]
+            _drop_heartbeats(group)
+            slow = asyncio.create_task(collect(omni.generate(
+                {"prompt": "patience"}, params={"*": {"chunks": 40}})))  # 2 s
+            outputs = await slow
+            assert "".join(o.data["text"] for o in chunk_outputs(outputs)) == "patience"
+            assert replica.alive and replica.restarts == 0
+            assert group.heartbeats.slow.count >= 3
+            old_pid = replica.process.pid
+            doomed = asyncio.create_task(collect(omni.generate(
+                {"prompt": "doomed"}, params={"*": {"chunks": 40}})))
+            await asyncio.sleep(0.1)
+            os.kill(old_pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            with pytest.raises(ReplicaDeadError, match=r"no heartbeat .* is stopped"):
+                await doomed
+            assert time.monotonic() - stopped_at < 1.0  # the next check: 0.2 s apart
+            await wait_until(lambda: omni.health()["healthy"], 8.0, "the restarted replica")
+            assert replica.process.pid != old_pid and replica.restarts == 1
+            assert_idle(omni)
+    run(body(), timeout_s=30)
+    warnings = [r.getMessage() for r in caplog.records if "slow heartbeat" in r.getMessage()]
+    assert len(warnings) == 1 and "replica s/0" in warnings[0], warnings

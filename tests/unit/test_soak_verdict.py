@@ -56,6 +56,8 @@ def clean_run() -> dict:
                               "detail": "HTTP 503: the server is shutting down"}
                              for k in ("chat", "image")]},
         "videos_left": [{"id": "video_1", "status": "completed"}],
+        "liveness": {"deaths": 1, "slow_heartbeats": 2, "restarts": 1,
+                     "down": ["ERROR replica llm/0 is down: process 4242 killed by SIGKILL"]},
     }
 
 
@@ -149,6 +151,11 @@ def _video_lost(r):
     r["videos_left"] = [{"id": "video_1", "status": "failed", "error": "aborted"}]
 
 
+def _false_death(r):  # busy, not gone: issue 43
+    r["liveness"]["deaths"] += 1
+    r["liveness"]["down"].append("ERROR replica tts/0 is down: no heartbeat for 6.5 s")
+
+
 @pytest.mark.parametrize(("spoil", "reason"), [
     (_hung, "1 hung"), (_wrong, "1 wrong"), (_untyped, "1 untyped"),
     (_typed_far_from_kills, "typed failures far from any kill"),
@@ -159,6 +166,7 @@ def _video_lost(r):
     (_no_kill, "no replica was killed"), (_exit_code, "exit code was None"),
     (_processes_left, "processes left"), (_shm_left, "/dev/shm blocks left"),
     (_probe_served, "want 503 shutting_down"), (_video_lost, "ended failed"),
+    (_false_death, "1 replica deaths that no kill explains (e.g. ERROR replica tts/0"),
 ], ids=lambda v: v.__name__.strip("_") if callable(v) else None)
 def test_each_way_to_fail_fails(spoil, reason):
     r = copy.deepcopy(clean_run())

@@ -11,18 +11,25 @@ Server VAD (``turn_detection: server_vad``) is an engine stage too (the pipeline
 request of it stays open and every appended chunk is fed to it (``AsyncOmni.feed``); its
 speech_started / speech_stopped events come back as outputs, in milliseconds of the
 session's input audio. The orchestrator forwards those messages and never reads audio.
+When that request fails under the session (its replica died), the client gets one
+``error`` event and the VAD listens again once its stage serves (ServerVad).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from omni.api.subtitles import stream_deltas
+from omni.errors import OmniError
 from omni.media.audio import PcmResampler
+
+log = logging.getLogger("omni.api.realtime")
 
 INPUT_RATE = 16_000  # what the recognizer and the VAD take
 BYTES_PER_MS = INPUT_RATE * 2 // 1000
@@ -120,17 +127,28 @@ def has_vad(omni: Any) -> bool:
 
 
 class ServerVad:
-    """One open VAD request of the session's input audio; events go to ``on_event``."""
+    """One open VAD request of the session's input audio; events go to ``on_event``.
+
+    The request can end under the session: its replica died (its in-flight requests fail
+    with a typed error), its stage is down. Then ``on_failure`` hears why, once per
+    outage; audio is not fed meanwhile (it stays in the input buffer, which the client
+    can still commit), and the next audio at least RETRY_S later opens a new request, so
+    turns are detected again as soon as the stage serves (a restarted replica). A feed
+    never raises for a request that ended: that is the failure already reported, and
+    a burst of errors per audio chunk would tell the client nothing more."""
 
     LIFETIME_S = 24 * 3600.0  # the request lives as long as the connection listens
+    RETRY_S = 1.0  # a request that failed is opened again no sooner than this
 
     def __init__(self, omni: Any, settings: dict[str, Any],
-                 on_event: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+                 on_event: Callable[[dict[str, Any]], Awaitable[None]],
+                 on_failure: Callable[[Exception], Awaitable[None]]) -> None:
         self.omni = getattr(omni, "parent", omni)
-        self.settings, self.on_event = settings, on_event
+        self.settings, self.on_event, self.on_failure = settings, on_event, on_failure
         self.stream: Any = None
         self.task: asyncio.Task | None = None
         self.offset_ms = 0  # the session clock when this VAD stream started
+        self.failed_at: float | None = None  # when the stream ended under us; None: fine
 
     def start(self, offset_ms: int) -> None:
         """Open the request (admitted at once, so it can be fed) and read its events."""
@@ -142,16 +160,51 @@ class ServerVad:
             {}, modalities=["voice_activity"], input_modalities=["audio"],
             params={"*": params}, request_id=f"vad-{uuid.uuid4().hex}",
             timeout_s=self.LIFETIME_S)
-        self.task = asyncio.ensure_future(self._read())
+        self.task = asyncio.ensure_future(self._read(self.stream))
 
-    def feed(self, pcm16k: bytes) -> None:
-        if self.task is not None and not self.task.done():
+    def feed(self, pcm16k: bytes, at_ms: int) -> None:
+        """A chunk of input audio that starts at ``at_ms`` on the session clock."""
+        if self.failed_at is not None and not self._reopen(at_ms):
+            return
+        if self.stream is None or self.stream.finished:  # it just ended: its reader
+            return  # reports why, once (None: it could not open; that was said then)
+        try:
             self.stream.feed({"audio": pcm16k, "sample_rate": INPUT_RATE})
+        except OmniError:  # it ended meanwhile: the same
+            return
 
-    async def _read(self) -> None:
-        async for out in self.stream.outputs:
-            for event in (out.data or {}).get("events", ()):
-                await self.on_event({**event, "audio_ms": event["audio_ms"] + self.offset_ms})
+    def _reopen(self, at_ms: int) -> bool:
+        """A new request after a failure, at most every RETRY_S; True if it is open (a
+        stage without a live replica fails it at once: tried again later)."""
+        if time.monotonic() - self.failed_at < self.RETRY_S:
+            return False
+        self.failed_at = time.monotonic()
+        try:
+            self.start(at_ms)
+        except OmniError:  # not admitted now (the pipeline is full, shutting down)
+            return False
+        if self.stream.finished:
+            return False
+        log.info("server VAD listening again (request %s)", self.stream.request_id)
+        self.failed_at = None
+        return True
+
+    async def _read(self, stream: Any) -> None:
+        try:
+            async for out in stream.outputs:
+                for event in (out.data or {}).get("events", ()):
+                    await self.on_event({**event,
+                                         "audio_ms": event["audio_ms"] + self.offset_ms})
+        except Exception as exc:  # noqa: BLE001 - the request failed: the session hears it
+            await self._failed(stream, exc)
+
+    async def _failed(self, stream: Any, exc: Exception) -> None:
+        first = self.failed_at is None
+        self.failed_at = time.monotonic()
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+        if first and stream is self.stream:  # a retry that failed at once stays quiet
+            await self.on_failure(exc)
 
     async def close(self) -> None:
         if self.task is None:

@@ -11,7 +11,8 @@ unknown event gets an ``error`` event naming the ``event_id`` that caused it and
 socket stays open; a client that keeps sending bad events (MAX_BAD_EVENTS) is closed with
 1008; a frame over the size limit with 1009 (aiohttp's reader). When the session ends
 under the connection (its replica died, its lease ran out) the client gets an ``error``
-event and a 1011 close, never a hang.
+event and a 1011 close, never a hang. The server VAD's replica dying is one ``error``
+event; the session stays and the VAD listens again (audio_input.ServerVad).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 import omni.api.realtime.audio_input as audio_input
+from omni.api.errors import from_exception
 from omni.api.realtime.config import VAD_DEFAULTS, ClientError, ConfigError, SessionConfig
 from omni.api.realtime.item_events import ItemEvents
 from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id
@@ -197,8 +199,17 @@ class RealtimeConnection(ItemEvents):
             self.vad = None
         if self.config.turn_detection is not None:
             self.vad = audio_input.ServerVad(self.omni, self.config.turn_detection,
-                                             self.turns.on_event)
+                                             self.turns.on_event, self._vad_failed)
             self.vad.start(self.audio.now_ms)
+
+    async def _vad_failed(self, exc: Exception) -> None:
+        """The server VAD's request failed (its replica died): one error event; the
+        session stays, and the VAD listens again once its stage serves (ServerVad)."""
+        error = from_exception(exc)
+        await self.error(f"turn detection stopped: {error.message}. It resumes by itself "
+                         "once the stage serves again; meanwhile audio can be committed with "
+                         "input_audio_buffer.commit", error.code or "turn_detection_failed",
+                         type_="server_error")
 
     # -- input audio -------------------------------------------------------------------
     async def audio_append(self, event: dict[str, Any]) -> None:
@@ -211,12 +222,13 @@ class RealtimeConnection(ItemEvents):
 
     def append_pcm(self, pcm: bytes) -> None:
         """24 kHz pcm16 into the buffer (and the VAD, when it listens)."""
+        start_ms = self.audio.now_ms
         try:
             pcm16k = self.audio.append(pcm)
         except ValueError as exc:
             raise ClientError(f"input audio: {exc}", "invalid_audio", "audio") from None
         if self.vad is not None:
-            self.vad.feed(pcm16k)
+            self.vad.feed(pcm16k, start_ms)
 
     async def audio_commit(self, event: dict[str, Any], from_ms: int | None = None,
                            early: tuple[asyncio.Task, bytes] | None = None) -> None:

@@ -7,9 +7,11 @@ step libzmq's I/O thread keeps receiving into the socket's queue (bounded by
 CONTROL_HWM), so a heavy inbound stream never waits behind a full kernel buffer.
 
 Heartbeats go from a thread of their own on a second DEALER (identity + ``#hb``), so a
-long step never looks like a dead engine, while a stopped process (SIGSTOP) or an
-unreachable host falls silent and is declared dead by the orchestrator after two missed
-intervals (omni/runtime/launcher.py).
+long step never looks like a dead engine. A thread can still be late on a loaded machine
+(no CPU, no GIL), so two missed intervals only make the orchestrator ask whether the
+replica is gone: its process state here, or whether this socket's connection still
+answers libzmq's own heartbeats from elsewhere (omni/runtime/liveness.py). Those probes
+arrive on this socket as empty messages, and the heartbeat thread discards them.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class Channel:
                     sock.send(beat, zmq.NOBLOCK)
                 except zmq.Again:
                     pass
+                while sock.get(_EVENTS) & _POLLIN:  # the orchestrator's link probes
+                    sock.recv(_NOBLOCK)
                 if self._stop.wait(interval_s):
                     return
         finally:
