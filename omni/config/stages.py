@@ -40,6 +40,8 @@ class StageConfig(Picklable):
     inputs: tuple[str, ...] = ("text",)  # what it takes from a client, as an entry stage
     takes_request: tuple[str, ...] = ()  # client input keys it also gets when fed by others
     placement: Placement = LOCAL  # where its replicas run (omni/config/placement.py)
+    # the interpreter its replicas run with (omni/config/environments.py); None: the server's
+    python: str | None = None
 
     def __post_init__(self) -> None:
         set_field(self, "devices", tuple(self.devices) or default_devices(self.engine))

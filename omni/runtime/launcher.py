@@ -24,8 +24,9 @@ from typing import Any
 from omni.config.memory import memory_note
 from omni.config.pipeline import PipelineConfig
 from omni.config.stages import StageConfig
-from omni.engines.proc import run_engine_process, stage_spec
+from omni.engines.proc import EngineSpec, run_engine_process, stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
+from omni.runtime.env_process import EnvProcess, omni_path
 from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.liveness import probe
@@ -34,6 +35,7 @@ from omni.runtime.pool import Replica, StagePool
 from omni.runtime.processes import describe_exit, process_context
 from omni.runtime.restarts import next_incarnation, restart_delay
 from omni.runtime.teardown import Teardown
+from omni.runtime.versions import wire_refusal
 from omni.wire.protocol import (
     AbortAck,
     Dead,
@@ -48,6 +50,7 @@ from omni.wire.protocol import (
     heartbeat_owner,
     ipc_address,
     parse_identity,
+    ready_version,
 )
 
 log = logging.getLogger("omni.runtime.launcher")
@@ -153,14 +156,23 @@ class EngineGroup:
             curve=remote.keys.to_dict() if remote else None,
             data_host=remote.host if remote else "127.0.0.1",
             encrypt_payloads=bool(remote and self.pipeline.cluster.encrypt_payloads))
-        if stage.placement.remote:
-            process = remote.spawn(spec, stage, name)
-        else:
-            process = spawn.Process(target=run_engine_process, args=(spec,), name=name)
-            process.start()
+        try:
+            process = self._new_process(spawn, stage, spec, name)
+        except OSError as exc:  # its interpreter cannot start (python: gone since the load)
+            self._fail(replica, f"cannot start stage '{stage.name}' with {stage.python}: {exc}")
+            return
         replica.process = process
         self._exits[replica_id] = self.loop.create_future()
         self.loop.add_reader(process.sentinel, self._on_exit, replica, process)
+
+    def _new_process(self, spawn: Any, stage: StageConfig, spec: EngineSpec, name: str) -> Any:
+        if stage.placement.remote:
+            return self.remote.spawn(spec, stage, name)
+        if stage.python:  # its own environment: its interpreter, not a fork of the server
+            return EnvProcess(stage.python, spec, name, omni_path(self._ipc_dir))
+        process = spawn.Process(target=run_engine_process, args=(spec,), name=name)
+        process.start()
+        return process
 
     async def _wait_ready(self) -> None:
         started = time.monotonic()
@@ -231,6 +243,14 @@ class EngineGroup:
         replica = self._by_identity.get(identity)
         if replica is None:
             self._from_unknown(identity, message)
+            return
+        refused = None if replica.connected else wire_refusal(
+            message, replica.replica_id, self.pipeline.stage(replica.stage).python)
+        if refused:  # another wire version (versions.py): it fails to start, and stops
+            replica.connected = True  # so that it can be told to
+            self._on_dead(replica, refused)
+            if replica.process is not None:
+                replica.process.kill()  # it may not read a Shutdown of this version
             return
         try:
             report = decode_report(message)
@@ -303,10 +323,12 @@ class EngineGroup:
         replica.ready.set_result(info)
         if replica.process is not None and replica.process.pid is None:  # Ray's
             replica.process.pid = info.get("pid")
-        log.info("replica %s ready (pid %s%s, %s%s)", replica.replica_id,
+        log.info("replica %s ready (pid %s%s, %s%s%s)", replica.replica_id,
                  replica.process.pid if replica.process else "external",
                  f" on {info.get('host')}" if self._router(replica) is not self.control else "",
-                 info.get("device", "device not reported"), memory_note(info))
+                 info.get("device", "device not reported"), memory_note(info),
+                 f", {info.get('python')}" if self.pipeline.stage(replica.stage).python
+                 else "")
 
     def _on_dead(self, replica: Replica, reason: str) -> None:
         """The engine's own death notice: fail it, then let it exit (it waits for this)."""
@@ -392,7 +414,9 @@ class EngineGroup:
 
 
 def _opens_incarnation(message: bytes) -> bool:
-    """A Ready or a Dead: what a new incarnation says first."""
+    """A Ready (of any version) or a Dead: what a new incarnation says first."""
+    if ready_version(message) is not None:
+        return True
     try:
         return isinstance(decode_report(message), (Ready, Dead))
     except ProtocolError:

@@ -183,7 +183,7 @@ class RayProcess:
             self.reason = f"its Ray actor died: {str(exc).splitlines()[0][:300]}"
         os.write(self._write, b"x")
 
-    def describe(self) -> str:
+    def describe(self, connected: bool = True) -> str:
         where = f" on {self.node_ip}" if self.node_ip else ""
         if self.reason:
             return f"replica process{where} lost: {self.reason}"

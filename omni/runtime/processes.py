@@ -68,9 +68,10 @@ def stop_helper_processes() -> None:
 
 def describe_exit(replica: Any) -> str:
     """How a replica's process ended, for logs and errors."""
-    describe = getattr(replica.process, "describe", None)  # a Ray-placed one says itself
+    # a Ray-placed one, or one in its own environment, says itself
+    describe = getattr(replica.process, "describe", None)
     if describe is not None:
-        return describe()
+        return describe(replica.connected)
     code = replica.process.exitcode
     if code is None:
         return "process still running but unreachable"

@@ -41,6 +41,10 @@ from typing import Any, Literal
 import msgspec
 
 Buffer = bytes | bytearray | memoryview
+# The control plane's version: +1 on any change to a message that an older peer would read
+# wrongly. An engine says it in its Ready; the orchestrator refuses an engine of another
+# version (a stage's own environment may hold another omni: omni/runtime/versions.py).
+WIRE_VERSION = 1
 REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
 
 
@@ -100,9 +104,13 @@ class Free(_Message, tag=7):
 # -- engine -> orchestrator ("reports") --------------------------------------------------
 
 class Ready(_Message, tag=10):
-    """The first message of an incarnation: loaded, with its capabilities and memory."""
+    """The first message of an incarnation: loaded, with its capabilities and memory.
+    Its first three fields keep their places in every version, so that any version's
+    Ready can be read for the version check (ready_version); 0: an engine from before
+    versions were sent."""
     replica_id: str
     info: dict[str, Any]
+    wire_version: int = 0
 
 
 class Row(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
@@ -182,6 +190,20 @@ def decode_command(frame: Buffer) -> Command:
 def decode_report(frame: Buffer) -> Report:
     """What the orchestrator reads: an engine's report, or ProtocolError."""
     return _decode(_reports, frame, "an engine's report")
+
+
+def ready_version(frame: Buffer) -> int | None:
+    """The wire version a Ready declares, read without the Ready struct of this version
+    (another version's Ready may have other fields after it); None if the frame is no
+    Ready."""
+    try:
+        fields = msgspec.msgpack.decode(frame)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(fields, list) or len(fields) < 3 or fields[0] != Ready.__struct_config__.tag:
+        return None
+    version = fields[3] if len(fields) > 3 else 0
+    return version if isinstance(version, int) and not isinstance(version, bool) else -1
 
 
 def _decode(decoder: msgspec.msgpack.Decoder, frame: Buffer, expected: str) -> Any:

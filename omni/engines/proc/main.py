@@ -25,12 +25,13 @@ from typing import Any
 from omni.config.memory import over_budget
 from omni.engines.base import EngineLoadError
 from omni.engines.proc.channel import Channel
+from omni.engines.proc.environment import environment_info
 from omni.engines.proc.loop import EngineLoop
 from omni.engines.proc.spec import EngineSpec
 from omni.heap import freeze_loaded_objects
 from omni.wire.curve import CurveKeys
 from omni.wire.payloads import PayloadPlane
-from omni.wire.protocol import Dead, Ready, encode, identity
+from omni.wire.protocol import WIRE_VERSION, Dead, Ready, encode, identity
 
 log = logging.getLogger("omni.engine")
 
@@ -141,10 +142,10 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
                           getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
-    info = {**engine.info(), **memory, "pid": os.getpid(),
+    info = {**engine.info(), **memory, **environment_info(), "pid": os.getpid(),
             "host": spec.node or socket.gethostname()}
     info.setdefault("device", resolve_device(spec.device))  # for the READY log line
-    channel.send(encode(Ready(spec.replica_id, info)))
+    channel.send(encode(Ready(spec.replica_id, info, WIRE_VERSION)))
     try:
         EngineLoop(spec.replica_id, engine, channel, payloads).run()
     finally:

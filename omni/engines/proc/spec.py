@@ -6,9 +6,12 @@ something else with `python -m omni.engines.proc` (its own host, its own supervi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from omni.config.pipeline import PipelineConfig
 
@@ -59,6 +62,23 @@ def stage_spec(pipeline: PipelineConfig, stage_name: str, index: int, *, control
         memory=stage.memory, memory_share=stage.memory_share,
         # its control channel is CURVE only to another host (local ones use the ipc router)
         curve=curve if stage.placement.remote else None)
+
+
+def spec_bytes(spec: EngineSpec) -> bytes:
+    """The spec as msgpack: how it reaches an engine started with another interpreter
+    (omni/runtime/env_process.py), which shares no pickles with the server."""
+    return msgspec.msgpack.encode(spec)
+
+
+def spec_from_bytes(data: bytes) -> EngineSpec:
+    """The spec spec_bytes wrote. Fields this omni does not know are dropped and missing
+    ones take their defaults: an environment's omni of another version still starts and
+    says its wire version in READY, where the server refuses it with the fix."""
+    fields = msgspec.msgpack.decode(data)
+    if not isinstance(fields, dict):
+        raise ValueError(f"an engine spec is a mapping, got {type(fields).__name__}")
+    known = {f.name for f in dataclasses.fields(EngineSpec)}
+    return EngineSpec(**{k: v for k, v in fields.items() if k in known})
 
 
 def payload_options(pipeline: PipelineConfig, stage_name: str,
