@@ -42,7 +42,19 @@ class ServedModel:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "omni",
                 "modalities": [m for m in self.modalities if m not in SIGNAL_MODALITIES],
                 "input_modalities": list(self.input_modalities),
-                "defaults": self.request_defaults(), **self.metadata}
+                "defaults": self.request_defaults(), "stages": self.stage_environments(),
+                **self.metadata}
+
+    def stage_environments(self) -> dict[str, dict[str, Any]]:
+        """stage -> its engine kind and, from a live replica's READY, the interpreter and
+        library versions it runs with: a stage may run in an environment of its own
+        (`python:` / `env:`, docs/pipeline.md), with other versions than the server's."""
+        cards = {}
+        for stage in self.omni.pipeline.stages:
+            info = self.omni.stage_info(stage.name)
+            cards[stage.name] = {"engine": stage.engine,
+                                 **{k: info[k] for k in ("python", "versions") if k in info}}
+        return cards
 
     def request_defaults(self) -> dict[str, dict[str, dict[str, Any]]]:
         """output modality -> stage -> the params a request asking for it gets when it
