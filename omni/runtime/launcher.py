@@ -49,8 +49,8 @@ from omni.wire.protocol import (
     encode,
     heartbeat_owner,
     ipc_address,
+    opens_incarnation,
     parse_identity,
-    ready_version,
 )
 
 log = logging.getLogger("omni.runtime.launcher")
@@ -277,7 +277,7 @@ class EngineGroup:
         """A heartbeat, an external replica's new incarnation, or a message of a retired
         incarnation or a stranger (ignored)."""
         replica = self._external_slot(identity)
-        if replica is not None and _opens_incarnation(message):  # a Ready (or Dead) adopts
+        if replica is not None and opens_incarnation(message):  # a Ready (or Dead) adopts
             replica.incarnation = parse_identity(identity)[1]
             self._by_identity[identity] = replica
             self.on_message(identity, message)
@@ -412,12 +412,3 @@ class EngineGroup:
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
 
-
-def _opens_incarnation(message: bytes) -> bool:
-    """A Ready (of any version) or a Dead: what a new incarnation says first."""
-    if ready_version(message) is not None:
-        return True
-    try:
-        return isinstance(decode_report(message), (Ready, Dead))
-    except ProtocolError:
-        return False

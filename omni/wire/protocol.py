@@ -206,6 +206,16 @@ def ready_version(frame: Buffer) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else -1
 
 
+def opens_incarnation(frame: Buffer) -> bool:
+    """A Ready (of any version) or a Dead: what a new incarnation says first."""
+    if ready_version(frame) is not None:
+        return True
+    try:
+        return isinstance(decode_report(frame), Dead)
+    except ProtocolError:
+        return False
+
+
 def _decode(decoder: msgspec.msgpack.Decoder, frame: Buffer, expected: str) -> Any:
     try:
         return decoder.decode(frame)
