@@ -15,10 +15,15 @@ Standard library only, and no `omni` import before the path is settled.
 
 import importlib.util
 import os
+import signal
 import sys
 
 
 def main() -> None:
+    # the server owns shutdown: a terminal's Ctrl-C reaches the whole process group, and the
+    # engine waits for the server's Shutdown (as run_engine_process does, from here on: the
+    # imports before it take seconds)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # this file's directory was put first on the path: its modules (main, loop, spec, ...)
     # must not shadow top-level ones of the environment
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
