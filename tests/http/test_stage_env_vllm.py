@@ -114,6 +114,16 @@ def test_one_server_answers_from_both_environments(server, vllm_env):
     assert _answers(server, "tiny-vllm") == _answers(server, "tiny-ar")
     card = _cards(server)["tiny-vllm"]["stages"]["llm"]
     assert (card["engine"], card["python"]) == ("vllm", VLLM_PYTHON)
+    health, metrics = run(_health_and_metrics(server))
+    assert health["models"]["tiny-vllm"]["stages"]["llm"]["live"] == 1  # as any replica
+    assert any(line.startswith("omni_replica_memory_bytes{") and 'pipeline="tiny-vllm"' in line
+               and 'replica="llm/0"' in line for line in metrics.splitlines())
+
+
+async def _health_and_metrics(server) -> tuple[dict, str]:
+    async with server.session() as session:
+        async with session.get("/health") as health, session.get("/metrics") as metrics:
+            return await health.json(), await metrics.text()
 
 
 def test_the_vllm_stage_runs_its_environments_libraries(server, vllm_env):
