@@ -107,17 +107,21 @@ def test_a_stage_in_its_own_environment_serves_restarts_and_leaves_nothing(
     run(body(), timeout_s=60)
 
 
-def test_the_engine_exits_when_the_server_is_gone(bare_python, tmp_path, no_pythonpath):
+def test_the_engine_exits_and_frees_its_arenas_when_the_server_is_gone(bare_python, tmp_path, no_pythonpath):
     pipeline = chain(bare_python)
     spec = stage_spec(pipeline, "b", 0, control_address=f"ipc://{tmp_path}/nobody.sock",
                       arena_name=f"omni-test-{os.getpid()}-b")
+    arena = f"/dev/shm/{spec.arena_name}-0123abcd"  # as its first payload would make it
     process = EnvProcess(bare_python, spec, "b", omni_path(str(tmp_path)))
     try:
         assert process.is_alive()
+        with open(arena, "wb"):
+            pass
         process._popen.stdin.close()  # what a dead server's kernel does to its end
         assert select.select([process.sentinel], [], [], 30.0)[0], "still running"
         process.join()
         assert process.exitcode == 0 and not process.is_alive()
+        assert not os.path.exists(arena)  # no server is left to remove it
     finally:
         process.kill()
         process.join()
