@@ -73,8 +73,10 @@ for line in vllm.requires or []:
     except PackageNotFoundError:
         continue  # torchvision & co., removed on purpose above
     if not requirement.specifier.contains(installed, prereleases=True):
-        broken.append(f"{requirement} (installed: {installed})")
+        broken.append(f"{requirement.name}{requirement.specifier} (installed: {installed})")
 if broken:
-    sys.exit("install_vllm_env: vllm's requirements no longer hold: " + "; ".join(broken))
+    sys.exit("install_vllm_env: vllm's requirements no longer hold: " + "; ".join(broken)
+             + " (a .venv-vllm built before this script kept them: rm -rf .venv-vllm, then "
+             "run it again)")
 PY
 echo "install_vllm_env: done ($($py -c 'import vllm, transformers; print("vllm", vllm.__version__, "transformers", transformers.__version__)' 2>/dev/null | tail -1))"
