@@ -46,6 +46,8 @@ for line in setup["options"]["install_requires"].splitlines():
         print(line.strip())
 PY
 )
+# pip then reports omni's own floors as conflicts ("omni requires transformers>=5.23, but
+# you have 5.19.0"): expected, vllm's pins win here; the check below is the one that counts
 $py -m pip install -q --no-deps -e .
 $py -m pip install -q -c "$pins" "${requirements[@]}" pytest pytest-timeout openai
 # vllm's own requirements still hold (pip only warns when an install breaks another's)
