@@ -24,15 +24,14 @@ from typing import Any
 from omni.config.memory import memory_note
 from omni.config.pipeline import PipelineConfig
 from omni.config.stages import StageConfig
-from omni.engines.proc import EngineSpec, run_engine_process, stage_spec
+from omni.engines.proc import stage_spec
 from omni.runtime.control import BindError, ControlRouter, PeerUnreachableError
-from omni.runtime.env_process import EnvProcess, omni_path
 from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.liveness import probe
 from omni.runtime.placement import PlacementError, RemoteReplicas
 from omni.runtime.pool import Replica, StagePool
-from omni.runtime.processes import describe_exit, process_context
+from omni.runtime.processes import describe_exit, process_context, start_local
 from omni.runtime.restarts import next_incarnation, restart_delay
 from omni.runtime.teardown import Teardown
 from omni.runtime.versions import wire_refusal
@@ -157,22 +156,14 @@ class EngineGroup:
             data_host=remote.host if remote else "127.0.0.1",
             encrypt_payloads=bool(remote and self.pipeline.cluster.encrypt_payloads))
         try:
-            process = self._new_process(spawn, stage, spec, name)
+            process = (remote.spawn(spec, stage, name) if stage.placement.remote
+                       else start_local(spawn, stage, spec, name, self._ipc_dir))
         except OSError as exc:  # its interpreter cannot start (python: gone since the load)
             self._fail(replica, f"cannot start stage '{stage.name}' with {stage.python}: {exc}")
             return
         replica.process = process
         self._exits[replica_id] = self.loop.create_future()
         self.loop.add_reader(process.sentinel, self._on_exit, replica, process)
-
-    def _new_process(self, spawn: Any, stage: StageConfig, spec: EngineSpec, name: str) -> Any:
-        if stage.placement.remote:
-            return self.remote.spawn(spec, stage, name)
-        if stage.python:  # its own environment: its interpreter, not a fork of the server
-            return EnvProcess(stage.python, spec, name, omni_path(self._ipc_dir))
-        process = spawn.Process(target=run_engine_process, args=(spec,), name=name)
-        process.start()
-        return process
 
     async def _wait_ready(self) -> None:
         started = time.monotonic()

@@ -1,4 +1,5 @@
-"""How engine processes start on this host: forked from a fork server."""
+"""How engine processes start on this host: forked from a fork server, or, for a stage in
+its own Python environment, started with that environment's interpreter."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from omni.config.pipeline import PipelineConfig
+from omni.config.stages import StageConfig
 from omni.engines.kinds import preloads
+from omni.engines.proc import EngineSpec, run_engine_process
+from omni.runtime.env_process import EnvProcess, omni_path
 
 # What a model engine imports anyway; the fork server imports it once, before any fork.
 HEAVY_MODULES = ["torch", "transformers", "omni.engines.proc"]
@@ -31,6 +35,20 @@ def process_context(pipeline: PipelineConfig) -> Any:
     if preloads(stage.engine for stage in pipeline.stages):
         context.set_forkserver_preload(HEAVY_MODULES + _model_modules(pipeline))
     return context
+
+
+def start_local(spawn: Any, stage: StageConfig, spec: EngineSpec, name: str,
+                launch_dir: str) -> Any:
+    """A replica's process on this host: forked from the fork server (``spawn``,
+    process_context's), or, for a stage with its own environment (`python:`), a subprocess
+    of that interpreter (env_process.py; OSError when it cannot start at all). The launch's
+    private directory ``launch_dir`` holds the link to the server's omni such an
+    environment may need."""
+    if stage.python:
+        return EnvProcess(stage.python, spec, name, omni_path(launch_dir))
+    process = spawn.Process(target=run_engine_process, args=(spec,), name=name)
+    process.start()
+    return process
 
 
 def _model_modules(pipeline: PipelineConfig) -> list[str]:
