@@ -402,4 +402,3 @@ class EngineGroup:
         next_incarnation(replica, self.loop)
         log.warning("waiting for replica %s to connect again with --incarnation %d or later",
                     replica.replica_id, replica.incarnation)
-
