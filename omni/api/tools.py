@@ -90,8 +90,7 @@ async def plan_tools(model: ServedModel, tools: Sequence[FunctionDef] | None, ch
     info = _text_stage_info(model)
     if info.get("tool_format", "hermes") is None:
         raise APIError(400, f"model '{model.id}' has no tool-call format this server knows "
-                       "(served: Hermes-style, for Qwen-family and ChatML models)",
-                       param="tools")
+                       "(docs/agents.md lists the families served)", param="tools")
     await asyncio.to_thread(_check_schemas, functions, [param_of(i) for i in range(
         len(functions))])
     if not info.get("constrained_decoding"):

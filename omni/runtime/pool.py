@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing.process
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omni.wire.protocol import identity
+from omni.wire.protocol import identity, parse_identity
+
+if TYPE_CHECKING:
+    from omni.config.pipeline import PipelineConfig
 
 
 @dataclass(eq=False)
@@ -64,3 +68,15 @@ class StagePool:
 
     def queue_length(self) -> int:
         return sum(len(r.outstanding) for r in self.replicas)
+
+
+def external_slot(replicas: Mapping[str, Replica], raw_identity: bytes,
+                  pipeline: PipelineConfig) -> Replica | None:
+    """The replica slot an external process with this identity may take: one of a
+    `launch: external` stage, not connected, and no older than its last incarnation."""
+    parsed = parse_identity(raw_identity)
+    replica = replicas.get(parsed[0]) if parsed else None
+    if (replica is None or replica.connected or parsed[1] < replica.incarnation
+            or pipeline.stage(replica.stage).launch != "external"):
+        return None
+    return replica
