@@ -52,13 +52,15 @@ PY
 
 # a venv is not relocatable (its scripts name its path): it is built in place, the old one
 # kept aside until the new one imports
-rm -rf "$target.old"
+# an .old left by an interrupted build is the last good one: put it back first
+[[ -e $target.old ]] && { rm -rf "$target"; mv "$target.old" "$target"; }
 [[ -e $target ]] && mv "$target" "$target.old"
 restore() {
   rm -rf "$target"
   [[ -e $target.old ]] && mv "$target.old" "$target"
   echo "make_stage_env: building $target failed (above); the old environment, if any, is kept" >&2
 }
+trap 'restore; exit 1' INT TERM
 trap restore ERR
 "${PYTHON:-python3}" -m venv "$target"
 py=$target/bin/python
@@ -69,7 +71,7 @@ $py -m pip install -q "${pip_from[@]}" -r "$requirements" "${engine_deps[@]}"
 $py -m pip install -q "${pip_from[@]}" --no-deps "$repo"
 $py -c "import omni.engines.proc.main" \
   || { echo "make_stage_env: omni's engine side does not import (the missing module is above): add it to $2" >&2; false; }
-trap - ERR
+trap - ERR INT TERM
 rm -rf "$target.old"
 {
   echo "# scripts/make_stage_env.sh $name $2${3:+ $3}: what it installed (pip freeze)"

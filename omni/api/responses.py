@@ -111,10 +111,15 @@ class ResponseRun:
         """One engine output into the items; the events it caused."""
         if out.data is None or out.modality != "text":
             return []
-        delta = self.result.add(out.data)
+        return self._items(self.result.add(out.data))
+
+    def feed_whole(self) -> None:
+        """The whole answer into the items at once (non-streamed: no events to send)."""
+        self._items(self.result.text)
+
+    def _items(self, text: str) -> list[Event]:
         calls = self.result.calls
-        parts = calls.feed(delta) if calls is not None else (
-            [{"content": delta}] if delta else [])
+        parts = calls.feed(text) if calls is not None else ([{"content": text}] if text else [])
         return self.output.parts(parts)
 
     def finish(self) -> list[Event]:
@@ -207,8 +212,10 @@ class _Events:
 
 async def _complete(run: ResponseRun) -> web.Response:
     async with contextlib.aclosing(run.call.stream(0)) as outputs:
-        async for out in outputs:
-            run.feed(out)
+        async for out in outputs:  # collected; read for items once, at the end
+            if out.data is not None and out.modality == "text":
+                run.result.add(out.data)
+    run.feed_whole()
     run.finish()
     response = run.final()
     run.keep(response)

@@ -70,8 +70,13 @@ class EnvProcess:
             [python, BOOTSTRAP, path_dir, spec.replica_id], stdin=subprocess.PIPE,
             env=child_environment(python), close_fds=True)
         self.pid = self._popen.pid
-        # our child, not reaped before we wait: the pid cannot name another process yet
-        self.sentinel = os.pidfd_open(self.pid)
+        try:  # our child, not reaped before we wait: the pid cannot name another process yet
+            self.sentinel = os.pidfd_open(self.pid)
+        except OSError:  # no pidfd (too many open files): nothing may outlive the failure
+            self._popen.kill()
+            self._popen.wait()
+            self._popen.stdin.close()
+            raise
         try:
             self._popen.stdin.write(frame(spec_bytes(spec)))
             self._popen.stdin.flush()

@@ -160,8 +160,10 @@ class EngineGroup:
         try:
             process = (remote.spawn(spec, stage, name) if stage.placement.remote
                        else start_local(spawn, stage, spec, name, self._ipc_dir))
-        except OSError as exc:  # its interpreter cannot start (python: gone since the load)
-            self._fail(replica, f"cannot start stage '{stage.name}' with {stage.python}: {exc}")
+        except OSError as exc:  # e.g. its interpreter is gone since the load, or no fork
+            how = f" with {stage.python}" if stage.python else ""
+            self._retire(replica)
+            self._fail(replica, f"cannot start stage '{stage.name}'{how}: {exc}")
             return
         replica.process = process
         self._exits[replica_id] = self.loop.create_future()

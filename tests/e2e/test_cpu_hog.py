@@ -129,6 +129,8 @@ def test_a_machine_loaded_4x_over_its_cores_declares_no_replica_dead() -> None:
               f"{out['turns']} answered, chats {out['chats_answered']}/{out['chats']}; "
               f"deaths {len(deaths)}, error events {len(errors)}, slow-heartbeat warnings "
               f"{len(slow)} (each a death under the old rule): {slow}")
+        # the hogs loaded the machine (else nothing here was tested under load)
+        assert hog.summary()["loadavg_after"][0] > (os.cpu_count() or 1), hog.summary()
         assert deaths == [], deaths
         assert all(s["restarts"] == 0 and s["live"] == s["replicas"] for s in stages.values())
         assert errors == [], errors

@@ -18,6 +18,8 @@ from httputil import (  # noqa: E402
     write_pipeline,
 )
 
+from omni.fixtures.tiny_models import ensure_tiny_model  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
@@ -78,3 +80,10 @@ def speech(voice_server: Server) -> dict[str, bytes]:
     from voiceutil import QUESTION, STORY, speak
 
     return speak(voice_server, QUESTION, STORY)
+
+
+@pytest.fixture(scope="module")
+def ar_server(start_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real AR engine on the tiny random Qwen3, served as "qwen3" (one per module)."""
+    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
+    return start_server({"qwen3": str(model_dir)})

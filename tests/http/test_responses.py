@@ -11,14 +11,9 @@ import json
 import openai
 import pytest
 from httputil import assert_error_object, parse_sse, run
+from toolutil import CLOCK, WEATHER
 
 URL = "/v1/responses"
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "unit", "days"], "additionalProperties": False}
-CLOCK = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
-         "required": ["zone"], "additionalProperties": False}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "weather",
           "parameters": WEATHER, "strict": True},
          {"type": "function", "name": "get_time", "parameters": CLOCK, "strict": True}]

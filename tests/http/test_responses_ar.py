@@ -12,21 +12,12 @@ from typing import Literal
 
 import jsonschema
 import openai
-import pytest
 from httputil import parse_sse, run
 from pydantic import BaseModel, Field
-from test_responses import CALL_EVENTS, CLOCK, TOOLS, WEATHER, squeeze
-
-from omni.fixtures.tiny_models import ensure_tiny_model
+from test_responses import CALL_EVENTS, TOOLS, squeeze
+from toolutil import SCHEMAS
 
 ASK = "What is the weather in Paris?"
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-
-
-@pytest.fixture(scope="module")
-def ar_server(start_server, tmp_path_factory):
-    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
-    return start_server({"qwen3": str(model_dir)})
 
 
 def _valid_calls(response) -> list[tuple[str, dict]]:

@@ -13,8 +13,6 @@ import pytest
 from httputil import assert_error_object, run
 from pydantic import BaseModel, Field
 
-from omni.fixtures.tiny_models import ensure_tiny_model
-
 HELLO = [{"role": "user", "content": "Describe a pet as JSON"}]
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -30,12 +28,6 @@ class Pet(BaseModel):
     name: str = Field(max_length=12)
     age: int = Field(ge=0, le=30)
     kind: Literal["cat", "dog", "fish"]
-
-
-@pytest.fixture(scope="module")
-def ar_server(start_server, tmp_path_factory):
-    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
-    return start_server({"qwen3": str(model_dir)})
 
 
 def test_chat_json_schema_validates_and_n_choices_vary(ar_server):

@@ -3,19 +3,12 @@ SDK: n choices, logprobs in both shapes, penalties, seeds, streaming with usage.
 
 from __future__ import annotations
 
-import pytest
 from httputil import run
 
 from omni.fixtures.tiny_models import ensure_tiny_model
 
 HELLO = [{"role": "user", "content": "Tell me a story"}]
 FIXED = {"temperature": 0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
-
-
-@pytest.fixture(scope="module")
-def ar_server(start_server, tmp_path_factory):
-    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
-    return start_server({"qwen3": str(model_dir)})
 
 
 def test_n_choices_and_usage(ar_server):

@@ -17,17 +17,9 @@ import openai
 import pytest
 from httputil import run
 from pydantic import BaseModel, Field
-
-from omni.fixtures.tiny_models import ensure_tiny_model
+from toolutil import CLOCK, SCHEMAS, WEATHER
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 10},
-    "unit": {"enum": ["c", "f"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "unit", "days"], "additionalProperties": False}
-CLOCK = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}},
-         "required": ["zone"], "additionalProperties": False}
 
 
 def tool(name: str, schema: dict, strict: bool = True) -> dict:
@@ -36,13 +28,6 @@ def tool(name: str, schema: dict, strict: bool = True) -> dict:
 
 
 TOOLS = [tool("get_weather", WEATHER), tool("get_time", CLOCK)]
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-
-
-@pytest.fixture(scope="module")
-def ar_server(start_server, tmp_path_factory):
-    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
-    return start_server({"qwen3": str(model_dir)})
 
 
 def _valid_calls(message) -> list[tuple[str, dict]]:

@@ -27,6 +27,7 @@ from omni.engines.proc.spec import stage_spec
 from omni.runtime.env_process import EnvProcess, omni_path
 from omni.runtime.launcher import StartupError
 from omni.runtime.leftovers import unlink_arenas
+from omni.wire.protocol import WIRE_VERSION
 
 BLOB = 96 * 1024  # per output: through the shm arenas, not inline
 
@@ -137,7 +138,7 @@ def test_another_wire_version_is_refused_at_ready(tmp_path):
         run(AsyncOmni(chain(python)).start(), timeout_s=60)
     message = str(error.value)
     assert "stage 'b' failed to start" in message
-    assert "wire version 99, this server speaks 1: refused" in message
+    assert f"wire version 99, this server speaks {WIRE_VERSION}: refused" in message
     assert f"Reinstall omni in the environment of {python}" in message
 
 

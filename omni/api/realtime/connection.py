@@ -276,19 +276,24 @@ class RealtimeConnection(ItemEvents):
         item.transcribing = self._spawn(run())
 
     # -- responses ---------------------------------------------------------------------
+    def _no_active_response(self) -> None:
+        if self.response is not None:
+            raise ClientError("a response is already in progress; cancel it first",
+                              "conversation_already_has_active_response")
+
     async def response_create(self, event: dict[str, Any]) -> None:
         previous = self.response
         if previous is not None and previous.spec.reason is not None and previous.task:
             await previous.task  # cancelled or interrupted: its last events go first
-        if self.response is not None:
-            raise ClientError("a response is already in progress; cancel it first",
-                              "conversation_already_has_active_response")
+        self._no_active_response()
         raw = event.get("response") or {}
         if not isinstance(raw, dict):
             raise ClientError("'response' must be an object", "invalid_value", "response")
         spec = spec_from(self.config, raw)
         if has_tools(raw):  # this response's own tools
             spec.tools = (await read_tools(self.model, raw, self.config.tools, "response")).plan
+            # checking them yields (a thread): server VAD may have started one meanwhile
+            self._no_active_response()
         info = self.omni.output_info("audio") if "audio" in spec.output_modalities else {}
         response = Response(self.omni, self.session.id, spec, self.send, info,
                             self.items, self.audio_out)
