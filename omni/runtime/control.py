@@ -25,7 +25,10 @@ connection and closes one whose peer stays silent (within two intervals), which 
 peer's routing id; ``reaches`` asks whether an identity is still routable. That is how
 a remote replica's liveness is judged without its Python (omni/runtime/liveness.py). A
 router of local children runs none: their process state is the truth there, and a link
-closed under a merely starved child would lose the messages queued on it.
+closed under a merely starved child would lose the messages queued on it. (A pipeline with
+`launch: external` stages has one router for all its replicas, so its local children are
+pinged too; their libzmq threads answer without the GIL, so only a child whose threads
+get no CPU for 1.5 intervals would lose its link. Not split yet: a known limit.)
 """
 
 from __future__ import annotations
