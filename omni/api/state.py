@@ -18,6 +18,10 @@ from omni.runtime.metrics import Metrics
 # outputs the realtime layer reads (speech started / stopped), not answers a client asks
 # for: left off the model card
 SIGNAL_MODALITIES = ("voice_activity",)
+# what a stage's card on /v1/models repeats of its READY: where it runs, and for an AR stage
+# what its KV cache holds (how many sequences of the full context fit at once)
+STAGE_CARD_KEYS = ("python", "versions", "device", "max_num_seqs", "kv_tokens", "max_context",
+                   "full_context_sequences")
 
 
 @dataclass
@@ -53,7 +57,7 @@ class ServedModel:
         for stage in self.omni.pipeline.stages:
             info = self.omni.stage_info(stage.name)
             cards[stage.name] = {"engine": stage.engine,
-                                 **{k: info[k] for k in ("python", "versions") if k in info}}
+                                 **{k: info[k] for k in STAGE_CARD_KEYS if k in info}}
         return cards
 
     def request_defaults(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -103,4 +103,8 @@ def memory_note(info: dict[str, Any]) -> str:
     if isinstance(info.get("runtime_bytes"), int) and info["runtime_bytes"]:
         parts.append(f"graphs + largest step {info['runtime_bytes'] / gib:.2f} GiB "
                      "counted in its budget")
+    if isinstance(info.get("full_context_sequences"), int):
+        parts.append(f"KV cache {info['kv_tokens']} tokens: {info['full_context_sequences']} "
+                     f"sequences of the full {info['max_context']}-token context "
+                     f"(max_num_seqs {info['max_num_seqs']})")
     return "; " + ", ".join(parts) if parts else ""

@@ -48,6 +48,9 @@ class CausalLM:
     deepstack: Any = None  # adds vision features to early layers: inject((mask, features))
     # request defaults from generation_config.json, under the engine's param names
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    # the stage's option max_model_len: a context shorter than the model's own, so that
+    # more sequences of full length fit a KV cache (None: the model's)
+    max_model_len: int | None = None
 
     def use_attention(self, name: str) -> None:
         self.model.set_attn_implementation(
@@ -77,7 +80,11 @@ class CausalLM:
 
     @property
     def max_positions(self) -> int | None:
-        return getattr(self.config, "max_position_embeddings", None)
+        """The longest sequence (prompt + answer) served: the model's, or less."""
+        model = getattr(self.config, "max_position_embeddings", None)
+        if self.max_model_len is None:
+            return model
+        return self.max_model_len if model is None else min(model, self.max_model_len)
 
 
 def _resolve_dtype(dtype: str, device, config):

@@ -57,6 +57,11 @@ def test_models_show_each_text_stages_defaults(server):
     async def one():
         return (await server.client().models.retrieve("tiny")).model_extra
     assert run(one())["defaults"] == cards["tiny"]["defaults"]
+    # the stage's card says what its KV cache holds (issue #44: budgets users can reason
+    # about): on CPU the default 256 MiB cache, far more than the tiny model's context
+    llm = cards["tiny"]["stages"]["llm"]
+    assert llm["engine"] == "ar" and llm["device"] == "cpu" and llm["max_num_seqs"] == 64
+    assert llm["full_context_sequences"] == llm["kv_tokens"] // llm["max_context"] > 0
 
 
 def test_a_request_that_sets_nothing_gets_them(server):

@@ -64,3 +64,33 @@ def measure_runtime_bytes(engine: Any, batched: int) -> int:
              "needs %.0f MiB beside its weights and KV cache (counted in its memory budget)",
              graphs / 2**20, peak / 2**20)
     return max(peak, graphs)
+
+
+def kv_capacity(cache: Any, max_context: int | None) -> dict[str, int]:
+    """READY's account of the KV cache: the tokens it holds and, when the model has a
+    context limit, how many sequences of that full length fit at once."""
+    capacity = {"kv_tokens": cache.pool.num_blocks * cache.block_size}
+    if max_context:
+        capacity["max_context"] = max_context
+        capacity["full_context_sequences"] = cache.pool.num_blocks // cache.blocks_for(max_context)
+    return capacity
+
+
+def capacity_warning(info: dict[str, Any], budget: int | None) -> str | None:
+    """Say so when a stage's memory budget leaves room for fewer full-length sequences than
+    max_num_seqs, naming the budget that would fit them all and the other ways out. Without
+    a budget (a CPU's default cache, kv_cache_mb, kv_cache_blocks) the READY line still says
+    how many fit; the operator chose that size."""
+    fits, seqs = info.get("full_context_sequences"), info.get("max_num_seqs")
+    if budget is None or fits is None or not seqs or fits >= seqs:
+        return None
+    context, block = info["max_context"], info["block_size"]
+    need = seqs * -(-context // block) * info["kv_block_bytes"]
+    have = info["kv_blocks"] * info["kv_block_bytes"]
+    gib = 2 ** 30
+    return (f"its KV cache ({have / gib:.2f} GiB, {info['kv_tokens']} tokens) holds "
+            f"{fits} sequences of the full {context}-token context, fewer than max_num_seqs "
+            f"{seqs}: beyond that, long requests wait for room or are preempted. To fit them "
+            f"all, raise the stage's memory by {(need - have) / gib:.2f} GiB (to about "
+            f"{(budget + need - have) / gib:.1f} GiB), or lower option max_model_len "
+            f"(~{info['kv_tokens'] // seqs} tokens would fit) or max_num_seqs")

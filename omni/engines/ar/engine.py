@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar.budget import measure_runtime_bytes
+from omni.engines.ar.budget import capacity_warning, kv_capacity, measure_runtime_bytes
 from omni.engines.ar.decode_graphs import decode_graphs_for
 from omni.engines.ar.defaults import model_defaults, request_sampling, with_system_prompt
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
@@ -83,7 +83,7 @@ AR_OPTIONS = frozenset({
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
-    "prefill_beside_decodes"})
+    "prefill_beside_decodes", "max_model_len"})
 
 
 class AREngine(Engine):
@@ -95,6 +95,8 @@ class AREngine(Engine):
         check_options("ar engine", self.options, AR_OPTIONS)
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
+        if "max_model_len" in self.options:  # before the KV cache is sized from it
+            self.lm.max_model_len = self._opt("max_model_len", 1)
         self.defaults = model_defaults(model_dir, self.lm.sampling_defaults)  # defaults.py
         if self.options.get("fuse_projections", True):  # q/k/v and gate/up: one matmul each
             fuse_projections(self.lm.model)
@@ -276,7 +278,12 @@ class AREngine(Engine):
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
                 "tool_format": self._tool_format(), "constrained_decoding": True,
+                **kv_capacity(self.cache, self.lm.max_positions),
                 **(self.lm.media.info() if self.lm.media else {})}
+
+    def load_warnings(self) -> list[str]:
+        """A memory budget short of max_num_seqs full-length sequences (budget.py)."""
+        return [w for w in [capacity_warning(self.info(), self.memory_bytes)] if w]
 
     def _tool_format(self) -> str | None:
         """The family's tool-call format (omni/models/tool_calls.py)."""

@@ -142,6 +142,8 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
                           getattr(engine, "memory_advice", None))
     if warning:
         log.warning("%s", warning)
+    for note in getattr(engine, "load_warnings", list)():
+        log.warning("stage '%s': %s", spec.stage, note)
     info = {**engine.info(), **memory, **environment_info(), "pid": os.getpid(),
             "host": spec.node or socket.gethostname()}
     info.setdefault("device", resolve_device(spec.device))  # for the READY log line
