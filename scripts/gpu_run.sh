@@ -39,6 +39,10 @@
 #                                        # (bench/probes/structured_decode.py) and through
 #                                        # `python -m omni.server` (structured_http.py), then
 #                                        # the per-step mask times (grammar_mask.py)
+#   bash scripts/gpu_run.sh prefill [LEN] # Qwen3-8B shape through `python -m omni.server`, c=8,
+#                                        # 3 bursts of fresh LEN-token prompts (default 2048), 8
+#                                        # new tokens: prefill_attention sdpa then varlen, and
+#                                        # transformers' batched generate (the unpaged ceiling)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -52,7 +56,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,45p "$0"; exit 2 ;; esac
+case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -169,6 +173,22 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
+    ;;
+  prefill)
+    only_model q8
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    say "model ready"
+    len=${2:-2048}
+    for kernel in sdpa varlen; do
+      sides=ours-http; [ $kernel = varlen ] && sides=ours-http,hf-batched
+      timeout 240 python3 -m bench ar --model /tmp/m/q8 --sides $sides --concurrency 8 \
+        --bursts 3 --prompt-len "$len" --new-tokens 8 --engine-option prefill_attention=$kernel \
+        --tag "prefill-$len-$kernel" --out "$OUT" > "$OUT/bench-prefill-$len-$kernel.log" 2>&1
+      grep -E "^\[ar\]|Error" "$OUT/bench-prefill-$len-$kernel.log" | tail -4
+      grep -hE "slow step" "$OUT"/ar-prefill-$len-$kernel-*server.log | tail -3
+      say "$kernel done"
+    done
     ;;
   ttft)
     only_model q8

@@ -83,7 +83,7 @@ AR_OPTIONS = frozenset({
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
-    "prefill_beside_decodes", "max_model_len"})
+    "prefill_beside_decodes", "max_model_len", "prefill_attention"})
 
 
 class AREngine(Engine):

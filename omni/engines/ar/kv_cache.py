@@ -126,6 +126,8 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.decode_kernel = decode_kernel  # "sdpa" or "triton": paged_attention.decode_step
+        # "varlen" (flash attention over the packed step, varlen_prefill.py) or "sdpa"
+        self.prefill_kernel = "sdpa"
         self.block_bytes = self.bytes_per_block(num_layers, kv_heads, head_dim, block_size, dtype)
 
     @staticmethod
@@ -208,8 +210,26 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
         raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
                               "tokens; give the stage more memory")
     kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device)
-    return PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device,
-                        kernel)
+    cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device,
+                         kernel)
+    cache.prefill_kernel = prefill_kernel(options.get("prefill_attention", "auto"), lm.device,
+                                          lm.dtype)
+    return cache
+
+
+def prefill_kernel(choice: str, device: torch.device, dtype: torch.dtype) -> str:
+    """A prefill step's attention: "varlen" (one flash-attention call over the packed
+    sequences; the default where it runs: CUDA, half precision) or "sdpa" (padded or
+    per-sequence SDPA calls; CPU and CUDA)."""
+    from omni.engines.ar.varlen_prefill import usable
+
+    if choice not in ("auto", "varlen", "sdpa"):
+        raise EngineLoadError(f"option prefill_attention must be auto, varlen or sdpa, "
+                              f"got {choice!r}")
+    if choice == "varlen" and not usable(device, dtype):
+        raise EngineLoadError("prefill_attention: varlen needs CUDA, bfloat16 or float16 and "
+                              "a torch with torch.nn.attention.varlen")
+    return "varlen" if choice != "sdpa" and usable(device, dtype) else "sdpa"
 
 
 def decode_kernel(choice: str, device: torch.device) -> str:

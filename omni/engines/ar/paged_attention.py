@@ -18,12 +18,10 @@ keyword arguments down to the attention function).
 Kernels: a decode-only step (every sequence adds one token) runs the Triton kernel of
 ``paged_decode_kernel`` where the cache says so (CUDA by default), which reads the cached
 rows in place; otherwise it gathers the contexts into one padded tensor and makes one
-``scaled_dot_product_attention`` call. A step with prefills pads its sequences' queries
-and contexts into one batch and makes one SDPA call per layer, when padding at most
-doubles the work (e.g. a burst of similar prompts); otherwise (say one long prompt chunk
-beside many decodes) one SDPA call per sequence. Per sequence, 32 prompts cost 32 calls of
-about ten small ops in each layer: host time that a GPU waits on. The SDPA paths are plain
-torch, so they run on CPU and CUDA alike.
+``scaled_dot_product_attention`` call. A step with prefills makes one flash-attention call
+over the packed sequences where the cache says so (varlen_prefill.py; CUDA, half precision
+by default); else (CPU) it pads its sequences' queries and contexts into one SDPA call per
+layer when padding at most doubles the work, or makes one SDPA call per sequence.
 """
 
 from __future__ import annotations
@@ -34,9 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omni.engines.ar.kv_cache import PagedKVCache
+from omni.engines.ar.sdpa_prefill import causal_attention, masked_attention
+from omni.engines.ar.varlen_prefill import VarlenPrefill, varlen_attention, varlen_layout
 
 ATTN_NAME = "omni_paged"
 
@@ -71,6 +70,7 @@ class BatchLayout:
     padded_valid: torch.Tensor | None = None  # decode: (B, Lmax) bool
     prefill: list[PaddedPrefill] | None = None  # a prefill step batched by padding
     context_len_t: torch.Tensor | None = None  # decode: (B,) context lengths on the device
+    varlen: VarlenPrefill | None = None  # a prefill step as one flash-attention call
 
 
 def bind_cache(model: torch.nn.Module, cache: PagedKVCache) -> list[torch.nn.Module]:
@@ -103,6 +103,9 @@ def build_layout(cache: PagedKVCache, tables: list[list[int]], starts: list[int]
     lens = [s + n for s, n in zip(starts, query_lens, strict=True)]
     if all(n == 1 for n in query_lens):
         return _decode_layout(cache, tables, lens, device)
+    if cache.prefill_kernel == "varlen":
+        write, step = varlen_layout(tables, starts, query_lens, cache.block_size, device)
+        return BatchLayout(cache, write, list(query_lens), lens, [], False, varlen=step)
     if _pads_cheaply(query_lens, lens):
         return _padded_layout(cache, tables, starts, query_lens, lens, device)
     bs = cache.block_size
@@ -249,6 +252,10 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             sliding_window or 0, omni_batch.cache.decode_kernel)
         return out.unsqueeze(0), None
     _write(key, value, k_cache, v_cache, omni_batch.write_slots)
+    if omni_batch.varlen is not None:
+        out = varlen_attention(query[0], key[0], value[0], k_cache, v_cache, omni_batch.varlen,
+                               scaling, sliding_window)
+        return out.unsqueeze(0), None
     attend = _padded_prefill if omni_batch.prefill is not None else _per_sequence
     out = attend(query[0], k_cache, v_cache, omni_batch, scaling, sliding_window)
     return out.unsqueeze(0), None
@@ -346,49 +353,6 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         outs.append(out[0].transpose(0, 1))  # (n, H, D)
         offset += n
     return torch.cat(outs)
-
-
-# CUDA prefill attention without cuDNN's backend: it builds an execution plan for every
-# new shape, and a prefill step's shapes are new all the time (query and context lengths
-# of whichever prompts share the step). On an H200 (8B dense shape, torch 2.11) a step
-# of 2 new prompts beside 6 decoding sequences took 709 ms, 585 ms of it inside
-# _cudnn_attention_forward, against 80 ms once its plans existed (bench/probes/
-# mixed_step.py); those stalls were the TTFT outliers at concurrency 8.
-# Prompts with no cached prefix need no mask at all (causal from position 0): flash
-# attention runs them, faster than any masked kernel (masked, the 8B shape's c=1 TTFT of a
-# 128-token prompt was 59 ms against 39 ms with cuDNN).
-PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def _same_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """k, v with their grouped KV heads repeated to the query's heads: the flash and
-    memory-efficient kernels do not all take grouped heads, and SDPA would fall back to
-    its math path, whose scores for an 8192-token prompt are gigabytes."""
-    if k.shape[1] == q.shape[1]:
-        return k, v
-    groups = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     scale: float | None) -> torch.Tensor:
-    """CUDA SDPA of q (B, H, L, D) over k, v (B, KVH, L, D), causal from position 0."""
-    k, v = _same_heads(q, k, v)
-    with sdpa_kernel(PREFILL_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-
-
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float | None) -> torch.Tensor:
-    """SDPA of q (B, H, Lq, D) over k, v (B, KVH, Lk, D) with a bool mask. On CUDA the
-    memory-efficient kernel takes the mask; on CPU SDPA picks as it likes."""
-    if not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=k.shape[1] != q.shape[1])
-    k, v = _same_heads(q, k, v)
-    with sdpa_kernel(PREFILL_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def register() -> None:
