@@ -22,6 +22,8 @@ PRESET_BY_MODEL_TYPE = {
     # vision-language chat: text + images in, text out (omni/models/qwen_vl.py)
     "qwen2_5_vl": "qwen_vl.yaml",
     "qwen3_vl": "qwen_vl.yaml",
+    # speech recognition, Whisper in the Hugging Face layout (omni/models/whisper_hf.py)
+    "whisper": "whisper_hf.yaml",
     # a robot policy (LeRobot's release layout: config.json "type": "pi0")
     "pi0": "pi0.yaml",
 }
