@@ -48,15 +48,17 @@ def runner(whisper_dir):
                         options={"max_new_tokens": MAX_NEW})
 
 
-def reference(whisper_dir: str, clip: np.ndarray, **kwargs) -> str:
-    """transformers alone: its feature extractor, generate, decode."""
+def reference(whisper_dir: str, clip: np.ndarray, max_new_tokens: int | None = MAX_NEW,
+              **kwargs) -> str:
+    """transformers alone: its feature extractor, generate, decode (max_new_tokens None:
+    the generation config's max_length)."""
     from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     model = WhisperForConditionalGeneration.from_pretrained(whisper_dir).eval()
     feats = WhisperFeatureExtractor.from_pretrained(whisper_dir)(
         clip, sampling_rate=SAMPLE_RATE, return_tensors="pt")
     ids = model.generate(feats["input_features"], task="transcribe",
-                         max_new_tokens=MAX_NEW, **kwargs)
+                         max_new_tokens=max_new_tokens, **kwargs)
     return AutoTokenizer.from_pretrained(whisper_dir).decode(ids[0], skip_special_tokens=True)
 
 
