@@ -47,6 +47,9 @@
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
 #                                        # "stopped" may follow)
+#   bash scripts/gpu_run.sh vlm [C]      # tiny Qwen2.5-VL, Qwen3-VL and HF-layout Whisper on cuda:
+#                                        # tests/unit/test_ar_vl.py + test_whisper_hf.py, then
+#                                        # bench vlm per family at concurrency C (default 1,8,32)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #
@@ -56,7 +59,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -237,6 +240,15 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
+    ;;
+  vlm)
+    OMNI_CACHE_DIR=/tmp/m/tiny timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/unit/test_ar_vl.py tests/unit/test_whisper_hf.py 2>&1 | tail -3
+    for family in qwen2_5_vl qwen3_vl whisper_hf; do
+      OMNI_CACHE_DIR=/tmp/m/tiny timeout 120 python3 -m bench vlm --family "$family" \
+        --device cuda --concurrency "${2:-1,8,32}" --tag h200 --out "$OUT" 2>&1 \
+        | grep -E "^\[vlm\]|Error" | tail -4
+    done
     ;;
 esac
 say "done"

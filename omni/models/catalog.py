@@ -19,6 +19,11 @@ PRESET_BY_MODEL_TYPE = {
     "llama": "qwen3.yaml",
     # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
     "qwen3_omni_moe": "qwen3_omni.yaml",
+    # vision-language chat: text + images in, text out (omni/models/qwen_vl.py)
+    "qwen2_5_vl": "qwen_vl.yaml",
+    "qwen3_vl": "qwen_vl.yaml",
+    # speech recognition, Whisper in the Hugging Face layout (omni/models/whisper_hf.py)
+    "whisper": "whisper_hf.yaml",
     # a robot policy (LeRobot's release layout: config.json "type": "pi0")
     "pi0": "pi0.yaml",
 }

@@ -24,6 +24,9 @@ from omni.models.causal_lm import (
 )
 from omni.models.tool_calls import with_tools
 
+# vision-language releases served by omni/models/qwen_vl.py (kept here: a name, no import)
+VL_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
+
 
 def _check_dir(path: Path) -> None:
     if not path.is_dir():
@@ -76,6 +79,10 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
         from omni.models.qwen3_omni_thinker import load_thinker
 
         return load_thinker(path, dtype=dtype, device=device)
+    if _model_type(path) in VL_MODEL_TYPES:  # text + images: its own loader and media
+        from omni.models.qwen_vl import load_qwen_vl
+
+        return load_qwen_vl(path, dtype=dtype, device=device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:

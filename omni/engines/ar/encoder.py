@@ -1,4 +1,4 @@
-"""Media prompts encoded off the AR engine's step loop.
+"""Media prompts encoded off the AR engine's step loop, batched across requests.
 
 Turning a request's images, video or audio into prompt embeddings runs the model's
 encoder towers, which can take far longer than a decode step (a long video: many frames
@@ -6,6 +6,12 @@ through the vision tower). Done inside add(), it would stall every running reque
 stream for that long. So the engine hands such prompts to one worker thread and keeps
 stepping; a finished encoding joins the batch at the next step (torch releases the GIL
 in its kernels, and on a GPU the two threads' work queues on the device).
+
+Batching: prompts wait in a queue while the worker is busy; when it is free, every
+waiting prompt goes to it in one call of the engine's batch function (a model whose media
+encoder batches, e.g. one vision-tower call for the images of all of them). So under load
+the tower runs on batches the size of what arrived during the previous encoding, as
+continuous batching does for decode steps; a lone request is encoded at once.
 """
 
 from __future__ import annotations
@@ -18,44 +24,76 @@ from typing import Any
 # its socket between steps, so this bounds how late an abort or a new request is read.
 IDLE_WAIT_S = 0.01
 
+# batch function: inputs of several requests -> per request its result or the exception
+# it raised (one bad request fails alone)
+BatchFn = Callable[[list[Any]], list[Any]]
+
 
 class PromptEncoder:
-    """One worker thread; encodings by request id, each with the caller's context."""
+    """One worker thread; queued encodings by request id, each with the caller's context."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_fn: BatchFn) -> None:
+        self._batch_fn = batch_fn
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="omni-encode")
-        self._pending: dict[str, tuple[cf.Future, Any]] = {}
+        self._queued: dict[str, tuple[Any, Any]] = {}  # rid -> (inputs, context)
+        self._running: list[tuple[str, Any]] = []  # (rid, context) of the worker's batch
+        self._dropped: set[str] = set()  # of the running batch: results left unread
+        self._future: cf.Future | None = None
+        self.batches: list[int] = []  # sizes of the batches run (tests, stats)
 
     def __bool__(self) -> bool:
-        return bool(self._pending)
+        return bool(self._queued or self._running)
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self._pending
+        return request_id in self._queued or (
+            request_id not in self._dropped and any(r == request_id for r, _ in self._running))
 
-    def submit(self, request_id: str, context: Any, fn: Callable[..., Any], *args: Any) -> None:
-        self._pending[request_id] = (self._pool.submit(fn, *args), context)
+    def submit(self, request_id: str, context: Any, inputs: Any) -> None:
+        self._queued[request_id] = (inputs, context)
 
     def finished(self, wait: bool) -> list[tuple[str, Any, Any, BaseException | None]]:
-        """(request id, context, result, exception) of every finished encoding; when
-        `wait`, first wait up to IDLE_WAIT_S for one to finish."""
-        if wait and self._pending:
-            cf.wait([f for f, _ in self._pending.values()], timeout=IDLE_WAIT_S,
-                    return_when=cf.FIRST_COMPLETED)
+        """(request id, context, result, exception) of every finished encoding; starts
+        the queued ones when the worker is free; when `wait`, first waits up to
+        IDLE_WAIT_S for the running batch."""
+        self._start()
+        if self._future is None:
+            return []
+        if wait and not self._future.done():
+            cf.wait([self._future], timeout=IDLE_WAIT_S)
+        if not self._future.done():
+            return []
+        done = self._collect(self._future)
+        self._start()  # what queued meanwhile goes at once
+        return done
+
+    def _start(self) -> None:
+        if self._future is not None or not self._queued:
+            return
+        batch, self._queued = self._queued, {}
+        self._running = [(rid, context) for rid, (_, context) in batch.items()]
+        self.batches.append(len(batch))
+        self._future = self._pool.submit(self._batch_fn,
+                                         [inputs for inputs, _ in batch.values()])
+
+    def _collect(self, future: cf.Future) -> list[tuple[str, Any, Any, BaseException | None]]:
+        running, dropped = self._running, self._dropped
+        self._running, self._dropped, self._future = [], set(), None
+        error = future.exception()
+        results = [error] * len(running) if error else future.result()
         done = []
-        for rid, (future, context) in list(self._pending.items()):
-            if future.done():
-                del self._pending[rid]
-                error = future.exception()
-                done.append((rid, context, None if error else future.result(), error))
+        for (rid, context), result in zip(running, results, strict=True):
+            if rid not in dropped:
+                failed = result if isinstance(result, BaseException) else None
+                done.append((rid, context, None if failed else result, failed))
         return done
 
     def drop(self, request_ids: set[str]) -> None:
-        """Forget these requests; an encoding already running finishes unread."""
+        """Forget these requests; a batch already running finishes, their results unread."""
         for rid in request_ids:
-            entry = self._pending.pop(rid, None)
-            if entry is not None:
-                entry[0].cancel()
+            self._queued.pop(rid, None)
+        self._dropped |= request_ids & {rid for rid, _ in self._running}
 
     def shutdown(self) -> None:
-        self._pending.clear()
+        self._queued.clear()
+        self._running.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)

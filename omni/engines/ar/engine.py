@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from omni.engines.ar.fused_projections import fuse_projections
 from omni.engines.ar.grammar import GrammarCompiler
 from omni.engines.ar.inputs import (
     encode_prompt,
+    encode_prompts,
     export_layers,
     stream_producer,
     take_chunk,
@@ -117,7 +119,8 @@ class AREngine(Engine):
         self.serve_on(sized_cache(self.lm, self.options, kv_budget, self._opt))
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
-        self._encoder = PromptEncoder()  # media prompts (omni/engines/ar/encoder.py)
+        # media prompts, batched across requests (omni/engines/ar/encoder.py)
+        self._encoder = PromptEncoder(partial(encode_prompts, self.lm))
         self.grammars = GrammarCompiler(self.lm.tokenizer, self.lm.vocab_size,
                                         self.lm.eos_token_ids)  # json_schema requests
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
@@ -185,7 +188,7 @@ class AREngine(Engine):
             inputs = with_system_prompt(request.inputs or {}, request.params or {})
             producer = stream_producer(inputs)
             if producer is None and wants_media(self.lm, inputs):  # off the step loop
-                self._encoder.submit(rid, params, encode_prompt, self.lm, inputs)
+                self._encoder.submit(rid, params, inputs)
                 return
             prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
             self._admit(rid, params, producer, *prompt, session=session)

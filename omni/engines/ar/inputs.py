@@ -99,6 +99,22 @@ def encode_prompt(lm: CausalLM, inputs: Mapping[str, Any]) -> tuple[list[int], A
     return prompt_ids(lm, inputs), None, None
 
 
+def encode_prompts(lm: CausalLM, batch: list[Mapping[str, Any]]) -> list[Any]:
+    """encode_prompt of several media prompts at once: per prompt its result or the
+    exception it raised. A model whose media encoder batches (``encode_batch``) gets them
+    in one call (one vision-tower pass for all their images)."""
+    many = getattr(lm.media, "encode_batch", None)
+    if many is not None:
+        return many([(inputs["messages"], inputs.get("tools")) for inputs in batch])
+    out: list[Any] = []
+    for inputs in batch:
+        try:
+            out.append(encode_prompt(lm, inputs))
+        except Exception as e:  # this request fails alone
+            out.append(e)
+    return out
+
+
 def prompt_embeds(lm: CausalLM, inputs: Mapping[str, Any]) -> torch.Tensor | None:
     """inputs {"prompt_embeds": (tokens, hidden) tensor}: the prompt as embeddings (e.g.
     made by an upstream encoder); None when not given. The AR engine keeps such prompts

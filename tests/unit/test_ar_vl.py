@@ -1,0 +1,73 @@
+"""Qwen2.5-VL and Qwen3-VL through the AR engine (tiny random release-layout checkpoints):
+prompts with images, batched with a text request, decode greedily to exactly what
+transformers' own ``generate`` gives for the same pixels; the vision tower runs once for
+the images of every prompt that waits, and an image sent twice is encoded once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from unit.vl_reference import GREEDY, QUESTION, png, reference
+
+from omni.engines.ar.engine import AREngine
+from omni.engines.base import EngineRequest
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+torch.set_num_threads(1)
+IMAGES = {"one": [png(64, 48, 1)], "other": [png(64, 48, 3)],
+          # a tall image, then the first request's image twice: decoded and encoded once
+          "three": [png(40, 90, 2), png(64, 48, 1), png(64, 48, 1)]}
+
+
+def image_request(rid: str, files: list[bytes]) -> EngineRequest:
+    content = [{"type": "image", "image": {"data": f}} for f in files]
+    messages = [{"role": "user", "content": content + [{"type": "text", "text": QUESTION}]}]
+    return EngineRequest(rid, {"messages": messages}, dict(GREEDY))
+
+
+def run(engine: AREngine, requests: list[EngineRequest]) -> tuple[dict, dict]:
+    for request in requests:
+        engine.add(request)
+    tokens: dict[str, list[int]] = {}
+    errors: dict[str, str] = {}
+    while engine.has_work():
+        for o in engine.step():
+            if o.error is not None:
+                errors[o.request_id] = o.error
+            else:
+                tokens.setdefault(o.request_id, []).extend(o.data["token_ids"])
+    return tokens, errors
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vl_dir(request, tmp_path_factory) -> str:
+    return str(ensure_tiny_model(request.param, tmp_path_factory.getbasetemp() / "models"))
+
+
+def test_image_chat_matches_transformers_generate(vl_dir):
+    engine = AREngine(vl_dir)
+    assert engine.info()["input_parts"] == ["text", "image_url"]
+    seen: list[int] = []  # images per vision-processor call
+    processor = engine.lm.media.images
+    engine.lm.media.images = lambda images, **kw: seen.append(len(images)) or processor(
+        images=images, **kw)
+    requests = [image_request(rid, files) for rid, files in IMAGES.items()]
+    got, errors = run(engine, requests + [EngineRequest("text", {"prompt": "Hello"},
+                                                        dict(GREEDY))])
+    assert not errors and set(got) == {*IMAGES, "text"}
+    # the fixture varies: several tokens per answer, and another image, another answer
+    assert len(set(got["one"])) >= 4 and got["one"] != got["other"]
+    # three prompts, one encoder batch, one tower call over the 3 distinct images
+    assert engine._encoder.batches == [3] and seen == [3]
+    for rid, files in IMAGES.items():
+        assert got[rid] == reference(vl_dir, files, GREEDY["max_tokens"]), rid
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_a_bad_image_fails_its_request_alone(vl_dir):
+    engine = AREngine(vl_dir)
+    bad = EngineRequest("bad", {"messages": [{"role": "user", "content": [
+        {"type": "image", "image": {"data": b"not a picture"}}]}]}, dict(GREEDY))
+    got, errors = run(engine, [bad, image_request("good", IMAGES["one"])])
+    assert "not an image this server can read" in errors["bad"]
+    assert len(got["good"]) == GREEDY["max_tokens"] and "good" not in errors
