@@ -39,6 +39,12 @@
 #                                        # (bench/probes/structured_decode.py) and through
 #                                        # `python -m omni.server` (structured_http.py), then
 #                                        # the per-step mask times (grammar_mask.py)
+#   bash scripts/gpu_run.sh videos [F]   # video families at real transformer shapes (random
+#                                        # bf16, built in memory): bench videos, ours-engine vs
+#                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
+#                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
+#                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
+#                                        # three, in that order (each within its own timeout)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -217,6 +223,15 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
+    ;;
+  videos)
+    for family in ${2:-ltx_video wan22_ti2v wan22_t2v}; do
+      timeout 280 python3 -m bench videos --family "$family" --shape real --size 832x480 \
+        --frames 33 --steps 8 --concurrency 1,4 --tag "${TAG:-h200}" --out "$OUT" \
+        > "$OUT/bench-videos-$family.log" 2>&1
+      grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
+      say "videos $family done"
+    done
     ;;
 esac
 say "done"
