@@ -37,6 +37,8 @@ BENCHMARKS = {
            "(HTTP, in-process) vs transformers generate (sequential, batched)"),
     "diffusion": ("diffusion", "images: denoising steps/s and latency, omni's step-level "
                   "engine vs diffusers (per request, batched) and the bare transformer"),
+    "videos": ("videos", "videos (Wan 2.2, LTX-Video): denoising steps/s and latency, omni's "
+               "step-level engine vs the diffusers pipeline per request"),
     "omni": ("omni", "spoken answers (Qwen3-Omni): TTFT, TTFP, RTF, E2EL, underrun, stream "
              "vs full delivery, against the critical path"),
     "soak": ("soak", "reliability: many clients on mixed workloads for a set time, replicas "

@@ -43,6 +43,12 @@
 #                                        # 3 bursts of fresh LEN-token prompts (default 2048), 8
 #                                        # new tokens: prefill_attention sdpa then varlen, and
 #                                        # transformers' batched generate (the unpaged ceiling)
+#   bash scripts/gpu_run.sh videos [F]   # video families at real transformer shapes (random
+#                                        # bf16, built in memory): bench videos, ours-engine vs
+#                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
+#                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
+#                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
+#                                        # three, in that order (each within its own timeout)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -59,7 +65,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -248,6 +254,15 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       OMNI_CACHE_DIR=/tmp/m/tiny timeout 120 python3 -m bench vlm --family "$family" \
         --device cuda --concurrency "${2:-1,8,32}" --tag h200 --out "$OUT" 2>&1 \
         | grep -E "^\[vlm\]|Error" | tail -4
+    done
+    ;;
+  videos)
+    for family in ${2:-ltx_video wan22_ti2v wan22_t2v}; do
+      timeout 280 python3 -m bench videos --family "$family" --shape real --size 832x480 \
+        --frames 33 --steps 8 --concurrency 1,4 --tag "${TAG:-h200}" --out "$OUT" \
+        > "$OUT/bench-videos-$family.log" 2>&1
+      grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
+      say "videos $family done"
     done
     ;;
 esac

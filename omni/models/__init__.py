@@ -101,6 +101,8 @@ def _denoiser(family: str) -> AdapterBuilder:
             from omni.models.cosmos3_world import build_cosmos3_world as build_family
         elif family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image as build_family
+        elif family == "ltx_video":
+            from omni.models.ltx_video import build_ltx_video as build_family
         else:
             from omni.models.wan import build_wan as build_family
         return build_family(model_dir=model_dir, device=device, dtype=dtype, options=options)
@@ -109,7 +111,8 @@ def _denoiser(family: str) -> AdapterBuilder:
 
 DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
-    "cosmos3_world": _denoiser("cosmos3_world")}
+    "cosmos3_world": _denoiser("cosmos3_world"),
+    "ltx_video": _denoiser("ltx_video")}
 
 
 def _pi0(*, model_dir: str | None, device: str, dtype: str,
@@ -185,6 +188,7 @@ _OPTION_HOLDERS = {
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
+    "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
     "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),

@@ -34,5 +34,7 @@ PRESET_BY_PIPELINE_CLASS = {
     "QwenImageEditPipeline": "qwen_image.yaml",
     "WanPipeline": "wan.yaml",
     "WanImageToVideoPipeline": "wan.yaml",
+    "LTXPipeline": "ltx_video.yaml",
+    "LTXImageToVideoPipeline": "ltx_video.yaml",
     "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
 }

@@ -1,0 +1,112 @@
+"""Pipelines for the video benchmark: a tiny fixture, a local release directory, or a
+family's real transformer shapes with random bf16 weights built in memory (no 30-120 GB
+checkpoint on disk). Real shapes keep the release's transformer(s) and VAE; the text
+encoder has the release's width with 2 layers (it runs once per request, and is not what
+the benchmark measures) and the tiny fixture's tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+FIXTURES = {"wan22_t2v": "wan22_t2v", "wan22_ti2v": "wan22_ti2v", "ltx_video": "ltx_video"}
+
+
+def load_video_pipeline(family: str, shape: str, model_dir: str | None, device: str,
+                        layers: int | None = None) -> Any:
+    """The pipeline on ``device``: from ``model_dir``, the tiny fixture, or real shapes."""
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.models import diffusion as common
+    from omni.models import ltx_video, wan
+
+    classes = ltx_video._classes() if family == "ltx_video" else wan._classes()
+    if model_dir is None and shape == "tiny":
+        model_dir = str(ensure_tiny_model(FIXTURES[family]))
+    if model_dir is not None:
+        return common.load_pipeline(model_dir, classes, device=device, dtype="auto")
+    tokenizer_dir = ensure_tiny_model(FIXTURES[family]) / "tokenizer"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            pipe = _REAL[family](str(tokenizer_dir), layers)
+    finally:
+        torch.set_default_dtype(previous)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _text_encoder(tokenizer_dir: str, kind: str) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer, T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config, model = (UMT5Config, UMT5EncoderModel) if kind == "umt5" else (T5Config,
+                                                                           T5EncoderModel)
+    # T5-XXL / UMT5-XXL width (4096), 2 of 24 layers
+    return tokenizer, model(config(vocab_size=len(tokenizer), d_model=4096, d_ff=10240,
+                                   num_layers=2, num_heads=64, d_kv=64))
+
+
+def _wan22_a14b(tokenizer_dir: str, layers: int | None) -> Any:
+    """Wan2.2-T2V-A14B: two 14 B experts (40 layers, 40 heads x 128), Wan 2.1 VAE."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    from diffusers import WanTransformer3DModel as Transformer
+
+    from omni.fixtures.tiny_diffusion import WAN_SCHEDULER
+
+    tokenizer, text_encoder = _text_encoder(tokenizer_dir, "umt5")
+    return WanPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=AutoencoderKLWan(),
+        transformer=Transformer(num_layers=layers or 40),
+        transformer_2=Transformer(num_layers=layers or 40), boundary_ratio=0.875,
+        scheduler=UniPCMultistepScheduler(**WAN_SCHEDULER))
+
+
+def _wan22_ti2v(tokenizer_dir: str, layers: int | None) -> Any:
+    """Wan2.2-TI2V-5B: 30 layers, 24 heads x 128, ffn 14336, 48 latent channels; Wan 2.2
+    VAE (16x space)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    from diffusers import WanTransformer3DModel as Transformer
+
+    from omni.fixtures.tiny_video import WAN22_TI2V_SCHEDULER
+
+    tokenizer, text_encoder = _text_encoder(tokenizer_dir, "umt5")
+    vae = AutoencoderKLWan(
+        base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12, out_channels=12,
+        is_residual=True, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
+        dim_mult=[1, 2, 4, 4], temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    transformer = Transformer(num_attention_heads=24, attention_head_dim=128, in_channels=48,
+                              out_channels=48, ffn_dim=14336, num_layers=layers or 30)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                       transformer=transformer, transformer_2=None, expand_timesteps=True,
+                       scheduler=UniPCMultistepScheduler(**WAN22_TI2V_SCHEDULER))
+
+
+def _ltx_video(tokenizer_dir: str, layers: int | None) -> Any:
+    """LTX-Video 2B: 28 layers, 32 heads x 64; the 0.9.1 VAE (timestep-conditioned)."""
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
+
+    from omni.fixtures.tiny_video import LTX_SCHEDULER
+
+    tokenizer, text_encoder = _text_encoder(tokenizer_dir, "t5")
+    vae = AutoencoderKLLTXVideo(
+        block_out_channels=(128, 256, 512, 512), decoder_block_out_channels=(128, 256, 512),
+        layers_per_block=(4, 3, 3, 3, 4), decoder_layers_per_block=(5, 6, 7, 8),
+        spatio_temporal_scaling=(True, True, True, False),
+        decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False, False, False, False), upsample_residual=(True, True, True),
+        upsample_factor=(2, 2, 2), timestep_conditioning=True)
+    return LTXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                       transformer=LTXVideoTransformer3DModel(num_layers=layers or 28),
+                       scheduler=FlowMatchEulerDiscreteScheduler(**LTX_SCHEDULER))
+
+
+_REAL = {"wan22_t2v": _wan22_a14b, "wan22_ti2v": _wan22_ti2v, "ltx_video": _ltx_video}
