@@ -41,8 +41,8 @@
 #                                        # the per-step mask times (grammar_mask.py)
 #   bash scripts/gpu_run.sh prefill [LEN] # Qwen3-8B shape through `python -m omni.server`, c=8,
 #                                        # 3 bursts of fresh LEN-token prompts (default 2048), 8
-#                                        # new tokens: prefill_attention sdpa then varlen, and
-#                                        # transformers' batched generate (the unpaged ceiling)
+#                                        # new tokens: prefill_attention sdpa then varlen, after
+#                                        # bench/probes/prefill_ceiling.py (the unpaged ceiling)
 #   bash scripts/gpu_run.sh videos [F]   # video families at real transformer shapes (random
 #                                        # bf16, built in memory): bench videos, ours-engine vs
 #                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
@@ -189,9 +189,9 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     len=${2:-2048}
+    timeout 120 python3 bench/probes/prefill_ceiling.py "$OUT/prefill-ceiling.json" 2>&1 | tail -6
     for kernel in sdpa varlen; do
-      sides=ours-http; [ $kernel = varlen ] && sides=ours-http,hf-batched
-      timeout 240 python3 -m bench ar --model /tmp/m/q8 --sides $sides --concurrency 8 \
+      timeout 240 python3 -m bench ar --model /tmp/m/q8 --sides ours-http --concurrency 8 \
         --bursts 3 --prompt-len "$len" --new-tokens 8 --engine-option prefill_attention=$kernel \
         --tag "prefill-$len-$kernel" --out "$OUT" > "$OUT/bench-prefill-$len-$kernel.log" 2>&1
       grep -E "^\[ar\]|Error" "$OUT/bench-prefill-$len-$kernel.log" | tail -4

@@ -58,12 +58,7 @@ from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, register
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
-from omni.engines.ar.state import (
-    SequenceState,
-    exported_rows,
-    finish_reason,
-    token_output,
-)
+from omni.engines.ar.state import SequenceState, exported_rows, finish_reason, token_output
 from omni.engines.ar.steps import StepRunner
 from omni.engines.ar.warm import warm_prefill
 from omni.engines.base import (
