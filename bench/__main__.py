@@ -19,6 +19,8 @@ BENCHMARKS = {
                 "parallel vs sequential stage start"),
     "tts": ("tts", "speech: audio-seconds/s and time to first audio, omni (fused, split) vs "
             "piper called directly"),
+    "qwen3_tts": ("qwen3_tts", "Qwen3-TTS: audio-seconds/s at concurrency c and time to first "
+                  "audio, omni's server (fused stage, qwen3-tts environment)"),
     "assistant": ("assistant", "the default spoken assistant: time to first audio (asked by "
                   "text and by voice) vs its critical path"),
     "default": ("default", "good answers by default: the default server's answers to 20 "

@@ -58,6 +58,11 @@
 #                                        # bench vlm per family at concurrency C (default 1,8,32)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
+#   bash scripts/gpu_run.sh qwen3tts     # Qwen3-TTS (fused stage in the qwen3-tts environment,
+#                                        # built from ./.whl: qwen-tts, transformers 4.57.3 and
+#                                        # what scripts/qwen3_tts_env.txt lists): bench qwen3_tts
+#                                        # c=1,8,64, 100 frames a request; MODEL=DIR a release
+#                                        # (default: the tiny random fixture)
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -65,7 +70,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -119,6 +124,16 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --denoise 10 --size 256 --out "$OUT" --tag h200 > "$OUT/bench-worlds.log" 2>&1
     grep -E "^\[worlds\]" "$OUT/bench-worlds.log"; grep -E "Error|error" "$OUT/bench-worlds.log" | tail -5
     say "worlds done"
+    ;;
+  qwen3tts)
+    # the stage environment, offline from ./.whl (the box reaches no index)
+    timeout 300 bash scripts/make_stage_env.sh qwen3-tts scripts/qwen3_tts_env.txt .whl 2>&1 | tail -2
+    ~/.cache/omni/envs/qwen3-tts/bin/python -m pip install -q --no-index --find-links .whl \
+      --no-deps qwen-tts torchaudio 2>&1 | tail -2
+    timeout 400 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8,64 \
+      --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
+    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
+    say "qwen3tts done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5

@@ -83,12 +83,22 @@ def _silero_vad(*, model_dir: str | None, device: str, dtype: str,
                                    options=options)
 
 
+def _qwen3_tts(*, model_dir: str | None, device: str, dtype: str,
+               options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen3_tts import build_qwen3_tts_runner
+
+    if not model_dir:
+        raise EngineLoadError("model 'qwen3_tts' needs a model_dir (a Qwen3-TTS release)")
+    return build_qwen3_tts_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                  options=options)
+
+
 GENERATION_RUNNERS: dict[str, AdapterBuilder] = {
     "piper": _piper_part("fused"), "whisper": _whisper,
     "piper_phonemizer": _piper_part("phonemizer"),
     "piper_synthesizer": _piper_part("synthesizer"),
     "qwen3_omni_code2wav": _code2wav, "vits": _vits,
-    "silero_vad": _silero_vad, "whisper_hf": _whisper_hf}
+    "silero_vad": _silero_vad, "whisper_hf": _whisper_hf, "qwen3_tts": _qwen3_tts}
 
 
 def _denoiser(family: str) -> AdapterBuilder:
@@ -186,6 +196,7 @@ _OPTION_HOLDERS = {
     "whisper": ("omni.models.whisper", "WhisperRunner"),
     "whisper_hf": ("omni.models.whisper_hf", "WhisperHFRunner"),
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
+    "qwen3_tts": ("omni.models.qwen3_tts", "Qwen3TTSRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),

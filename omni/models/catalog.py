@@ -26,6 +26,9 @@ PRESET_BY_MODEL_TYPE = {
     "whisper": "whisper_hf.yaml",
     # a robot policy (LeRobot's release layout: config.json "type": "pi0")
     "pi0": "pi0.yaml",
+    # a Qwen3-TTS release (CustomVoice): talker + code predictor + Code2Wav in one stage,
+    # in the qwen3-tts environment (qwen-tts pins its own transformers)
+    "qwen3_tts": "qwen3_tts.yaml",
 }
 
 # model_index.json _class_name -> preset file (diffusers pipeline directories)

@@ -58,7 +58,8 @@ def gpu_visible(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
-def test_no_builtin_pipeline_leaves_a_model_stage_on_the_cpu(tmp_path, gpu_visible):
+def test_no_builtin_pipeline_leaves_a_model_stage_on_the_cpu(tmp_path, gpu_visible,
+                                                             preset_envs):
     pipelines = builtin_pipelines(tmp_path)
     model_stages = [s for _, p in pipelines for s in p.stages if s.engine not in CPU_ENGINES]
     # every preset file, the model-directory presets and the default's pipelines are here

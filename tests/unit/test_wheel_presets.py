@@ -157,7 +157,7 @@ _LOADER = textwrap.dedent("""
 """)
 
 
-def test_every_preset_loads_from_the_unzipped_wheel(unzipped, tmp_path):
+def test_every_preset_loads_from_the_unzipped_wheel(unzipped, tmp_path, preset_envs):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}

@@ -1,0 +1,154 @@
+"""Qwen3-TTS served by omni: audio-seconds per second at concurrency c, time to first audio.
+
+DESCRIPTION is the --help text; the report (qwen3-tts.md) repeats the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import hardware, percentile, say
+
+DESCRIPTION = """\
+`python -m omni.server` with one Qwen3-TTS stage (fused layout: talker + code predictor +
+Code2Wav in one generation stage, in the qwen3-tts environment), requests over HTTP with
+stream_format=audio, response_format=pcm. At concurrency c, c requests start together (a
+burst); throughput is audio seconds received / wall time of the bursts; first audio (TTFP)
+counts from the burst's start. Lengths are fixed by the stage's max_new_tokens (codec
+frames per sentence, 12.5 a second) and one sentence per request; with random weights the
+talker rarely picks end-of-speech, so each request's audio is max_new_tokens frames (the
+report states the frames actually received). Greedy decoding unless --sample.
+vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
+weights).
+"""
+
+TEXT = "The ship sailed north across the cold sea, carrying wheat, wool, iron and passengers."
+PIPELINE = """\
+name: qwen3-tts
+default_modalities: [audio]
+stages:
+  - name: tts
+    engine: generation
+    model: qwen3_tts
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{max_new_tokens: {frames}, do_sample: {sample}, subtalker_dosample: {sample},
+               max_batch_size: {batch}, openai_voices: true}}
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="",
+                        help="a Qwen3-TTS CustomVoice release directory (default: the tiny "
+                        "random fixture, built with the qwen3-tts environment)")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--bursts", default="2,1,1")
+    parser.add_argument("--frames", type=int, default=100,
+                        help="max_new_tokens: codec frames per request (100 = 8 s)")
+    parser.add_argument("--sample", action="store_true", help="sample (the release default)")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--tag", default="cpu")
+
+
+def _model_dir(arg: str) -> str:
+    if arg:
+        return arg
+    from omni.config.environments import env_python
+    from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
+    from omni.models.cache import default_cache_dir
+
+    return str(ensure_tiny_qwen3_tts(env_python("qwen3-tts"), default_cache_dir()))
+
+
+def _start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", str(yaml_path),
+                             "--port", "0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on http://[0-9.]+:(\d+)", log.read_text())
+        if found:
+            return proc, int(found.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("server did not start in 600 s")
+
+
+async def _one(session: Any, url: str, start: float) -> tuple[float, int]:
+    body = {"model": "qwen3-tts", "voice": "alloy", "input": TEXT, "response_format": "pcm",
+            "stream_format": "audio"}
+    first, size = None, 0
+    async with session.post(url, json=body) as resp:
+        resp.raise_for_status()
+        async for chunk in resp.content.iter_any():
+            first = time.monotonic() - start if first is None else first
+            size += len(chunk)
+    return first or 0.0, size
+
+
+async def _burst(port: int, c: int) -> dict[str, Any]:
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/v1/audio/speech"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        start = time.monotonic()
+        results = await asyncio.gather(*(_one(session, url, start) for _ in range(c)))
+        wall = time.monotonic() - start
+    return {"wall_s": wall, "ttfp_s": [r[0] for r in results],
+            "audio_s": [r[1] / 2 / 24_000 for r in results]}
+
+
+def _level(port: int, c: int, bursts: int) -> dict[str, Any]:
+    runs = [asyncio.run(_burst(port, c)) for _ in range(bursts)]
+    audio = sum(sum(r["audio_s"]) for r in runs)
+    ttfp = sorted(t for r in runs for t in r["ttfp_s"])
+    wall = sum(r["wall_s"] for r in runs)
+    return {"concurrency": c, "bursts": bursts, "audio_s_per_s": audio / wall,
+            "ttfp_p50_s": percentile(ttfp, 0.5), "ttfp_p90_s": percentile(ttfp, 0.9),
+            "audio_s_per_request": audio / (c * bursts)}
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    model_dir = _model_dir(args.model)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    bursts = [int(b) for b in args.bursts.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-qwen3-tts-"))
+    yaml_path = work / "qwen3-tts.yaml"
+    yaml_path.write_text(PIPELINE.format(model_dir=model_dir, frames=args.frames,
+                                         sample=str(args.sample).lower(), batch=max(levels)))
+    proc, port = _start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
+    try:
+        asyncio.run(_burst(port, 1))  # warm-up
+        rows = []
+        for c, b in zip(levels, bursts + [1] * len(levels), strict=False):
+            rows.append(_level(port, c, b))
+            say(f"[qwen3_tts] c={c}: {rows[-1]['audio_s_per_s']:.2f} audio-s/s, TTFP p50 "
+                f"{rows[-1]['ttfp_p50_s']:.3f} s, {rows[-1]['audio_s_per_request']:.2f} "
+                "audio-s per request")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    report = {"model": model_dir, "frames": args.frames, "sample": args.sample,
+              "text": TEXT, "hardware": hardware(), "levels": rows,
+              "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
+    (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -1,0 +1,165 @@
+"""Qwen3-TTS (12 Hz CustomVoice releases) on qwen-tts's own model code: the model adapter.
+
+Runs only in an environment where the ``qwen-tts`` package imports (it pins transformers
+4.57.3): the ``qwen3-tts`` stage environment, scripts/install_qwen3_tts_env.sh; the
+preset (omni/config/presets/qwen3_tts.yaml) names it with ``env: qwen3-tts``.
+
+Fused layout: one ``generation`` stage holds the whole model, the talker (text -> first
+codebook, autoregressive), its code predictor (the other codebooks of each frame) and the
+Code2Wav decoder of ``speech_tokenizer/`` (codes -> 24 kHz audio, 1920 samples a frame).
+The engine's items mode drives it: a request's text becomes sentences (units), each one
+output; ready sentences of every request, whatever their voice, are one call of qwen-tts's
+own batched ``generate`` (left-padded talker prompts, one decode of all rows), so a
+sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence.
+
+Voices are the release's speakers (config.json ``talker_config.spk_id``); OpenAI's voice
+names map to the first one when the stage's ``openai_voices`` is true. ``instructions``
+become the model's instruct prompt (qwen-tts drops it for the 0.6B size, as its own
+generate does). Sampling comes from the release's generation_config.json, then the
+stage's options (``do_sample``, ``top_k``, ``temperature``, ... as qwen-tts names them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.models.speech import (
+    check_speed,
+    ended_sentences,
+    pick_voice,
+    speech_output,
+    split_sentences,
+    texts,
+    voice_entry,
+)
+
+# qwen-tts's generate() keywords a stage may set (its generation_config.json's keys)
+SAMPLING_OPTIONS = frozenset({
+    "do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "subtalker_dosample",
+    "subtalker_top_k", "subtalker_top_p", "subtalker_temperature", "max_new_tokens"})
+DEFAULT_MAX_CHARS = 400  # longest sentence (characters) sent to the talker in one row
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _torch_dtype(dtype: str | None, device: str) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in _DTYPES:
+        raise EngineLoadError(f"qwen3_tts: unknown dtype {dtype!r}; use auto, "
+                              f"{', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -> Any:
+    """qwen-tts's Qwen3TTSModel for a release directory, on ``device``."""
+    try:
+        from qwen_tts import Qwen3TTSModel
+    except ImportError as e:
+        raise EngineLoadError("qwen3_tts: needs the 'qwen-tts' package, which pins "
+                              "transformers 4.57.3: run the stage in its environment (env: "
+                              "qwen3-tts; bash scripts/install_qwen3_tts_env.sh)") from e
+    try:
+        tts = Qwen3TTSModel.from_pretrained(str(model_dir), dtype=_torch_dtype(dtype, device))
+    except (OSError, ValueError, TypeError) as e:
+        raise EngineLoadError(f"qwen3_tts: cannot load {model_dir}: {e}") from e
+    tts.model.to(device).eval()
+    codec = tts.model.speech_tokenizer
+    codec.model.to(device).eval()
+    tts.device = codec.device = torch.device(device)
+    return tts
+
+
+class Qwen3TTSRunner:
+    """Generation-engine runner (items mode): input ``text``, one output per sentence."""
+
+    items = True
+    input_key = "text"
+    OPTIONS = SAMPLING_OPTIONS | {"max_chars", "openai_voices", "language"}
+
+    def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
+        self.tts = tts
+        self.device = device
+        opts = dict(options)
+        self.max_chars = int(opts.pop("max_chars", DEFAULT_MAX_CHARS))
+        self.openai_voices = bool(opts.pop("openai_voices", False))
+        self.language = str(opts.pop("language", "auto"))
+        self.sampling = {k: v for k, v in opts.items() if k in SAMPLING_OPTIONS}
+        codec = tts.model.speech_tokenizer
+        self.sample_rate = int(codec.get_output_sample_rate())
+        self.frame_samples = int(codec.get_decode_upsample_rate())
+        self._voices = self._list_voices()
+
+    # -- voices -----------------------------------------------------------------------
+    def _list_voices(self) -> list[dict[str, Any]]:
+        speakers = sorted(self.tts.model.get_supported_speakers() or ())
+        return [voice_entry(s, s.capitalize(), self.language, self.sample_rate)
+                for s in speakers]
+
+    def voice(self, params: Mapping[str, Any]) -> str:
+        if not self._voices:
+            raise ValueError("voice: this Qwen3-TTS release has no built-in speakers")
+        return pick_voice(params, self._voices)
+
+    # -- units ------------------------------------------------------------------------
+    def split(self, value: Any, params: Mapping[str, Any]) -> list[str]:
+        if check_speed(params.get("speed", 1.0)) != 1.0:
+            raise ValueError("speed: Qwen3-TTS speaks at its own pace (only 1.0)")
+        self.voice(params)  # ValueError for an unknown voice
+        units = [s for part in texts(value) for s in split_sentences(part, self.max_chars)]
+        if not units:
+            raise ValueError("text has nothing to synthesize")
+        return units
+
+    def split_stream(self, text: str, params: Mapping[str, Any],
+                     final: bool) -> tuple[list[str], str]:
+        ready, held = (text, "") if final else ended_sentences(text)
+        return (self.split(ready, params) if ready.strip() else []), held
+
+    def group_key(self, params: Mapping[str, Any]) -> str:
+        # each row of qwen-tts's generate has its own speaker, language and instruct
+        return "all"
+
+    @torch.inference_mode()
+    def run_items(self, units: list[str],
+                  params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
+        instructs = [str(p.get("instructions") or "") for p in params]
+        wavs, _ = self.tts.generate_custom_voice(
+            list(units), speaker=[self.voice(p) for p in params],
+            language=[self.language] * len(units), instruct=instructs, **self.sampling)
+        out = []
+        for unit, wav in zip(units, wavs, strict=True):
+            audio = torch.as_tensor(wav, dtype=torch.float32).reshape(-1)
+            out.append((audio, self._text_tokens(unit)))
+        return out
+
+    def _text_tokens(self, text: str) -> int:
+        return len(self.tts.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def pack(self, result: Any) -> dict[str, Any]:
+        audio, n_tokens = result
+        frames = -(-int(audio.numel()) // self.frame_samples)
+        return speech_output(audio, self.sample_rate, n_tokens, frames)
+
+    def info(self) -> dict[str, Any]:
+        model = self.tts.model
+        return {"model": "qwen3_tts", "sample_rate": self.sample_rate, "voices": self._voices,
+                "openai_voice_alias": (self._voices[0]["id"]
+                                       if self.openai_voices and self._voices else None),
+                "tts_model_type": model.tts_model_type, "device": self.device,
+                "dtype": str(model.dtype).removeprefix("torch."), "audio_format": "f32le",
+                "sampling": dict(self.sampling)}
+
+
+def build_qwen3_tts_runner(*, model_dir: str, device: str, dtype: str,
+                           options: Mapping[str, Any]) -> Qwen3TTSRunner:
+    tts = load_qwen3_tts(model_dir, device, dtype)
+    if tts.model.tts_model_type != "custom_voice":
+        raise EngineLoadError(f"qwen3_tts: {model_dir} is a {tts.model.tts_model_type!r} "
+                              "release; this stage serves CustomVoice releases")
+    return Qwen3TTSRunner(tts, device, options)
+

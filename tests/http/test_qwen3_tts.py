@@ -1,0 +1,159 @@
+"""Qwen3-TTS served from its own environment (qwen-tts pins transformers 4.57.3): a tiny
+random CustomVoice release built with qwen-tts's own classes, served by the qwen3_tts
+adapter (omni/models/qwen3_tts.py) through the unmodified openai SDK, plain and streamed,
+and compared with qwen-tts's own ``generate_custom_voice`` run in that environment.
+
+Bound: greedy decoding (talker and code predictor, the stage's options) in float32; the
+served pcm16 equals the reference's float audio, converted to pcm16, within 2 LSB (the
+rounding of the conversion plus float noise of batched, left-padded rows).
+
+Without the qwen3-tts environment (bash scripts/install_qwen3_tts_env.sh) it skips,
+saying so; with OMNI_REQUIRE_QWEN3_TTS_ENV=1 (.ci/run, which builds it) it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import numpy as np
+import openai
+import pytest
+from httputil import assert_error_object, run
+
+from omni.config.environments import env_python
+from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
+from omni.models.cache import default_cache_dir
+
+PYTHON = env_python("qwen3-tts")
+REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
+FRAMES = 12  # max_new_tokens: codec frames per sentence (1920 samples each)
+TEXTS = ("Hello there, how are you today?", "The ship sailed north across the cold sea.")
+PIPELINE = """\
+name: qwen3-tts
+default_modalities: [audio]
+stages:
+  - name: tts
+    engine: generation
+    model: qwen3_tts
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               openai_voices: true}}
+"""
+REFERENCE = """\
+import json, sys
+import numpy as np, torch
+from qwen_tts import Qwen3TTSModel
+model_dir, out, frames, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+tts = Qwen3TTSModel.from_pretrained(model_dir, dtype=torch.float32)
+for i, (text, speaker) in enumerate(jobs):
+    wavs, sr = tts.generate_custom_voice(text, speaker=speaker, do_sample=False,
+                                         subtalker_dosample=False, max_new_tokens=frames)
+    np.save(f"{out}/{i}.npy", wavs[0].astype(np.float32))
+"""
+JOBS = [(TEXTS[0], "vivian"), (TEXTS[1], "vivian"), (TEXTS[0], "ryan")]
+
+
+@pytest.fixture(scope="module")
+def release():
+    if not os.access(PYTHON, os.X_OK):
+        reason = (f"no qwen3-tts environment at {PYTHON}: build it with "
+                  "`bash scripts/install_qwen3_tts_env.sh`")
+        (pytest.fail if REQUIRED else pytest.skip)(reason)
+    return ensure_tiny_qwen3_tts(PYTHON, default_cache_dir())
+
+
+@pytest.fixture(scope="module")
+def reference(release, tmp_path_factory) -> list[np.ndarray]:
+    """qwen-tts's own generate, in its environment, for each of JOBS."""
+    out = tmp_path_factory.mktemp("reference")
+    subprocess.run([PYTHON, "-c", REFERENCE, str(release), str(out), str(FRAMES),
+                    json.dumps(JOBS)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))]
+
+
+@pytest.fixture(scope="module")
+def server(release, start_server):
+    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES)},
+                        start_timeout_s=300.0)
+
+
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
+
+
+async def _speak(client: openai.AsyncOpenAI, text: str, voice: str) -> np.ndarray:
+    audio = await client.audio.speech.create(model="qwen3-tts", voice=voice, input=text,
+                                             response_format="pcm")
+    return np.frombuffer(audio.content, dtype=np.int16)
+
+
+def test_the_fixture_speaks_and_varies(reference):
+    for audio in reference:
+        assert audio.size == FRAMES * 1920 or audio.size % 1920 == 0
+        assert np.abs(pcm16(audio)).max() > 1000  # not silence as pcm16
+    # the text and the voice change the audio
+    assert not np.array_equal(pcm16(reference[0]), pcm16(reference[1]))
+    assert not np.array_equal(pcm16(reference[0]), pcm16(reference[2]))
+
+
+def test_served_speech_equals_qwen_tts_generate(server, reference):
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            # concurrent: the three share batched generate calls where they meet
+            return await asyncio.gather(*(_speak(client, t, v) for t, v in JOBS))
+    for served, expected in zip(run(speak_all()), reference, strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"served audio differs from qwen-tts's by {diff} LSB"
+
+
+def test_streamed_speech_is_the_same_audio(server, reference):
+    async def stream() -> tuple[bytes, int]:
+        async with server.client(timeout=120.0) as client:
+            chunks = 0
+            data = b""
+            async with client.audio.speech.with_streaming_response.create(
+                    model="qwen3-tts", voice="vivian", input=f"{TEXTS[0]} {TEXTS[1]}",
+                    response_format="pcm", extra_body={"stream_format": "audio"}) as resp:
+                async for chunk in resp.iter_bytes():
+                    data += chunk
+                    chunks += 1
+            return data, chunks
+    data, _ = run(stream())
+    served = np.frombuffer(data, dtype=np.int16).astype(np.int32)
+    expected = np.concatenate([pcm16(reference[0]), pcm16(reference[1])]).astype(np.int32)
+    assert served.shape == expected.shape  # one sentence after the other
+    assert np.abs(served - expected).max() <= 2
+
+
+def test_voices_are_the_releases_speakers(server):
+    async def voices():
+        async with server.session() as session:
+            async with session.get("/v1/audio/voices", params={"model": "qwen3-tts"}) as r:
+                return r.status, await r.json()
+    status, body = run(voices())
+    assert status == 200
+    assert [v["id"] for v in body["voices"]] == ["aiden", "ryan", "vivian"]
+    assert {v["sample_rate"] for v in body["voices"]} == {24000}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"voice": "nobody", "input": "Hi."}, "voice"),
+    ({"voice": "vivian", "input": ""}, "input"),
+    ({"voice": "vivian", "input": "   "}, "input"),
+    ({"input": "Hi."}, "voice"),
+])
+def test_bad_requests_are_400s_naming_the_field(server, body, param):
+    async def post():
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech",
+                                    json={"model": "qwen3-tts", **body}) as resp:
+                return resp.status, await resp.json()
+    status, error = run(post())
+    assert status == 400, error
+    assert_error_object(error, param=param)
