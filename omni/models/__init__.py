@@ -86,6 +86,8 @@ def _denoiser(family: str) -> AdapterBuilder:
                                   "pipeline directory)")
         if family == "cosmos3_world":
             from omni.models.cosmos3_world import build_cosmos3_world as build_family
+        elif family == "flux":
+            from omni.models.flux import build_flux as build_family
         elif family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image as build_family
         else:
@@ -96,7 +98,8 @@ def _denoiser(family: str) -> AdapterBuilder:
 
 DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
-    "cosmos3_world": _denoiser("cosmos3_world")}
+    "cosmos3_world": _denoiser("cosmos3_world"),
+    "flux": _denoiser("flux")}
 
 
 def _pi0(*, model_dir: str | None, device: str, dtype: str,
@@ -171,6 +174,7 @@ _OPTION_HOLDERS = {
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
+    "flux": ("omni.models.flux", "FluxDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
     "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),

@@ -30,4 +30,6 @@ PRESET_BY_PIPELINE_CLASS = {
     "WanPipeline": "wan.yaml",
     "WanImageToVideoPipeline": "wan.yaml",
     "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
+    "FluxPipeline": "flux.yaml",
+    "FluxKontextPipeline": "flux.yaml",
 }
