@@ -45,6 +45,10 @@
 #                                        # "stopped" may follow)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
+#   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
+#                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
+#                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
+#                                        # diffusers sequential / batched, bare transformer
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -52,7 +56,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop) ;; *) sed -n 2,45p "$0"; exit 2 ;; esac
+case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|flux|stop) ;; *) sed -n 2,49p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -106,6 +110,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --denoise 10 --size 256 --out "$OUT" --tag h200 > "$OUT/bench-worlds.log" 2>&1
     grep -E "^\[worlds\]" "$OUT/bench-worlds.log"; grep -E "Error|error" "$OUT/bench-worlds.log" | tail -5
     say "worlds done"
+    ;;
+  flux)
+    timeout 480 python3 -m bench diffusion --shape flux1-dev --size "${SIZE:-512x512}" \
+      --steps 20 --concurrency 1,4,8 --per-client 2 \
+      --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
+      --out "$OUT" --tag "${2:-flux1-h200}" > "$OUT/bench-flux.log" 2>&1
+    grep -E "steps/s|ms/call|wrote" "$OUT/bench-flux.log"; grep -E "Error|error" "$OUT/bench-flux.log" | tail -5
+    say "flux done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5
