@@ -32,4 +32,5 @@ PRESET_BY_PIPELINE_CLASS = {
     "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
     "FluxPipeline": "flux.yaml",
     "FluxKontextPipeline": "flux.yaml",
+    "Flux2Pipeline": "flux2.yaml",
 }

@@ -23,7 +23,7 @@ different steps share one transformer call. What it reproduces from the pipeline
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -197,11 +197,7 @@ class FluxDenoiser:
 
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
-        pixels = self._pixels(jobs[0], torch.cat([job.latents for job in jobs]))
-        return [{"images": images, "text_tokens": job.state["tokens"],
-                 "image_tokens": int(job.latents.shape[1]) * job.rows}
-                for job, images in zip(jobs, pixels.split([j.rows for j in jobs]),
-                                       strict=True)]
+        return decode_by_size(jobs, self._pixels)
 
     @torch.inference_mode()
     def preview(self, job: DenoiseJob) -> dict[str, Any]:
@@ -215,6 +211,23 @@ class FluxDenoiser:
                                             self.scale)
         latents = latents / vae.config.scaling_factor + vae.config.shift_factor
         return common.to_uint8(vae.decode(latents.to(vae.dtype), return_dict=False)[0])
+
+
+def decode_by_size(jobs: list[DenoiseJob],
+                   pixels_of: Callable[[DenoiseJob, torch.Tensor], torch.Tensor],
+                   ) -> list[dict[str, Any]]:
+    """Decode jobs one VAE call per image size. The engine batches decodes by latent
+    shape, and packed latents of 64x32 and 32x64 images have the same shape."""
+    sizes: dict[Any, list[DenoiseJob]] = {}
+    for job in jobs:
+        sizes.setdefault(job.state["grid"][:2], []).append(job)
+    done = {}
+    for same in sizes.values():
+        pixels = pixels_of(same[0], torch.cat([job.latents for job in same]))
+        for job, images in zip(same, pixels.split([j.rows for j in same]), strict=True):
+            done[id(job)] = {"images": images, "text_tokens": job.state["tokens"],
+                             "image_tokens": int(job.latents.shape[1]) * job.rows}
+    return [done[id(job)] for job in jobs]
 
 
 def build_flux(*, model_dir: str, device: str, dtype: str,
