@@ -47,7 +47,9 @@ of the real width (the text encoder runs once per request and is not what is mea
 that shape needs a large GPU (about 45 GB). --shape flux1-tiny / flux1-dev do the same for
 FLUX.1-dev (tiny fixture; the real 11.9 B transformer and VAE, CLIP-L and T5-XXL widths with
 2 layers each, about 30 GB); guidance_scale stays at the pipeline's default (distilled
-guidance, one row per image).
+guidance, one row per image); --shape flux2-tiny / flux2-dev for FLUX.2-dev (the real 32 B
+transformer and VAE, a 30-layer text encoder of Mistral Small's width with a narrow MLP,
+about 75 GB: an H200, or --layers 4 on an H100).
 """
 
 WARMUP_STEPS = 2
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     family, pipe, model_dir = load(args.shape, args.model, device, args.layers)
     params = {"size": args.size, "steps": args.steps}
     call = {"height": height, "width": width, "num_inference_steps": args.steps,
-            "true_cfg_scale": 1.0, "output_type": "np"}
+            "output_type": "np",
+            **({"true_cfg_scale": 1.0} if family == "qwen_image" else {})}
     options = {"max_batch_rows": args.max_batch_rows}
     rows: list[dict[str, Any]] = []
     micro: dict[str, float] = {}

@@ -49,6 +49,8 @@
 #                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
 #                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
 #                                        # diffusers sequential / batched, bare transformer
+#   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
+#                                        # ~70 GB: an H200; LAYERS=4 on an H100)
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -56,7 +58,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|flux|stop) ;; *) sed -n 2,49p "$0"; exit 2 ;; esac
+case "${1:-}" in structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|flux|flux2|stop) ;; *) sed -n 2,53p "$0"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -111,13 +113,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     grep -E "^\[worlds\]" "$OUT/bench-worlds.log"; grep -E "Error|error" "$OUT/bench-worlds.log" | tail -5
     say "worlds done"
     ;;
-  flux)
-    timeout 480 python3 -m bench diffusion --shape flux1-dev --size "${SIZE:-512x512}" \
-      --steps 20 --concurrency 1,4,8 --per-client 2 \
+  flux|flux2)
+    shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
+    timeout 480 python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
+      ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
       --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
-      --out "$OUT" --tag "${2:-flux1-h200}" > "$OUT/bench-flux.log" 2>&1
-    grep -E "steps/s|ms/call|wrote" "$OUT/bench-flux.log"; grep -E "Error|error" "$OUT/bench-flux.log" | tail -5
-    say "flux done"
+      --out "$OUT" --tag "${2:-$1-h200}" > "$OUT/bench-$1.log" 2>&1
+    grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
+    say "$1 done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5
