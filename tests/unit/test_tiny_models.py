@@ -182,7 +182,8 @@ def test_same_seed_same_weights(dirs, tmp_path):
 
 def test_ensure_tiny_model_builds_once(tmp_path):
     assert set(TINY_MODELS) == {"qwen3", "qwen3_moe", "qwen3_omni", "vits", "qwen_image",
-                                "qwen_image_edit", "wan_t2v", "wan_i2v", "pi0", "cosmos3"}
+                                "qwen_image_edit", "wan_t2v", "wan_i2v", "pi0", "cosmos3",
+                                "flux1", "flux1_kontext", "flux2"}
     messages: list[str] = []
     path = ensure_tiny_model("qwen3", tmp_path, progress=messages.append)
     assert path == tmp_path / "qwen3"
