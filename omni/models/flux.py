@@ -216,8 +216,9 @@ class FluxDenoiser:
 def decode_by_size(jobs: list[DenoiseJob],
                    pixels_of: Callable[[DenoiseJob, torch.Tensor], torch.Tensor],
                    ) -> list[dict[str, Any]]:
-    """Decode jobs one VAE call per image size. The engine batches decodes by latent
-    shape, and packed latents of 64x32 and 32x64 images have the same shape."""
+    """Decode jobs one VAE call per image size: the engine hands over finished jobs of
+    equal latent shape together, and packed latents of 64x32 and 32x64 images have the
+    same shape."""
     sizes: dict[Any, list[DenoiseJob]] = {}
     for job in jobs:
         sizes.setdefault(job.state["grid"][:2], []).append(job)

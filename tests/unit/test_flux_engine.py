@@ -172,15 +172,16 @@ def test_bad_requests_fail_alone_with_a_clear_error(models, name, inputs, params
     assert not eng.has_work()
 
 
-def test_images_of_equal_token_count_finishing_together_keep_their_shapes(models):
-    eng = engine(models, "flux1")
-    requests = [("wide", {"prompt": "a"}, {"size": "64x32", "steps": 2, "seed": 1}),
-                ("tall", {"prompt": "b"}, {"size": "32x64", "steps": 2, "seed": 2})]
-    results, errors = run(eng, requests, join_after=0)
-    assert not errors
-    assert results["wide"]["images"].shape == (1, 32, 64, 3)
-    assert results["tall"]["images"].shape == (1, 64, 32, 3)
-    close_to(results["tall"]["images"], reference(eng.denoiser.pipe, *requests[1][1:]))
+def test_one_decode_of_images_with_equal_token_counts_keeps_their_shapes(models):
+    """The engine decodes finished jobs of equal latent shape together; packed latents of
+    64x32 and 32x64 images have the same shape (only one image group steps per engine
+    step today, so the engine does not meet this yet: the denoiser is called directly)."""
+    den = engine(models, "flux1").denoiser
+    jobs = [den.start(rid, den.plan({"prompt": "a"}, {"size": size, "seed": 1}))
+            for rid, size in (("wide", "64x32"), ("tall", "32x64"))]
+    assert jobs[0].latents.shape == jobs[1].latents.shape
+    wide, tall = den.decode(jobs)
+    assert wide["images"].shape == (1, 32, 64, 3) and tall["images"].shape == (1, 64, 32, 3)
 
 
 # -- FLUX.2 ------------------------------------------------------------------------------
