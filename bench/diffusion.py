@@ -12,6 +12,7 @@ from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.common import percentile, say
+from bench.diffusion_models import SHAPES
 
 DESCRIPTION = """\
 Denoising steps/s, images/s and request latency (p50/p99/mean) of text-to-image requests
@@ -26,7 +27,7 @@ prompts, in one run:
                       model directory (--model or the tiny fixture)
   ours-cache          ours-engine with the step cache on at its default threshold
                       (transformer calls are counted; random weights cannot judge quality)
-  diffusers-seq       QwenImagePipeline.__call__ once per request, one at a time
+  diffusers-seq       the pipeline's __call__ once per request, one at a time
   diffusers-batched   one __call__ with a list of c prompts per round (needs all c requests
                       to arrive together; every request waits for its whole round)
   transformer         the bare transformer, one call at batch 1, 4, 8, 16 (random inputs
@@ -43,7 +44,12 @@ shapes of that concurrency have been seen before timing starts.
 --shape qwen-image builds the real Qwen-Image transformer (60 layers, 20.4 B parameters)
 and VAE with random weights in memory on the device (bf16), with a 2-layer text encoder
 of the real width (the text encoder runs once per request and is not what is measured);
-that shape needs a large GPU (about 45 GB).
+that shape needs a large GPU (about 45 GB). --shape flux1-tiny / flux1-dev do the same for
+FLUX.1-dev (tiny fixture; the real 11.9 B transformer and VAE, CLIP-L and T5-XXL widths with
+2 layers each, about 30 GB); guidance_scale stays at the pipeline's default (distilled
+guidance, one row per image); --shape flux2-tiny / flux2-dev for FLUX.2-dev (the real 32 B
+transformer and VAE, a 30-layer text encoder of Mistral Small's width with a narrow MLP,
+about 75 GB: an H200, or --layers 4 on an H100).
 """
 
 WARMUP_STEPS = 2
@@ -52,12 +58,13 @@ SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", choices=("tiny", "qwen-image"), default="tiny",
-                        help="model: the tiny fixture, or a real-size random Qwen-Image built "
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="tiny",
+                        help="model: a tiny fixture, or a real-size random Qwen-Image or FLUX.1 built "
                              "in memory (GPU)")
-    parser.add_argument("--layers", type=int, default=60,
-                        help="transformer layers of --shape qwen-image (default 60, the "
-                             "release's; fewer only for a quick check)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="transformer layers of a real-size --shape (default: the "
+                             "release's: qwen-image 60, flux1-dev 19 double blocks + 38 "
+                             "single)")
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="a Qwen-Image pipeline directory instead of --shape")
     parser.add_argument("--size", default="256x256", help="WxH of every image (default "
@@ -80,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     import torch
 
-    from bench.diffusion_models import load_qwen_image
+    from bench.diffusion_models import load
 
     torch.set_num_threads(1)
     device = args.device if args.device != "auto" else (
@@ -91,16 +98,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if unknown:
         raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(SIDES)}")
     say(f"diffusion bench: loading {args.model or args.shape} on {device} ...")
-    pipe, model_dir = load_qwen_image(args.shape, args.model, device, args.layers)
+    family, pipe, model_dir = load(args.shape, args.model, device, args.layers)
     params = {"size": args.size, "steps": args.steps}
     call = {"height": height, "width": width, "num_inference_steps": args.steps,
-            "true_cfg_scale": 1.0, "output_type": "np"}
+            "output_type": "np",
+            **({"true_cfg_scale": 1.0} if family == "qwen_image" else {})}
     options = {"max_batch_rows": args.max_batch_rows}
     rows: list[dict[str, Any]] = []
     micro: dict[str, float] = {}
     if "transformer" in wanted:
         for batch in (1, 4, 8, 16):
-            micro[str(batch)] = sides.bare_transformer(pipe, height, width, batch, device,
+            micro[str(batch)] = sides.bare_transformer(family, pipe, height, width, batch,
+                                                       device,
                                                        repeats=5 if device == "cpu" else 10)
             say(f"  transformer batch {batch}: {micro[str(batch)] * 1000:.1f} ms/call")
     for c in (int(v) for v in args.concurrency.split(",")):
@@ -108,13 +117,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             if side == "transformer" or (side == "ours-server" and model_dir is None):
                 continue
             say(f"  {side} c={c} ...")
-            record = _side(side, pipe, model_dir, device, options, c, args, params, call)
+            record = _side(side, (family, pipe), model_dir, device, options, c, args,
+                           params, call)
             rows.append(_summary(side, c, record, args))
             say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
                 f"p99 {rows[-1]['p99_s']:.2f} s")
     result = {"command": "python -m bench " + " ".join(argv), "device": _device(device),
-              "shape": args.model or (args.shape if args.layers == 60 or args.shape == "tiny"
-                                        else f"{args.shape} ({args.layers} layers)"), "size": args.size, "steps": args.steps,
+              "shape": args.model or (args.shape if args.layers is None
+                                        else f"{args.shape} ({args.layers} layers)"),
+              "size": args.size, "steps": args.steps,
               "per_client": args.per_client, "transformer_s": micro, "rows": rows,
               "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     from bench.diffusion_report import write
@@ -124,19 +135,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _side(side: str, pipe: Any, model_dir: str | None, device: str,
+def _side(side: str, model: tuple[str, Any], model_dir: str | None, device: str,
           options: dict[str, Any], c: int, args: argparse.Namespace,
           params: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-    from omni.models.qwen_image import QwenImageDenoiser
+    from bench.diffusion_models import denoiser as make_denoiser
 
+    family, pipe = model
     # warm-up: one unmeasured burst of c requests at WARMUP_STEPS steps, so every side
     # meets the batch shapes of this concurrency (kernel choice, allocator) before timing
     warm_params = {**params, "steps": WARMUP_STEPS}
     warm_call = {**call, "num_inference_steps": WARMUP_STEPS}
     if side in ("ours-engine", "ours-cache"):
         opts = {**options, "step_cache": side == "ours-cache"}
-        denoiser = QwenImageDenoiser(pipe, device, {"max_steps": 1000, "max_side": 4096,
-                                                    "max_pixels": 4096 * 4096})
+        denoiser = make_denoiser(family, pipe, device, {"max_steps": 1000, "max_side": 4096,
+                                                        "max_pixels": 4096 * 4096})
         sides.engine_side(denoiser, opts, c, 1, warm_params)
         return sides.engine_side(denoiser, opts, c, args.per_client, params)
     if side == "ours-server":

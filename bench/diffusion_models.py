@@ -61,3 +61,203 @@ def real_size_qwen_image(device: str, layers: int = 60) -> Any:
         torch.set_default_dtype(previous)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+# -- FLUX.1 ------------------------------------------------------------------------------
+def load_flux1(shape: str, model_dir: str | None, device: str,
+               layers: int = 19) -> tuple[Any, str | None]:
+    """(FluxPipeline on ``device``, its directory or None when built in memory)."""
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.models import diffusion as common
+    from omni.models.flux import _classes
+
+    if model_dir is None and shape == "flux1-tiny":
+        model_dir = str(ensure_tiny_model("flux1"))
+    if model_dir is not None:
+        return common.load_pipeline(model_dir, _classes(), device=device, dtype="auto"), model_dir
+    return real_size_flux1(device, layers), None
+
+
+def real_size_flux1(device: str, layers: int = 19) -> Any:
+    """FluxPipeline with FLUX.1-dev's transformer (19 double + 38 single blocks, 24 heads x
+    128, guidance-distilled: 11.9 B parameters; ``layers`` double blocks and twice as many
+    single ones) and VAE, random bf16 weights; CLIP-L's and T5-XXL's widths with 2 layers
+    each and the tiny fixture's tokenizers (prompt encoding is once per request and not
+    what the benchmark measures)."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModel,
+        CLIPTokenizer,
+        T5Config,
+        T5EncoderModel,
+        T5TokenizerFast,
+    )
+
+    from omni.fixtures.tiny_flux import FLUX1_SCHEDULER, FLUX1_VAE_FACTORS
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    tiny = ensure_tiny_model("flux1")
+    clip_tok = CLIPTokenizer.from_pretrained(str(tiny / "tokenizer"))
+    t5_tok = T5TokenizerFast.from_pretrained(str(tiny / "tokenizer_2"))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            pipe = FluxPipeline(
+                transformer=FluxTransformer2DModel(num_layers=layers,
+                                                   num_single_layers=2 * layers,
+                                                   guidance_embeds=True),
+                vae=AutoencoderKL(
+                    block_out_channels=(128, 256, 512, 512),
+                    down_block_types=("DownEncoderBlock2D",) * 4,
+                    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+                    latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+                    **FLUX1_VAE_FACTORS),
+                text_encoder=CLIPTextModel(CLIPTextConfig(
+                    vocab_size=len(clip_tok), hidden_size=768, intermediate_size=3072,
+                    num_hidden_layers=2, num_attention_heads=12, max_position_embeddings=77,
+                    eos_token_id=clip_tok.eos_token_id)),
+                text_encoder_2=T5EncoderModel(T5Config(
+                    vocab_size=len(t5_tok), d_model=4096, d_ff=10240, num_layers=2,
+                    num_heads=64, d_kv=64, feed_forward_proj="gated-gelu")),
+                tokenizer=clip_tok, tokenizer_2=t5_tok,
+                scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_SCHEDULER))
+    finally:
+        torch.set_default_dtype(previous)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# -- FLUX.2 ------------------------------------------------------------------------------
+def load_flux2(shape: str, model_dir: str | None, device: str,
+               layers: int = 8) -> tuple[Any, str | None]:
+    """(Flux2Pipeline on ``device``, its directory or None when built in memory)."""
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.models.flux2 import build_flux2
+
+    if model_dir is None and shape == "flux2-tiny":
+        model_dir = str(ensure_tiny_model("flux2"))
+    if model_dir is not None:
+        return build_flux2(model_dir=model_dir, device=device, dtype="auto",
+                           options={}).pipe, model_dir
+    return real_size_flux2(device, layers), None
+
+
+def real_size_flux2(device: str, layers: int = 8) -> Any:
+    """Flux2Pipeline with FLUX.2-dev's transformer (8 double + 48 single blocks, 48 heads x
+    128: 32 B parameters; ``layers`` double blocks and 6x as many single ones) and VAE,
+    random bf16 weights; a text encoder of Mistral Small 3.1's width (5120) with the 30
+    layers the pipeline reads (hidden states 10, 20, 30) but a narrow MLP, and the tiny
+    fixture's tokenizer (prompt encoding is once per request, not what is measured)."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2Pipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import (
+        Mistral3Config,
+        Mistral3ForConditionalGeneration,
+        MistralConfig,
+        PixtralVisionConfig,
+    )
+
+    from omni.fixtures.tiny_flux import FLUX2_SCHEDULER
+    from omni.fixtures.tiny_models import ensure_tiny_model
+    from omni.models.flux2 import load_text_tokenizer
+
+    tok = load_text_tokenizer(str(ensure_tiny_model("flux2") / "tokenizer"))
+    text = MistralConfig(vocab_size=len(tok), hidden_size=5120, intermediate_size=1024,
+                         num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128)
+    vision = PixtralVisionConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, head_dim=32)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            pipe = Flux2Pipeline(
+                transformer=Flux2Transformer2DModel(num_layers=layers,
+                                                    num_single_layers=6 * layers),
+                vae=AutoencoderKLFlux2(),
+                text_encoder=Mistral3ForConditionalGeneration(Mistral3Config(
+                    text_config=text, vision_config=vision)),
+                tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER))
+    finally:
+        torch.set_default_dtype(previous)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# -- what the bench needs per family -----------------------------------------------------
+# --shape -> (family, loader); a --model directory's family comes from model_index.json
+SHAPES = {"tiny": ("qwen_image", load_qwen_image), "qwen-image": ("qwen_image", load_qwen_image),
+          "flux1-tiny": ("flux", load_flux1), "flux1-dev": ("flux", load_flux1),
+          "flux2-tiny": ("flux2", load_flux2), "flux2-dev": ("flux2", load_flux2)}
+FAMILY_OF_PIPELINE = {"QwenImagePipeline": "qwen_image", "FluxPipeline": "flux",
+                      "Flux2Pipeline": "flux2"}
+LOADERS = {"qwen_image": load_qwen_image, "flux": load_flux1, "flux2": load_flux2}
+
+
+def load(shape: str, model_dir: str | None, device: str,
+         layers: int | None) -> tuple[str, Any, str | None]:
+    """(family, pipeline, its directory or None) for --shape / --model."""
+    if model_dir is not None:
+        from omni.models.diffusion import pipeline_class
+
+        family = FAMILY_OF_PIPELINE[pipeline_class(model_dir)]
+        return family, LOADERS[family](shape, model_dir, device)[0], model_dir
+    family, loader = SHAPES[shape]
+    pipe, model_dir = loader(shape, None, device, *([layers] if layers else []))
+    return family, pipe, model_dir
+
+
+def denoiser(family: str, pipe: Any, device: str, options: dict[str, Any]) -> Any:
+    """The adapter's denoiser around an already loaded pipeline."""
+    if family == "flux":
+        from omni.models.flux import FluxDenoiser
+
+        return FluxDenoiser(pipe, device, options)
+    if family == "flux2":
+        from omni.models.flux2 import Flux2Denoiser
+
+        return Flux2Denoiser(pipe, device, options)
+    from omni.models.qwen_image import QwenImageDenoiser
+
+    return QwenImageDenoiser(pipe, device, options)
+
+
+def transformer_inputs(family: str, pipe: Any, height: int, width: int, batch: int,
+                       device: str) -> dict[str, Any]:
+    """Random transformer inputs of one batched call at this size (24 text tokens)."""
+    transformer, scale = pipe.transformer, pipe.vae_scale_factor
+    grid = (height // scale // 2, width // scale // 2)
+    dtype = transformer.dtype
+    cfg = transformer.config
+    rows = dict(device=device, dtype=dtype)
+    inputs = {"hidden_states": torch.randn(batch, grid[0] * grid[1], cfg.in_channels, **rows),
+              "timestep": torch.full((batch,), 0.5, **rows),
+              "encoder_hidden_states": torch.randn(batch, 24, cfg.joint_attention_dim, **rows),
+              "return_dict": False}
+    if family == "flux":
+        inputs.update(pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, **rows),
+                      guidance=torch.full((batch,), 3.5, device=device) if cfg.guidance_embeds
+                      else None, txt_ids=torch.zeros(24, 3, **rows),
+                      img_ids=pipe._prepare_latent_image_ids(1, *grid, device, dtype))
+    elif family == "flux2":
+        latents = torch.zeros(batch, 1, *grid, device=device)
+        text = inputs["encoder_hidden_states"]
+        inputs.update(guidance=torch.full((batch,), 4.0, device=device),
+                      txt_ids=pipe._prepare_text_ids(text).to(device),
+                      img_ids=pipe._prepare_latent_ids(latents).to(device))
+    else:
+        inputs.update(encoder_hidden_states_mask=None, img_shapes=[[(1, *grid)]] * batch)
+    return inputs

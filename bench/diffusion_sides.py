@@ -149,23 +149,16 @@ def diffusers_batched(pipe: Any, c: int, per_client: int, call: dict[str, Any],
 
 
 @torch.inference_mode()
-def bare_transformer(pipe: Any, height: int, width: int, batch: int, device: str,
-                     repeats: int) -> float:
+def bare_transformer(family: str, pipe: Any, height: int, width: int, batch: int,
+                     device: str, repeats: int) -> float:
     """Seconds per call of the transformer alone at ``batch`` rows (the microbenchmark
     the engine's steps/s is held against)."""
-    transformer = pipe.transformer
-    scale = pipe.vae_scale_factor
-    tokens = (height // scale // 2) * (width // scale // 2)
-    dtype = transformer.dtype
-    x = torch.randn(batch, tokens, transformer.config.in_channels, device=device, dtype=dtype)
-    text_len, text_dim = 24, transformer.config.joint_attention_dim
-    text = torch.randn(batch, text_len, text_dim, device=device, dtype=dtype)
-    t = torch.full((batch,), 0.5, device=device, dtype=dtype)
-    shapes = [[(1, height // scale // 2, width // scale // 2)]] * batch
+    from bench.diffusion_models import transformer_inputs
+
+    inputs = transformer_inputs(family, pipe, height, width, batch, device)
 
     def call() -> None:
-        transformer(hidden_states=x, timestep=t, encoder_hidden_states=text,
-                    encoder_hidden_states_mask=None, img_shapes=shapes, return_dict=False)
+        pipe.transformer(**inputs)
     call()
     _sync(device)
     start = time.perf_counter()

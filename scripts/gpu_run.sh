@@ -63,6 +63,12 @@
 #                                        # what scripts/qwen3_tts_env.txt lists): bench qwen3_tts
 #                                        # c=1,8,64, 100 frames a request; MODEL=DIR a release
 #                                        # (default: the tiny random fixture)
+#   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
+#                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
+#                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
+#                                        # diffusers sequential / batched, bare transformer
+#   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
+#                                        # ~70 GB: an H200; LAYERS=4 on an H100)
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -134,6 +140,15 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
     grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
     say "qwen3tts done"
+    ;;
+  flux|flux2)
+    shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
+    timeout 480 python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
+      ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
+      --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
+      --out "$OUT" --tag "${2:-$1-h200}" > "$OUT/bench-$1.log" 2>&1
+    grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
+    say "$1 done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5

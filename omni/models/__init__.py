@@ -109,6 +109,10 @@ def _denoiser(family: str) -> AdapterBuilder:
                                   "pipeline directory)")
         if family == "cosmos3_world":
             from omni.models.cosmos3_world import build_cosmos3_world as build_family
+        elif family == "flux":
+            from omni.models.flux import build_flux as build_family
+        elif family == "flux2":
+            from omni.models.flux2 import build_flux2 as build_family
         elif family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image as build_family
         elif family == "ltx_video":
@@ -122,7 +126,8 @@ def _denoiser(family: str) -> AdapterBuilder:
 DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
     "cosmos3_world": _denoiser("cosmos3_world"),
-    "ltx_video": _denoiser("ltx_video")}
+    "ltx_video": _denoiser("ltx_video"),
+    "flux": _denoiser("flux"), "flux2": _denoiser("flux2")}
 
 
 def _pi0(*, model_dir: str | None, device: str, dtype: str,
@@ -200,6 +205,8 @@ _OPTION_HOLDERS = {
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),
+    "flux": ("omni.models.flux", "FluxDenoiser"),
+    "flux2": ("omni.models.flux2", "Flux2Denoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
     "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),

@@ -40,4 +40,7 @@ PRESET_BY_PIPELINE_CLASS = {
     "LTXPipeline": "ltx_video.yaml",
     "LTXImageToVideoPipeline": "ltx_video.yaml",
     "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
+    "FluxPipeline": "flux.yaml",
+    "FluxKontextPipeline": "flux.yaml",
+    "Flux2Pipeline": "flux2.yaml",
 }
