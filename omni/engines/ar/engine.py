@@ -59,6 +59,7 @@ from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
 from omni.engines.ar.state import SequenceState, exported_rows, finish_reason, token_output
+from omni.engines.ar.step_budget import size_prefill_budget
 from omni.engines.ar.steps import StepRunner
 from omni.engines.ar.warm import warm_prefill
 from omni.engines.base import (
@@ -80,7 +81,7 @@ AR_OPTIONS = frozenset({
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
-    "prefill_beside_decodes", "max_model_len", "prefill_attention"})
+    "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms"})
 
 
 class AREngine(Engine):
@@ -112,16 +113,15 @@ class AREngine(Engine):
             self.runtime_bytes = measure_runtime_bytes(self, self._max_batched())
             kv_budget = memory_bytes - self.runtime_bytes
         self.serve_on(sized_cache(self.lm, self.options, kv_budget, self._opt))
+        self.step_model = size_prefill_budget(self)  # prompt tokens beside decodes: measured
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
-        # media prompts, batched across requests (omni/engines/ar/encoder.py)
-        self._encoder = PromptEncoder(partial(encode_prompts, self.lm))
+        self._encoder = PromptEncoder(partial(encode_prompts, self.lm))  # media prompts, batched
         self.grammars = GrammarCompiler(self.lm.tokenizer, self.lm.vocab_size,
                                         self.lm.eos_token_ids)  # json_schema requests
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
-        # alive until the next GC pass (a second engine in one process sizes its cache then)
-        # emit a step's outputs while the GPU runs the next one (steps.py); on a CPU the
-        # forward is synchronous: overlapping would only hold the outputs a call longer
+        # alive until the next GC pass (a second engine in one process sizes its cache then);
+        # outputs are emitted while the GPU runs the next step (steps.py; not on a CPU)
         self.runner = StepRunner(
             weakref.proxy(self), self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
             chain=bool(self.options.get("chain_decode", cuda)),
@@ -273,6 +273,7 @@ class AREngine(Engine):
                 "block_size": self.cache.block_size, "kv_block_bytes": self.cache.block_bytes,
                 "max_num_seqs": self.scheduler.max_num_seqs,
                 "max_batched_tokens": self.scheduler.max_batched_tokens,
+                "prefill_beside_decodes": self.scheduler.prefill_beside_decodes,
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
                 "tool_format": self._tool_format(), "constrained_decoding": True,

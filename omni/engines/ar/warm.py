@@ -56,29 +56,34 @@ def warm_steps(lm: Any, cache: PagedKVCache, max_batched_tokens: int,
     share = max(1, max_batched_tokens // BATCH_SEQUENCES)
     ran = []
     for lengths in ([min(SHORT_PROMPT, max_batched_tokens)], [share] * BATCH_SEQUENCES):
-        tables = _borrow(cache, lengths)
+        tables = borrow_blocks(cache, lengths)
         if tables is None:
             continue
         try:
-            _forward(lm, cache, tables, lengths, inputs)
+            prefill_forward(lm, cache, tables, lengths, inputs)
         finally:
-            for table in tables:
-                for block in table:
-                    cache.pool.release(block)
+            give_back(cache, tables)
         ran.append(sum(lengths))
     if lm.device.type == "cuda":
         torch.cuda.synchronize(lm.device)
     return ran
 
 
-def _borrow(cache: PagedKVCache, lengths: list[int]) -> list[list[int]] | None:
+def borrow_blocks(cache: PagedKVCache, lengths: list[int]) -> list[list[int]] | None:
+    """KV blocks for sequences of `lengths` tokens, lent by the pool (None: not enough)."""
     if sum(cache.blocks_for(n) for n in lengths) > cache.pool.available:
         return None
     return [[cache.pool.allocate() for _ in range(cache.blocks_for(n))] for n in lengths]
 
 
+def give_back(cache: PagedKVCache, tables: list[list[int]]) -> None:
+    for table in tables:
+        for block in table:
+            cache.pool.release(block)
+
+
 @torch.inference_mode()
-def _forward(lm: Any, cache: PagedKVCache, tables: list[list[int]], lengths: list[int],
+def prefill_forward(lm: Any, cache: PagedKVCache, tables: list[list[int]], lengths: list[int],
              inputs: Callable[[int], dict[str, torch.Tensor]]) -> None:
     device = lm.device
     layout = build_layout(cache, tables, [0] * len(lengths), lengths, device)
