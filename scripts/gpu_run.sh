@@ -49,6 +49,11 @@
 #                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
 #                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
 #                                        # three, in that order (each within its own timeout)
+#   bash scripts/gpu_run.sh mixed        # Qwen3-8B shape through `python -m omni.server`: 8 streams
+#                                        # decode alone, then beside 4 clients sending 8,000-token
+#                                        # prompts (bench/probes/mixed_load.py, 30 s each); with
+#                                        # every step up to 8192 prompt tokens, then the measured
+#                                        # step budget (step_latency_ms 50, the default)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -76,7 +81,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -212,6 +217,17 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
+    ;;
+  mixed)
+    only_model q8
+    [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+      --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+    say "model ready"
+    timeout 240 python3 bench/probes/mixed_load.py --model /tmp/m/q8 --label "8192 a step" \
+      --engine-option prefill_beside_decodes=8192 --out "$OUT/mixed.jsonl" 2>&1 | tail -4
+    say "before done"
+    timeout 240 python3 bench/probes/mixed_load.py --model /tmp/m/q8 --label "step budget" \
+      --out "$OUT/mixed.jsonl" 2>&1 | tail -4
     ;;
   prefill)
     only_model q8
