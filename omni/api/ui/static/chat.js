@@ -58,7 +58,7 @@ export function setupChat(models, preferred) {
     const image = !$("chat-image-label").hidden && $("chat-image").files[0];
     const audio = !$("chat-audio-label").hidden && $("chat-audio").files[0];
     const speak = !$("chat-speak-label").hidden && $("chat-speak").checked;
-    const note = [image && `🖼 ${image.name}`, audio && `🔊 ${audio.name}`]
+    const note = [image && `image: ${image.name}`, audio && `audio: ${audio.name}`]
       .filter(Boolean).join(" ");
     const message = { role: "user", content: await userContent(text, image, audio) };
     const body = { model, messages: [...history, message], stream: true };

@@ -78,6 +78,7 @@ async function askForKey() {
   const form = $("key-form");
   form.hidden = false;
   $("key-input").focus();
+  window.omniUi.ready = true;  // booted: waiting for the person now
   return new Promise((resolve) => {
     form.addEventListener("submit", async (e) => {
       e.preventDefault();

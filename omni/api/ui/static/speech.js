@@ -70,7 +70,7 @@ export function setupTranscribe(models, preferred) {
         `Recorded ${seconds(recorded.size / 2 / RECORD_RATE)}`;
       recording = null;
       button.setAttribute("aria-pressed", "false");
-      button.textContent = "🎙 Record";
+      button.textContent = "● Record";
       return;
     }
     const chunks = [];

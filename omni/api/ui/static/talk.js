@@ -186,7 +186,7 @@ export function setupTalk(models, preferred) {
   let session = null;
   const setPressed = (on) => {
     button.setAttribute("aria-pressed", String(on));
-    button.textContent = on ? "■ Stop talking" : "🎙 Start talking";
+    button.textContent = on ? "■ Stop talking" : "● Start talking";
   };
 
   async function connected() {
