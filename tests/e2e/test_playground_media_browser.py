@@ -1,7 +1,9 @@
 """The playground's Images and Video tabs in a real headless Chromium, against `python -m
-omni.server --api-key ...` serving the tiny random Qwen-Image and Wan: the page itself
-loads without the key, asks for it once (a wrong one gets the API's own message), and every
-call it makes carries it; the picture and the video appear, and progress was shown.
+omni.server --api-key ...` serving the tiny random Qwen-Image and Wan (and the echo
+pipeline, a text model for a realtime session): the page itself loads without the key,
+asks for it once (a wrong one gets the API's own message), and every call it makes carries
+it, the realtime WebSocket's as its subprotocol; the picture and the video appear, and
+progress was shown.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def server(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "models"  # shared with the other tiny-model tests
     srv = Server("--model", str(ensure_tiny_model("qwen_image", cache)),
                  "--model", str(ensure_tiny_model("wan_t2v", cache)),
+                 "--pipeline", "echo",  # a text model: a realtime session with the key
                  "--data-dir", str(tmp_path_factory.mktemp("videos")), "--api-key", KEY)
     try:
         srv.wait_listening(timeout=120)
@@ -57,10 +60,21 @@ def test_the_page_loads_without_the_key_and_asks_for_it_once(page):
     assert page.page.is_hidden("#key-form")
     visible = page.js("[...document.querySelectorAll('[role=tab]')]"
                       ".filter(t => !t.hidden).map(t => t.dataset.tab)")
-    assert visible == ["images", "video"]
+    assert visible == ["talk", "chat", "images", "video"]
     page.page.reload()  # asked once: the key stays for this tab
     page.wait("window.omniUi.ready && !document.getElementById('tabs').hidden", 10)
     assert page.page.is_hidden("#key-form")
+
+
+def test_a_realtime_session_carries_the_key_as_its_subprotocol(page):
+    page.tab("talk")
+    assert page.page.input_value("#talk-model") == "echo"
+    assert page.page.is_hidden("#talk-mic")  # echo does not hear: typed turns only
+    page.page.fill("#talk-text", "hello over the socket")
+    page.page.press("#talk-text", "Enter")
+    page.wait("(document.querySelector('#talk-log .msg.assistant .text') || {})"
+              ".textContent === 'hello over the socket'", 30)
+    assert page.page.inner_text("#talk-state") == "Connected"
 
 
 def test_images_show_progress_then_the_picture(page):

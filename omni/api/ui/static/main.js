@@ -13,15 +13,20 @@ import { setupTalk } from "./talk.js";
 const has = (list, x) => (list || []).includes(x);
 const inputs = (m) => m.input_modalities || ["text"];
 
-// tab -> which models it offers, and the one it prefers (a model that does only this)
+const only = (list, x) => (list || []).length === 1 && list[0] === x;
+
+// tab -> which models it offers. Speech and Transcribe take the single-purpose models: a
+// model that answers (the default assistant) speaks its own answers and reads no text aloud,
+// and hears questions rather than transcribing (its 400s say so)
 const TABS = {
-  talk: { fits: (m) => has(inputs(m), "audio") && has(m.modalities, "text")
-    && has(m.modalities, "audio"), setup: setupTalk },
+  // any model that answers; the microphone where it hears, a voice model first
+  talk: { fits: (m) => has(inputs(m), "text") && has(m.modalities, "text"),
+    order: (m) => -has(inputs(m), "audio") - has(m.modalities, "audio"), setup: setupTalk },
   chat: { fits: (m) => has(inputs(m), "text") && has(m.modalities, "text"), setup: setupChat },
-  speech: { fits: (m) => has(inputs(m), "text") && has(m.modalities, "audio"),
-    only: "audio", setup: setupSpeech },
-  transcribe: { fits: (m) => has(inputs(m), "audio") && has(m.modalities, "text"),
-    only: "text", setup: setupTranscribe },
+  speech: { fits: (m) => has(inputs(m), "text") && only(m.modalities, "audio"),
+    setup: setupSpeech },
+  transcribe: { fits: (m) => only(inputs(m), "audio") && has(m.modalities, "text"),
+    setup: setupTranscribe },
   images: { fits: (m) => has(m.modalities, "image"), setup: setupImages },
   video: { fits: (m) => has(m.modalities, "video"), setup: setupVideo },
 };
@@ -60,12 +65,11 @@ function showTabs(models) {
   const visible = [];
   for (const [name, tab] of Object.entries(TABS)) {
     const fitting = models.filter(tab.fits);
+    if (tab.order) fitting.sort((a, b) => tab.order(a) - tab.order(b));
     $(`tab-${name}`).hidden = !fitting.length;
     if (!fitting.length) continue;
     visible.push(name);
-    const preferred = fitting.find((m) => tab.only && m.modalities.length === 1
-      && m.modalities[0] === tab.only);
-    tab.setup(fitting, (preferred || fitting[0]).id);
+    tab.setup(fitting, fitting[0].id);
     $(`tab-${name}`).addEventListener("click", () => selectTab(name));
   }
   $("tabs").hidden = false;

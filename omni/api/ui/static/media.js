@@ -21,6 +21,7 @@ async function generateImage() {
   const steps = optionalInt("images-steps");
   const previews = Math.max(0, Math.min(PREVIEWS, (steps || 2) - 1));
   const progress = $("images-progress");
+  $("images-figure").hidden = true;
   progress.max = previews + 1;
   progress.value = 0;
   progress.hidden = false;
@@ -72,6 +73,7 @@ async function showVideo(id) {
 
 async function generateVideo() {
   const progress = $("video-progress");
+  $("video-result").hidden = true;
   progress.value = 0;
   progress.hidden = false;
   let response = await request("/v1/videos", { method: "POST", json: {

@@ -21,6 +21,7 @@ async function loadVoices(model) {
 }
 
 async function speak() {
+  $("speech-result").hidden = true;
   const format = $("speech-format").value;
   const response = await request("/v1/audio/speech", { method: "POST", json: {
     model: $("speech-model").value, input: $("speech-text").value,
@@ -92,6 +93,7 @@ export function setupTranscribe(models, preferred) {
   });
 
   action($("transcribe-go"), $("transcribe-error"), async () => {
+    $("transcribe-result").hidden = true;
     const file = recorded || $("transcribe-file").files[0];
     if (!file) throw new Error("choose an audio file or record one first");
     const form = new FormData();

@@ -8,6 +8,9 @@ import { Microphone, Player } from "./audio.js";
 import { $, el, fillSelect, showError } from "./dom.js";
 
 const DEFAULT_RATE = 24000;  // the realtime API's pcm16 rate when the session names none
+const VOICE_HINT = "Speak; the server hears when you stop and answers aloud. Speak over the "
+  + "answer to interrupt it. Or type a turn below.";
+const TYPED_HINT = "This model does not hear: type your turns below (one realtime session).";
 
 // The transcript: one line per conversation item, filled as deltas arrive.
 class Transcript {
@@ -208,8 +211,18 @@ export function setupTalk(models, preferred) {
     }
   }
 
+  const hears = Object.fromEntries(models.map((m) => [m.id,
+    (m.input_modalities || []).includes("audio")]));
+  const fitControls = () => {  // a model that does not hear gets typed turns only
+    button.hidden = !hears[$("talk-model").value];
+    $("talk-hint").textContent = button.hidden ? TYPED_HINT : VOICE_HINT;
+  };
   fillSelect($("talk-model"), models.map((m) => m.id), preferred);
-  $("talk-model").addEventListener("change", () => session && session.close());
+  fitControls();
+  $("talk-model").addEventListener("change", () => {
+    if (session) session.close();
+    fitControls();
+  });
   button.addEventListener("click", () => guarded(async () => {
     if (session && session.mic) {
       session.stopMic();
