@@ -3,7 +3,7 @@
 // `sampleRate` is the AudioContext's rate, a global of the worklet scope.
 
 // Linear interpolation across block boundaries: position -1 is the previous block's last
-// sample. Good enough for speech (the VAD and Whisper hear 16 kHz anyway).
+// sample. Good enough for speech (voice activity and speech recognizers hear 16 kHz).
 class Resampler {
   constructor(fromRate, toRate) {
     this.step = fromRate / toRate;
