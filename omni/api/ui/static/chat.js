@@ -16,7 +16,7 @@ function audioFormat(file) {
 
 async function userContent(text, image, audio) {
   if (!image && !audio) return text;
-  const parts = [{ type: "text", text }];
+  const parts = text ? [{ type: "text", text }] : [];
   if (image) {
     const url = `data:${image.type || "image/png"};base64,${await fileAsBase64(image)}`;
     parts.push({ type: "image_url", image_url: { url } });
@@ -58,6 +58,7 @@ export function setupChat(models, preferred) {
     const image = !$("chat-image-label").hidden && $("chat-image").files[0];
     const audio = !$("chat-audio-label").hidden && $("chat-audio").files[0];
     const speak = !$("chat-speak-label").hidden && $("chat-speak").checked;
+    if (!text && !image && !audio) throw new Error("write a message or attach a file first");
     const note = [image && `image: ${image.name}`, audio && `audio: ${audio.name}`]
       .filter(Boolean).join(" ");
     const message = { role: "user", content: await userContent(text, image, audio) };
