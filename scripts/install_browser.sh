@@ -13,7 +13,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   apt-get install -y -q chromium >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 fi
-PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$PY" -m pip install -q --disable-pip-version-check \
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$PY" -m pip install -q --disable-pip-version-check -c constraints.txt \
   "playwright==1.65.2"
 echo "install_browser: done ($(chromium --version 2>/dev/null | head -1), playwright" \
   "$("$PY" -c 'from importlib.metadata import version; print(version("playwright"))'))"

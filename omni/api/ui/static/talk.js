@@ -35,6 +35,11 @@ class Transcript {
   add(id, role, delta) { this.text(id, role).textContent += delta; }
 
   set(id, role, text) { this.text(id, role).textContent = text; }
+
+  note(id, text) {
+    const line = this.lines.get(id);
+    if (line) line.append(el("span", { class: "note", textContent: text }));
+  }
 }
 
 function inputText(item) {
@@ -129,6 +134,10 @@ class Session {
 
   done(response) {
     const details = response.status_details || {};
+    if (response.status === "cancelled") {  // spoken over (or cancelled): say so on the line
+      const why = details.reason === "turn_detected" ? "interrupted" : "cancelled";
+      for (const item of response.output || []) this.view.transcript.note(item.id, why);
+    }
     if (response.status === "failed" && details.error) showError(this.view.error, details.error);
     this.view.state(this.mic ? "Listening" : "Connected");
   }
