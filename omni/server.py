@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("OMNI_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $OMNI_API_KEY; "
                    "unset means no auth)")
+    p.add_argument("--no-ui", dest="ui", action="store_false",
+                   help="do not serve the browser playground at / (a plain GET / then "
+                   "answers as before: the OpenPI WebSocket's 426, or 404 with no policy)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype for model stages (auto: checkpoint dtype on GPU, "
                    "float32 on CPU)")
@@ -224,6 +227,7 @@ async def serve(args: argparse.Namespace) -> None:
                               max_video_jobs=args.max_video_jobs,
                               policy_seed=args.policy_seed,
                               max_observation_bytes=int(args.max_observation_mb * 2**20),
+                              ui=args.ui,
                               media_fetch=FetchPolicy(
                                   args.media_fetch, int(args.max_media_mb * 1024 * 1024),
                                   args.media_fetch_timeout))
@@ -248,6 +252,8 @@ async def serve(args: argparse.Namespace) -> None:
         host, port = runner.addresses[0][:2]
         log.info("listening on http://%s:%d (OpenAI base_url http://%s:%d/v1); started in "
                  "%.1f s", host, port, host, port, time.monotonic() - args.started)
+        if args.ui:
+            log.info("playground: open http://%s:%d/ in a browser", host, port)
         await stop.wait()
         log.info("stopping: draining in-flight requests (up to %g s)", args.drain_timeout)
         await _drain(app, models, args.drain_timeout)

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from omni.api import routes
+from omni.api import routes, ui
 from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
 from omni.api.state import (
     METRICS_KEY,
@@ -38,7 +38,7 @@ def _auth_middleware(api_key: str) -> Any:
 
     @web.middleware
     async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS and not ui.is_open_page(request):
             # surrogateescape: a header with undecodable bytes is a wrong key, not a crash
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not given and request.headers.get("Upgrade", "").lower() == "websocket":

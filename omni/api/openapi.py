@@ -98,7 +98,7 @@ class Route:
         responses: dict[str, Any] = {}
         if self.websocket:
             responses["101"] = {"description": "switched to the WebSocket protocol"}
-        else:
+        if self.ok or not self.websocket:  # "/" is both: the page, or an upgrade to OpenPI
             responses["200"] = {"description": "OK", "content": self.ok or {
                 "application/json": {"schema": OBJECT}}}
         return {**responses, **{status: error for status in ERROR_STATUSES},
@@ -167,8 +167,13 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/v1/world"): Route("world-model session", query=(MODEL_QUERY,),
                                 websocket="WebSocket: JSON events; each frame chunk is one "
                                 "binary message of raw RGB (docs/worlds.md)."),
-    ("GET", "/"): Route("OpenPI robot policy (the only policy model)",
+    ("GET", "/"): Route("the browser playground (a plain GET; not with --no-ui), or the "
+                        "OpenPI robot policy, the only policy model (an upgrade)",
+                        ok={"text/html": {"schema": {"type": "string"}}},
                         websocket="WebSocket: openpi-client's msgpack protocol."),
+    ("GET", "/ui/{name}"): Route("the playground's static files (no API key needed)", ok={
+        t: {"schema": {"type": "string"}} for t in ("text/javascript", "text/css",
+                                                    "image/svg+xml", "text/html")}),
     ("GET", "/openpi/{model}"): Route("OpenPI robot policy of one model",
                                       websocket="WebSocket: openpi-client's msgpack protocol."),
     ("GET", "/healthz"): Route("OpenPI health check", ok={"text/plain": {

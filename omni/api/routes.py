@@ -15,6 +15,7 @@ from omni.api import (
     system,
     text,
     transcriptions,
+    ui,
     videos,
     world,
 )
@@ -33,5 +34,6 @@ def add_routes(app: web.Application) -> None:
     images.add_routes(app)
     videos.add_routes(app)
     openpi.add_routes(app)
+    ui.add_routes(app)  # "/": the page, or an upgrade to OpenPI
     world.add_routes(app)
     openapi.add_routes(app)

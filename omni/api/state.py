@@ -119,6 +119,7 @@ class ServerSettings:
     media_fetch: FetchPolicy = field(default_factory=FetchPolicy)  # media URLs in requests
     policy_seed: int | None = None  # OpenPI: call k of a connection draws seed + k
     max_observation_bytes: int = 64 * 1024 * 1024  # one OpenPI frame (several cameras)
+    ui: bool = True  # the browser playground at / (omni/api/ui); --no-ui turns it off
 
 
 def live_output_info(model: ServedModel, modality: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def test_unknown_route_is_404_error_object(main_server):
     async def body():
         async with main_server.session() as session:
             for method, path in [("GET", "/v1/nope"), ("POST", "/v1/chat/complete"),
-                                 ("GET", "/")]:
+                                 ("GET", "/ui/nope.js")]:
                 async with session.request(method, path) as resp:
                     assert resp.status == 404, path
                     assert resp.content_type == "application/json"

@@ -150,7 +150,9 @@ def test_auth_addressing_and_frame_limit(server):
             with pytest.raises(aiohttp.WSServerHandshakeError) as info:
                 await http.ws_connect("/openpi/nope", headers=HEADERS)
             assert info.value.status == 404
-            plain = await http.get("/", headers=HEADERS)
+            page = await http.get("/")  # a plain GET / is the playground's, with no key
+            assert page.status == 200 and page.content_type == "text/html"
+            plain = await http.get("/openpi/robot", headers=HEADERS)
             assert plain.status == 426 and "openpi" in (await plain.json())["error"]["message"]
             ws, _ = await connect(http)
             await ws.send_bytes(b"\x00" * (FRAME_LIMIT + 1))

@@ -1,6 +1,7 @@
 """The OpenPI robot-policy WebSocket, for an unmodified openpi-client (protocols.md §7).
 
-- ``ws://HOST:PORT/`` reaches the served policy when exactly one is served; every policy is
+- ``ws://HOST:PORT/`` (routed here by omni/api/ui, which shares ``/`` with the
+  playground page) reaches the served policy when exactly one is served; every policy is
   also at ``ws://HOST:PORT/openpi/{model}`` (clients pass that whole URL as ``host``).
   ``GET /healthz`` answers 200 "OK" as openpi's reference server does.
 - A key set on the server is checked before the upgrade: ``Authorization: Api-Key <key>``
@@ -219,5 +220,4 @@ def parse_observation(frame: bytes) -> tuple[Any, dict[str, Any]]:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/", policy_socket)
     app.router.add_get("/openpi/{model}", policy_socket)
