@@ -68,6 +68,12 @@ def test_a_bad_image_fails_its_request_alone(vl_dir):
     engine = AREngine(vl_dir)
     bad = EngineRequest("bad", {"messages": [{"role": "user", "content": [
         {"type": "image", "image": {"data": b"not a picture"}}]}]}, dict(GREEDY))
-    got, errors = run(engine, [bad, image_request("good", IMAGES["one"])])
+    # a readable image the release's processor refuses (aspect ratio over 200) fails the
+    # shared tower call: the prompts batched with it are then encoded again without it
+    wide = image_request("wide", [png(600, 2, 2)])
+    got, errors = run(engine, [bad, wide, image_request("good", IMAGES["one"])])
+    assert engine._encoder.batches[0] == 3
     assert "not an image this server can read" in errors["bad"]
+    assert "aspect ratio" in errors["wide"]
     assert len(got["good"]) == GREEDY["max_tokens"] and "good" not in errors
+    assert got["good"] == reference(vl_dir, IMAGES["one"], GREEDY["max_tokens"])
