@@ -93,3 +93,12 @@ def test_images_beyond_the_context_are_refused_before_decoding(vl_dir):
     _, errors = run(engine, [many])
     assert f"model's context holds {context}" in errors["many"], errors
     assert decoded == []  # refused from the headers: the tower never ran
+
+
+def test_an_image_prompt_longer_than_max_model_len_is_refused(vl_dir):
+    request = image_request("long", IMAGES["one"])
+    engine = AREngine(vl_dir)
+    ids, _, _ = engine.lm.media.encode(request.inputs["messages"])
+    short = AREngine(vl_dir, options={"max_model_len": len(ids)})
+    _, errors = run(short, [request])
+    assert f"prompt has {len(ids)} tokens; the model's limit is {len(ids)}" in errors["long"]
