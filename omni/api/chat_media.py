@@ -139,22 +139,35 @@ async def _visual_part(request: web.Request, part: dict[str, Any], kind: str,
     """An image_url / video_url part, fetched and checked: an image / video part."""
     url = part.get(kind)
     url = url.get("url") if isinstance(url, dict) else url
+    policy = request.app[SETTINGS_KEY].media_fetch
     try:
-        data = (await fetch.load(url, request.app[SETTINGS_KEY].media_fetch)).data
         if kind == "image_url":
-            width, height = check_image(data, MAX_IMAGE_PIXELS)
-        else:
-            width, height, seconds = await asyncio.to_thread(probe_video, data)
-            if seconds > MAX_VIDEO_SECONDS:
-                raise ValueError(f"the video lasts {seconds:.0f} s; at most "
-                                 f"{MAX_VIDEO_SECONDS:.0f} s are accepted")
+            return image_part(await load_image(url, policy))
+        data = (await fetch.load(url, policy)).data
+        width, height, seconds = await asyncio.to_thread(probe_video, data)
+        if seconds > MAX_VIDEO_SECONDS:
+            raise ValueError(f"the video lasts {seconds:.0f} s; at most "
+                             f"{MAX_VIDEO_SECONDS:.0f} s are accepted")
     except ValueError as e:  # MediaError is one
         raise APIError(400, f"{where}: {e}", param=where) from None
     if width * height > MAX_IMAGE_PIXELS:
-        raise APIError(400, f"{where}: the {kind[:5]} is {width}x{height}; at most "
+        raise APIError(400, f"{where}: the video is {width}x{height}; at most "
                        f"{MAX_IMAGE_PIXELS} pixels are accepted", param=where)
-    out = kind[:5]  # image / video
-    return {"type": out, out: {"data": data}}
+    return {"type": "video", "video": {"data": data}}
+
+
+async def load_image(url: Any, policy: fetch.FetchPolicy) -> bytes:
+    """The image file a URL names (data:, or fetched under ``policy``), its header checked
+    to be a readable image of at most MAX_IMAGE_PIXELS; ValueError saying what is wrong.
+    Chat's image_url parts and realtime's input_image parts both come this way."""
+    data = (await fetch.load(url, policy)).data
+    check_image(data, MAX_IMAGE_PIXELS)
+    return data
+
+
+def image_part(data: bytes) -> dict[str, Any]:
+    """An image file as the engine's chat content part (what the model adapters read)."""
+    return {"type": "image", "image": {"data": data}}
 
 
 async def _video_audio(model: Any, video: dict[str, Any], where: str) -> None:

@@ -146,9 +146,13 @@ def resolve_voice(model: ServedModel, voice: Any, info: dict[str, Any]) -> str:
 
 
 def _text(req: SpeechRequest, limit: int) -> str:
-    if len(req.input) > limit:
-        raise APIError(400, f"'input' is {len(req.input)} characters; the limit is {limit}",
-                       param="input", code="string_above_max_length")
+    """The input, checked; ``instructions`` too, to the same limit: a model reads them
+    beside every sentence it speaks (an instruct prompt in each batched row), so
+    an unbounded one costs every request batched with it."""
+    for param, value in (("input", req.input), ("instructions", req.instructions or "")):
+        if len(value) > limit:
+            raise APIError(400, f"'{param}' is {len(value)} characters; the limit is {limit}",
+                           param=param, code="string_above_max_length")
     return req.input
 
 

@@ -1,5 +1,6 @@
-"""What the diffusers adapters (qwen_image.py, wan.py) share: loading a pipeline
-directory, request limits, seeds, and reference images.
+"""What the diffusers adapters (qwen_image.py, wan.py, flux.py, ...) share: loading a
+pipeline directory, request limits, seeds, reference images, and the packed-latent
+pieces of the flow-matching image models (the input image's latents, previews).
 
 Request limits live in diffusion_limits.py (no torch: the API checks them too).
 """
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import DenoiseJob, EngineLoadError
 from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one import)
     LIMIT_OPTIONS,
     Limits,
@@ -96,6 +97,38 @@ def open_image(data: Any, what: str = "image") -> Any:
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"'{what}' is not an image this server can read ({e})") from None
+
+
+def edit_image(images: list[Any], edit: bool, editor: str) -> Any:
+    """The input image of a model that edits one image at a time (an RGB PIL image), or
+    None for a text-to-image model; ValueError when the request and the model disagree.
+    ``editor``: the family's editing model, named in the messages."""
+    if edit and not images:
+        raise ValueError("this is an image-editing model: send the image to edit "
+                         "(POST /v1/images/edits)")
+    if images and not edit:
+        raise ValueError("this is a text-to-image model and takes no input image; "
+                         f"edits need an image-editing model (e.g. {editor})")
+    if len(images) > 1:
+        raise ValueError(f"{editor} edits one image per request")
+    return open_image(images[0]) if images else None
+
+
+def with_image_latents(job: DenoiseJob) -> torch.Tensor:
+    """The transformer's input of a packed-latent job: its noise latents, then the input
+    images' latents where it edits (their outputs are dropped)."""
+    image_latents = job.state["image_latents"]
+    if image_latents is None:
+        return job.latents
+    return torch.cat([job.latents, image_latents], dim=1)
+
+
+def flow_preview(job: DenoiseJob,
+                 pixels_of: Callable[[DenoiseJob, torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    """The flow-matching estimate of the clean latents, x0 = x_t - sigma_t * v, decoded:
+    what the image will look like, sharpening as steps go by."""
+    sigma = job.scheduler.sigmas[job.step].to(job.latents)
+    return {"preview": pixels_of(job, job.latents - sigma * job.last_output)}
 
 
 def to_uint8(pixels: torch.Tensor) -> torch.Tensor:

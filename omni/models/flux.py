@@ -65,15 +65,7 @@ class FluxDenoiser:
 
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        images = inputs.get("images") or []
-        if self.edit and not images:
-            raise ValueError("this is an image-editing model: send the image to edit "
-                             "(POST /v1/images/edits)")
-        if images and not self.edit:
-            raise ValueError("this is a text-to-image model and takes no input image; "
-                             "edits need an image-editing model (e.g. FLUX.1 Kontext)")
-        if len(images) > 1:
-            raise ValueError("FLUX.1 Kontext edits one image per request")
+        image = common.edit_image(inputs.get("images") or [], self.edit, "FLUX.1 Kontext")
         lim = self.limits
         plan = {"prompt": common.prompt_of(inputs),
                 "negative_prompt": common.prompt_of(inputs, "negative_prompt", False) or None,
@@ -82,9 +74,9 @@ class FluxDenoiser:
                 "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
                 "guidance": common.guidance(params, lim.default_guidance),
                 "seed": common.seed_of(params),
-                "image": common.open_image(images[0]) if images else None}
+                "image": image}
         size = params.get("size")
-        if plan["image"] is not None and size in (None, "auto"):
+        if image is not None and size in (None, "auto"):
             width, height = self._input_dims(plan["image"])
             size = f"{width}x{height}"
         plan["width"], plan["height"] = common.parse_size(size, lim)
@@ -165,7 +157,7 @@ class FluxDenoiser:
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
         blocks = [(job, job.state["pos"]) for job in jobs]
         blocks += [(job, job.state["neg"]) for job in jobs if job.guided]
-        x = torch.cat([self._model_input(job) for job, _ in blocks])
+        x = torch.cat([common.with_image_latents(job) for job, _ in blocks])
         t = torch.cat([job.timesteps[job.step].expand(job.rows) for job, _ in blocks])
         guidance = None
         if self.distilled:
@@ -188,22 +180,13 @@ class FluxDenoiser:
             results.append(cond if neg is None else neg + job.state["true_cfg"] * (cond - neg))
         return results
 
-    @staticmethod
-    def _model_input(job: DenoiseJob) -> torch.Tensor:
-        image_latents = job.state["image_latents"]
-        if image_latents is None:
-            return job.latents
-        return torch.cat([job.latents, image_latents], dim=1)
-
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
         return decode_by_size(jobs, self._pixels)
 
     @torch.inference_mode()
     def preview(self, job: DenoiseJob) -> dict[str, Any]:
-        """The flow-matching estimate of the clean latents, x0 = x_t - sigma_t * v."""
-        sigma = job.scheduler.sigmas[job.step].to(job.latents)
-        return {"preview": self._pixels(job, job.latents - sigma * job.last_output)}
+        return common.flow_preview(job, self._pixels)
 
     def _pixels(self, job: DenoiseJob, packed: torch.Tensor) -> torch.Tensor:
         vae = self.pipe.vae

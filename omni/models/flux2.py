@@ -146,7 +146,7 @@ class Flux2Denoiser:
     @torch.inference_mode()
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
         model = self.pipe.transformer
-        x = torch.cat([self._model_input(job) for job in jobs]).to(model.dtype)
+        x = torch.cat([common.with_image_latents(job) for job in jobs]).to(model.dtype)
         t = torch.cat([job.timesteps[job.step].expand(job.rows) for job in jobs])
         guidance = torch.cat([torch.full((job.rows,), job.state["guidance"],
                                          device=x.device, dtype=torch.float32)
@@ -160,22 +160,13 @@ class Flux2Denoiser:
         return [part[:, :job.latents.shape[1]]
                 for job, part in zip(jobs, out.split([j.rows for j in jobs]), strict=True)]
 
-    @staticmethod
-    def _model_input(job: DenoiseJob) -> torch.Tensor:
-        image_latents = job.state["image_latents"]
-        if image_latents is None:
-            return job.latents
-        return torch.cat([job.latents, image_latents], dim=1)
-
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
         return decode_by_size(jobs, self._pixels)
 
     @torch.inference_mode()
     def preview(self, job: DenoiseJob) -> dict[str, Any]:
-        """The flow-matching estimate of the clean latents, x0 = x_t - sigma_t * v."""
-        sigma = job.scheduler.sigmas[job.step].to(job.latents)
-        return {"preview": self._pixels(job, job.latents - sigma * job.last_output)}
+        return common.flow_preview(job, self._pixels)
 
     def _pixels(self, job: DenoiseJob, packed: torch.Tensor) -> torch.Tensor:
         pipe, vae = self.pipe, self.pipe.vae

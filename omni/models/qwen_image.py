@@ -83,15 +83,7 @@ class QwenImageDenoiser:
 
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        images = inputs.get("images") or []
-        if self.edit and not images:
-            raise ValueError("this is an image-editing model: send the image to edit "
-                             "(POST /v1/images/edits)")
-        if images and not self.edit:
-            raise ValueError("this is a text-to-image model and takes no input image; "
-                             "edits need an image-editing model (e.g. Qwen-Image-Edit)")
-        if len(images) > 1:
-            raise ValueError("Qwen-Image-Edit edits one image per request")
+        image = common.edit_image(inputs.get("images") or [], self.edit, "Qwen-Image-Edit")
         lim = self.limits
         plan = {"prompt": common.prompt_of(inputs),
                 "negative_prompt": common.prompt_of(inputs, "negative_prompt", False) or None,
@@ -100,10 +92,10 @@ class QwenImageDenoiser:
                 "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
                 "guidance": common.guidance(params, lim.default_guidance),
                 "seed": common.seed_of(params),
-                "image": common.open_image(images[0]) if images else None}
+                "image": image}
         size = params.get("size")
-        if plan["image"] is not None and size in (None, "auto"):
-            plan["width"], plan["height"] = self._edit_dims(plan["image"])
+        if image is not None and size in (None, "auto"):
+            plan["width"], plan["height"] = self._edit_dims(image)
         else:
             plan["width"], plan["height"] = common.parse_size(size, lim)
         return plan
@@ -186,7 +178,7 @@ class QwenImageDenoiser:
             if job.guided:
                 blocks.append((job, job.state["neg"], job.state["neg_mask"]))
         text, mask = _pad_text([(t, m) for _, t, m in blocks])
-        x = torch.cat([self._model_input(job) for job, _, _ in blocks])
+        x = torch.cat([common.with_image_latents(job) for job, _, _ in blocks])
         t = torch.cat([job.timesteps[job.step].expand(job.rows) for job, _, _ in blocks])
         out = self.pipe.transformer(hidden_states=x, timestep=t.to(x.dtype) / 1000,
                                     guidance=None, encoder_hidden_states_mask=mask,
@@ -200,13 +192,6 @@ class QwenImageDenoiser:
                   zip(blocks[len(jobs):], per_block[len(jobs):], strict=True)}
         return [_true_cfg(cond[id(j)], uncond.get(id(j)), j.state["scale"]) for j in jobs]
 
-    @staticmethod
-    def _model_input(job: DenoiseJob) -> torch.Tensor:
-        image_latents = job.state["image_latents"]
-        if image_latents is None:
-            return job.latents
-        return torch.cat([job.latents, image_latents], dim=1)
-
     @torch.inference_mode()
     def decode(self, jobs: list[DenoiseJob]) -> list[dict[str, Any]]:
         pixels = self._pixels(jobs[0], torch.cat([job.latents for job in jobs]))
@@ -217,10 +202,7 @@ class QwenImageDenoiser:
 
     @torch.inference_mode()
     def preview(self, job: DenoiseJob) -> dict[str, Any]:
-        """The flow-matching estimate of the clean latents, x0 = x_t - sigma_t * v,
-        decoded: what the image will look like, sharpening as steps go by."""
-        sigma = job.scheduler.sigmas[job.step].to(job.latents)
-        return {"preview": self._pixels(job, job.latents - sigma * job.last_output)}
+        return common.flow_preview(job, self._pixels)
 
     def _pixels(self, job: DenoiseJob, packed: torch.Tensor) -> torch.Tensor:
         vae = self.pipe.vae

@@ -17,6 +17,12 @@ Batching and caching (`encode_batch`): the AR engine's prompt encoder hands ever
 prompt that waits into one call, so the vision tower runs once over all their images
 (its attention is per image: cu_seqlens); an image sent more than once (the same bytes)
 is decoded and encoded once, its tokens used at every place it appears.
+
+Bounds: a prompt's images are counted in tokens from their headers (the release
+processor's own patch count) before any is decoded; images that would take more than the
+model's context are refused with the prompt (a 400), so a request of many large images
+(a 64 Mpx PNG is a few hundred KB) cannot decode gigabytes or run the tower for nothing.
+An image the processor refuses (aspect ratio over 200) fails its prompt here too.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
+from omni.media.image import image_size
 from omni.models.causal_lm import (
     CausalLM,
     _is_random,
@@ -52,6 +59,9 @@ class VisionMedia:
         self.image_id = int(model.config.image_token_id)
         self.merge = int(image_processor.merge_size)
         self.deepstack = deepstack
+        # the text model's context: no prompt's images may take more tokens than this
+        self.max_image_tokens = int(model.config.text_config.max_position_embeddings)
+        self.patches = image_processor.get_number_of_image_patches  # (height, width) -> n
 
     def info(self) -> dict[str, Any]:
         return {"input_parts": ["text", "image_url"]}
@@ -101,12 +111,17 @@ class VisionMedia:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         digests: list[str] = []
+        files: dict[str, bytes] = {}  # digest -> file, of this prompt
         chat = []
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
-                content = [self._part(p, unique, digests) for p in content]
+                content = [self._part(p, files, digests) for p in content]
             chat.append({**m, "content": content})
+        self._check_tokens([files[d] for d in digests])
+        for digest, data in files.items():
+            if digest not in unique:  # decoded once per batch, after the prompt's checks
+                unique[digest] = decode_image({"image": {"data": data}})
         chat, extra = with_tools(chat, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
                                                   tokenize=False, **extra)
@@ -116,7 +131,7 @@ class VisionMedia:
                              f"placeholders for {len(digests)} image parts")
         return ids, digests
 
-    def _part(self, part: Any, unique: dict[str, Any], digests: list[str]) -> Any:
+    def _part(self, part: Any, files: dict[str, bytes], digests: list[str]) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "image_url":
             raise ValueError("'image_url' content parts reach this model decoded by the API "
@@ -124,11 +139,23 @@ class VisionMedia:
         if kind not in IMAGE_KINDS:
             return part
         data = (part.get("image") or {}).get("data")
-        digest = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else ""
-        if digest not in unique:
-            unique[digest] = decode_image(part)  # raises on undecoded or unreadable data
+        if not isinstance(data, bytes):
+            raise ValueError("an image part reached the engine undecoded")
+        digest = hashlib.sha256(data).hexdigest()
+        files[digest] = data
         digests.append(digest)
         return {"type": "image"}
+
+    def _check_tokens(self, files: list[bytes]) -> None:
+        """ValueError when the images (every place one appears) would take more tokens
+        than the context, or one is refused by the processor; reads headers only."""
+        total = 0
+        for data in files:
+            width, height = image_size(data)
+            total += self.patches(height, width) // self.merge**2
+        if total > self.max_image_tokens:
+            raise ValueError(f"the prompt's {len(files)} images take {total} tokens; the "
+                             f"model's context holds {self.max_image_tokens}")
 
     def _tower(self, images: list[Any]) -> dict[str, Any]:
         """The vision tower over every image at once: per image its grid (3,), its

@@ -13,7 +13,9 @@ padded to Whisper's 30 s window as its feature extractor does, so a clip's trans
 the same alone or in a batch; a longer clip goes through transformers' own long-form
 algorithm (sequential 30 s windows, each starting at the last segment's timestamp), in a
 batch of its own group. Decoding is greedy at temperature 0 (sampling above), without
-timestamps for short clips: one segment spans the clip.
+timestamps for short clips: one segment spans the clip. A ``prompt`` counts with its last
+max_target_positions // 2 - 1 tokens only, as OpenAI's Whisper keeps it (a longer one
+would not fit the decoder: generate() raised, a 500).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from omni.models.causal_lm import _resolve_dtype
 from omni.models.whisper import SAMPLE_RATE, _language_name, _pcm
 
 WINDOW_SECONDS = 30.0  # Whisper's input window
+START_TOKENS = 4  # <|startoftranscript|>, language, task, <|notimestamps|>: before the text
 
 
 def is_hf_whisper(model_dir: str | None) -> bool:
@@ -157,12 +160,26 @@ class WhisperHFRunner:
             kwargs["temperature"] = temperature
         if params.get("language"):  # one code, or one per clip
             kwargs["language"] = params["language"]
-        if params.get("prompt"):
-            kwargs["prompt_ids"] = self.tokenizer.get_prompt_ids(
-                params["prompt"], return_tensors="pt").to(self.device)
-        if self.max_new_tokens is not None:
-            kwargs["max_new_tokens"] = self.max_new_tokens
+        prompt = self._prompt_ids(params["prompt"]) if params.get("prompt") else None
+        if prompt is not None:
+            kwargs["prompt_ids"] = prompt
+        if self.max_new_tokens is not None:  # what the decoder has room for beside the prompt
+            room = self.model.config.max_target_positions - START_TOKENS - (
+                0 if prompt is None else len(prompt))
+            kwargs["max_new_tokens"] = min(self.max_new_tokens, room)
         return kwargs
+
+    def _prompt_ids(self, prompt: str) -> Any:
+        """<|startofprev|> and the prompt's last max_target_positions // 2 - 1 tokens."""
+        import torch
+
+        keep = self.model.config.max_target_positions // 2 - 1
+        # only the tail counts: tokenize no more of it than those tokens take (8 characters
+        # a token is generous), so a megabyte of prompt costs the engine nothing
+        ids = self.tokenizer.get_prompt_ids(prompt[-keep * 8:], return_tensors="pt")
+        if len(ids) > keep + 1:
+            ids = torch.cat([ids[:1], ids[-keep:]])
+        return ids.to(self.device)
 
     def _result(self, ids: list[int], seconds: float, language: str,
                 params: Mapping[str, Any]) -> dict[str, Any]:

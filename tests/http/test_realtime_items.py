@@ -1,8 +1,8 @@
 """GET /v1/realtime on the tiny Qwen3, the claims of docs/realtime.md about the
 conversation and the session: audio formats other than pcm16 at 24 kHz are refused,
 conversation.item.delete / .truncate change what the next answer reads, previous_item_id
-places an item, and a session that ends under its client (its lease ran out) sends
-``session_ended`` and closes 1011."""
+places an item, an image part is refused on a model that takes no images, and a session
+that ends under its client (its lease ran out) sends ``session_ended`` and closes 1011."""
 
 from __future__ import annotations
 
@@ -182,6 +182,25 @@ def test_item_truncate_drops_the_unheard_transcript(server):
             after = await answer(ws)
             await ws.close()
         assert after == alone  # the model no longer reads what was cut
+    run(body())
+
+
+def test_an_image_on_a_model_that_takes_none_is_an_error_event(server):
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+    async def body():
+        async with aiohttp.ClientSession() as http:
+            ws = await connect(http, server)
+            error = await send(ws, {"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "Look:"}, image]}})
+            assert (error["error"]["code"], error["error"]["param"]) == (
+                "unsupported_input", "item.content[1]"), error
+            assert "does not take image input (it takes text)" in error["error"]["message"]
+            await add(ws, message("Tell me about the sea."))
+            after = await answer(ws)  # the refused item was not added: not read
+            await ws.close()
+            assert after == await answer_to(http, server, ["Tell me about the sea."])
     run(body())
 
 

@@ -165,6 +165,7 @@ BAD = [
     ({"speed": "fast"}, "speed", None),
     ({"stream_format": "chunks"}, "stream_format", None),
     ({"instructions": 7}, "instructions", None),
+    ({"instructions": "Slowly. " * 60}, "instructions", "string_above_max_length"),
     ({"model": "tts-1"}, "model", "model_not_found"),
 ]
 

@@ -12,6 +12,7 @@ import openai
 import pytest
 from httputil import Server, ServerSettings, run
 from test_omni_chat import huge_png_header
+from test_realtime import until
 from unit.vl_reference import GREEDY, QUESTION, png, reference
 
 from omni.fixtures.tiny_models import ensure_tiny_model
@@ -80,4 +81,74 @@ def test_bad_image_parts_are_400s(served):
                 await client.chat.completions.create(model="qwen3_vl", messages=[
                     {"role": "user", "content": [video]}], **SEEDED)
             assert "does not take 'video_url'" in info.value.message, info.value.message
+    run(body())
+
+
+def image_item(url: str) -> dict:
+    return {"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": url}, {"type": "input_text", "text": QUESTION}]}
+
+
+async def realtime_answer(client, name: str, image: bytes) -> str:
+    """A fresh session's greedy text answer to one image and the question."""
+    async with client.realtime.connect(model=name) as conn:
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                           "temperature": 0, "max_output_tokens": 8})
+        assert (await conn.recv()).type == "session.updated"
+        await conn.conversation.item.create(item=image_item(data_url(image)))
+        await conn.response.create()
+        events = await until(conn, "response.done")
+        added = next(e for e in events if e.type == "conversation.item.added")
+        assert added.item.content[0].type == "input_image"
+        done = events[-1].response
+        assert done.status == "completed", done
+        return done.output[0].content[0].text
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_realtime_image_answers_as_chat_completions(served, name):
+    server, _ = served
+    images = [png(64, 48, 1), png(64, 48, 3)]
+
+    async def body():
+        async with server.client(timeout=60) as client:
+            spoken = [await realtime_answer(client, name, image) for image in images]
+            chat = await asyncio.gather(*(client.chat.completions.create(
+                model=name, messages=ask(data_url(image)), max_tokens=8, temperature=0)
+                for image in images))
+            return spoken, [c.choices[0].message.content for c in chat]
+
+    spoken, chat = run(body())
+    assert spoken[0] != spoken[1] and len(set(spoken[0])) > 4  # varies with the image
+    assert spoken == chat
+
+
+def test_realtime_bad_images_are_error_events(served, monkeypatch):
+    server, _ = served
+    small = png(8, 8, 1)
+    # the server runs in this process: a conversation may hold one such image, not two
+    monkeypatch.setattr("omni.api.realtime.item_events.MAX_IMAGE_BYTES", len(small) + 1)
+    cases = ((data_url(b"AAAA"), "not an image this server can read"),
+             ("file:///etc/passwd", "file URLs are refused"),
+             (huge_png_header(), "10000x10000"))
+
+    async def body():
+        async with server.client(timeout=30) as client:
+            async with client.realtime.connect(model="qwen2_5_vl") as conn:
+                assert (await conn.recv()).type == "session.created"
+                for url, needle in cases:
+                    await conn.conversation.item.create(item=image_item(url))
+                    error = (await conn.recv()).error
+                    assert needle in error.message, error.message
+                    assert (error.param, error.code) == ("item.content[0]", "invalid_image")
+                bad_role = {**image_item(data_url(small)), "role": "assistant"}
+                await conn.conversation.item.create(item=bad_role)
+                assert "belong to user messages" in (await conn.recv()).error.message
+                await conn.conversation.item.create(item=image_item(data_url(small)))
+                assert (await conn.recv()).type == "conversation.item.added"  # still open
+                assert (await conn.recv()).type == "conversation.item.done"
+                await conn.conversation.item.create(item=image_item(data_url(small)))
+                error = (await conn.recv()).error
+                assert "delete some items" in error.message, error.message
     run(body())

@@ -1,7 +1,8 @@
 """POST /v1/audio/transcriptions through the unmodified openai SDK on a Whisper directory in
 the Hugging Face layout (tiny random multilingual release-layout checkpoint, served by the
 preset its config.json picks): the transcript is WhisperForConditionalGeneration.generate's
-for the same clip; concurrent requests share generate() calls; bad input is a 400."""
+for the same clip; concurrent requests share generate() calls; bad input is a 400; a prompt longer than
+the decoder holds counts with its last tokens, as OpenAI's Whisper reads it."""
 
 from __future__ import annotations
 
@@ -68,3 +69,19 @@ def test_bad_input_is_a_400(served):
                     language="xx")
             assert "xx" in info.value.message
     run(body())
+
+
+def test_a_long_prompt_counts_with_its_last_tokens(served):
+    server, _ = served
+    tail = " ".join(f"w{i}" for i in range(150))  # alone, more than the decoder's half
+    prompts = ("x " * 3000 + tail, "y " * 50 + tail, tail[:40])
+
+    async def body():
+        async with server.client(timeout=60) as client:
+            return [(await client.audio.transcriptions.create(
+                model="whisper-hf", file=("a.wav", wav(CLIPS["a"]), "audio/wav"),
+                prompt=prompt)).text for prompt in prompts]
+
+    long_one, other_head, short = run(body())
+    assert long_one == other_head  # the same last tokens: the same transcript
+    assert long_one != short  # the prompt is read

@@ -1,7 +1,9 @@
 """Qwen2.5-VL and Qwen3-VL through the AR engine (tiny random release-layout checkpoints):
 prompts with images, batched with a text request, decode greedily to exactly what
 transformers' own ``generate`` gives for the same pixels; the vision tower runs once for
-the images of every prompt that waits, and an image sent twice is encoded once."""
+the images of every prompt that waits, and an image sent twice is encoded once; a bad
+image fails its own request only, and images beyond the context are refused from their
+headers."""
 
 from __future__ import annotations
 
@@ -68,6 +70,35 @@ def test_a_bad_image_fails_its_request_alone(vl_dir):
     engine = AREngine(vl_dir)
     bad = EngineRequest("bad", {"messages": [{"role": "user", "content": [
         {"type": "image", "image": {"data": b"not a picture"}}]}]}, dict(GREEDY))
-    got, errors = run(engine, [bad, image_request("good", IMAGES["one"])])
+    # a readable image the release's processor refuses (aspect ratio over 200) fails its
+    # own prompt (seen from its header), never the prompts batched with it
+    wide = image_request("wide", [png(600, 2, 2)])
+    got, errors = run(engine, [bad, wide, image_request("good", IMAGES["one"])])
+    assert engine._encoder.batches[0] == 3
     assert "not an image this server can read" in errors["bad"]
+    assert "aspect ratio" in errors["wide"]
     assert len(got["good"]) == GREEDY["max_tokens"] and "good" not in errors
+    assert got["good"] == reference(vl_dir, IMAGES["one"], GREEDY["max_tokens"])
+
+
+def test_images_beyond_the_context_are_refused_before_decoding(vl_dir):
+    engine = AREngine(vl_dir)
+    context = engine.lm.media.max_image_tokens
+    most = engine.lm.media.images.size["longest_edge"]  # the processor's largest image
+    side = int(most ** 0.5) // 28 * 28
+    per_image = engine.lm.media.images.get_number_of_image_patches(side, side) // 4
+    decoded = []
+    engine.lm.media.images = lambda images, **kw: decoded.append(len(images))
+    many = image_request("many", [png(side, side, 5)] * (context // per_image + 1))
+    _, errors = run(engine, [many])
+    assert f"model's context holds {context}" in errors["many"], errors
+    assert decoded == []  # refused from the headers: the tower never ran
+
+
+def test_an_image_prompt_longer_than_max_model_len_is_refused(vl_dir):
+    request = image_request("long", IMAGES["one"])
+    engine = AREngine(vl_dir)
+    ids, _, _ = engine.lm.media.encode(request.inputs["messages"])
+    short = AREngine(vl_dir, options={"max_model_len": len(ids)})
+    _, errors = run(short, [request])
+    assert f"prompt has {len(ids)} tokens; the model's limit is {len(ids)}" in errors["long"]

@@ -88,7 +88,7 @@ async def upgrade(request: web.Request,
                             WSCloseCode.TRY_AGAIN_LATER)
     await ws.prepare(request)
     connection = connection_class(ws, model, session, is_beta(request),
-                                  settings.max_audio_seconds)
+                                  settings.max_audio_seconds, settings.media_fetch)
     log.info("session %s: %s connected (%s)", session.id, request.remote,
              "beta" if connection.beta else "GA")
     try:

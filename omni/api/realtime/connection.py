@@ -36,6 +36,7 @@ from omni.api.realtime.response import Response, spec_from
 from omni.api.realtime.tools import has_tools, read_tools
 from omni.api.realtime.turns import VadTurns
 from omni.errors import OmniError
+from omni.media.fetch import FetchPolicy
 from omni.session import Session, SessionError
 
 log = logging.getLogger("omni.api.realtime")
@@ -48,9 +49,10 @@ class RealtimeConnection(ItemEvents):
     kind = "realtime"  # its key in the session's state (a transcription session's: its own)
 
     def __init__(self, ws: web.WebSocketResponse, model: Any, session: Session, beta: bool,
-                 max_audio_seconds: float) -> None:
+                 max_audio_seconds: float, media_policy: FetchPolicy | None = None) -> None:
         self.ws, self.model, self.omni, self.session, self.beta = (ws, model, model.omni,
                                                                    session, beta)
+        self.media_policy = media_policy or FetchPolicy()
         self.ids = EventIds()
         state = session.state.setdefault(self.kind, {})
         self.config: SessionConfig = state.get("config") or self._default_config()
@@ -257,20 +259,23 @@ class RealtimeConnection(ItemEvents):
         task = started or self._spawn(audio_input.transcribe(
             self.listener, pcm16k, f"asr-{item.id}", self.config.transcription))
 
+        # the audio part (an item may hold images before it)
+        index = next(i for i, p in enumerate(item.parts) if p["type"] == "input_audio")
+
         async def run() -> None:
             try:
                 result = await task
             except Exception as exc:
                 await self.send({"type": "conversation.item.input_audio_transcription.failed",
-                                 "item_id": item.id, "content_index": 0, "error": {
+                                 "item_id": item.id, "content_index": index, "error": {
                                      "type": "server_error", "message": str(exc)}})
                 return
-            item.parts[0]["transcript"] = transcript = (result.get("text") or "").strip()
+            item.parts[index]["transcript"] = transcript = (result.get("text") or "").strip()
             for delta in audio_input.transcript_deltas(result):
                 await self.send({"type": "conversation.item.input_audio_transcription.delta",
-                                 "item_id": item.id, "content_index": 0, "delta": delta})
+                                 "item_id": item.id, "content_index": index, "delta": delta})
             await self.send({"type": "conversation.item.input_audio_transcription.completed",
-                             "item_id": item.id, "content_index": 0, "transcript": transcript,
+                             "item_id": item.id, "content_index": index, "transcript": transcript,
                              "usage": {"type": "duration",
                                        "seconds": round(len(pcm16k) / 32000, 3)}})
         item.transcribing = self._spawn(run())

@@ -6,6 +6,11 @@ A ``function_call_output`` answers a call of this conversation: one whose call_i
 be in chat completions. A ``function_call`` the client creates (its own history,
 replayed) must not reuse a call_id. Deleting a call leaves its output, if any, where it
 is: the client said which items go. A call cannot be truncated (it has no audio).
+
+An item with ``input_image`` parts is refused whole (nothing added) when the model takes
+no images (its card's input_modalities), when an image is not one the server reads (the
+checks of chat completions' image_url parts), or when the conversation would hold more
+than MAX_IMAGE_BYTES of images.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import binascii
 from typing import Any
 
 import omni.api.realtime.audio_input as audio_input
+from omni.api.chat_media import load_image
 from omni.api.realtime.config import ClientError
-from omni.api.realtime.items import Item, Items, user_item
+from omni.api.realtime.items import MAX_IMAGE_BYTES, Item, Items, user_item
+from omni.media.fetch import FetchPolicy
 
 PCM_BYTES_PER_MS = 48  # pcm16 at 24 kHz, both ways
 
@@ -27,6 +34,7 @@ class ItemEvents:
     items: Items
     listener: Any
     model: Any
+    media_policy: FetchPolicy  # how image URLs are loaded (the server's --media-fetch)
 
     async def send(self, event: dict[str, Any]) -> None: ...
     def _transcribe(self, item: Item, pcm16k: bytes) -> None: ...
@@ -41,6 +49,7 @@ class ItemEvents:
         try:
             item = user_item(event.get("item"))
             self._check_call(item)
+            await self._load_images(item)
             audio = [p.pop("audio") for p in item.parts if "audio" in p]
             if audio and audio[0] and item.role == "assistant":  # its length, to truncate
                 item.audio_ms = len(decode_pcm(audio[0], "input_audio.audio")) // PCM_BYTES_PER_MS
@@ -61,6 +70,25 @@ class ItemEvents:
             except ValueError as exc:
                 raise ClientError(f"input_audio.audio: {exc}", "invalid_audio") from None
             self._transcribe(item, pcm16k)
+
+    async def _load_images(self, item: Item) -> None:
+        """The files of the item's input_image parts, checked; ClientError otherwise."""
+        where = [f"item.content[{j}]" for j, part in enumerate(item.parts)
+                 if part["type"] == "input_image"]
+        if where and "image" not in self.model.input_modalities:
+            raise ClientError(f"model '{self.model.id}' does not take image input (it takes "
+                              f"{', '.join(self.model.input_modalities)})",
+                              "unsupported_input", where[0])
+        urls = [p["image_url"] for p in item.parts if p["type"] == "input_image"]
+        for param, url in zip(where, urls, strict=True):
+            try:
+                item.images.append(await load_image(url, self.media_policy))
+            except ValueError as exc:
+                raise ClientError(f"{param}: {exc}", "invalid_image", param) from None
+        if where and self.items.image_bytes() + sum(map(len, item.images)) > MAX_IMAGE_BYTES:
+            raise ClientError(f"the conversation would hold more than {MAX_IMAGE_BYTES} bytes "
+                              "of images; delete some items (conversation.item.delete)",
+                              "invalid_image", where[0])
 
     def _check_call(self, item: Item) -> None:
         """An output answers a call of this conversation; a replayed call is a new one."""

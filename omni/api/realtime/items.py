@@ -4,6 +4,10 @@ Items are what the client sees (``conversation.item.*``); the session's chat his
 (omni/session/conversation.py) is rebuilt from them before each response, so deleting
 or truncating an item changes what the next answer reads. A user's audio item holds no
 audio here: it is transcribed when committed, and its transcript is what the model reads.
+A user's ``input_image`` part (``image_url``: a data: URL, or an http(s) one the server's
+--media-fetch allows) is checked when the item is created (item_events.py) and its file
+kept beside the item; the model reads it as chat completions' ``image_url`` part, in the
+part's place (MAX_IMAGE_BYTES of image files per conversation bound what a session holds).
 A ``function_call`` item (the model's, or one the client replays) becomes an assistant
 message's ``tool_calls`` and a ``function_call_output`` a ``tool`` message (protocols.md
 §10.10), the history chat completions takes.
@@ -17,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni.api.chat_media import image_part
 from omni.api.realtime.config import ClientError
 
 # GA event name -> beta event name, where they differ (protocols.md §5.3); None: GA only
@@ -33,6 +38,7 @@ BETA_NAMES: dict[str, str | None] = {
 # content part types: GA -> beta
 BETA_PARTS = {"output_text": "text", "output_audio": "audio"}
 MAX_ITEMS = 512
+MAX_IMAGE_BYTES = 32 * 2**20  # image files one conversation holds (the items keep them)
 
 
 def _is_int(value: Any) -> bool:
@@ -54,6 +60,7 @@ class Item:
     type: str = "message"  # or "function_call" / "function_call_output" (no parts)
     # a function_call's {"call_id", "name", "arguments"}, an output's {"call_id", "output"}
     call: dict[str, str] = field(default_factory=dict)
+    images: list[bytes] = field(default_factory=list)  # the input_image parts' files, in order
 
     @property
     def text(self) -> str:
@@ -133,9 +140,26 @@ class Items:
             elif item.type == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": item.call["call_id"],
                             "content": item.call["output"]})
+            elif item.images:
+                out.append({"role": item.role, "content": _with_images(item)})
             elif item.text:
                 out.append({"role": item.role, "content": item.text})
         return out
+
+    def image_bytes(self) -> int:
+        return sum(len(image) for item in self.order for image in item.images)
+
+
+def _with_images(item: Item) -> list[dict[str, Any]]:
+    """A message with images as chat content parts, in the item's order (what chat
+    completions' image_url parts become after the API checked them)."""
+    images, parts = iter(item.images), []
+    for part in item.parts:
+        if part["type"] == "input_image":
+            parts.append(image_part(next(images)))
+        elif part.get("text") or part.get("transcript"):
+            parts.append({"type": "text", "text": part.get("text") or part["transcript"]})
+    return parts
 
 
 def _add_call(history: list[dict[str, Any]], item: Item) -> None:
@@ -176,6 +200,8 @@ def user_item(content: Any) -> Item:
                 raise ValueError(f"a {kind} part needs a 'text' string")
             kept.append({"type": "output_text" if role == "assistant" else "input_text",
                          "text": part["text"]})
+        elif kind == "input_image":
+            kept.append(_image_part(part, role))
         elif kind in ("input_audio", "output_audio", "audio"):
             kept.append({"type": "output_audio" if role == "assistant" else "input_audio",
                          "transcript": part.get("transcript"), "audio": part.get("audio")})
@@ -183,6 +209,18 @@ def user_item(content: Any) -> Item:
             raise ValueError(f"content part type {kind!r} is not served here")
     item_id = content.get("id") if isinstance(content.get("id"), str) else new_id("item")
     return Item(item_id, role, kept)
+
+
+def _image_part(part: dict[str, Any], role: str) -> dict[str, Any]:
+    if role != "user":
+        raise ValueError("input_image parts belong to user messages")
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise ValueError("an input_image part needs an 'image_url' (a data: URL, e.g. "
+                         "data:image/png;base64,...)")
+    detail = part.get("detail")
+    return {"type": "input_image", "image_url": url,
+            **({"detail": detail} if isinstance(detail, str) else {})}
 
 
 def _function_item(content: dict[str, Any], kind: str) -> Item:

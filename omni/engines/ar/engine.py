@@ -193,9 +193,11 @@ class AREngine(Engine):
     def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
                embeds: Any, media: Any, session: str | None = None) -> None:
         capacity = self.cache.pool.num_blocks * self.cache.block_size
-        if len(ids) >= capacity:
-            raise ValueError(f"prompt has {len(ids)} tokens; this stage's KV cache holds "
-                             f"{capacity}")
+        # the context too: media prompts grow (image tokens) after prompt_ids checked it
+        for limit, what in ((capacity, "this stage's KV cache holds"),
+                            (self.lm.max_positions, "the model's limit is")):
+            if limit is not None and len(ids) >= limit:
+                raise ValueError(f"prompt has {len(ids)} tokens; {what} {limit}")
         penalized = ids if embeds is None else []  # placeholder ids are not the prompt
         sampler = SequenceSampler(params, penalized, self.lm.device,
                                   self.grammars.matcher(params))

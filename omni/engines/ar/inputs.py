@@ -105,7 +105,8 @@ def encode_prompts(lm: CausalLM, batch: list[Mapping[str, Any]]) -> list[Any]:
     in one call (one vision-tower pass for all their images)."""
     many = getattr(lm.media, "encode_batch", None)
     if many is not None:
-        return many([(inputs["messages"], inputs.get("tools")) for inputs in batch])
+        return _encode_batched(many, [(inputs["messages"], inputs.get("tools"))
+                                      for inputs in batch])
     out: list[Any] = []
     for inputs in batch:
         try:
@@ -113,6 +114,18 @@ def encode_prompts(lm: CausalLM, batch: list[Mapping[str, Any]]) -> list[Any]:
         except Exception as e:  # this request fails alone
             out.append(e)
     return out
+
+
+def _encode_batched(many: Any, prompts: list[Any]) -> list[Any]:
+    """One batched call; when it raises as a whole (one prompt's image failed the shared
+    tower call: one the release's processor refuses, memory), each prompt is encoded
+    alone, so only the prompt at fault fails."""
+    try:
+        return many(prompts)
+    except Exception as e:
+        if len(prompts) == 1:
+            return [e]
+    return [_encode_batched(many, [prompt])[0] for prompt in prompts]
 
 
 def prompt_embeds(lm: CausalLM, inputs: Mapping[str, Any]) -> torch.Tensor | None:

@@ -5,7 +5,7 @@ queries packed end to end, ``(N, H, D)``, and each sequence's context packed the
 with cumulative lengths saying where each sequence starts; causal masking is aligned to
 the bottom right, so a chunk after a cached prefix attends to the prefix and causally to
 itself, and a decode row (one query) to its whole context. Grouped KV heads are read as
-they are. That replaces paged_attention.py's SDPA paths for prefill steps on CUDA: padded
+they are (torch >= 2.12 wants ``enable_gqa`` for that, and refuses them without it). That replaces paged_attention.py's SDPA paths for prefill steps on CUDA: padded
 batches (work up to doubled), one call per sequence (host time per sequence and layer),
 and the masked memory-efficient kernel a cached prefix needed. On an H200 (one layer of the
 8B shape, bf16; bench/probes/varlen_prefill.py) it took 1.14 ms for 8 fresh 2,048-token
@@ -41,21 +41,24 @@ class VarlenPrefill:
 
 
 @cache
-def _causal_kwargs() -> dict | None:
-    """varlen_attn's causal switch in this torch's spelling; None when it has none."""
+def _kernel_kwargs() -> dict | None:
+    """varlen_attn's causal switch in this torch's spelling, and its grouped-KV switch
+    where it has one (without it, a newer torch raises for fewer KV heads than query
+    heads: every grouped-query model); None when it has no causal switch."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
     if "window_size" in params:
-        return {"window_size": (-1, 0)}
-    return {"is_causal": True} if "is_causal" in params else None
+        return {"window_size": (-1, 0), **gqa}
+    return {"is_causal": True, **gqa} if "is_causal" in params else None
 
 
 def usable(device: torch.device, dtype: torch.dtype) -> bool:
     """Flash attention's varlen kernel runs here: CUDA, half precision, a torch that has it."""
-    return device.type == "cuda" and dtype in FLASH_DTYPES and _causal_kwargs() is not None
+    return device.type == "cuda" and dtype in FLASH_DTYPES and _kernel_kwargs() is not None
 
 
 def varlen_layout(tables: list[list[int]], starts: list[int], query_lens: list[int],
@@ -84,7 +87,7 @@ def varlen_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     returns (N, H, D)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    kwargs = dict(_causal_kwargs())
+    kwargs = dict(_kernel_kwargs())
     if window:
         if "window_size" not in kwargs:
             raise RuntimeError("this torch's varlen_attn has no sliding window")
