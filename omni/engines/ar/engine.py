@@ -113,15 +113,14 @@ class AREngine(Engine):
             self.runtime_bytes = measure_runtime_bytes(self, self._max_batched())
             kv_budget = memory_bytes - self.runtime_bytes
         self.serve_on(sized_cache(self.lm, self.options, kv_budget, self._opt))
-        self.step_model = size_prefill_budget(self)  # prompt tokens beside decodes: measured
+        self.step_model = size_prefill_budget(self)  # prompt tokens beside decodes
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
         self._encoder = PromptEncoder(partial(encode_prompts, self.lm))  # media prompts, batched
         self.grammars = GrammarCompiler(self.lm.tokenizer, self.lm.vocab_size,
                                         self.lm.eos_token_ids)  # json_schema requests
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
-        # alive until the next GC pass (a second engine in one process sizes its cache then);
-        # outputs are emitted while the GPU runs the next step (steps.py; not on a CPU)
+        # alive until the next GC pass; outputs go out while the GPU runs the next step
         self.runner = StepRunner(
             weakref.proxy(self), self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
             chain=bool(self.options.get("chain_decode", cuda)),

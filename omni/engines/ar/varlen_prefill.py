@@ -5,8 +5,9 @@ queries packed end to end, ``(N, H, D)``, and each sequence's context packed the
 with cumulative lengths saying where each sequence starts; causal masking is aligned to
 the bottom right, so a chunk after a cached prefix attends to the prefix and causally to
 itself, and a decode row (one query) to its whole context. Grouped KV heads are read as
-they are (torch >= 2.12 wants ``enable_gqa`` for that, and refuses them without it). That replaces paged_attention.py's SDPA paths for prefill steps on CUDA: padded
-batches (work up to doubled), one call per sequence (host time per sequence and layer),
+they are (a newer torch wants ``enable_gqa`` for that, and refuses them without it). That
+replaces paged_attention.py's SDPA paths for prefill steps on CUDA: padded batches (work
+up to doubled), one call per sequence (host time per sequence and layer),
 and the masked memory-efficient kernel a cached prefix needed. On an H200 (one layer of the
 8B shape, bf16; bench/probes/varlen_prefill.py) it took 1.14 ms for 8 fresh 2,048-token
 prompts against 2.11 ms, 0.54 against 1.84 ms for 4 chunks after a cached prefix, 0.41
