@@ -154,7 +154,8 @@ class LTX2Denoiser:
         state = {"text": text, "grid": grid, "audio_frames": audio_frames, "scales": scales,
                  "passes": kinds, "streams": streams, "generator": gen}
         return DenoiseJob(request_id, streams.pack(video, audio), timesteps, scheduler,
-                          rows=1, guided="uncond" in kinds, seed=plan["seed"], state=state)
+                          rows=1, guided="uncond" in kinds, seed=plan["seed"], state=state,
+                          extra_rows_per_image=int("perturbed" in kinds))
 
     def _encode_text(self, plan: dict[str, Any], guided: bool) -> dict[str, Any]:
         """{"cond": (video text, audio text, mask), "uncond": ... when guided}."""
