@@ -83,6 +83,9 @@ class LTX2Denoiser:
         from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
         self.rope_fps = conditioning_frame_rate(float(self.limits.fps), 1.0)
+        # a schedule stretched to shift_terminal needs 2 sigmas (1 step gives NaN sigmas,
+        # a NaN video and NaN audio)
+        self.min_steps = 2 if pipe.scheduler.config.get("shift_terminal") else 1
         blocks = pipe.transformer.transformer_blocks
         self.perturbable = any(blocks[i].perturbed_attn for i in self.options["stg_blocks"]
                                if 0 <= i < len(blocks))
@@ -116,8 +119,8 @@ class LTX2Denoiser:
         width, height = common.parse_size(params.get("size"), lim)
         return {"prompt": common.prompt_of(inputs),
                 "negative_prompt": common.prompt_of(inputs, "negative_prompt", False),
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
+                "steps": common.bounded_int(params, "steps", lim.default_steps,
+                                            self.min_steps, lim.max_steps),
                 "guidance": common.guidance(params, lim.default_guidance),
                 "seed": common.seed_of(params), "frames": frames, "width": width,
                 "height": height}

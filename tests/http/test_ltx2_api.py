@@ -61,6 +61,22 @@ def test_video_comes_with_its_audio_track(server):
     assert abs(sound.shape[1] / rate - FRAMES / FPS) < DURATION_TOLERANCE_S
 
 
+def test_sync_mp4_has_the_audio_track_too(server):
+    async def body():
+        async with server.session() as session:
+            form = {"model": "ltx2", "prompt": "waves", "size": "64x64", "seed": "4",
+                    "num_inference_steps": "1", "num_frames": str(FRAMES)}
+            # one step: the release's schedule (stretched to shift_terminal) needs two
+            async with session.post("/v1/videos/sync", data=form) as resp:
+                assert resp.status == 400 and "'steps'" in await resp.text()
+            async with session.post("/v1/videos/sync", data={
+                    **form, "num_inference_steps": "2"}) as resp:
+                assert resp.status == 200, await resp.text()
+                return await resp.read()
+    sound, rate = audio_track(run(body()))
+    assert rate == 24000 and sound.shape[0] == 2 and np.abs(sound).max() > 0.01
+
+
 @pytest.mark.parametrize("kwargs, param, text", [
     ({"input_reference": ("a.png", b"\x89PNG")}, "model", "cannot do image to video"),
     ({"extra_body": {"num_frames": 5}}, "num_frames", "8k+1"),
