@@ -54,6 +54,7 @@
 #                                        # ours-engine vs diffusers-seq with the pipeline's
 #                                        # guidance (CFG, STG, modality), 768x512, 49 frames,
 #                                        # 8 steps, c=C (default 1,4); LAYERS=N to cut it down
+#                                        # (below 29 the STG block 28 is gone: ours skips STG)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
