@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-FIXTURES = {"wan22_t2v": "wan22_t2v", "wan22_ti2v": "wan22_ti2v", "ltx_video": "ltx_video"}
+FIXTURES = {"wan22_t2v": "wan22_t2v", "wan22_ti2v": "wan22_ti2v", "ltx_video": "ltx_video",
+            "ltx2": "ltx2"}
 
 
 def load_video_pipeline(family: str, shape: str, model_dir: str | None, device: str,
@@ -18,9 +19,10 @@ def load_video_pipeline(family: str, shape: str, model_dir: str | None, device: 
     """The pipeline on ``device``: from ``model_dir``, the tiny fixture, or real shapes."""
     from omni.fixtures.tiny_models import ensure_tiny_model
     from omni.models import diffusion as common
-    from omni.models import ltx_video, wan
+    from omni.models import ltx2, ltx_video, wan
 
-    classes = ltx_video._classes() if family == "ltx_video" else wan._classes()
+    classes = {"ltx_video": ltx_video._classes, "ltx2": ltx2._classes}.get(
+        family, wan._classes)()
     if model_dir is None and shape == "tiny":
         model_dir = str(ensure_tiny_model(FIXTURES[family]))
     if model_dir is not None:
@@ -109,4 +111,42 @@ def _ltx_video(tokenizer_dir: str, layers: int | None) -> Any:
                        scheduler=FlowMatchEulerDiscreteScheduler(**LTX_SCHEDULER))
 
 
-_REAL = {"wan22_t2v": _wan22_a14b, "wan22_ti2v": _wan22_ti2v, "ltx_video": _ltx_video}
+def _ltx2(tokenizer_dir: str, layers: int | None) -> Any:
+    """LTX-2 19B: the joint transformer at diffusers' defaults (48 layers; video 32 heads x
+    128, audio 32 x 64) with the 2.3 releases' perturbable attention (so both sides run
+    the STG pass), the video VAE, audio VAE and vocoder at their defaults; Gemma-3 12B's
+    width (3840) with 2 layers and a tiny vision tower (text runs once per request)."""
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        FlowMatchEulerDiscreteScheduler,
+        LTX2Pipeline,
+        LTX2VideoTransformer3DModel,
+    )
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration
+
+    from omni.fixtures.tiny_ltx2 import LTX2_SCHEDULER
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=3840, intermediate_size=15360,
+                         num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=256),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4))
+    return LTX2Pipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder,
+        connectors=LTX2TextConnectors(text_proj_in_factor=3),  # 2 layers + embeddings
+        transformer=LTX2VideoTransformer3DModel(num_layers=layers or 48, perturbed_attn=True),
+        # the blocks compress 32x space and 8x time (the ratios derived from the defaults
+        # say 64x and 16x: the release config states them)
+        vae=AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8),
+        audio_vae=AutoencoderKLLTX2Audio(),
+        vocoder=LTX2Vocoder(), scheduler=FlowMatchEulerDiscreteScheduler(**LTX2_SCHEDULER))
+
+
+_REAL = {"wan22_t2v": _wan22_a14b, "wan22_ti2v": _wan22_ti2v, "ltx_video": _ltx_video,
+         "ltx2": _ltx2}

@@ -27,21 +27,27 @@ prompts, in one run:
 
 Clients are closed-loop: c clients each send their next request when the previous one
 returns, --per-client requests each. Guidance is off (guidance_scale 1: one row per
-video), as diffusers-seq would otherwise run cond and uncond as two calls. Before each
+video), as diffusers-seq would otherwise run cond and uncond as two calls; except for
+ltx2, whose pipeline defaults are run on both sides (video guidance 3, audio 7, STG,
+modality isolation: per step and request the pipeline makes 3 transformer calls of 2, 1
+and 1 rows, our engine 2 calls for all the requests of a step). Before each
 concurrency each side serves one unmeasured burst at 2 steps.
 
 --family: wan22_t2v (Wan 2.2 T2V A14B, two experts), wan22_ti2v (Wan 2.2 TI2V-5B),
-ltx_video (LTX-Video 2B). --shape tiny uses the tiny fixture; --shape real builds the
+ltx_video (LTX-Video 2B), ltx2 (LTX-2 19B, video + audio). --shape tiny uses the tiny fixture; --shape real builds the
 release's transformer(s) and VAE with random bf16 weights on the device (A14B: ~57 GB of
-weights, an H200; TI2V-5B and LTX-Video fit an H100). --model DIR serves a local release.
+weights, an H200; TI2V-5B, LTX-Video and LTX-2 (~40 GB) fit an H100). --model DIR serves a local release.
 """
 
 SIDES = ("ours-engine", "diffusers-seq")
+GUIDANCE = {"ltx2": 3.0}  # the pipeline's default (the others: off, see DESCRIPTION)
+# what each family's __call__ needs besides the common arguments
+CALL_EXTRAS = {"ltx2": {"frame_rate": 24.0}}
 WARMUP_STEPS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video"),
+    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video", "ltx2"),
                         default="ltx_video")
     parser.add_argument("--shape", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--model", default=None, help="a local release directory")
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     say(f"videos bench: {args.family} ({args.model or args.shape}) on {device} ...")
     pipe = load_video_pipeline(args.family, args.shape, args.model, device, args.layers)
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
-              "guidance_scale": 1.0}
+              "guidance_scale": GUIDANCE.get(args.family, 1.0)}
     rows = []
     for c in (int(v) for v in args.concurrency.split(",")):
         for side in (s.strip() for s in args.sides.split(",") if s.strip()):
@@ -82,6 +88,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     result = {"command": "python -m bench " + " ".join(argv), "family": args.family,
               "shape": args.model or args.shape, "layers": args.layers, "size": args.size,
               "frames": args.frames, "steps": args.steps, "device": _device(device),
+              "guidance_scale": params["guidance_scale"],
               "rows": rows, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     path = _write(result, args)
     say(f"wrote {path}")
@@ -89,10 +96,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _denoiser(pipe: Any, family: str, device: str) -> Any:
+    from omni.models.ltx2 import LTX2Denoiser
     from omni.models.ltx_video import LTXVideoDenoiser
     from omni.models.wan import WanDenoiser
 
-    cls = LTXVideoDenoiser if family == "ltx_video" else WanDenoiser
+    cls = {"ltx_video": LTXVideoDenoiser, "ltx2": LTX2Denoiser}.get(family, WanDenoiser)
     return cls(pipe, device, {"max_steps": 1000, "max_side": 4096, "max_pixels": 4096 ** 2,
                               "max_frames": 257})
 
@@ -106,12 +114,14 @@ def _side(side: str, pipe: Any, args: argparse.Namespace, device: str, c: int,
         sides.engine_side(denoiser, options, c, 1, warm)
         return sides.engine_side(denoiser, options, c, args.per_client, params)
     if side == "diffusers-seq":
-        _pipeline_calls(pipe, 1, warm)
-        return _pipeline_calls(pipe, c * args.per_client, params)
+        extras = CALL_EXTRAS.get(args.family, {})
+        _pipeline_calls(pipe, 1, warm, extras)
+        return _pipeline_calls(pipe, c * args.per_client, params, extras)
     raise SystemExit(f"unknown side {side!r}; known: {', '.join(SIDES)}")
 
 
-def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any]) -> dict[str, Any]:
+def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any],
+                    extras: dict[str, Any]) -> dict[str, Any]:
     """One __call__ per request, back to back; a request's latency counts its wait."""
     import torch
 
@@ -119,8 +129,8 @@ def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any]) -> dict[str, 
     start, latencies = time.perf_counter(), []
     for i, prompt in enumerate(sides.prompts(count)):
         pipe(prompt=prompt, height=height, width=width, num_frames=params["frames"],
-             num_inference_steps=params["steps"], guidance_scale=1.0, output_type="np",
-             generator=torch.Generator().manual_seed(i))
+             num_inference_steps=params["steps"], guidance_scale=params["guidance_scale"],
+             output_type="np", generator=torch.Generator().manual_seed(i), **extras)
         latencies.append(time.perf_counter() - start)
     return {"wall_s": time.perf_counter() - start, "latencies_s": latencies}
 
@@ -150,7 +160,8 @@ def _write(result: dict[str, Any], args: argparse.Namespace) -> Path:
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# videos: {result['family']} ({result['shape']}) on {result['device']}", "",
              f"`{result['command']}` ({result['when']}); {result['size']}, "
-             f"{result['frames']} frames, {result['steps']} steps, no guidance.", "",
+             f"{result['frames']} frames, {result['steps']} steps, guidance_scale "
+             f"{result['guidance_scale']}.", "",
              "| side | c | videos | steps/s | videos/s | p50 s | p99 s | calls | max rows |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:

@@ -54,6 +54,12 @@
 #                                        # prompts (bench/probes/mixed_load.py, 30 s each); with
 #                                        # every step up to 8192 prompt tokens, then the measured
 #                                        # step budget (step_latency_ms 50, the default)
+#   bash scripts/gpu_run.sh ltx2 [C]     # LTX-2 19B (video + audio) at the release's shapes
+#                                        # (random bf16, ~40 GB: an H100 fits): bench videos,
+#                                        # ours-engine vs diffusers-seq with the pipeline's
+#                                        # guidance (CFG, STG, modality), 768x512, 49 frames,
+#                                        # 8 steps, c=C (default 1,4); LAYERS=N to cut it down
+#                                        # (below 29 the STG block 28 is gone: ours skips STG)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -81,7 +87,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -310,6 +316,12 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
       say "videos $family done"
     done
+    ;;
+  ltx2)
+    timeout 560 python3 -m bench videos --family ltx2 --shape real ${LAYERS:+--layers $LAYERS} \
+      --size 768x512 --frames 49 --steps 8 --concurrency "${2:-1,4}" --tag "${TAG:-h200}" \
+      --out "$OUT" > "$OUT/bench-videos-ltx2.log" 2>&1
+    grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-ltx2.log" | tail -8
     ;;
 esac
 say "done"

@@ -97,7 +97,8 @@ def engine_params(body: Mapping[str, Any], info: Mapping[str, Any],
     """The diffusion stage's per-request params from a body already typed by
     omni/api/schemas/media.py's EngineFields (its n, steps, guidance, seed, frames and
     step_cache are ints, floats and bools by now), checked against ``info``'s limits (the
-    engine checks them again): size, n, steps, guidance_scale, seed, frames."""
+    engine checks them again): size, n, steps, guidance_scale, guidance_scale_2 (where the
+    stage reports it takes one), seed, frames."""
     lim = limits_of.from_info(info)
     params: dict[str, Any] = {}
     checks = [("n", lambda v: limits_of.bounded_int({"n": v}, "n", 1, 1, lim.max_n)),
@@ -106,6 +107,8 @@ def engine_params(body: Mapping[str, Any], info: Mapping[str, Any],
               ("guidance_scale", lambda v: limits_of.guidance(
                   {"guidance_scale": v}, lim.default_guidance)),
               ("seed", lambda v: limits_of.seed_of({"seed": v}))]
+    if body.get("guidance_scale_2") is not None:
+        checks.append(("guidance_scale_2", lambda v: _second_guidance(v, info)))
     if lim.max_frames:
         checks.append(("frames", lambda v: limits_of.bounded_int(
             {"frames": v}, "frames", 1, 1, lim.max_frames)))
@@ -128,6 +131,17 @@ def engine_params(body: Mapping[str, Any], info: Mapping[str, Any],
             raise APIError(400, str(e), param="size") from None
         params["size"] = size
     return params
+
+
+def _second_guidance(value: Any, info: Mapping[str, Any]) -> float:
+    """``guidance_scale_2``: only models with a second (low-noise) expert take it."""
+    if not info.get("guidance_scale_2"):
+        raise ValueError(f"'guidance_scale_2' is for models with a second (low-noise) "
+                         f"expert; {info.get('pipeline')} has one transformer")
+    try:
+        return limits_of.guidance({"guidance_scale": value}, 0.0)
+    except ValueError as e:
+        raise ValueError(str(e).replace("'guidance_scale'", "'guidance_scale_2'")) from None
 
 
 def prompt(body: Mapping[str, Any], limit: int = 32000) -> str:

@@ -5,7 +5,8 @@ returns it queued; a task runs it on a pipeline ending in a diffusion stage, upd
 ``progress`` from the stage's step counter, then writes the MP4 and a thumbnail
 (video_jobs.py owns the files). ``seconds`` maps to the frame rule the stage reports
 (``fps``, and frames = ``frame_step`` * k + 1; ``num_frames`` in extra_body sets frames
-directly); ``size`` is WxH.
+directly); ``size`` is WxH. A model that makes sound with its video (its output holds
+"audio" and "sample_rate") gets an AAC track in the MP4.
 ``POST /v1/videos/sync`` (our extension) takes the same fields and answers with the MP4.
 """
 
@@ -128,8 +129,17 @@ async def _run(call: VideoCall, request_id: str, on_progress: Any = None) -> tup
     return final["video"].numpy(), final
 
 
-async def _encode(frames: Any, fps: int) -> tuple[bytes, bytes]:
-    return await asyncio.gather(asyncio.to_thread(encode_mp4, frames, fps),
+def _mp4(frames: Any, fps: int, data: dict[str, Any]) -> bytes:
+    """The MP4, with the audio track when the model made one ("audio": float32
+    (channels, samples) at "sample_rate")."""
+    if data.get("audio") is None:
+        return encode_mp4(frames, fps)
+    return encode_mp4(frames, fps, audio=data["audio"].numpy(),
+                      audio_rate=int(data["sample_rate"]))
+
+
+async def _encode(frames: Any, fps: int, data: dict[str, Any]) -> tuple[bytes, bytes]:
+    return await asyncio.gather(asyncio.to_thread(_mp4, frames, fps, data),
                                 asyncio.to_thread(encode_image, frames[0], "jpeg"))
 
 
@@ -145,7 +155,7 @@ async def _job_task(service: VideoService, job: VideoJob, call: VideoCall) -> No
         job.status = "in_progress"
         frames, data = await _run(call, job.id, progress)
         job.seed, job.steps = data.get("seed"), data.get("steps")
-        mp4, thumbnail = await _encode(frames, call.fps)
+        mp4, thumbnail = await _encode(frames, call.fps, data)
         store.finish(job, mp4, thumbnail)
         log.info("video %s completed (%d frames, %d bytes)", job.id, len(frames), len(mp4))
     except asyncio.CancelledError:
@@ -183,7 +193,7 @@ async def sync(request: web.Request) -> web.Response:
     call = await parse_video(request)
     request_id = f"video_sync_{uuid.uuid4().hex}"
     frames, data = await _run(call, request_id)
-    mp4 = await asyncio.to_thread(encode_mp4, frames, call.fps)
+    mp4 = await asyncio.to_thread(_mp4, frames, call.fps, data)
     return web.Response(body=mp4, content_type="video/mp4", headers={
         "X-Seed": str(data.get("seed", "")), "X-Frames": str(len(frames))})
 

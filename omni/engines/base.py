@@ -197,6 +197,8 @@ class DenoiseJob:
     skipped: int = 0
     preview_steps: tuple[int, ...] = ()
     cache_threshold: float = 0.0
+    # more guidance rows per image in the same call (e.g. a perturbed-attention pass)
+    extra_rows_per_image: int = 0
 
     @property
     def steps(self) -> int:
@@ -204,7 +206,7 @@ class DenoiseJob:
 
     @property
     def model_rows(self) -> int:
-        return self.rows * (2 if self.guided else 1)
+        return self.rows * ((2 if self.guided else 1) + self.extra_rows_per_image)
 
     def tensor_bytes(self) -> int:
         import torch

@@ -12,37 +12,48 @@ from omni.media.audio import stream_seconds
 
 def encode_mp4(frames: Any, fps: int, crf: int = 18, audio: Any = None,
                audio_rate: int = 24000) -> bytes:
-    """uint8 (F, H, W, 3) frames (+ optional float32 mono audio at audio_rate, as AAC) ->
-    MP4 bytes (H.264, yuv420p, plays in browsers). yuv420p needs even sides: an odd last
-    row/column is dropped."""
+    """uint8 (F, H, W, 3) frames (+ optional float32 audio at audio_rate, as AAC: mono
+    (samples,) or (channels, samples) with 1 or 2 channels) -> MP4 bytes (H.264, yuv420p,
+    plays in browsers). yuv420p needs even sides: an odd last row/column is dropped."""
     import av
 
     video = np.asarray(frames, dtype=np.uint8)
     if video.ndim != 4 or video.shape[-1] != 3 or len(video) == 0:
         raise ValueError(f"frames must be (F, H, W, 3) uint8, got {video.shape}")
+    samples = None if audio is None else _channels_first(audio)
     height, width = video.shape[1] // 2 * 2, video.shape[2] // 2 * 2
     out = io.BytesIO()
     with av.open(out, "w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=int(fps))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"crf": str(crf), "preset": "veryfast"}
-        sound = None if audio is None else container.add_stream("aac", rate=audio_rate)
+        layout = None if samples is None else ("mono", "stereo")[len(samples) - 1]
+        sound = None if samples is None else container.add_stream("aac", rate=audio_rate)
         if sound is not None:
-            sound.layout = "mono"  # before the first mux opens the codecs
+            sound.layout = layout  # before the first mux opens the codecs
         for frame in video[:, :height, :width]:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(
                 np.ascontiguousarray(frame), format="rgb24")))
         container.mux(stream.encode(None))
         if sound is not None:
-            samples = np.asarray(audio, dtype=np.float32).reshape(1, -1)
             for start in range(0, samples.shape[1], 1024):
+                # packed float: channels interleaved in one row
                 piece = av.AudioFrame.from_ndarray(
-                    np.ascontiguousarray(samples[:, start:start + 1024]), format="flt",
-                    layout="mono")
+                    np.ascontiguousarray(samples[:, start:start + 1024].T).reshape(1, -1),
+                    format="flt", layout=layout)
                 piece.sample_rate = audio_rate
                 container.mux(sound.encode(piece))
             container.mux(sound.encode(None))
     return out.getvalue()
+
+
+def _channels_first(audio: Any) -> np.ndarray:
+    samples = np.asarray(audio, dtype=np.float32)
+    samples = samples.reshape(1, -1) if samples.ndim == 1 else samples
+    if samples.ndim != 2 or samples.shape[0] not in (1, 2) or samples.shape[1] == 0:
+        raise ValueError(f"audio must be (samples,) or (channels 1|2, samples) float32, "
+                         f"got {np.shape(audio)}")
+    return samples
 
 
 def decode_mp4(data: bytes) -> tuple[np.ndarray, float]:

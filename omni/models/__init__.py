@@ -117,6 +117,8 @@ def _denoiser(family: str) -> AdapterBuilder:
             from omni.models.qwen_image import build_qwen_image as build_family
         elif family == "ltx_video":
             from omni.models.ltx_video import build_ltx_video as build_family
+        elif family == "ltx2":
+            from omni.models.ltx2 import build_ltx2 as build_family
         else:
             from omni.models.wan import build_wan as build_family
         return build_family(model_dir=model_dir, device=device, dtype=dtype, options=options)
@@ -127,6 +129,7 @@ DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
     "cosmos3_world": _denoiser("cosmos3_world"),
     "ltx_video": _denoiser("ltx_video"),
+    "ltx2": _denoiser("ltx2"),
     "flux": _denoiser("flux"), "flux2": _denoiser("flux2")}
 
 
@@ -205,6 +208,7 @@ _OPTION_HOLDERS = {
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),
+    "ltx2": ("omni.models.ltx2", "LTX2Denoiser"),
     "flux": ("omni.models.flux", "FluxDenoiser"),
     "flux2": ("omni.models.flux2", "Flux2Denoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),

@@ -39,6 +39,7 @@ PRESET_BY_PIPELINE_CLASS = {
     "WanImageToVideoPipeline": "wan.yaml",
     "LTXPipeline": "ltx_video.yaml",
     "LTXImageToVideoPipeline": "ltx_video.yaml",
+    "LTX2Pipeline": "ltx2.yaml",  # video with its audio track (omni/models/ltx2.py)
     "Cosmos3OmniPipeline": "cosmos3.yaml",  # an action-conditioned world model
     "FluxPipeline": "flux.yaml",
     "FluxKontextPipeline": "flux.yaml",

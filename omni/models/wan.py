@@ -96,7 +96,7 @@ class WanDenoiser:
         return {"tasks": tasks,
                 "pipeline": type(self.pipe).__name__,
                 "max_input_images": 1, "frame_step": self.temporal,
-                **self.limits.info()}
+                "guidance_scale_2": self.boundary is not None, **self.limits.info()}
 
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:

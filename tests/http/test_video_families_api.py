@@ -66,6 +66,8 @@ def test_text_and_image_to_video_from_one_release(server, model, size, frames, f
     ("ltx_video", {"extra_body": {"num_frames": 5}}, "num_frames", "8k+1"),
     ("ltx_video", {"size": "48x48"}, "size", "multiples"),
     ("wan22_ti2v", {"size": "48x48"}, "size", "multiples"),
+    ("ltx_video", {"extra_body": {"guidance_scale_2": 2}}, "guidance_scale_2", "expert"),
+    ("wan22_ti2v", {"extra_body": {"guidance_scale_2": "x"}}, "guidance_scale_2", "number"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server, model, kwargs, param, text):
     async def body():

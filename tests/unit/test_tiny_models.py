@@ -184,7 +184,7 @@ def test_ensure_tiny_model_builds_once(tmp_path):
     assert set(TINY_MODELS) == {"qwen3", "qwen3_moe", "qwen3_omni", "vits", "qwen_image",
                                 "qwen_image_edit", "wan_t2v", "wan_i2v", "pi0", "cosmos3",
                                 "qwen2_5_vl", "qwen3_vl", "whisper_hf", "wan22_t2v", "wan22_i2v",
-                                "wan22_ti2v", "ltx_video",
+                                "wan22_ti2v", "ltx_video", "ltx2",
                                 "flux1", "flux1_kontext", "flux2"}
     messages: list[str] = []
     path = ensure_tiny_model("qwen3", tmp_path, progress=messages.append)

@@ -47,6 +47,8 @@ class EngineFields(RequestModel):
         None, description="also 'true_cfg_scale' or 'cfg_scale'")
     true_cfg_scale: Number | None = Field(None, description="guidance_scale, diffusers' name")
     cfg_scale: Number | None = Field(None, description="guidance_scale, another name")
+    guidance_scale_2: Number | None = Field(
+        None, description="the low-noise expert's guidance (two-expert video models)")
     step_cache: checked(bool | Annotated[float, Field(ge=0, le=10)],
                         "must be true, false or a threshold from 0 to 10") | None = None
 
