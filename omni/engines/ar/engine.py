@@ -55,6 +55,7 @@ from omni.engines.ar.inputs import (
 from omni.engines.ar.kv_cache import sized_cache
 from omni.engines.ar.media import whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, register
+from omni.engines.ar.quantize import quantize
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
@@ -81,7 +82,8 @@ AR_OPTIONS = frozenset({
     "max_batched_tokens", "prefix_caching", "cuda_graphs", "compile_decode", "overlap_steps",
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
-    "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms"})
+    "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms",
+    "quantization"})
 
 
 class AREngine(Engine):
@@ -102,6 +104,7 @@ class AREngine(Engine):
         self.lm.use_attention(ATTN_NAME)
         if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
             self.lm.use_experts(str(self.options["experts_implementation"]))
+        quantize(self.lm, self.options.get("quantization"))  # fp8 weights (omni/engines/ar/fp8.py)
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # "auto" exports what the next stage reads: for some models the prompt's rows only
@@ -277,18 +280,15 @@ class AREngine(Engine):
                 "prefill_beside_decodes": self.scheduler.prefill_beside_decodes,
                 "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
-                "tool_format": self._tool_format(), "constrained_decoding": True,
+                "tool_format": tool_format(getattr(self.lm.config, "model_type", None),
+                                           getattr(self.lm.tokenizer, "chat_template", None)),
+                "constrained_decoding": True,
                 **kv_capacity(self.cache, self.lm.max_positions),
                 **(self.lm.media.info() if self.lm.media else {})}
 
     def load_warnings(self) -> list[str]:
         """A memory budget short of max_num_seqs full-length sequences (budget.py)."""
         return [w for w in [capacity_warning(self.info(), self.memory_bytes)] if w]
-
-    def _tool_format(self) -> str | None:
-        """The family's tool-call format (omni/models/tool_calls.py)."""
-        return tool_format(getattr(self.lm.config, "model_type", None),
-                           getattr(self.lm.tokenizer, "chat_template", None))
 
     def stats(self) -> dict[str, Any]:
         pool = self.cache.pool

@@ -22,8 +22,9 @@ layer reads the same global and the same integer attributes.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from omni.engines.ar.fp8 import linear
 
 # (input, fused output) of the leader that ran last; emptied by the group's last sibling
 _STASH: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -39,20 +40,22 @@ class ProjectionSlice(nn.Module):
                  leader: bool, last: bool) -> None:
         super().__init__()
         self.weight, self.bias = weight, bias  # shared by the group (one tensor, no copy)
+        self.weight_scale: torch.Tensor | None = None  # per-row scales of an fp8 weight
         self.start, self.stop, self.leader, self.last = start, stop, leader, last
         self.in_features, self.out_features = weight.shape[1], stop - start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.leader:
             _STASH.clear()
-            _STASH.append((x, F.linear(x, self.weight, self.bias)))
+            _STASH.append((x, linear(x, self.weight, self.bias, self.weight_scale)))
         fused = _STASH[0][1] if _STASH and _STASH[0][0] is x else None
         if self.last:
             _STASH.clear()  # holds no activation past its layer
         if fused is not None:
             return fused[..., self.start:self.stop]
         bias = None if self.bias is None else self.bias[self.start:self.stop]
-        return F.linear(x, self.weight[self.start:self.stop], bias)
+        scale = None if self.weight_scale is None else self.weight_scale[self.start:self.stop]
+        return linear(x, self.weight[self.start:self.stop], bias, scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

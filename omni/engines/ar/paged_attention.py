@@ -83,14 +83,23 @@ def bind_cache(model: torch.nn.Module, cache: PagedKVCache) -> list[torch.nn.Mod
     layer (each layer's buffers are inputs of the same graph). Indexing by layer_idx
     made dynamo specialise on it: a compile per layer, or one graph the size of the
     whole model, which took minutes to compile for a 36-layer model."""
-    bound = set()
     for module in model.modules():
-        config = getattr(module, "config", None)
-        layer = getattr(module, "layer_idx", None)
-        if isinstance(layer, int) and getattr(config, "_attn_implementation", None) == ATTN_NAME:
-            module.register_buffer("omni_k_cache", cache.k[layer], persistent=False)
-            module.register_buffer("omni_v_cache", cache.v[layer], persistent=False)
-            bound.add(id(module))
+        if _runs_paged(module):
+            module.register_buffer("omni_k_cache", cache.k[module.layer_idx], persistent=False)
+            module.register_buffer("omni_v_cache", cache.v[module.layer_idx], persistent=False)
+    return paged_layers(model)
+
+
+def _runs_paged(module: torch.nn.Module) -> bool:
+    config = getattr(module, "config", None)
+    return (isinstance(getattr(module, "layer_idx", None), int)
+            and getattr(config, "_attn_implementation", None) == ATTN_NAME)
+
+
+def paged_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers whose attention runs this file's function (not a vision or audio
+    tower's): the repeated blocks a decode step runs."""
+    bound = {id(m) for m in model.modules() if _runs_paged(m)}
     if not bound:
         raise RuntimeError(f"no attention module of the model uses '{ATTN_NAME}'")
     return [block for stack in model.modules() if isinstance(stack, torch.nn.ModuleList)
