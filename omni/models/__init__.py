@@ -113,6 +113,8 @@ def _denoiser(family: str) -> AdapterBuilder:
             from omni.models.flux import build_flux as build_family
         elif family == "flux2":
             from omni.models.flux2 import build_flux2 as build_family
+        elif family == "hunyuan_image":
+            from omni.models.hunyuan_image import build_hunyuan_image as build_family
         elif family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image as build_family
         elif family == "ltx_video":
@@ -127,7 +129,8 @@ DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "qwen_image": _denoiser("qwen_image"), "wan": _denoiser("wan"),
     "cosmos3_world": _denoiser("cosmos3_world"),
     "ltx_video": _denoiser("ltx_video"),
-    "flux": _denoiser("flux"), "flux2": _denoiser("flux2")}
+    "flux": _denoiser("flux"), "flux2": _denoiser("flux2"),
+    "hunyuan_image": _denoiser("hunyuan_image")}
 
 
 def _pi0(*, model_dir: str | None, device: str, dtype: str,
@@ -207,6 +210,7 @@ _OPTION_HOLDERS = {
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),
     "flux": ("omni.models.flux", "FluxDenoiser"),
     "flux2": ("omni.models.flux2", "Flux2Denoiser"),
+    "hunyuan_image": ("omni.models.hunyuan_image", "HunyuanImageDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
     "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),

@@ -43,4 +43,5 @@ PRESET_BY_PIPELINE_CLASS = {
     "FluxPipeline": "flux.yaml",
     "FluxKontextPipeline": "flux.yaml",
     "Flux2Pipeline": "flux2.yaml",
+    "HunyuanImagePipeline": "hunyuan_image.yaml",
 }
