@@ -44,4 +44,6 @@ PRESET_BY_PIPELINE_CLASS = {
     "FluxKontextPipeline": "flux.yaml",
     "Flux2Pipeline": "flux2.yaml",
     "HunyuanImagePipeline": "hunyuan_image.yaml",
+    "HunyuanVideo15Pipeline": "hunyuan_video.yaml",
+    "HunyuanVideo15ImageToVideoPipeline": "hunyuan_video.yaml",
 }

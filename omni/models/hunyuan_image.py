@@ -46,11 +46,33 @@ def _classes() -> dict[str, Any]:
     return {T2I: HunyuanImagePipeline}
 
 
-def _quiet_guiders() -> None:
+def quiet_guiders() -> None:
     """Each request builds its guider; diffusers warns "experimental" on every one."""
     from diffusers.utils import logging
 
     logging.get_logger("diffusers.guiders.guider_utils").setLevel(logging.ERROR)
+
+
+def guider_batches(job: DenoiseJob) -> list[Any]:
+    """The request's guider's conditional (and, at this step, unconditional) input
+    batches of ``job.state["inputs"]``; at step 0 this also starts its momentum buffer
+    (the pipelines' loops do the same per step)."""
+    guider = job.state["guider"]
+    guider.set_state(step=job.step, num_inference_steps=job.steps,
+                     timestep=job.timesteps[job.step])
+    return guider.prepare_inputs(job.state["inputs"])
+
+
+def flow_timesteps(pipe: Any, steps: int, device: str) -> tuple[Any, torch.Tensor]:
+    """A per-request scheduler copy set to the Hunyuan pipelines' sigmas,
+    linspace(1, 0, N + 1)[:-1]; (scheduler, timesteps)."""
+    from diffusers.pipelines.hunyuan_image.pipeline_hunyuanimage import retrieve_timesteps
+
+    scheduler = copy.deepcopy(pipe.scheduler)
+    sigmas = np.linspace(1.0, 0.0, steps + 1)[:-1]
+    timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas)
+    scheduler.set_begin_index(0)
+    return scheduler, timesteps
 
 
 class HunyuanImageDenoiser:
@@ -71,7 +93,7 @@ class HunyuanImageDenoiser:
                                     default_size="2048x2048", max_side=2048,
                                     default_steps=8 if self.distilled else 50,
                                     default_guidance=default_guidance)
-        _quiet_guiders()
+        quiet_guiders()
 
     def info(self) -> dict[str, Any]:
         return {"tasks": ["generate"], "pipeline": type(self.pipe).__name__,
@@ -105,7 +127,7 @@ class HunyuanImageDenoiser:
             n, self.pipe.transformer.config.in_channels, plan["height"], plan["width"],
             pos["encoder_hidden_states"].dtype, self.device,
             common.generator(plan["seed"]))
-        scheduler, timesteps = self._timesteps(plan["steps"])
+        scheduler, timesteps = flow_timesteps(self.pipe, plan["steps"], self.device)
         distilled = plan["guidance"] if plan["guidance"] is not None else DISTILLED_GUIDANCE
         state = {"inputs": {k: (pos[k], neg[k]) for k in TEXT_INPUTS}, "guider": guider,
                  "distilled": distilled,
@@ -132,22 +154,13 @@ class HunyuanImageDenoiser:
             return AdaptiveProjectedMixGuidance(enabled=False)
         return base.new() if scale is None else base.new(guidance_scale=scale)
 
-    def _timesteps(self, steps: int) -> tuple[Any, torch.Tensor]:
-        from diffusers.pipelines.hunyuan_image.pipeline_hunyuanimage import retrieve_timesteps
-
-        scheduler = copy.deepcopy(self.pipe.scheduler)
-        sigmas = np.linspace(1.0, 0.0, steps + 1)[:-1]
-        timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas)
-        scheduler.set_begin_index(0)
-        return scheduler, timesteps
-
     # -- denoising --------------------------------------------------------------------
     def group_key(self, job: DenoiseJob) -> Any:
         return tuple(job.latents.shape[1:])
 
     @torch.inference_mode()
     def predict(self, jobs: list[DenoiseJob]) -> list[torch.Tensor]:
-        batches = [(job, self._guider_batches(job)) for job in jobs]
+        batches = [(job, guider_batches(job)) for job in jobs]
         blocks = [(job, part) for job, parts in batches for part in parts]
         out = self.pipe.transformer(
             hidden_states=torch.cat([job.latents for job, _ in blocks]),
@@ -161,15 +174,6 @@ class HunyuanImageDenoiser:
                                    strict=True):
             part.noise_pred = pred
         return [job.state["guider"](parts)[0] for job, parts in batches]
-
-    @staticmethod
-    def _guider_batches(job: DenoiseJob) -> list[Any]:
-        """The guider's conditional (and, at this step, unconditional) input batches;
-        at step 0 this also starts the request's momentum buffer."""
-        guider = job.state["guider"]
-        guider.set_state(step=job.step, num_inference_steps=job.steps,
-                         timestep=job.timesteps[job.step])
-        return guider.prepare_inputs(job.state["inputs"])
 
     @staticmethod
     def _timestep(job: DenoiseJob) -> torch.Tensor:
