@@ -31,9 +31,10 @@ video), as diffusers-seq would otherwise run cond and uncond as two calls. Befor
 concurrency each side serves one unmeasured burst at 2 steps.
 
 --family: wan22_t2v (Wan 2.2 T2V A14B, two experts), wan22_ti2v (Wan 2.2 TI2V-5B),
-ltx_video (LTX-Video 2B). --shape tiny uses the tiny fixture; --shape real builds the
+ltx_video (LTX-Video 2B), hunyuan_video (HunyuanVideo 1.5 T2V 480p, 8.3 B; guidance off
+is its guider at scale 1). --shape tiny uses the tiny fixture; --shape real builds the
 release's transformer(s) and VAE with random bf16 weights on the device (A14B: ~57 GB of
-weights, an H200; TI2V-5B and LTX-Video fit an H100). --model DIR serves a local release.
+weights, an H200; TI2V-5B, LTX-Video and HunyuanVideo 1.5 fit an H100). --model DIR serves a local release.
 """
 
 SIDES = ("ours-engine", "diffusers-seq")
@@ -41,7 +42,8 @@ WARMUP_STEPS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video"),
+    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video",
+                                             "hunyuan_video"),
                         default="ltx_video")
     parser.add_argument("--shape", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--model", default=None, help="a local release directory")
@@ -89,10 +91,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _denoiser(pipe: Any, family: str, device: str) -> Any:
+    from omni.models.hunyuan_video import HunyuanVideoDenoiser
     from omni.models.ltx_video import LTXVideoDenoiser
     from omni.models.wan import WanDenoiser
 
-    cls = LTXVideoDenoiser if family == "ltx_video" else WanDenoiser
+    cls = {"ltx_video": LTXVideoDenoiser,
+           "hunyuan_video": HunyuanVideoDenoiser}.get(family, WanDenoiser)
     return cls(pipe, device, {"max_steps": 1000, "max_side": 4096, "max_pixels": 4096 ** 2,
                               "max_frames": 257})
 
@@ -116,11 +120,14 @@ def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any]) -> dict[str, 
     import torch
 
     width, height = (int(v) for v in params["size"].split("x"))
+    no_guidance = {"guidance_scale": 1.0}
+    if getattr(pipe, "guider", None) is not None:  # a guider pipeline: set on the guider
+        pipe.guider, no_guidance = pipe.guider.new(guidance_scale=1.0), {}
     start, latencies = time.perf_counter(), []
     for i, prompt in enumerate(sides.prompts(count)):
         pipe(prompt=prompt, height=height, width=width, num_frames=params["frames"],
-             num_inference_steps=params["steps"], guidance_scale=1.0, output_type="np",
-             generator=torch.Generator().manual_seed(i))
+             num_inference_steps=params["steps"], output_type="np",
+             generator=torch.Generator().manual_seed(i), **no_guidance)
         latencies.append(time.perf_counter() - start)
     return {"wall_s": time.perf_counter() - start, "latencies_s": latencies}
 

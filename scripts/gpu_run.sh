@@ -48,7 +48,9 @@
 #                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
 #                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
 #                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
-#                                        # three, in that order (each within its own timeout)
+#                                        # three, in that order (each within its own timeout);
+#                                        # F=hunyuan_video: HunyuanVideo 1.5 T2V 480p (8.3 B,
+#                                        # an H100 fits; not in the default list)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
