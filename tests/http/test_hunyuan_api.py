@@ -106,6 +106,7 @@ async def video_of(client, **kwargs):
     assert done.status == "completed", done.error
     frames, fps = decode_mp4((await client.videos.download_content(video.id)).read())
     assert frames.std() > 2  # not a flat video
+    assert done.size == f"{frames.shape[2]}x{frames.shape[1]}"  # the size as made
     return frames, fps
 
 
