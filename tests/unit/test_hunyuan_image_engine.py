@@ -136,6 +136,23 @@ def test_distilled_meanflow_equals_diffusers(models):
         close_to(results[rid]["images"], reference(eng.denoiser.pipe, inputs, params))
 
 
+def test_previews_sharpen_towards_the_image(models):
+    """previews: the flow-matching estimate x0 = x_t - sigma * v, decoded; the last one
+    is closer to the final image than the first."""
+    eng = engine(models, "hunyuan_image_distilled")
+    eng.add(EngineRequest("p", {"prompt": "a cat"},
+                          {"size": "32x32", "steps": 8, "seed": 5, "previews": 3}))
+    previews, final = [], None
+    while eng.has_work():
+        for out in eng.step():
+            if out.data and "preview" in out.data:
+                previews.append(out.data["preview"].float())
+            if out.finished:
+                final = out.data["images"].float()
+    assert len(previews) == 3 and previews[0].shape == final.shape
+    assert (previews[-1] - final).abs().mean() < (previews[0] - final).abs().mean()
+
+
 def test_bad_requests_fail_alone_with_the_field_named(models):
     eng = engine(models, "hunyuan_image", max_steps=10)
     bad = [("img", {"prompt": "x", "images": [b"\x89PNG"]}, {}, "input image"),
