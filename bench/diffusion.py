@@ -49,7 +49,10 @@ FLUX.1-dev (tiny fixture; the real 11.9 B transformer and VAE, CLIP-L and T5-XXL
 2 layers each, about 30 GB); guidance_scale stays at the pipeline's default (distilled
 guidance, one row per image); --shape flux2-tiny / flux2-dev for FLUX.2-dev (the real 32 B
 transformer and VAE, a 30-layer text encoder of Mistral Small's width with a narrow MLP,
-about 75 GB: an H200, or --layers 4 on an H100).
+about 75 GB: an H200, or --layers 4 on an H100); --shape hunyuan-image-tiny /
+hunyuan-image-2.1 for HunyuanImage 2.1 (the real ~17 B transformer, VAE and APG guiders,
+text encoders of the release's widths with 3 / 2 layers, about 40 GB; every request is
+guided: two rows per image).
 """
 
 WARMUP_STEPS = 2

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from bench.diffusion_hunyuan import load_hunyuan_image
+
 
 def load_qwen_image(shape: str, model_dir: str | None, device: str,
                     layers: int = 60) -> tuple[Any, str | None]:
@@ -201,10 +203,13 @@ def real_size_flux2(device: str, layers: int = 8) -> Any:
 # --shape -> (family, loader); a --model directory's family comes from model_index.json
 SHAPES = {"tiny": ("qwen_image", load_qwen_image), "qwen-image": ("qwen_image", load_qwen_image),
           "flux1-tiny": ("flux", load_flux1), "flux1-dev": ("flux", load_flux1),
-          "flux2-tiny": ("flux2", load_flux2), "flux2-dev": ("flux2", load_flux2)}
+          "flux2-tiny": ("flux2", load_flux2), "flux2-dev": ("flux2", load_flux2),
+          "hunyuan-image-tiny": ("hunyuan_image", load_hunyuan_image),
+          "hunyuan-image-2.1": ("hunyuan_image", load_hunyuan_image)}
 FAMILY_OF_PIPELINE = {"QwenImagePipeline": "qwen_image", "FluxPipeline": "flux",
-                      "Flux2Pipeline": "flux2"}
-LOADERS = {"qwen_image": load_qwen_image, "flux": load_flux1, "flux2": load_flux2}
+                      "Flux2Pipeline": "flux2", "HunyuanImagePipeline": "hunyuan_image"}
+LOADERS = {"qwen_image": load_qwen_image, "flux": load_flux1, "flux2": load_flux2,
+           "hunyuan_image": load_hunyuan_image}
 
 
 def load(shape: str, model_dir: str | None, device: str,
@@ -230,6 +235,10 @@ def denoiser(family: str, pipe: Any, device: str, options: dict[str, Any]) -> An
         from omni.models.flux2 import Flux2Denoiser
 
         return Flux2Denoiser(pipe, device, options)
+    if family == "hunyuan_image":
+        from omni.models.hunyuan_image import HunyuanImageDenoiser
+
+        return HunyuanImageDenoiser(pipe, device, options)
     from omni.models.qwen_image import QwenImageDenoiser
 
     return QwenImageDenoiser(pipe, device, options)
@@ -238,6 +247,10 @@ def denoiser(family: str, pipe: Any, device: str, options: dict[str, Any]) -> An
 def transformer_inputs(family: str, pipe: Any, height: int, width: int, batch: int,
                        device: str) -> dict[str, Any]:
     """Random transformer inputs of one batched call at this size (24 text tokens)."""
+    if family == "hunyuan_image":
+        from bench.diffusion_hunyuan import transformer_inputs as hunyuan_inputs
+
+        return hunyuan_inputs(pipe, height, width, batch, device)
     transformer, scale = pipe.transformer, pipe.vae_scale_factor
     grid = (height // scale // 2, width // scale // 2)
     dtype = transformer.dtype

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 FIXTURES = {"wan22_t2v": "wan22_t2v", "wan22_ti2v": "wan22_ti2v", "ltx_video": "ltx_video",
-            "ltx2": "ltx2"}
+            "ltx2": "ltx2", "hunyuan_video": "hunyuan_video_t2v"}
 
 
 def load_video_pipeline(family: str, shape: str, model_dir: str | None, device: str,
@@ -19,10 +19,10 @@ def load_video_pipeline(family: str, shape: str, model_dir: str | None, device: 
     """The pipeline on ``device``: from ``model_dir``, the tiny fixture, or real shapes."""
     from omni.fixtures.tiny_models import ensure_tiny_model
     from omni.models import diffusion as common
-    from omni.models import ltx2, ltx_video, wan
+    from omni.models import hunyuan_video, ltx2, ltx_video, wan
 
-    classes = {"ltx_video": ltx_video._classes, "ltx2": ltx2._classes}.get(
-        family, wan._classes)()
+    classes = {"ltx_video": ltx_video, "ltx2": ltx2, "hunyuan_video": hunyuan_video}.get(
+        family, wan)._classes()
     if model_dir is None and shape == "tiny":
         model_dir = str(ensure_tiny_model(FIXTURES[family]))
     if model_dir is not None:
@@ -148,5 +148,43 @@ def _ltx2(tokenizer_dir: str, layers: int | None) -> Any:
         vocoder=LTX2Vocoder(), scheduler=FlowMatchEulerDiscreteScheduler(**LTX2_SCHEDULER))
 
 
+def _hunyuan_video15(tokenizer_dir: str, layers: int | None) -> Any:
+    """HunyuanVideo 1.5 T2V 480p: 54 layers, 16 heads x 128 (8.3 B), its VAE (16x space,
+    4x time, 32 channels) and CFG guider; Qwen2.5-VL-7B's width with 3 layers (the
+    pipeline reads the third state from the end) and ByT5's (1472) with 2."""
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15,
+        ClassifierFreeGuidance,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15Pipeline,
+        HunyuanVideo15Transformer3DModel,
+    )
+    from transformers import (
+        AutoTokenizer,
+        ByT5Tokenizer,
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
+
+    from omni.fixtures.tiny_hunyuan import HUNYUAN_VIDEO_SCHEDULER
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = Qwen2_5_VLTextConfig(vocab_size=len(tokenizer), hidden_size=3584,
+                                intermediate_size=18944, num_hidden_layers=3,
+                                num_attention_heads=28, num_key_value_heads=4)
+    return HunyuanVideo15Pipeline(
+        text_encoder=Qwen2_5_VLTextModel(text), tokenizer=tokenizer,
+        transformer=HunyuanVideo15Transformer3DModel(num_layers=layers or 54,
+                                                     task_type="t2v"),
+        vae=AutoencoderKLHunyuanVideo15(), guider=ClassifierFreeGuidance(guidance_scale=6.0),
+        scheduler=FlowMatchEulerDiscreteScheduler(**HUNYUAN_VIDEO_SCHEDULER),
+        text_encoder_2=T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_ff=3584,
+                                               num_layers=2, num_heads=6, d_kv=64,
+                                               feed_forward_proj="gated-gelu")),
+        tokenizer_2=ByT5Tokenizer())
+
+
 _REAL = {"wan22_t2v": _wan22_a14b, "wan22_ti2v": _wan22_ti2v, "ltx_video": _ltx_video,
-         "ltx2": _ltx2}
+         "ltx2": _ltx2, "hunyuan_video": _hunyuan_video15}

@@ -34,9 +34,11 @@ and 1 rows, our engine 2 calls for all the requests of a step). Before each
 concurrency each side serves one unmeasured burst at 2 steps.
 
 --family: wan22_t2v (Wan 2.2 T2V A14B, two experts), wan22_ti2v (Wan 2.2 TI2V-5B),
-ltx_video (LTX-Video 2B), ltx2 (LTX-2 19B, video + audio). --shape tiny uses the tiny fixture; --shape real builds the
-release's transformer(s) and VAE with random bf16 weights on the device (A14B: ~57 GB of
-weights, an H200; TI2V-5B, LTX-Video and LTX-2 (~40 GB) fit an H100). --model DIR serves a local release.
+ltx_video (LTX-Video 2B), ltx2 (LTX-2 19B, video + audio), hunyuan_video (HunyuanVideo 1.5
+T2V 480p, 8.3 B; guidance off is its guider at scale 1). --shape tiny uses the tiny fixture;
+--shape real builds the release's transformer(s) and VAE with random bf16 weights on the
+device (A14B: ~57 GB of weights, an H200; TI2V-5B, LTX-Video, LTX-2 (~40 GB) and
+HunyuanVideo 1.5 fit an H100). --model DIR serves a local release.
 """
 
 SIDES = ("ours-engine", "diffusers-seq")
@@ -47,7 +49,8 @@ WARMUP_STEPS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video", "ltx2"),
+    parser.add_argument("--family", choices=("wan22_t2v", "wan22_ti2v", "ltx_video", "ltx2",
+                                             "hunyuan_video"),
                         default="ltx_video")
     parser.add_argument("--shape", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--model", default=None, help="a local release directory")
@@ -96,11 +99,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _denoiser(pipe: Any, family: str, device: str) -> Any:
+    from omni.models.hunyuan_video import HunyuanVideoDenoiser
     from omni.models.ltx2 import LTX2Denoiser
     from omni.models.ltx_video import LTXVideoDenoiser
     from omni.models.wan import WanDenoiser
 
-    cls = {"ltx_video": LTXVideoDenoiser, "ltx2": LTX2Denoiser}.get(family, WanDenoiser)
+    cls = {"ltx_video": LTXVideoDenoiser, "ltx2": LTX2Denoiser,
+           "hunyuan_video": HunyuanVideoDenoiser}.get(family, WanDenoiser)
     return cls(pipe, device, {"max_steps": 1000, "max_side": 4096, "max_pixels": 4096 ** 2,
                               "max_frames": 257})
 
@@ -126,11 +131,14 @@ def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any],
     import torch
 
     width, height = (int(v) for v in params["size"].split("x"))
+    guidance = {"guidance_scale": params["guidance_scale"]}
+    if getattr(pipe, "guider", None) is not None:  # a guider pipeline: set on the guider
+        pipe.guider, guidance = pipe.guider.new(**guidance), {}
     start, latencies = time.perf_counter(), []
     for i, prompt in enumerate(sides.prompts(count)):
         pipe(prompt=prompt, height=height, width=width, num_frames=params["frames"],
-             num_inference_steps=params["steps"], guidance_scale=params["guidance_scale"],
-             output_type="np", generator=torch.Generator().manual_seed(i), **extras)
+             num_inference_steps=params["steps"], output_type="np",
+             generator=torch.Generator().manual_seed(i), **guidance, **extras)
         latencies.append(time.perf_counter() - start)
     return {"wall_s": time.perf_counter() - start, "latencies_s": latencies}
 

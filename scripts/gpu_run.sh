@@ -48,7 +48,9 @@
 #                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
 #                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
 #                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
-#                                        # three, in that order (each within its own timeout)
+#                                        # three, in that order (each within its own timeout);
+#                                        # F=hunyuan_video: HunyuanVideo 1.5 T2V 480p (8.3 B,
+#                                        # an H100 fits; not in the default list)
 #   bash scripts/gpu_run.sh mixed        # Qwen3-8B shape through `python -m omni.server`: 8 streams
 #                                        # decode alone, then beside 4 clients sending 8,000-token
 #                                        # prompts (bench/probes/mixed_load.py, 30 s each); with
@@ -80,6 +82,10 @@
 #                                        # diffusers sequential / batched, bare transformer
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
 #                                        # ~70 GB: an H200; LAYERS=4 on an H100)
+#   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
+#                                        # bf16, ~17 B transformer, APG guiders: two rows per
+#                                        # image; ~40 GB, an H100 fits): bench diffusion,
+#                                        # 1024x1024 (SIZE=...), 16 steps (STEPS=...), c=1,4,8
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -87,7 +93,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -160,6 +166,15 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out "$OUT" --tag "${2:-$1-h200}" > "$OUT/bench-$1.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
     say "$1 done"
+    ;;
+  hunyuan_image)
+    timeout 540 python3 -m bench diffusion --shape hunyuan-image-2.1 --size "${SIZE:-1024x1024}" \
+      ${LAYERS:+--layers $LAYERS} --steps "${STEPS:-16}" --concurrency 1,4,8 --per-client 2 \
+      --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
+      --out "$OUT" --tag "${2:-hunyuan-image-gpu}" > "$OUT/bench-hunyuan-image.log" 2>&1
+    grep -E "steps/s|ms/call|wrote" "$OUT/bench-hunyuan-image.log"
+    grep -E "Error|error" "$OUT/bench-hunyuan-image.log" | tail -5
+    say "hunyuan_image done"
     ;;
   core)
     timeout 150 python3 bench/probes/idle_wake.py 2.5

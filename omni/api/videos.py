@@ -155,6 +155,8 @@ async def _job_task(service: VideoService, job: VideoJob, call: VideoCall) -> No
         job.status = "in_progress"
         frames, data = await _run(call, job.id, progress)
         job.seed, job.steps = data.get("seed"), data.get("steps")
+        # the size as made: an image-to-video model may take it from the input image
+        job.size = f"{frames.shape[2]}x{frames.shape[1]}"
         mp4, thumbnail = await _encode(frames, call.fps, data)
         store.finish(job, mp4, thumbnail)
         log.info("video %s completed (%d frames, %d bytes)", job.id, len(frames), len(mp4))

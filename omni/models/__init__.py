@@ -113,6 +113,10 @@ def _denoiser(family: str) -> AdapterBuilder:
             from omni.models.flux import build_flux as build_family
         elif family == "flux2":
             from omni.models.flux2 import build_flux2 as build_family
+        elif family == "hunyuan_image":
+            from omni.models.hunyuan_image import build_hunyuan_image as build_family
+        elif family == "hunyuan_video":
+            from omni.models.hunyuan_video import build_hunyuan_video as build_family
         elif family == "qwen_image":
             from omni.models.qwen_image import build_qwen_image as build_family
         elif family == "ltx_video":
@@ -130,7 +134,9 @@ DIFFUSION_DENOISERS: dict[str, AdapterBuilder] = {
     "cosmos3_world": _denoiser("cosmos3_world"),
     "ltx_video": _denoiser("ltx_video"),
     "ltx2": _denoiser("ltx2"),
-    "flux": _denoiser("flux"), "flux2": _denoiser("flux2")}
+    "flux": _denoiser("flux"), "flux2": _denoiser("flux2"),
+    "hunyuan_image": _denoiser("hunyuan_image"),
+    "hunyuan_video": _denoiser("hunyuan_video")}
 
 
 def _pi0(*, model_dir: str | None, device: str, dtype: str,
@@ -211,6 +217,8 @@ _OPTION_HOLDERS = {
     "ltx2": ("omni.models.ltx2", "LTX2Denoiser"),
     "flux": ("omni.models.flux", "FluxDenoiser"),
     "flux2": ("omni.models.flux2", "Flux2Denoiser"),
+    "hunyuan_image": ("omni.models.hunyuan_image", "HunyuanImageDenoiser"),
+    "hunyuan_video": ("omni.models.hunyuan_video", "HunyuanVideoDenoiser"),
     "pi0": ("omni.models.pi0", "PI0Policy"),
     "cosmos3_world": ("omni.models.cosmos3_world", "Cosmos3WorldDenoiser"),
     "cosmos3_policy": ("omni.models.cosmos3_policy", "Cosmos3Policy"),

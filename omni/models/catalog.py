@@ -44,4 +44,7 @@ PRESET_BY_PIPELINE_CLASS = {
     "FluxPipeline": "flux.yaml",
     "FluxKontextPipeline": "flux.yaml",
     "Flux2Pipeline": "flux2.yaml",
+    "HunyuanImagePipeline": "hunyuan_image.yaml",
+    "HunyuanVideo15Pipeline": "hunyuan_video.yaml",
+    "HunyuanVideo15ImageToVideoPipeline": "hunyuan_video.yaml",
 }
