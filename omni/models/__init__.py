@@ -155,8 +155,16 @@ def _talker(*, model_dir: str | None, device: str, dtype: str,
     return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
 
 
+def _omni25_talker(*, model_dir: str | None, device: str, dtype: str,
+                   options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen2_5_omni_talker import load_talker
+
+    return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
+
+
 # AR models whose next input is built from their last output (omni/engines/ar/feedback.py)
-AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker}
+AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker,
+                                                 "qwen2_5_omni_talker": _omni25_talker}
 
 
 def build_feedback_lm(model: str, *, model_dir: str, device: str, dtype: str,

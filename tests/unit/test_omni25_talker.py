@@ -1,0 +1,157 @@
+"""Qwen2.5-Omni's talker as an AR stage fed by the thinker's stream (tiny random release
+checkpoint): its codec stream equals transformers' own thinker -> talker generate (greedy),
+it waits for answer rows not yet written, batches and streams without changing a frame,
+and refuses bad input per request."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni.engines.ar.engine import AREngine
+from omni.engines.ar.feedback import FeedbackAREngine
+from omni.engines.base import EngineRequest
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+torch.set_num_threads(1)
+TALKER = "qwen2_5_omni_talker"
+GREEDY = {"temperature": 0}
+QUESTIONS = ["Say hello to the world please", "Why is the sky blue?"]
+
+
+@pytest.fixture(scope="module")
+def omni25_dir():
+    return str(ensure_tiny_model("qwen2_5_omni"))
+
+
+@pytest.fixture(scope="module")
+def thinker(omni25_dir):
+    return AREngine(omni25_dir, options={"export_hidden_layers": "auto"})
+
+
+@pytest.fixture(scope="module")
+def talker(omni25_dir):
+    return FeedbackAREngine(TALKER, omni25_dir)
+
+
+def thinker_outputs(thinker, question: str, max_tokens: int = 8) -> list[tuple[dict, bool]]:
+    thinker.add(EngineRequest("t", {"messages": [{"role": "user", "content": question}]},
+                              {**GREEDY, "max_tokens": max_tokens, "ignore_eos": True}))
+    outs = []
+    while thinker.has_work():
+        for o in thinker.step():
+            assert o.error is None, o.error
+            outs.append((o.data, o.finished))
+    return outs
+
+
+def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None,
+               interleave: bool = True) -> dict[str, list[list[int]]]:
+    """Feed each request's thinker outputs one per engine step; frames per request."""
+    for rid in feeds:
+        talker.add(EngineRequest(rid, {"stream": ["thinker"]},
+                                 {**GREEDY, "max_tokens": max_tokens, **(params or {})}))
+    frames: dict[str, list[list[int]]] = {rid: [] for rid in feeds}
+    pending = {rid: list(outs) for rid, outs in feeds.items()}
+    seqno = dict.fromkeys(feeds, 0)
+    done: set[str] = set()
+    while len(done) < len(feeds):
+        for rid, outs in pending.items():
+            for _ in range(1 if interleave else len(outs)):
+                if outs:
+                    data, last = outs.pop(0)
+                    talker.append(rid, "thinker", seqno[rid], data, last)
+                    seqno[rid] += 1
+        for o in talker.step():
+            assert o.error is None, o.error
+            if o.data and o.data.get("codes"):
+                frames[o.request_id].append(o.data["codes"])
+            if o.finished:
+                done.add(o.request_id)
+    return frames
+
+
+def hf_generate(omni25_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int,
+                speaker: str = "Chelsie"):
+    """transformers' composite generate, greedy: (answer ids, codes, the model)."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni25_dir, dtype=torch.float32)
+    captured = {}
+
+    def capture(code, **kw):  # token2wav's input: the talker's codes before its stop code
+        captured["codes"] = code
+        return torch.zeros(8)
+
+    model.token2wav.forward = capture
+    cfg = model.config.talker_config
+    seqs, _ = model.generate(
+        input_ids=torch.tensor([prompt_ids]), speaker=speaker,
+        thinker_max_new_tokens=thinker_tokens, thinker_do_sample=False,
+        thinker_eos_token_id=None, talker_max_new_tokens=talker_tokens,
+        talker_do_sample=False, talker_repetition_penalty=1.0,
+        talker_eos_token_id=[cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id])
+    return seqs[0, len(prompt_ids):].tolist(), captured["codes"][0].tolist(), model
+
+
+@pytest.mark.parametrize(("speaker", "words", "frames_made"),
+                         [("Chelsie", 8, 7), ("Ethan", 4, 30)])
+def test_talker_codes_equal_transformers_generate(omni25_dir, thinker, talker, speaker,
+                                                  words, frames_made):
+    """8 answer tokens: the talker draws its stop code at frame 8, inside the answer; 4:
+    it speaks on past the answer's rows (text-eos, then text-pad inputs) to max_tokens."""
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=words)
+    prompt_ids = outs[0][0]["prompt_token_ids"]
+    answer = [t for data, _ in outs for t in data["token_ids"]]
+    frames = run_talker(talker, {"a": outs}, max_tokens=30, params={"voice": speaker})["a"]
+    hf_answer, hf_codes, _ = hf_generate(omni25_dir, prompt_ids, words, 30, speaker)
+    assert answer == hf_answer
+    codes = [f[0][0] for f in frames]
+    assert len(set(codes)) > 3 and len(codes) == frames_made  # the fixture's codes vary
+    assert codes == hf_codes
+    index = ["Chelsie", "Ethan"].index(speaker)
+    assert all(f[1] == [index] for f in frames)  # the speaker rides with every frame
+    assert talker.stats()["kv_blocks_used"] == 0 and talker.stats()["running"] == 0
+
+
+def test_batched_and_streamed_equal_alone(thinker, talker):
+    feeds = {f"q{i}": thinker_outputs(thinker, q, max_tokens=6 + 4 * i)
+             for i, q in enumerate(QUESTIONS)}
+    together = run_talker(talker, feeds, max_tokens=16)
+    for rid, outs in feeds.items():
+        alone = run_talker(talker, {rid: outs}, max_tokens=16, interleave=False)
+        assert together[rid] == alone[rid] and len(alone[rid]) >= 5
+
+
+def test_talker_waits_for_rows_not_yet_written(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[1], max_tokens=8)
+    talker.add(EngineRequest("w", {"stream": ["thinker"]}, {**GREEDY, "max_tokens": 40}))
+    assert not talker.has_work()  # no prompt yet: nothing to run
+
+    def frames() -> int:
+        made = 0
+        while talker.has_work():
+            made += sum(1 for o in talker.step() if o.data and o.data.get("codes"))
+        return made
+    # the prompt alone: answer token 0's row comes with the thinker's second output
+    talker.append("w", "thinker", 0, outs[0][0], False)
+    assert frames() == 0
+    talker.append("w", "thinker", 1, outs[1][0], False)  # the prefill, its frame; step 0
+    assert frames() == 1 and not talker.has_work()  # needs answer row 1
+    talker.append("w", "thinker", 2, outs[2][0], False)
+    assert frames() == 1 and not talker.has_work()
+    talker.abort(["w"])
+    assert talker.stats()["kv_blocks_used"] == 0
+
+
+def test_bad_inputs_fail_alone(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=4)
+    talker.add(EngineRequest("v", {"stream": ["thinker"]}, {"voice": "nobody"}))
+    talker.add(EngineRequest("h", {"stream": ["thinker"]}, {}))
+    talker.append("h", "thinker", 0, {"token_ids": [1], "prompt_token_ids": [1, 2, 3],
+                                      "hidden_states": torch.zeros(3, 2, 5)}, False)
+    errors = {o.request_id: o.error for o in talker.step() if o.error}
+    assert "unknown voice 'nobody'" in errors["v"] and "Chelsie" in errors["v"]
+    assert "hidden_states" in errors["h"]
+    assert talker.stats()["running"] == 0
+    assert run_talker(talker, {"ok": outs}, max_tokens=3)["ok"]  # the engine goes on
