@@ -14,9 +14,9 @@ import openai
 import pytest
 import torch
 from httputil import Server, ServerSettings, run, write_pipeline
+from unit.omni25_reference import composite_generate
 
 from omni.fixtures.tiny_models import ensure_tiny_model
-from unit.omni25_reference import composite_generate
 
 # the preset's stages with a greedy talker and a short cap (random weights rarely stop)
 PIPELINE = """\
