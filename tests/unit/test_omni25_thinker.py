@@ -84,7 +84,7 @@ def _clip(seconds: float, hz: float) -> np.ndarray:
 
 
 def test_audio_input_matches_transformers(engine, reference):
-    clips = {"a": _clip(1.3, 440.0), "b": _clip(2.6, 220.0)}
+    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1, 220.0)}
     got, outs = _run(engine, {rid: {"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"pcm_f32le": c.tobytes(), "sample_rate": 16000}},
         {"type": "text", "text": "What is this?"}]}]} for rid, c in clips.items()})

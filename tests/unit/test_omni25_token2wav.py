@@ -1,13 +1,12 @@
 """Qwen2.5-Omni's token2wav (DiT flow matching + BigVGAN) through the generation engine
 (tiny random release checkpoint): for the same codes, speaker and seed its audio equals
-transformers' Token2Wav, and the whole chain (thinker -> talker -> token2wav) equals
-transformers' composite generate, after checking the audio is not silence."""
+transformers' Token2Wav, after checking the audio is not silence. (The whole chain against
+transformers' composite generate: tests/http/test_omni25_chat.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from unit.omni25_reference import composite_generate
 
 from omni.engines.base import EngineRequest
 from omni.engines.generation.engine import GenerationEngine
@@ -74,53 +73,10 @@ def test_audio_equals_transformers_token2wav(engine, composite):
 
 
 def test_seed_and_batch_neighbours_do_not_change_an_utterance(engine):
-    codes = [list(range(10, 30)), [0] * 20]
+    codes = [list(range(10, 22)), [0] * 12]
     alone = decode(engine, {"x": codes})["x"]
-    together = decode(engine, {"x": codes, "y": [list(range(30, 50)), [0] * 20]})["x"]
+    together = decode(engine, {"x": codes, "y": [list(range(30, 42)), [1] * 12]})["x"]
     assert torch.equal(alone, together)
-
-
-def test_whole_chain_equals_composite_generate(omni25_dir, composite):
-    """thinker -> talker -> token2wav, each an omni engine, vs transformers' generate."""
-    from omni.engines.ar.engine import AREngine
-    from omni.engines.ar.feedback import FeedbackAREngine
-
-    thinker = AREngine(omni25_dir, options={"export_hidden_layers": "auto"})
-    talker = FeedbackAREngine("qwen2_5_omni_talker", omni25_dir)
-    t2w = GenerationEngine(build_runner(MODEL, model_dir=omni25_dir, device="cpu",
-                                        dtype="auto", options={"seed": 3}))
-    thinker.add(EngineRequest("q", {"messages": [{"role": "user", "content": "Hello world"}]},
-                              {"temperature": 0, "max_tokens": 4}))
-    talker.add(EngineRequest("q", {"stream": ["thinker"]},
-                             {"temperature": 0, "repetition_penalty": 1.0, "max_tokens": 40,
-                              "voice": "Ethan"}))
-    seq = 0
-    prompt = None
-    while thinker.has_work():
-        for o in thinker.step():
-            prompt = prompt or o.data["prompt_token_ids"]
-            talker.append("q", "thinker", seq, o.data, o.finished)
-            seq += 1
-    frames = []
-    while talker.has_work():
-        frames += [{"codes": o.data["codes"]} for o in talker.step() if o.data.get("codes")]
-    assert len(frames) > 5
-    wav = decode_chunks(t2w, frames)
-    _, ref = composite_generate(composite, prompt, words=4, frames=40, speaker="Ethan",
-                                seed=3)
-    audible(wav)
-    assert wav.shape == ref.shape
-    torch.testing.assert_close(wav, ref, atol=ATOL, rtol=0)
-
-
-def decode_chunks(engine, frames: list[dict]) -> torch.Tensor:
-    """The talker's frames as a full-delivery edge hands them over."""
-    engine.add(EngineRequest("f", {"talker": frames}, {}))
-    chunks = []
-    while engine.has_work():
-        chunks += [o.data["audio"] for o in engine.step() if o.data.get("samples")]
-    assert len(chunks) == 1  # one utterance, decoded whole
-    return chunks[0]
 
 
 def test_bad_codes_are_refused_clearly(engine):

@@ -185,7 +185,7 @@ def test_ensure_tiny_model_builds_once(tmp_path):
                                 "qwen_image_edit", "wan_t2v", "wan_i2v", "pi0", "cosmos3",
                                 "qwen2_5_vl", "qwen3_vl", "whisper_hf", "wan22_t2v", "wan22_i2v",
                                 "wan22_ti2v", "ltx_video",
-                                "flux1", "flux1_kontext", "flux2"}
+                                "flux1", "flux1_kontext", "flux2", "qwen2_5_omni"}
     messages: list[str] = []
     path = ensure_tiny_model("qwen3", tmp_path, progress=messages.append)
     assert path == tmp_path / "qwen3"
