@@ -17,13 +17,14 @@ def padded(prompt_ids: list[int]) -> dict[str, torch.Tensor]:
 
 
 def composite_generate(model, prompt_ids: list[int], *, words: int, frames: int,
-                       speaker: str, seed: int = 0) -> tuple[list[int], torch.Tensor]:
-    """Greedy thinker and talker, token2wav seeded: (answer ids, waveform)."""
+                       speaker: str, seed: int = 0, **media) -> tuple[list[int], torch.Tensor]:
+    """Greedy thinker and talker, token2wav seeded: (answer ids, waveform). media: the
+    processor's tensors for the prompt's audio / images."""
     cfg = model.config.talker_config
     torch.manual_seed(seed)  # token2wav's noise, drawn from the global RNG
     seqs, wav = model.generate(
         **padded(prompt_ids), speaker=speaker, thinker_max_new_tokens=words,
         thinker_do_sample=False, thinker_eos_token_id=None, talker_max_new_tokens=frames,
         talker_do_sample=False, talker_repetition_penalty=1.0,
-        talker_eos_token_id=[cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id])
+        talker_eos_token_id=[cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id], **media)
     return seqs[0, len(prompt_ids) + 1:].tolist(), wav

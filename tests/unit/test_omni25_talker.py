@@ -5,6 +5,9 @@ and refuses bad input per request."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
 from unit.omni25_reference import composite_generate
@@ -35,8 +38,10 @@ def talker(omni25_dir):
     return FeedbackAREngine(TALKER, omni25_dir)
 
 
-def thinker_outputs(thinker, question: str, max_tokens: int = 8) -> list[tuple[dict, bool]]:
-    thinker.add(EngineRequest("t", {"messages": [{"role": "user", "content": question}]},
+def thinker_outputs(thinker, question: str | list, max_tokens: int = 8
+                    ) -> list[tuple[dict, bool]]:
+    content = question if isinstance(question, list) else question
+    thinker.add(EngineRequest("t", {"messages": [{"role": "user", "content": content}]},
                               {**GREEDY, "max_tokens": max_tokens, "ignore_eos": True}))
     outs = []
     while thinker.has_work():
@@ -72,42 +77,92 @@ def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None
     return frames
 
 
-def hf_generate(omni25_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int,
-                speaker: str = "Chelsie"):
-    """transformers' composite generate, greedy: (answer ids, codes, the model)."""
+@pytest.fixture(scope="module")
+def composite(omni25_dir):
+    """transformers' composite model, its token2wav replaced by a recorder of its input
+    (the talker's codes before its stop code)."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni25_dir, dtype=torch.float32)
-    captured = {}
+    model.captured = {}
 
-    def capture(code, **kw):  # token2wav's input: the talker's codes before its stop code
-        captured["codes"] = code
+    def capture(code, **kw):
+        model.captured["codes"] = code
         return torch.zeros(8)
 
     model.token2wav.forward = capture
+    return model
+
+
+def hf_generate(model, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int,
+                speaker: str = "Chelsie", **media) -> tuple[list[int], list[int]]:
+    """transformers' composite generate, greedy: (answer ids, codes)."""
     answer, _ = composite_generate(model, prompt_ids, words=thinker_tokens,
-                                   frames=talker_tokens, speaker=speaker)
-    return answer, captured["codes"][0].tolist(), model
+                                   frames=talker_tokens, speaker=speaker, **media)
+    return answer, model.captured["codes"][0].tolist()
 
 
-@pytest.mark.parametrize(("speaker", "words", "frames_made"),
-                         [("Chelsie", 8, 30), ("Ethan", 4, 30)])
-def test_talker_codes_equal_transformers_generate(omni25_dir, thinker, talker, speaker,
-                                                  words, frames_made):
-    """8 answer tokens: the talker draws its stop code at frame 8, inside the answer; 4:
-    it speaks on past the answer's rows (text-eos, then text-pad inputs) to max_tokens."""
+@pytest.mark.parametrize(("speaker", "words"), [("Chelsie", 8), ("Ethan", 4)])
+def test_talker_codes_equal_transformers_generate(composite, thinker, talker, speaker, words):
+    """The talker reads the answer's rows, then text-eos, then text-pad, to max_tokens."""
     outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=words)
     prompt_ids = outs[0][0]["prompt_token_ids"]
     answer = [t for data, _ in outs for t in data["token_ids"]]
     frames = run_talker(talker, {"a": outs}, max_tokens=30, params={"voice": speaker})["a"]
-    hf_answer, hf_codes, _ = hf_generate(omni25_dir, prompt_ids, words, 30, speaker)
+    hf_answer, hf_codes = hf_generate(composite, prompt_ids, words, 30, speaker)
     assert answer == hf_answer
     codes = [f[0][0] for f in frames]
-    assert len(set(codes)) > 3 and len(codes) == frames_made  # the fixture's codes vary
+    assert len(set(codes)) > 3 and len(codes) == 30  # the fixture's codes vary
     assert codes == hf_codes
     index = ["Chelsie", "Ethan"].index(speaker)
     assert all(f[1] == [index] for f in frames)  # the speaker rides with every frame
     assert talker.stats()["kv_blocks_used"] == 0 and talker.stats()["running"] == 0
+
+
+def _media_part(kind: str, thinker) -> tuple[dict, dict]:
+    """(a content part, transformers' inputs for the same media)."""
+    rng = np.random.default_rng(5)
+    if kind == "image":
+        from PIL import Image
+
+        from omni.models.qwen3_omni_vision import decode_image
+
+        buf = io.BytesIO()
+        Image.fromarray((rng.random((56, 84, 3)) * 255).astype("uint8")).save(buf, "PNG")
+        part = {"type": "image", "image": {"data": buf.getvalue()}}
+        pixels = thinker.lm.media.images(images=[decode_image(part)], return_tensors="pt")
+        # pixel_values for the thinker only: generate hands unprefixed keys to the talker
+        # too, whose generate refuses pixel_values; the grid goes to both (the talker's
+        # positions are built from it)
+        return part, {"thinker_pixel_values": pixels["pixel_values"],
+                      "image_grid_thw": pixels["image_grid_thw"]}
+    clip = (0.3 * rng.standard_normal(9600)).astype(np.float32)
+    part = {"type": "input_audio", "input_audio": {"pcm_f32le": clip.tobytes(),
+                                                   "sample_rate": 16000}}
+    feats = thinker.lm.media.fe([clip], sampling_rate=16000, return_attention_mask=True,
+                                return_tensors="pt")
+    return part, {"input_features": feats["input_features"],
+                  "feature_attention_mask": feats["attention_mask"]}
+
+
+@pytest.mark.parametrize(("kind", "question"), [("image", "What is it?"),
+                                                ("audio", "Who is speaking?")])
+def test_media_prompt_codes_equal_transformers_generate(composite, thinker, talker, kind,
+                                                        question):
+    """An image (3-axis positions, continued past the image) or an audio clip: the talker
+    hears the media positions' last-layer rows without their embeddings, as generate's
+    talker does, and its codes equal transformers'."""
+    part, media = _media_part(kind, thinker)
+    outs = thinker_outputs(thinker, [part, {"type": "text", "text": question}], max_tokens=5)
+    prompt_ids = outs[0][0]["prompt_token_ids"]
+    assert ("prompt_rope_positions" in outs[0][0]) == (kind == "image")
+    frames = run_talker(talker, {kind: outs}, max_tokens=20)[kind]
+    hf_answer, hf_codes = hf_generate(composite, prompt_ids, 5, 20, **media)
+    assert [t for data, _ in outs for t in data["token_ids"]] == hf_answer
+    codes = [f[0][0] for f in frames]
+    # (without the image's positions, or with its rows' embeddings kept, the image's
+    # codes differ; the tiny audio tower's embeddings are too small to change a code)
+    assert len(set(codes)) > 3 and codes == hf_codes
 
 
 def test_batched_and_streamed_equal_alone(thinker, talker):
@@ -117,6 +172,15 @@ def test_batched_and_streamed_equal_alone(thinker, talker):
     for rid, outs in feeds.items():
         alone = run_talker(talker, {rid: outs}, max_tokens=16, interleave=False)
         assert together[rid] == alone[rid] and len(alone[rid]) >= 5
+
+
+def test_sampling_with_seed_reproduces(thinker, talker):
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=5)
+    params = {"temperature": 0.9, "top_k": 40, "seed": 11}
+    one = run_talker(talker, {"s": outs}, max_tokens=12, params=params)["s"]
+    two = run_talker(talker, {"s": outs}, max_tokens=12, params=params)["s"]
+    three = run_talker(talker, {"s": outs}, max_tokens=12, params={**params, "seed": 12})["s"]
+    assert one == two and one != three
 
 
 def test_talker_waits_for_rows_not_yet_written(thinker, talker):

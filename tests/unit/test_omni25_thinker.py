@@ -65,7 +65,7 @@ def _check(ref_model, ids: list[int], got: list[int], outs: list[dict], **media)
     expect_embed = torch.cat([h[0][0] for h in ref.hidden_states])
     expect_last = torch.cat([h[-1][0] for h in ref.hidden_states])
     assert exported.shape[0] == len(ids) + 5  # the last token is never fed
-    torch.testing.assert_close(exported[:, 0], expect_embed, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(exported[:, 0], expect_embed, atol=1e-3, rtol=1e-3)
     # float32 noise of a different attention kernel over a longer (media) prompt: 7e-4
     torch.testing.assert_close(exported[:, 1], expect_last, atol=2e-3, rtol=1e-3)
 
