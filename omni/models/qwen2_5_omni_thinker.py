@@ -201,6 +201,7 @@ def load_thinker(path: Path, *, dtype: str, device: str) -> CausalLM:
     thinker = model.thinker.to(dev).eval()
     thinker.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    processor_template(path, tokenizer)
     media = None
     if (path / "preprocessor_config.json").is_file():
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
@@ -214,6 +215,19 @@ def load_thinker(path: Path, *, dtype: str, device: str) -> CausalLM:
                     # the talker reads the embedding and the last layer of every position
                     export_layers=[0, int(text_config.num_hidden_layers)],
                     media=media, rope=TextFirstRope())
+
+
+def processor_template(path: Path, tokenizer: Any) -> None:
+    """The release's chat template where only its processor has one: Qwen's omni releases
+    ship it as chat_template.json (the processor's legacy file), which the tokenizer does
+    not read; a template in the tokenizer's own files wins."""
+    file = path / "chat_template.json"
+    if getattr(tokenizer, "chat_template", None) or not file.is_file():
+        return
+    try:
+        tokenizer.chat_template = json.loads(file.read_text())["chat_template"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EngineLoadError(f"model directory {path}: unreadable {file.name}: {e}") from e
 
 
 def _image_processor(path: Path) -> Any:

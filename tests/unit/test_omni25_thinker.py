@@ -135,3 +135,23 @@ def test_video_is_refused_clearly(engine):
     while engine.has_work():
         errors += [o.error for o in engine.step() if o.error]
     assert errors and "video" in str(errors[0])
+
+
+def test_the_processors_chat_template_is_used_where_the_tokenizer_has_none(omni25_dir,
+                                                                         tmp_path):
+    """Qwen's omni releases keep the template in chat_template.json, the processor's file."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from omni.models.qwen2_5_omni_thinker import processor_template
+
+    tok = AutoTokenizer.from_pretrained(str(omni25_dir))
+    template, tok.chat_template = tok.chat_template, None
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    processor_template(tmp_path, tok)
+    assert tok.chat_template == template
+    (tmp_path / "chat_template.json").write_text("{")
+    tok.chat_template = None
+    with pytest.raises(Exception, match="unreadable chat_template.json"):
+        processor_template(tmp_path, tok)
