@@ -88,3 +88,13 @@ def test_bad_codes_are_refused_clearly(engine):
         errors |= {o.request_id: o.error for o in engine.step() if o.error}
     assert "out of range" in errors["r"] and "speaker" in errors["s"]
     assert "differ in length" in errors["t"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("num_steps", 0), ("seed", 1.5),
+                                               ("guidance_scale", "high")])
+def test_bad_options_fail_the_load_naming_them(engine, option, value):
+    from omni.engines.base import EngineLoadError
+    from omni.models.qwen2_5_omni_token2wav import Token2WavRunner
+
+    with pytest.raises(EngineLoadError, match=f"option {option} must be"):
+        Token2WavRunner(engine.runner.t2w, {option: value})
