@@ -284,11 +284,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   omni25)
     only_model omni25
-    [ -d /tmp/m/omni25 ] || timeout 240 python3 scripts/build_random_omni25.py \
-      --out /tmp/m/omni25 --thinker-layers "${LAYERS:-28}" --device cuda 2>&1 | tail -1
+    # built aside and renamed: a build cut short is not taken for a model by the next call
+    [ -d /tmp/m/omni25 ] || { timeout 240 python3 scripts/build_random_omni25.py \
+      --out /tmp/m/omni25.part --thinker-layers "${LAYERS:-28}" --device cuda 2>&1 | tail -1 \
+      && mv /tmp/m/omni25.part /tmp/m/omni25; }
     say "model ready ($(du -sh /tmp/m/omni25 | cut -f1))"
     levels=${2:-1,8} sides=${3:-stream,full}
-    timeout 480 python3 -m bench omni --family qwen2_5_omni --model-dir /tmp/m/omni25 \
+    # what is left of the call's 10 minutes (the build may have taken some)
+    timeout $(( 590 - $(date +%s) + t0 )) python3 -m bench omni --family qwen2_5_omni --model-dir /tmp/m/omni25 \
       --memory thinker=24GiB,talker=4GiB,token2wav=6GiB --prompt-tokens 2500 \
       --thinker-tokens 225 --talker-frames 450 --concurrency "$levels" \
       --bursts "$(echo "$levels" | sed 's/[0-9]\+/1/g')" --repeats 2 --sides "$sides" \
