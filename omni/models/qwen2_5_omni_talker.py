@@ -123,7 +123,7 @@ class TalkerFeed:
         return by_case[name.casefold()]
 
     def new_state(self, seed: int | None, device: torch.device) -> FeedState:
-        return FeedState()
+        return FeedState()  # one codec stream: the engine's sampler draws it (and seeds it)
 
     def info(self) -> dict[str, Any]:
         return {"voices": [{"id": n, "name": n} for n in self.names],
