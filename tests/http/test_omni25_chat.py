@@ -109,6 +109,49 @@ def test_spoken_answer_equals_transformers_and_streams_the_same(server, model_di
     run(body())
 
 
+def _media_question() -> list[dict]:
+    """A spoken question (a 16-bit WAV at 22.05 kHz: resampled) about an image."""
+    import io
+    import wave
+
+    from PIL import Image
+
+    rate = 22050
+    pcm = (0.3 * np.sin(2 * np.pi * 330 * np.arange(rate) / rate) * 32767).astype("<i2")
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    png = io.BytesIO()
+    Image.fromarray((np.random.default_rng(1).random((56, 84, 3)) * 255).astype("uint8")
+                    ).save(png, "PNG")
+    return [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}},
+        {"type": "image_url", "image_url": {
+            "url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()}},
+        {"type": "text", "text": "What is it?"}]}]
+
+
+def test_a_spoken_question_about_an_image_gets_a_spoken_answer(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            reply = await client.chat.completions.create(
+                model="omni25", messages=_media_question(), modalities=["text", "audio"],
+                audio={"voice": "Chelsie", "format": "pcm16"}, **GREEDY)
+            audio = reply.choices[0].message.audio
+            # here the talker's first code is its stop code: an answer with no speech (the
+            # full edge then carries only its closing output), not an error
+            assert audio.transcript and base64.b64decode(audio.data) == b""
+            text_only = await client.chat.completions.create(
+                model="omni25", messages=[{"role": "user", "content": "What is it?"}], **GREEDY)
+            # the clip and the image became encoder frames and patches, not one token each
+            assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + 20
+    run(body())
+
+
 def test_unknown_voice_is_a_400_naming_the_voices(server):
     async def body():
         async with server.client(timeout=60) as client:

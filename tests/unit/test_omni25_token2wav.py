@@ -98,3 +98,19 @@ def test_bad_options_fail_the_load_naming_them(engine, option, value):
 
     with pytest.raises(EngineLoadError, match=f"option {option} must be"):
         Token2WavRunner(engine.runner.t2w, {option: value})
+
+
+def test_full_delivery_ends_with_the_talkers_closing_output(engine):
+    """A full edge hands over every talker output, the last one its stop code's, with no
+    frame: the utterance is the frames before it, and an answer the talker ended at once
+    is no audio, not an error."""
+    frames = [{"codes": [[c], [0]]} for c in range(3, 15)]
+    closing = {"token_ids": [66], "finish_reason": "stop"}
+    engine.add(EngineRequest("f", {"talker": [*frames, closing]}, {}))
+    engine.add(EngineRequest("e", {"talker": [closing]}, {}))
+    outs = []
+    while engine.has_work():
+        outs += engine.step()
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    got = {o.request_id: o.data.get("samples", 0) for o in outs if o.finished}
+    assert got == {"f": 12 * 480, "e": 0}
