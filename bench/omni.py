@@ -19,8 +19,9 @@ from bench.common import say, sse_events
 DESCRIPTION = """\
 Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
 end-to-end latency (E2EL) and audio underrun of spoken answers from the qwen3_omni preset
-(thinker -> talker -> code2wav) served over HTTP, for two sides started from the same
-preset and model directory:
+(thinker -> talker -> code2wav; --family qwen2_5_omni: thinker -> talker -> token2wav,
+whose token2wav decodes a whole utterance) served over HTTP, for two sides started from
+the same preset and model directory:
 
   stream  both edges `delivery: stream` (the preset): the talker starts on the first
           thinker tokens, code2wav on the first codec frames
@@ -55,13 +56,16 @@ SIDES = ("stream", "full")
 STAGE_FIELDS = {"devices", "memory"}  # side changes of these set the stage, not an option
 NICE0 = "-nice0"  # side-name suffix: every stage at the default CPU priority
 PCM_RATE = 24_000
+VOICES = {"qwen3_omni": "ethan", "qwen2_5_omni": "Chelsie"}  # family -> a voice it has
 FILLER = ("river stone light window garden music paper winter orange table yellow "
           "mountain quiet simple morning").split()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--family", default="qwen3_omni", choices=sorted(VOICES),
+                        help="the preset (and tiny fixture) measured (default qwen3_omni)")
     parser.add_argument("--model-dir", default=None,
-                        help="a Qwen3-Omni release directory (default: the tiny random "
+                        help="a release directory of the family (default: the tiny random "
                              "fixture, built on first use)")
     parser.add_argument("--concurrency", default="1,8,32",
                         help="comma-separated concurrencies (default 1,8,32)")
@@ -96,7 +100,7 @@ def model_dir(args: argparse.Namespace) -> str:
         return str(Path(args.model_dir).resolve())
     from omni.fixtures import ensure_tiny_model
 
-    return str(ensure_tiny_model("qwen3_omni"))
+    return str(ensure_tiny_model(args.family))
 
 
 def side_settings(side: str) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -122,14 +126,15 @@ def file_safe(side: str) -> str:
 
 
 def pipeline_file(directory: str, side: str, args: argparse.Namespace, tmp: Path) -> Path:
-    """The qwen3_omni preset pointed at `directory`, with this side's delivery and option
+    """The family's preset pointed at `directory`, with this side's delivery and option
     changes, fixed lengths, and the device and budgets asked for."""
     import yaml
 
     from omni.config.presets import preset_path
 
     base, changes = side_settings(side)
-    data = yaml.safe_load(Path(preset_path("qwen3_omni")).read_text())
+    family = getattr(args, "family", "qwen3_omni")  # callers that predate --family
+    data = yaml.safe_load(Path(preset_path(family)).read_text())
     edges = {f"{e['from']}->{e['to']}": e for e in data["edges"]}
     unknown = set(changes) - {stage["name"] for stage in data["stages"]} - set(edges)
     if unknown:
@@ -177,11 +182,11 @@ def prompts(directory: str, n_tokens: int, count: int) -> list[str]:
 
 # -- one request ------------------------------------------------------------------------
 async def spoken_answer(session: Any, url: str, model: str, prompt: str, seed: int,
-                        start: float) -> dict[str, Any]:
+                        start: float, voice: str = "ethan") -> dict[str, Any]:
     from omni.media.playback import PlaybackClock
 
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "pcm16"},
+            "modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"},
             "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
     clock, usage, worst_at, second = PlaybackClock(start=start), None, None, None
     try:
@@ -251,7 +256,7 @@ async def scrape(session: Any, url: str) -> dict[str, float]:
 
 # -- the run ----------------------------------------------------------------------------
 async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[int, int]],
-                   level_done: Any) -> dict[str, Any]:
+                   level_done: Any, voice: str) -> dict[str, Any]:
     import aiohttp
 
     from bench.ar_ours import served_id
@@ -268,7 +273,7 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
             start, batch = time.monotonic(), texts[used % len(texts):][:c]
             used += c
             return list(await asyncio.gather(*(
-                spoken_answer(session, urls[side], models[side], t, i, start)
+                spoken_answer(session, urls[side], models[side], t, i, start, voice)
                 for i, t in enumerate(batch))))
 
         for _ in range(2):  # warm-up: first-use costs (compiles, allocator growth) off the
@@ -369,7 +374,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         try:
             urls = _start_servers(sides, files, args, procs)
             if sides:
-                asyncio.run(_measure(urls, texts, levels, level_done))
+                asyncio.run(_measure(urls, texts, levels, level_done, VOICES[args.family]))
         finally:
             for proc in procs:
                 proc.terminate()

@@ -2,7 +2,9 @@
 
   thinker   request added -> first text token out (its TTFT: prefill + first sample)
   talker    the thinker's whole output appended at once -> `first_chunk_frames` codec frames
-  code2wav  those frames appended -> the first audio chunk out
+  code2wav  those frames appended -> the first audio chunk out (the pipeline's audio stage:
+            Qwen2.5-Omni's token2wav, which decodes a whole utterance, takes all the
+            talker's frames and its one chunk)
 
 The stages are the server's (same model directory, stage options and params, built with
 the same `build_engine`), so the path is what the pipeline could do with zero time in
@@ -84,8 +86,8 @@ def _talker(engine: Engine, rid: str, feed: list, params: dict,
 def _code2wav(engine: Engine, rid: str, chunks: list[dict], params: dict) -> float:
     start = time.perf_counter()
     engine.add(EngineRequest(rid, {"stream": ["talker"]}, params))
-    for seq, data in enumerate(chunks):
-        engine.append(rid, "talker", seq, data, False)
+    for seq, data in enumerate(chunks):  # the last one closes the input (a stage that
+        engine.append(rid, "talker", seq, data, seq == len(chunks) - 1)  # decodes it whole)
     _until(engine, lambda outs: bool(outs))
     _sync(engine)
     took = time.perf_counter() - start
@@ -97,10 +99,11 @@ def critical_path(pipeline: PipelineConfig, dtype: str, messages: list,
                   thinker_params: dict, talker_params: dict, repeats: int = 5) -> dict[str, Any]:
     """Median seconds of each part and their sum (see the module doc)."""
     stages = {s.name: s for s in pipeline.stages}
-    thinker, talker, code2wav = (_engine(stages[n], dtype)
-                                 for n in ("thinker", "talker", "code2wav"))
-    first = int(stages["code2wav"].options.get("first_chunk_frames", 1))
-    c2w_params = dict(stages["code2wav"].params)
+    audio = pipeline.outputs["audio"][0]  # code2wav, token2wav
+    thinker, talker, code2wav = (_engine(stages[n], dtype) for n in ("thinker", "talker", audio))
+    whole = int({**stages["talker"].params, **talker_params}.get("max_tokens", 1))
+    first = int(stages[audio].options.get("first_chunk_frames", whole))
+    c2w_params = dict(stages[audio].params)
     parts: dict[str, list[float]] = {"thinker_ttft_s": [], "talker_first_chunk_s": [],
                                      "code2wav_first_chunk_s": []}
     try:
@@ -120,4 +123,5 @@ def critical_path(pipeline: PipelineConfig, dtype: str, messages: list,
     out["path_s"] = sum(out[k] for k in parts)
     out["samples"] = parts
     out["first_chunk_frames"] = first
+    out["audio_stage"] = audio
     return out

@@ -160,14 +160,19 @@ def _preempted(stage: dict[str, Any]) -> str:
             + (f", {gc:.0f} GC pauses of {_ms(stage['gc_s'])} ms in all" if gc else ""))
 
 
+# seconds of audio per talker frame: Qwen3-Omni 12.5 frames/s, Qwen2.5-Omni 50 codes/s
+FRAME_S = {"qwen3_omni": 0.08, "qwen2_5_omni": 0.02}
+
+
 def write_report(data: dict[str, Any], out_dir: Path, tag: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = f"omni-{tag}" if tag else "omni"
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
     cp, m, st = data["critical_path"], data["machine"], data["settings"]
+    family = st.get("family", "qwen3_omni")
     gpu = f", {m['gpus']} x {m['gpu']}" if m.get("gpu") else ""
     lines = [
-        "# Spoken answers: stream vs full delivery (Qwen3-Omni pipeline)", "",
+        f"# Spoken answers: stream vs full delivery ({family} pipeline)", "",
         f"Command: `{data['command']}`  ",
         f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['ram_gib']} GiB RAM{gpu}; "
         f"Python {m['python']}, torch {m.get('torch')}, transformers {m.get('transformers')}; "
@@ -175,12 +180,13 @@ def write_report(data: dict[str, Any], out_dir: Path, tag: str) -> None:
         f"Model: `{data['model_dir']}`; device {st['device']}, dtype {st['dtype']}; prompt "
         f"{st['prompt_tokens']} tokens (with the chat template: "
         f"{_first(data, 'prompt_tokens')}), thinker {st['thinker_tokens']} tokens, talker "
-        f"{st['talker_frames']} frames ({st['talker_frames'] * 0.08:.2f} s of audio)", "",
+        f"{st['talker_frames']} frames ({st['talker_frames'] * FRAME_S[family]:.2f} s of "
+        "audio)", "",
         *_table(data["results"]), "",
         f"Critical path (each engine alone, median of {len(cp['samples']['thinker_ttft_s'])}): "
         f"thinker TTFT {_ms(cp['thinker_ttft_s'])} ms + talker to its first "
-        f"{cp['first_chunk_frames']} frames {_ms(cp['talker_first_chunk_s'])} ms + code2wav "
-        f"first chunk {_ms(cp['code2wav_first_chunk_s'])} ms = {_ms(cp['path_s'])} ms", "",
+        f"{cp['first_chunk_frames']} frames {_ms(cp['talker_first_chunk_s'])} ms + "
+        f"{cp.get('audio_stage', 'code2wav')} first chunk {_ms(cp['code2wav_first_chunk_s'])} ms = {_ms(cp['path_s'])} ms", "",
         "Targets:", *targets(data), "",
         "Method: " + " ".join(_method_lines()), "",
     ]

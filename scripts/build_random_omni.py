@@ -107,12 +107,12 @@ def disk_tensors(config: Any, dtype: Any) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in state.items()}
 
 
-def check_against_tiny(tensors: dict[str, tuple[int, ...]]) -> None:
-    """The names must be those of the tiny fixture (a real save_pretrained of the same
-    class), layer and expert numbers masked."""
+def check_against_tiny(tensors: dict[str, tuple[int, ...]], name: str = "qwen3_omni") -> None:
+    """The names must be those of the tiny fixture `name` (a real save_pretrained of the
+    same class), layer and expert numbers masked."""
     from safetensors import safe_open
 
-    tiny = tiny_models.ensure_tiny_model("qwen3_omni")
+    tiny = tiny_models.ensure_tiny_model(name)
     saved: set[str] = set()
     for file in tiny.glob("*.safetensors"):
         with safe_open(str(file), "pt") as f:

@@ -18,6 +18,11 @@
 #                                        # server start; 8,32 with both sides outlasts a call:
 #                                        # run c=32 one side at a time; TAG=... names the files,
 #                                        # BURSTS=2 runs two per level, sides in both orders)
+#   bash scripts/gpu_run.sh omni25 [C] [S] # Qwen2.5-Omni-7B shapes (random bf16, ~18 GB): bench
+#                                        # omni --family qwen2_5_omni, 2500-token prompts, 225
+#                                        # thinker tokens, 450 codes (9 s of audio), sides S
+#                                        # (default stream,full) at concurrency C (default 1,8);
+#                                        # LAYERS=N builds a thinker of N layers (default 28)
 #   bash scripts/gpu_run.sh core         # bench core on the host's CPUs (control plane per hop;
 #                                        # before: bench/results/core-h200-host.json), after
 #                                        # bench/probes/idle_wake.py (idle wake-up costs)
@@ -93,7 +98,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|omni25|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -313,6 +318,22 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
+    ;;
+  omni25)
+    only_model omni25
+    # built aside and renamed: a build cut short is not taken for a model by the next call
+    [ -d /tmp/m/omni25 ] || { timeout 240 python3 scripts/build_random_omni25.py \
+      --out /tmp/m/omni25.part --thinker-layers "${LAYERS:-28}" --device cuda 2>&1 | tail -1 \
+      && mv /tmp/m/omni25.part /tmp/m/omni25; }
+    say "model ready ($(du -sh /tmp/m/omni25 | cut -f1))"
+    levels=${2:-1,8} sides=${3:-stream,full}
+    # what is left of the call's 10 minutes (the build may have taken some)
+    timeout $(( 590 - $(date +%s) + t0 )) python3 -m bench omni --family qwen2_5_omni --model-dir /tmp/m/omni25 \
+      --memory thinker=24GiB,talker=4GiB,token2wav=6GiB --prompt-tokens 2500 \
+      --thinker-tokens 225 --talker-frames 450 --concurrency "$levels" \
+      --bursts "$(echo "$levels" | sed 's/[0-9]\+/1/g')" --repeats 2 --sides "$sides" \
+      --tag "${TAG:-omni25-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
+      --out "$OUT" 2>&1 | grep -E "^\[omni\]|Error" | tail -14
     ;;
   vlm)
     OMNI_CACHE_DIR=/tmp/m/tiny timeout 200 python3 -m pytest -q -x -p no:cacheprovider \

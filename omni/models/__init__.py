@@ -43,6 +43,16 @@ def _code2wav(*, model_dir: str | None, device: str, dtype: str,
                                  options=options)
 
 
+def _token2wav(*, model_dir: str | None, device: str, dtype: str,
+               options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen2_5_omni_token2wav import build_token2wav_runner
+
+    if not model_dir:
+        raise EngineLoadError("model 'qwen2_5_omni_token2wav' needs a model_dir")
+    return build_token2wav_runner(model_dir=model_dir, device=device, dtype=dtype,
+                                  options=options)
+
+
 def _vits(*, model_dir: str | None, device: str, dtype: str,
           options: Mapping[str, Any]) -> Any:
     from omni.models.vits import build_vits_runner
@@ -98,7 +108,8 @@ GENERATION_RUNNERS: dict[str, AdapterBuilder] = {
     "piper_phonemizer": _piper_part("phonemizer"),
     "piper_synthesizer": _piper_part("synthesizer"),
     "qwen3_omni_code2wav": _code2wav, "vits": _vits,
-    "silero_vad": _silero_vad, "whisper_hf": _whisper_hf, "qwen3_tts": _qwen3_tts}
+    "silero_vad": _silero_vad, "whisper_hf": _whisper_hf, "qwen3_tts": _qwen3_tts,
+    "qwen2_5_omni_token2wav": _token2wav}
 
 
 def _denoiser(family: str) -> AdapterBuilder:
@@ -164,8 +175,16 @@ def _talker(*, model_dir: str | None, device: str, dtype: str,
     return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
 
 
+def _omni25_talker(*, model_dir: str | None, device: str, dtype: str,
+                   options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen2_5_omni_talker import load_talker
+
+    return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
+
+
 # AR models whose next input is built from their last output (omni/engines/ar/feedback.py)
-AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker}
+AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker,
+                                                 "qwen2_5_omni_talker": _omni25_talker}
 
 
 def build_feedback_lm(model: str, *, model_dir: str, device: str, dtype: str,
@@ -206,6 +225,7 @@ _OPTION_HOLDERS = {
     "piper_phonemizer": ("omni.models.piper", "PiperPhonemizerRunner"),
     "piper_synthesizer": ("omni.models.piper", "PiperSynthesizerRunner"),
     "qwen3_omni_code2wav": ("omni.models.qwen3_omni", "Code2WavRunner"),
+    "qwen2_5_omni_token2wav": ("omni.models.qwen2_5_omni_token2wav", "Token2WavRunner"),
     "vits": ("omni.models.vits", "VitsRunner"),
     "whisper": ("omni.models.whisper", "WhisperRunner"),
     "whisper_hf": ("omni.models.whisper_hf", "WhisperHFRunner"),

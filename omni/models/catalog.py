@@ -19,6 +19,8 @@ PRESET_BY_MODEL_TYPE = {
     "llama": "qwen3.yaml",
     # a Qwen3-Omni release: thinker -> talker -> code2wav (text-only requests: thinker)
     "qwen3_omni_moe": "qwen3_omni.yaml",
+    # a Qwen2.5-Omni release: thinker -> talker -> token2wav (DiT + BigVGAN)
+    "qwen2_5_omni": "qwen2_5_omni.yaml",
     # vision-language chat: text + images in, text out (omni/models/qwen_vl.py)
     "qwen2_5_vl": "qwen_vl.yaml",
     "qwen3_vl": "qwen_vl.yaml",

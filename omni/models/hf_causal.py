@@ -79,6 +79,10 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
         from omni.models.qwen3_omni_thinker import load_thinker
 
         return load_thinker(path, dtype=dtype, device=device)
+    if _model_type(path) == "qwen2_5_omni":  # a composite release: serve its thinker
+        from omni.models.qwen2_5_omni_thinker import load_thinker as load_omni25_thinker
+
+        return load_omni25_thinker(path, dtype=dtype, device=device)
     if _model_type(path) in VL_MODEL_TYPES:  # text + images: its own loader and media
         from omni.models.qwen_vl import load_qwen_vl
 

@@ -46,3 +46,13 @@ def test_qwen3_omni_release_gets_the_three_stage_pipeline(tmp_path):
         ("thinker", "talker", "stream", 8), ("talker", "code2wav", "stream", None)}
     assert pipeline.route(["text"]).stages == ("thinker",)  # text-only: the thinker alone
     assert pipeline.route(["text", "audio"]).stages == ("thinker", "talker", "code2wav")
+
+
+def test_qwen2_5_omni_release_gets_thinker_talker_token2wav(tmp_path):
+    pipeline = load_pipeline(_model_dir(tmp_path, "qwen2_5_omni"))
+    assert [(s.name, s.engine, s.model) for s in pipeline.stages] == [
+        ("thinker", "ar", None), ("talker", "ar", "qwen2_5_omni_talker"),
+        ("token2wav", "generation", "qwen2_5_omni_token2wav")]
+    assert {(e.src, e.dst, e.delivery) for e in pipeline.edges} == {
+        ("thinker", "talker", "stream"), ("talker", "token2wav", "full")}
+    assert pipeline.route(["text"]).stages == ("thinker",)

@@ -187,7 +187,7 @@ def test_ensure_tiny_model_builds_once(tmp_path):
                                 "wan22_ti2v", "ltx_video", "ltx2",
                                 "flux1", "flux1_kontext", "flux2",
                                 "hunyuan_image", "hunyuan_image_distilled",
-                                "hunyuan_video_t2v", "hunyuan_video_i2v"}
+                                "hunyuan_video_t2v", "hunyuan_video_i2v", "qwen2_5_omni"}
     messages: list[str] = []
     path = ensure_tiny_model("qwen3", tmp_path, progress=messages.append)
     assert path == tmp_path / "qwen3"

@@ -255,6 +255,8 @@ class GenerationEngine(Engine):
             if len(inputs) != 1:
                 raise ValueError(f"expected input from one producer, got {sorted(inputs)}")
             (producer, chunks), = inputs.items()
+            if chunks and isinstance(chunks[-1], Mapping) and key not in chunks[-1]:
+                chunks = chunks[:-1]  # its closing output (e.g. its end token), as in append()
             for i, chunk in enumerate(chunks):
                 if not isinstance(chunk, Mapping) or key not in chunk:
                     raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")

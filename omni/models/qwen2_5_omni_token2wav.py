@@ -1,0 +1,204 @@
+"""Qwen2.5-Omni's token2wav as a generation-engine runner: codec codes -> 24 kHz audio.
+
+What the model is (transformers' ``Qwen2_5OmniToken2WavModel``): a DiT that turns the
+talker's codes (50 per second, each repeated ``repeats`` = 2 times: 100 mel frames/s)
+into a mel spectrogram by flow matching, conditioned on the speaker (``cond``, an
+embedding, and ``ref_mel``, a reference mel, both from the release's spk_dict.pt), then
+a BigVGAN vocoder (240 samples per mel frame: 24 kHz). The DiT starts from Gaussian
+noise ``torch.randn(1, codes * repeats, mel_dim)`` drawn from torch's global RNG and
+integrates 10 RK4 steps with classifier-free guidance (generate's defaults: num_steps 10,
+guidance_scale 0.5, sway_coefficient -1).
+
+Quirks:
+- It runs in float32 (generate casts it: the model says it must); the dtype option is
+  ignored for it.
+- The noise: each utterance is decoded with torch's RNG seeded by the stage option
+  ``seed`` (0) inside ``fork_rng``, so an utterance's audio is a function of its codes,
+  speaker and the seed (and equals ``torch.manual_seed(seed); token2wav(...)``), never of
+  what ran before it, and the engine's other RNG users are not disturbed.
+- Its attention is block-wise (blocks of ``block_size`` mel frames, some layers looking
+  one block ahead or back), and the released inference decodes whole utterances: a
+  chunk's mel depends on noise and frames past it. This runner decodes an utterance
+  whole, once its codes are complete (the talker -> token2wav edge is ``delivery:
+  full``); chunk options are not offered. Qwen's own streaming (overlapping DiT windows,
+  not in transformers) is not reproduced here.
+- Each utterance is decoded alone (as generate does): equal-length rows of one call are
+  not batched, so a row's audio never depends on its neighbours.
+- Input frames are {"codes": [[code, ...], [speaker, ...]]}: the talker stage puts its
+  speaker's index in the release's table under every code (qwen2_5_omni_talker.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.models.causal_lm import _is_random
+from omni.models.qwen2_5_omni_talker import load_speakers
+from omni.models.qwen3_omni import prefixed_tensors
+
+TOKEN2WAV_PREFIX = "token2wav."
+SAMPLE_RATE = 24000  # not in the config: BigVGAN's 240 samples per mel frame at 100 Hz
+
+
+@dataclass
+class Token2Wav:
+    """A loaded token2wav (float32, eval) and the speakers' conditioning."""
+
+    module: Any  # Qwen2_5OmniToken2WavModel
+    conds: list[torch.Tensor]  # per speaker (1, enc_emb_dim)
+    ref_mels: list[torch.Tensor]  # per speaker (1, frames, mel_dim)
+    names: list[str]
+    device: torch.device
+    model_dir: str = ""
+    random_weights: bool = False
+
+    @property
+    def num_embeds(self) -> int:
+        return int(self.module.config.dit_config.num_embeds)
+
+    @property
+    def max_codes(self) -> int:
+        dit = self.module.config.dit_config
+        return int(dit.max_position_embeddings) // int(dit.repeats)
+
+    @property
+    def samples_per_code(self) -> int:
+        dit, vocoder = self.module.config.dit_config, self.module.config.bigvgan_config
+        prod = 1
+        for r in vocoder.upsample_rates:
+            prod *= int(r)
+        return int(dit.repeats) * prod
+
+    def decode(self, codes: torch.Tensor, speaker: int, seed: int,
+               **sampling: Any) -> torch.Tensor:
+        """codes (T,) int64 -> (samples,) float32 in [-1, 1]."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            torch.manual_seed(seed)
+            wav = self.module(codes[None].to(self.device), conditioning=self.conds[speaker],
+                              reference_mel=self.ref_mels[speaker], **sampling)
+        return wav.reshape(-1).float()
+
+
+def load_token2wav(model_dir: str, *, device: str = "cpu") -> Token2Wav:
+    """The token2wav of a Qwen2.5-Omni release: the ``token2wav.*`` tensors loaded with
+    strict=True (never silently random), plus the speakers of spk_dict.pt."""
+    from transformers import AutoConfig
+    from transformers.initialization import no_init_weights
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    path = Path(model_dir).expanduser().resolve()
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True).token2wav_config
+    except Exception as e:
+        raise EngineLoadError(f"model directory {path}: no Qwen2.5-Omni token2wav config: "
+                              f"{e}") from e
+    dev = torch.device(device)
+    speakers = load_speakers(path)
+    with no_init_weights(), torch.random.fork_rng(devices=[]):
+        module = Qwen2_5OmniToken2WavModel(config)
+    try:
+        module.load_state_dict(prefixed_tensors(path, TOKEN2WAV_PREFIX), strict=True)
+    except RuntimeError as e:
+        raise EngineLoadError(f"model directory {path}: token2wav weights do not match the "
+                              f"config: {e}") from e
+    module.to(dev).float().eval().requires_grad_(False)
+    conds = [s["cond"].to(dev).float().reshape(1, -1) for s in speakers.values()]
+    mels = [s["ref_mel"].to(dev).float().reshape(1, -1, int(config.dit_config.mel_dim))
+            for s in speakers.values()]
+    return Token2Wav(module, conds, mels, list(speakers), dev, str(path), _is_random(path))
+
+
+class Token2WavRunner:
+    """The generation-engine runner of the token2wav stage (see the module doc).
+    Options: num_steps (10), guidance_scale (0.5), sway_coefficient (-1.0), seed (0)."""
+
+    input_key = "codes"
+    OPTIONS = frozenset({"num_steps", "guidance_scale", "sway_coefficient", "seed"})
+    chunk_growth = 1
+    left_context = 0
+
+    def __init__(self, t2w: Token2Wav, options: Mapping[str, Any] | None = None) -> None:
+        opts = dict(options or {})
+        self.t2w = t2w
+        self.sampling = {"num_steps": _number(opts, "num_steps", 10, int, 1),
+                         "guidance_scale": _number(opts, "guidance_scale", 0.5, float, 0.0),
+                         "sway_coefficient": _number(opts, "sway_coefficient", -1.0, float)}
+        self.seed = _number(opts, "seed", 0, int, 0)
+        # a whole utterance is one chunk: streamed input waits until it is complete
+        self.chunk_frames = self.first_chunk_frames = t2w.max_codes
+        self.complete_chunk_frames = t2w.max_codes
+        self.batch_frames = t2w.max_codes
+        self.sample_rate = SAMPLE_RATE
+        self.device = t2w.device
+
+    def parse(self, value: Any) -> torch.Tensor:
+        """[[codes...], [speaker...]] (or such an integer tensor) -> (2, t) int64."""
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        if not isinstance(value, Sequence) or isinstance(value, str | bytes) or len(value) != 2 \
+                or not all(isinstance(r, Sequence) and not isinstance(r, str | bytes)
+                           for r in value):
+            raise ValueError("codes must be [[code, ...], [speaker, ...]] (two lists)")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for r in value for v in r):
+            raise ValueError("codes holds non-integers")
+        if len(value[0]) != len(value[1]):
+            raise ValueError(f"codes rows differ in length: {len(value[0])}, {len(value[1])}")
+        t = torch.tensor(value, dtype=torch.long).reshape(2, len(value[0]))
+        if t.shape[1] and (int(t[0].min()) < 0 or int(t[0].max()) > self.t2w.num_embeds):
+            raise ValueError(f"codes out of range [0, {self.t2w.num_embeds}]")
+        if t.shape[1] and (int(t[1].min()) < 0 or int(t[1].max()) >= len(self.t2w.names)):
+            raise ValueError(f"speaker index out of range [0, {len(self.t2w.names)})")
+        return t
+
+    def join(self, values: list[Any]) -> list[list[int]] | None:
+        if not values or not all(isinstance(v, list) and len(v) == 2
+                                 and all(isinstance(r, list) for r in v) for v in values):
+            return None
+        return [[c for v in values for c in v[0]], [s for v in values for s in v[1]]]
+
+    def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
+        """(B, 2, T) -> per row its utterance's samples, each decoded alone."""
+        out = []
+        for row in batch:
+            if int(row[1].min()) != int(row[1].max()):
+                raise ValueError("an utterance's frames name different speakers")
+            out.append(self.t2w.decode(row[0], int(row[1, 0]), self.seed,
+                                       **self.sampling).cpu())
+        return out
+
+    def pack(self, wav: torch.Tensor) -> dict[str, Any]:
+        pcm = wav.detach().to(torch.float32).contiguous()
+        return {"audio": pcm, "sample_rate": self.sample_rate, "samples": int(wav.numel())}
+
+    def info(self) -> dict[str, Any]:
+        t = self.t2w
+        return {"model": "qwen2_5_omni_token2wav", "model_dir": t.model_dir,
+                "random_weights": t.random_weights, "dtype": "float32",
+                "device": str(t.device), "sample_rate": self.sample_rate,
+                "samples_per_code": t.samples_per_code, "max_codes": t.max_codes,
+                "speakers": t.names, "seed": self.seed, **self.sampling,
+                "audio_format": "f32le"}
+
+
+def _number(opts: Mapping[str, Any], name: str, default: Any, kind: type,
+            minimum: float | None = None) -> Any:
+    v = opts.get(name, default)
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and (
+        kind is float or isinstance(v, int)) and (minimum is None or v >= minimum)
+    if not ok:
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise EngineLoadError(f"option {name} must be {'an integer' if kind is int else 'a number'}"
+                              f"{bound}, got {v!r}")
+    return kind(v)
+
+
+def build_token2wav_runner(*, model_dir: str, device: str, dtype: str,
+                           options: Mapping[str, Any] | None) -> Token2WavRunner:
+    return Token2WavRunner(load_token2wav(model_dir, device=device), options)

@@ -1,0 +1,161 @@
+"""Spoken answers from a Qwen2.5-Omni directory (tiny random release-layout checkpoint)
+through the unmodified openai SDK: thinker -> talker -> token2wav, three engine processes
+(the preset's shape); text-only requests run the thinker alone. With a greedy talker the
+served audio equals transformers' composite generate for the same prompt."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import openai
+import pytest
+import torch
+from httputil import Server, ServerSettings, run, write_pipeline
+from unit.omni25_reference import composite_generate
+
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+# the preset's stages with a greedy talker and a short cap (random weights rarely stop)
+PIPELINE = """\
+name: omni25
+default_modalities: [text]
+stages:
+  - {{name: thinker, engine: ar, model_dir: {d}, final_output: text,
+      options: {{export_hidden_layers: auto}}}}
+  - {{name: talker, engine: ar, model: qwen2_5_omni_talker, model_dir: {d},
+      params: {{max_tokens: {frames}, temperature: 0, repetition_penalty: 1.0}}}}
+  - {{name: token2wav, engine: generation, model: qwen2_5_omni_token2wav, model_dir: {d},
+      final_output: audio, options: {{seed: {seed}}}}}
+edges:
+  - {{from: thinker, to: talker, delivery: stream}}
+  - {{from: talker, to: token2wav, delivery: full}}
+outputs: {{text: [thinker], audio: [token2wav]}}
+"""
+FRAMES, SEED = 30, 4
+ASK = [{"role": "user", "content": "Tell me about the sea."}]
+GREEDY = {"max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return ensure_tiny_model("qwen2_5_omni")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    path = write_pipeline(tmp_path_factory.mktemp("omni25"), "omni25",
+                          PIPELINE.format(d=model_dir, frames=FRAMES, seed=SEED))
+    srv = Server({"omni25": path}, ServerSettings(drain_timeout_s=2.0)).start()
+    yield srv
+    srv.stop()
+
+
+def speak(fmt: str, voice: str = "Ethan") -> dict:
+    return {"model": "omni25", "messages": ASK, "modalities": ["text", "audio"],
+            "audio": {"voice": voice, "format": fmt}}
+
+
+def audio_dict(audio) -> dict:
+    return audio if isinstance(audio, dict) else audio.model_dump(exclude_unset=True)
+
+
+def reference_pcm16(model_dir, voice: str) -> tuple[str, np.ndarray]:
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tok.apply_chat_template(ASK, add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(model_dir),
+                                                                dtype=torch.float32)
+    answer, wav = composite_generate(model, list(ids), words=4, frames=FRAMES,
+                                     speaker=voice, seed=SEED)
+    pcm = (wav.clamp(-1, 1).numpy() * 32767).round().astype("<i2")
+    return tok.decode(answer), pcm
+
+
+def test_text_only_route_runs_the_thinker(server):
+    async def body():
+        async with server.client(timeout=60) as client:
+            reply = await client.chat.completions.create(model="omni25", messages=ASK,
+                                                         **GREEDY)
+            assert reply.choices[0].message.content and reply.choices[0].message.audio is None
+            assert reply.usage.completion_tokens == 4
+    run(body())
+
+
+def test_spoken_answer_equals_transformers_and_streams_the_same(server, model_dir):
+    text, ref = reference_pcm16(model_dir, "Ethan")
+
+    async def body():
+        async with server.client(timeout=90) as client:
+            reply = await client.chat.completions.create(**speak("pcm16"), **GREEDY)
+            audio = reply.choices[0].message.audio
+            whole = np.frombuffer(base64.b64decode(audio.data), dtype="<i2")
+            # not silence, so the comparisons below can fail
+            assert np.abs(whole.astype(np.int32)).max() > 1000 and len(np.unique(whole)) > 100
+            assert audio.transcript == text  # the answer, spoken (content is None, as OpenAI)
+            assert len(whole) == len(ref) == FRAMES * 480
+            # float32 audio quantized to pcm16 on both sides: at most one step apart
+            assert np.abs(whole.astype(np.int32) - ref.astype(np.int32)).max() <= 1
+            stream = await client.chat.completions.create(**speak("pcm16"), stream=True,
+                                                          **GREEDY)
+            fields = [audio_dict(c.choices[0].delta.audio) async for c in stream
+                      if c.choices and c.choices[0].delta.audio]
+            pieces = [base64.b64decode(a["data"]) for a in fields if "data" in a]
+            assert np.array_equal(np.frombuffer(b"".join(pieces), dtype="<i2"), whole)
+            other = await client.chat.completions.create(**speak("pcm16", "chelsie"), **GREEDY)
+            assert base64.b64decode(other.choices[0].message.audio.data) != whole.tobytes()
+    run(body())
+
+
+def _media_question() -> list[dict]:
+    """A spoken question (a 16-bit WAV at 22.05 kHz: resampled) about an image."""
+    import io
+    import wave
+
+    from PIL import Image
+
+    rate = 22050
+    pcm = (0.3 * np.sin(2 * np.pi * 330 * np.arange(rate) / rate) * 32767).astype("<i2")
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    png = io.BytesIO()
+    Image.fromarray((np.random.default_rng(1).random((56, 84, 3)) * 255).astype("uint8")
+                    ).save(png, "PNG")
+    return [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}},
+        {"type": "image_url", "image_url": {
+            "url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()}},
+        {"type": "text", "text": "What is it?"}]}]
+
+
+def test_a_spoken_question_about_an_image_gets_a_spoken_answer(server):
+    async def body():
+        async with server.client(timeout=90) as client:
+            reply = await client.chat.completions.create(
+                model="omni25", messages=_media_question(), modalities=["text", "audio"],
+                audio={"voice": "Chelsie", "format": "pcm16"}, **GREEDY)
+            audio = reply.choices[0].message.audio
+            # here the talker's first code is its stop code: an answer with no speech (the
+            # full edge then carries only its closing output), not an error
+            assert audio.transcript and base64.b64decode(audio.data) == b""
+            text_only = await client.chat.completions.create(
+                model="omni25", messages=[{"role": "user", "content": "What is it?"}], **GREEDY)
+            # the clip and the image became encoder frames and patches, not one token each
+            assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + 20
+    run(body())
+
+
+def test_unknown_voice_is_a_400_naming_the_voices(server):
+    async def body():
+        async with server.client(timeout=60) as client:
+            with pytest.raises(openai.BadRequestError) as e:
+                await client.chat.completions.create(**speak("pcm16", "nobody"), **GREEDY)
+            assert "Chelsie" in str(e.value) and "Ethan" in str(e.value)
+    run(body())

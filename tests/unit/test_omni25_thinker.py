@@ -1,0 +1,157 @@
+"""Qwen2.5-Omni's thinker through the AR engine (tiny random release-layout checkpoint):
+batched greedy answers to text, audio and image prompts equal transformers' own
+thinker.generate, and the exported rows are what its talker reads (the embedding and the
+last layer of every fed position)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from omni.engines.ar.engine import AREngine
+from omni.engines.base import EngineRequest
+from omni.fixtures.tiny_models import ensure_tiny_model
+
+torch.set_num_threads(1)
+PROMPTS = ["Hello world, this is", "Tell me a story about a robot who", "One"]
+GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def omni25_dir():
+    return ensure_tiny_model("qwen2_5_omni")
+
+
+@pytest.fixture(scope="module")
+def engine(omni25_dir):
+    return AREngine(str(omni25_dir), options={"export_hidden_layers": "auto"})
+
+
+@pytest.fixture(scope="module")
+def reference(omni25_dir):
+    """transformers' thinker, loaded its own way (the composite class, thinker only)."""
+    from transformers import AutoConfig, Qwen2_5OmniForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(str(omni25_dir))
+    config.enable_audio_output = False
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(
+        str(omni25_dir), config=config, dtype=torch.float32).thinker.eval()
+
+
+def _run(engine: AREngine, requests: dict[str, dict]) -> tuple[dict, dict]:
+    for rid, inputs in requests.items():
+        engine.add(EngineRequest(rid, inputs, dict(GREEDY)))
+    got: dict[str, list[int]] = {}
+    outs: dict[str, list[dict]] = {}
+    while engine.has_work():
+        for o in engine.step():
+            assert o.error is None, o.error
+            got.setdefault(o.request_id, []).extend(o.data["token_ids"])
+            outs.setdefault(o.request_id, []).append(o.data)
+    assert engine.stats()["kv_blocks_used"] == 0
+    return got, outs
+
+
+def _check(ref_model, ids: list[int], got: list[int], outs: list[dict], **media) -> None:
+    ref = ref_model.generate(input_ids=torch.tensor([ids]), max_new_tokens=6,
+                             do_sample=False, eos_token_id=None, output_hidden_states=True,
+                             return_dict_in_generate=True, **media)
+    assert got == ref.sequences[0, len(ids):].tolist()
+    # the rows the talker reads: layer 0 and the last layer, prompt then each decode step
+    exported = torch.cat([o["hidden_states"] for o in outs if "hidden_states" in o])
+    expect_embed = torch.cat([h[0][0] for h in ref.hidden_states])
+    expect_last = torch.cat([h[-1][0] for h in ref.hidden_states])
+    assert exported.shape[0] == len(ids) + 5  # the last token is never fed
+    torch.testing.assert_close(exported[:, 0], expect_embed, atol=1e-3, rtol=1e-3)
+    # float32 noise of a different attention kernel over a longer (media) prompt: 7e-4
+    torch.testing.assert_close(exported[:, 1], expect_last, atol=2e-3, rtol=1e-3)
+
+
+def test_text_batched_greedy_matches_transformers(engine, reference):
+    got, outs = _run(engine, {f"t{i}": {"prompt": p} for i, p in enumerate(PROMPTS)})
+    assert len({tuple(v) for v in got.values()}) == len(PROMPTS)  # the fixture varies
+    for i, p in enumerate(PROMPTS):
+        ids = engine.lm.tokenizer(p)["input_ids"]
+        _check(reference, ids, got[f"t{i}"], outs[f"t{i}"])
+
+
+def _clip(seconds: float, hz: float) -> np.ndarray:
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def test_audio_input_matches_transformers(engine, reference):
+    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1, 220.0)}
+    got, outs = _run(engine, {rid: {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"pcm_f32le": c.tobytes(), "sample_rate": 16000}},
+        {"type": "text", "text": "What is this?"}]}]} for rid, c in clips.items()})
+    assert got["a"] != got["b"]
+    audio_id = reference.config.audio_token_index
+    for rid, clip in clips.items():
+        ids = outs[rid][0]["prompt_token_ids"]
+        feats = engine.lm.media.fe([clip], sampling_rate=16000, return_attention_mask=True,
+                                   return_tensors="pt")
+        assert ids.count(audio_id) > 10  # one per encoded audio frame, not one per clip
+        _check(reference, ids, got[rid], outs[rid], input_features=feats["input_features"],
+               feature_attention_mask=feats["attention_mask"])
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_image_input_matches_transformers(engine, reference):
+    """Images: the model's 3-axis positions (get_rope_index) and the tower's features."""
+    from PIL import Image
+
+    images = {"one": [_png(56, 56, 1)], "two": [_png(84, 28, 2), _png(28, 56, 3)]}
+    got, outs = _run(engine, {rid: {"messages": [{"role": "user", "content": [
+        *({"type": "image", "image": {"data": f}} for f in files),
+        {"type": "text", "text": "What is this?"}]}]} for rid, files in images.items()})
+    for rid, files in images.items():
+        ids = outs[rid][0]["prompt_token_ids"]
+        pil = [Image.open(io.BytesIO(f)).convert("RGB") for f in files]
+        pixels = engine.lm.media.images(images=pil, return_tensors="pt")
+        assert ids.count(reference.config.image_token_index) == int(
+            pixels["image_grid_thw"].prod(-1).sum()) // 4  # merged 2x2 patches
+        assert "prompt_rope_positions" in outs[rid][0]
+        _check(reference, ids, got[rid], outs[rid], attention_mask=torch.ones(1, len(ids),
+                                                                           dtype=torch.long),
+               **pixels)
+
+
+def test_video_is_refused_clearly(engine):
+    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
+        {"type": "video", "video": {"frames": []}}]}]}, dict(GREEDY)))
+    errors = [o.error for o in engine.step() if o.error]
+    while engine.has_work():
+        errors += [o.error for o in engine.step() if o.error]
+    assert errors and "video" in str(errors[0])
+
+
+def test_the_processors_chat_template_is_used_where_the_tokenizer_has_none(omni25_dir,
+                                                                         tmp_path):
+    """Qwen's omni releases keep the template in chat_template.json, the processor's file."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from omni.models.qwen2_5_omni_thinker import processor_template
+
+    tok = AutoTokenizer.from_pretrained(str(omni25_dir))
+    template, tok.chat_template = tok.chat_template, None
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    processor_template(tmp_path, tok)
+    assert tok.chat_template == template
+    (tmp_path / "chat_template.json").write_text("{")
+    tok.chat_template = None
+    with pytest.raises(Exception, match="unreadable chat_template.json"):
+        processor_template(tmp_path, tok)
