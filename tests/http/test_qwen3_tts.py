@@ -147,6 +147,8 @@ def test_voices_are_the_releases_speakers(server):
     ({"voice": "vivian", "input": ""}, "input"),
     ({"voice": "vivian", "input": "   "}, "input"),
     ({"input": "Hi."}, "voice"),
+    # a CustomVoice release speaks its own voices (Base clones: test_qwen3_tts_clone.py)
+    ({"voice": "vivian", "input": "Hi.", "ref_audio": "UklGRg=="}, "ref_audio"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server, body, param):
     async def post():

@@ -25,7 +25,8 @@ each call's audio leaves at once and new input is taken between calls.
 Items mode (a runner with ``items = True``, e.g. TTS): the runner splits each input into
 opaque units (``split(value, params)``, e.g. sentences), each one output with no context;
 streamed text goes to ``split_stream(text, params, final) -> (units, held)`` when the
-runner has it (ended sentences out, the rest held). Each step makes one
+runner has it (ended sentences out, the rest held); inputs the runner names in
+``side_inputs`` (a voice-clone reference) join the request's params. Each step makes one
 ``run_items(units, params)`` call for the request whose client runs out of media first
 (deadline: its arrival until its first output, then that output's time + the seconds of
 media sent, from ``samples`` / ``sample_rate``), with other ready requests of the same
@@ -51,7 +52,14 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
+from omni.engines.base import (
+    ENGINE_FAULT,
+    INPUT_FAULT,
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+)
 from omni.engines.generation.memory import size_batch_frames, trim_cache
 from omni.engines.generation.request import GenRequest, Runner, media_seconds
 
@@ -118,8 +126,8 @@ class GenerationEngine(Engine):
                 raise ValueError(f"request id {rid!r} is already running")
             self._reqs[rid] = self._new_request(rid, request.inputs or {},
                                                 dict(request.params or {}))
-        except (ValueError, TypeError) as e:
-            self._fail(rid, f"bad input: {e}")
+        except (ValueError, TypeError) as e:  # the request's own input: a 400, not a 500
+            self._fail(rid, f"bad input: {e}", INPUT_FAULT)
 
     def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -240,6 +248,9 @@ class GenerationEngine(Engine):
     # -- internals --------------------------------------------------------------------
     def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> GenRequest:
         key = self.runner.input_key
+        for name in getattr(self.runner, "side_inputs", ()):  # e.g. a TTS reference clip
+            if name in inputs:
+                params[name] = inputs[name]
         req = GenRequest(rid, params=params)
         if key in inputs:
             self._take(req, inputs[key])
@@ -366,8 +377,8 @@ class GenerationEngine(Engine):
             req.trim(max(0, req.done - self.runner.left_context))
         return StepOutput(req.id, data=data, finished=finished)
 
-    def _fail(self, rid: str, msg: str) -> None:
+    def _fail(self, rid: str, msg: str, kind: str = ENGINE_FAULT) -> None:
         self._reqs.pop(rid, None)
         self._failed = [o for o in self._failed if o.request_id != rid]
-        self._failed.append(StepOutput(rid, finished=True, error=msg))
+        self._failed.append(StepOutput(rid, finished=True, error=msg, error_kind=kind))
 
