@@ -38,6 +38,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
+from omni.models.qwen3_tts_stream import SentenceStream, TalkerStream, capture_prefill
 from omni.models.speech import (
     check_speed,
     ended_sentences,
@@ -53,6 +54,8 @@ SAMPLING_OPTIONS = frozenset({
     "do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "subtalker_dosample",
     "subtalker_top_k", "subtalker_top_p", "subtalker_temperature", "max_new_tokens"})
 DEFAULT_MAX_CHARS = 400  # longest sentence (characters) sent to the talker in one row
+# audio within a sentence: the first chunk after 4 frames (320 ms of audio), then 12 each
+DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 12
 SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -92,7 +95,7 @@ class Qwen3TTSRunner:
     input_key = "text"
     side_inputs = ("ref_audio",)  # a Base release's reference clip (joins the params)
     OPTIONS = SAMPLING_OPTIONS | {"max_chars", "openai_voices", "language", "clone_cache_size",
-                                  "max_ref_seconds"}
+                                  "max_ref_seconds", "first_chunk_frames", "chunk_frames"}
 
     def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
         self.tts = tts
@@ -103,6 +106,13 @@ class Qwen3TTSRunner:
         self.language = str(opts.pop("language", "auto"))
         self.sampling = {k: v for k, v in opts.items() if k in SAMPLING_OPTIONS}
         self.max_ref_s = float(opts.pop("max_ref_seconds", MAX_REFERENCE_S))
+        self.stream_first_frames = int(opts.pop("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES))
+        self.stream_chunk_frames = int(opts.pop("chunk_frames", DEFAULT_CHUNK_FRAMES))
+        if self.stream_first_frames < 1 or self.stream_chunk_frames < 0:
+            raise EngineLoadError("qwen3_tts: first_chunk_frames must be >= 1 and chunk_frames "
+                                  ">= 0 (0: each sentence's audio whole, from qwen-tts's "
+                                  f"generate), got {self.stream_first_frames}, {self.stream_chunk_frames}")
+        self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
         capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
         self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
                        else None)
@@ -149,19 +159,42 @@ class Qwen3TTSRunner:
         # each row of qwen-tts's generate has its own speaker, language and instruct
         return "all"
 
+    def _generate(self, units: list[str], params: list[Mapping[str, Any]]) -> Any:
+        """qwen-tts's own generate call for these sentences, not yet run."""
+        languages = [self.language] * len(units)
+        if self.clones is not None:
+            prompts = [self.clones.prompt(p) for p in params]
+            return lambda: self.tts.generate_voice_clone(
+                list(units), language=languages, voice_clone_prompt=prompts, **self.sampling)
+        instructs = [str(p.get("instructions") or "") for p in params]
+        speakers = [self.voice(p) for p in params]
+        return lambda: self.tts.generate_custom_voice(
+            list(units), speaker=speakers, language=languages, instruct=instructs,
+            **self.sampling)
+
+    @torch.inference_mode()
+    def start_items(self, units: list[str], params: list[Mapping[str, Any]]) -> SentenceStream:
+        """The sentences as one streamed call (omni/models/qwen3_tts_stream.py)."""
+        prefill = capture_prefill(self.tts.model.talker, self._generate(units, params))
+        contexts = [self._reference_codes(p) for p in params]
+        talker = TalkerStream(self.tts.model, prefill,
+                              self.tts._merge_generate_kwargs(**self.sampling), contexts)
+        return SentenceStream(talker, self.tts.model.speech_tokenizer.model.decoder,
+                              self.stream_first_frames, self.stream_chunk_frames,
+                              [self._text_tokens(u) for u in units])
+
+    @torch.inference_mode()
+    def advance(self, job: SentenceStream) -> list[tuple[Any, bool]]:
+        return job.advance()
+
+    def _reference_codes(self, params: Mapping[str, Any]) -> torch.Tensor | None:
+        """An in-context clone's reference codes: decoded before its sentence's frames."""
+        return None if self.clones is None else self.clones.prompt(params).ref_code
+
     @torch.inference_mode()
     def run_items(self, units: list[str],
                   params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
-        languages = [self.language] * len(units)
-        if self.clones is not None:
-            wavs, _ = self.tts.generate_voice_clone(
-                list(units), language=languages,
-                voice_clone_prompt=[self.clones.prompt(p) for p in params], **self.sampling)
-        else:
-            instructs = [str(p.get("instructions") or "") for p in params]
-            wavs, _ = self.tts.generate_custom_voice(
-                list(units), speaker=[self.voice(p) for p in params], language=languages,
-                instruct=instructs, **self.sampling)
+        wavs, _ = self._generate(units, params)()
         out = []
         for unit, wav in zip(units, wavs, strict=True):
             audio = torch.as_tensor(wav, dtype=torch.float32).reshape(-1)

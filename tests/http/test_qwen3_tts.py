@@ -13,6 +13,7 @@ saying so; with OMNI_REQUIRE_QWEN3_TTS_ENV=1 (.ci/run, which builds it) it fails
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -159,3 +160,25 @@ def test_bad_requests_are_400s_naming_the_field(server, body, param):
     status, error = run(post())
     assert status == 400, error
     assert_error_object(error, param=param)
+
+
+def test_a_sentence_streams_in_chunks_before_it_ends(server, reference):
+    """One sentence, SSE: its audio comes in several deltas (the stage decodes frames as
+    the talker makes them: 4, then up to 12), which together are qwen-tts's audio."""
+    async def sse() -> list[bytes]:
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "qwen3-tts", "voice": "vivian", "input": TEXTS[0],
+                    "response_format": "pcm", "stream_format": "sse"}) as resp:
+                assert resp.status == 200
+                events = [json.loads(line[6:]) async for line in resp.content
+                          if line.startswith(b"data: ")]
+        assert events[-1]["type"] == "speech.audio.done"
+        return [base64.b64decode(e["audio"]) for e in events[:-1]]
+    deltas = run(sse())
+    assert len(deltas) >= 2, "the sentence's audio came whole"
+    assert len(deltas[0]) == 4 * 1920 * 2  # the first chunk: 4 frames of pcm16
+    served = np.frombuffer(b"".join(deltas), dtype=np.int16).astype(np.int32)
+    expected = pcm16(reference[0]).astype(np.int32)
+    assert served.shape == expected.shape
+    assert np.abs(served - expected).max() <= 2
