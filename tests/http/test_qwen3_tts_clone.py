@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import wave
+from typing import Any
 
 import numpy as np
 import openai
@@ -77,6 +78,28 @@ item = clones.prompt({"ref_audio": {"pcm_f32le": clips[0][0].tobytes(), "sample_
 same = bool(torch.equal(own.ref_code, item.ref_code)
             and torch.equal(own.ref_spk_embedding, item.ref_spk_embedding))
 open(f"{out}/cache.json", "w").write(json.dumps({"built": built, "same": same}))
+# the stage's runner: its streamed call (many small chunks) against its whole sentences
+# (qwen-tts's generate), greedy and sampled with the same seed
+from omni.models.qwen3_tts import Qwen3TTSRunner
+texts = [text, "Hi.", text + " And then some more words to say."]
+params = [{"ref_audio": {"pcm_f32le": clips[i][0].tobytes(), "sample_rate": 24000},
+           "ref_text": t} for i, t in ((0, "a"), (2, "a"), (3, None))]
+for mode, sampled in (("greedy", False), ("sampled", True)):
+    runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": sampled, "subtalker_dosample": sampled,
+                                         "max_new_tokens": 3 * frames, "first_chunk_frames": 2,
+                                         "chunk_frames": 3})
+    torch.manual_seed(7)
+    whole = [audio.numpy() for audio, _ in runner.run_items(texts, params)]
+    torch.manual_seed(7)
+    job, pieces = runner.start_items(texts, params), [[] for _ in texts]
+    while not job.done:
+        for i, (piece, _) in enumerate(runner.advance(job)):
+            if piece is not None:
+                pieces[i].append(piece[0].numpy())
+    for i in range(len(texts)):
+        np.save(f"{out}/{mode}-whole{i}.npy", whole[i])
+        np.save(f"{out}/{mode}-streamed{i}.npy", np.concatenate(pieces[i]))
+        json.dump([len(p) for p in pieces[i]], open(f"{out}/{mode}-chunks{i}.json", "w"))
 """
 
 
@@ -109,8 +132,9 @@ def release():
 
 
 @pytest.fixture(scope="module")
-def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict]:
-    """qwen-tts's own generate_voice_clone for each of JOBS, and the cache's record."""
+def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict, Any]:
+    """qwen-tts's own generate_voice_clone for each of JOBS, the cache's record, and the
+    directory with the runner's streamed and whole sentences."""
     out = tmp_path_factory.mktemp("clone-reference")
     (out / "refs.json").write_text(json.dumps([data_url(w) for w in REFS]))
     for i, wav in enumerate(REFS):  # the samples as the server decodes them (pcm16 / 32768)
@@ -121,7 +145,7 @@ def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict]:
                     json.dumps(JOBS)], check=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root})
     cache = json.loads((out / "cache.json").read_text())
-    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))], cache
+    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))], cache, out
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +168,7 @@ async def _clone(client: openai.AsyncOpenAI, ref: int, ref_text: str | None) -> 
 
 
 def test_the_fixture_clones_distinct_voices(reference):
-    audio, _ = reference
+    audio = reference[0]
     for a in audio:
         assert np.abs(pcm16(a)).max() > 1000  # not silence as pcm16
     # the clip and the transcript (in-context vs embedding only) change the audio
@@ -153,14 +177,29 @@ def test_the_fixture_clones_distinct_voices(reference):
 
 
 def test_the_prompt_cache_builds_once_per_reference(reference):
-    _, cache = reference
+    cache = reference[1]
     # A, A (hit), B, A without text (a distinct reference; A out), B (hit), A (rebuilt)
     assert cache["built"] == [1, 1, 2, 3, 3, 4]
     assert cache["same"]  # a cached prompt is create_voice_clone_prompt's own
 
 
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_streamed_sentences_equal_whole_ones(reference, mode):
+    """The runner's own decode loop (audio in chunks of 2, then 3 frames) against qwen-tts's
+    generate_voice_clone for the same sentences and seed: in-context and embedding-only
+    rows, one batch, rows ending at different steps."""
+    out = reference[2]
+    for i in range(3):
+        whole, streamed = (np.load(out / f"{mode}-{kind}{i}.npy") for kind in ("whole", "streamed"))
+        chunks = json.loads((out / f"{mode}-chunks{i}.json").read_text())
+        assert np.abs(pcm16(whole)).max() > 1000
+        assert len(chunks) >= 2 or whole.size <= 2 * 1920  # streamed, unless 2 frames long
+        assert streamed.shape == whole.shape
+        assert np.abs(streamed - whole).max() < 1e-4
+
+
 def test_served_clone_equals_qwen_tts_generate_voice_clone(server, reference):
-    expected_audio, _ = reference
+    expected_audio = reference[0]
 
     async def speak_all():
         async with server.client(timeout=120.0) as client:
