@@ -26,7 +26,10 @@ burst); throughput is audio seconds received / wall time of the bursts; first au
 counts from the burst's start. Lengths are fixed by the stage's max_new_tokens (codec
 frames per sentence, 12.5 a second) and one sentence per request; with random weights the
 talker rarely picks end-of-speech, so each request's audio is max_new_tokens frames (the
-report states the frames actually received). Greedy decoding unless --sample.
+report states the frames actually received). Greedy decoding unless --sample. Audio streams
+within each sentence (--chunk-frames, the stage's chunk_frames: first 4 frames, then N);
+--chunk-frames 0 sends each sentence whole from qwen-tts's own generate (TTFP = the
+sentence's synthesis).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
@@ -43,7 +46,7 @@ stages:
     env: qwen3-tts
     final_output: audio
     options: {{max_new_tokens: {frames}, do_sample: {sample}, subtalker_dosample: {sample},
-               max_batch_size: {batch}, openai_voices: true}}
+               max_batch_size: {batch}, openai_voices: true, chunk_frames: {chunk}}}
 """
 
 
@@ -56,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=100,
                         help="max_new_tokens: codec frames per request (100 = 8 s)")
     parser.add_argument("--sample", action="store_true", help="sample (the release default)")
+    parser.add_argument("--chunk-frames", type=int, default=12,
+                        help="frames per streamed chunk within a sentence (0: sentences whole)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="cpu")
 
@@ -128,7 +133,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-qwen3-tts-"))
     yaml_path = work / "qwen3-tts.yaml"
     yaml_path.write_text(PIPELINE.format(model_dir=model_dir, frames=args.frames,
-                                         sample=str(args.sample).lower(), batch=max(levels)))
+                                         sample=str(args.sample).lower(), batch=max(levels),
+                                         chunk=args.chunk_frames))
     proc, port = _start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
     try:
         asyncio.run(_burst(port, 1))  # warm-up
@@ -142,6 +148,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         proc.terminate()
         proc.wait(timeout=60)
     report = {"model": model_dir, "frames": args.frames, "sample": args.sample,
+              "chunk_frames": args.chunk_frames,
               "text": TEXT, "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
     (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")

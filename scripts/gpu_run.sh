@@ -139,6 +139,11 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 400 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8,64 \
       --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
     grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
+    # the same with each sentence sent whole (no streaming within it): TTFP and audio-s/s
+    timeout 200 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8 \
+      --bursts 3,1 --frames 100 --chunk-frames 0 --out "$OUT" --tag h200-whole \
+      > "$OUT/bench-qwen3-tts-whole.log" 2>&1
+    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts-whole.log"
     say "qwen3tts done"
     ;;
   flux|flux2)
