@@ -27,7 +27,7 @@ counts from the burst's start. Lengths are fixed by the stage's max_new_tokens (
 frames per sentence, 12.5 a second) and one sentence per request; with random weights the
 talker rarely picks end-of-speech, so each request's audio is max_new_tokens frames (the
 report states the frames actually received). Greedy decoding unless --sample. Audio streams
-within each sentence (--chunk-frames, the stage's chunk_frames: first 4 frames, then N);
+within each sentence (--chunk-frames, the stage's chunk_frames: 4 frames, then twice as many up to N);
 --chunk-frames 0 sends each sentence whole from qwen-tts's own generate (TTFP = the
 sentence's synthesis).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=100,
                         help="max_new_tokens: codec frames per request (100 = 8 s)")
     parser.add_argument("--sample", action="store_true", help="sample (the release default)")
-    parser.add_argument("--chunk-frames", type=int, default=12,
-                        help="frames per streamed chunk within a sentence (0: sentences whole)")
+    parser.add_argument("--chunk-frames", type=int, default=25,
+                        help="the longest streamed chunk within a sentence (0: sentences whole)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="cpu")
 

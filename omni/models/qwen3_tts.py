@@ -54,8 +54,9 @@ SAMPLING_OPTIONS = frozenset({
     "do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "subtalker_dosample",
     "subtalker_top_k", "subtalker_top_p", "subtalker_temperature", "max_new_tokens"})
 DEFAULT_MAX_CHARS = 400  # longest sentence (characters) sent to the talker in one row
-# audio within a sentence: the first chunk after 4 frames (320 ms of audio), then 12 each
-DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 12
+# audio within a sentence: the first chunk after 4 frames (320 ms of audio), then chunks
+# twice as long up to 25 frames (2 s; as long as the left context decoded with each)
+DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 25
 SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -17,8 +17,9 @@ chunks as they come:
   codes equal qwen-tts's: every forward and every draw happen in the same order;
 - a frame is complete one step after its first code (its residual codes come with the
   next forward); a row ends at end-of-speech or ``max_new_tokens``, as qwen-tts cuts it;
-- frames are decoded by the codec's decoder in chunks with ``left_context`` earlier
-  frames (25, as qwen-tts's own ``chunked_decode``), their samples dropped: the decoder is
+- frames are decoded by the codec's decoder in chunks with ``LEFT_CONTEXT`` earlier
+  frames (25, as qwen-tts's own ``chunked_decode``), their samples dropped, rows of one
+  shape in one decoder call: the decoder is
   causal, so a chunk's audio equals that part of a whole decode where its reach back is
   within the context. A voice-clone row in in-context mode starts with its reference's
   codes as context, as qwen-tts decodes reference + new codes and cuts the reference.
@@ -89,6 +90,7 @@ class Row:
     frames: list[torch.Tensor] = field(default_factory=list)  # (groups,) codes each
     context: torch.Tensor | None = None  # (T, groups) reference codes decoded before it
     decoded: int = 0  # frames already sent as audio
+    chunks: int = 0  # chunks already sent
     ended: bool = False  # end of speech (or max_new_tokens) reached
 
 
@@ -153,18 +155,32 @@ class TalkerStream:
             row.ended = row.ended or bool(token[i] == self.eos) or last
 
 
-def decode_chunk(decoder: Any, row: Row, upto: int) -> torch.Tensor:
-    """Audio of frames [row.decoded, upto) of ``row``, decoded with left context."""
-    new = torch.stack(row.frames[row.decoded:upto])  # (n, groups)
+def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
+    """The codes that decode ``row``'s new frames: (T, groups), and how many of them are
+    left context (their audio dropped); the new frames count as decoded."""
+    new = torch.stack(row.frames[row.decoded:])  # (n, groups)
     history = torch.stack(row.frames[max(0, row.decoded - LEFT_CONTEXT):row.decoded]) \
         if row.decoded else new[:0]
     if row.context is not None and len(history) < LEFT_CONTEXT:  # reference codes first
         ref = row.context[max(0, len(row.context) - (LEFT_CONTEXT - len(history))):]
         history = torch.cat([ref.to(new.device), history])
-    codes = torch.cat([history, new]).clamp(min=0).T.unsqueeze(0)  # (1, groups, T)
-    wav = decoder(codes).reshape(-1)
-    row.decoded = upto
-    return wav[len(history) * decoder.total_upsample:]
+    row.decoded = len(row.frames)
+    return torch.cat([history, new]).clamp(min=0), len(history)
+
+
+def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """Each chunk's new audio; chunks of one shape share a decoder call (the decoder is
+    causal and per row: a batch row's audio is its own)."""
+    out: list[torch.Tensor | None] = [None] * len(chunks)
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for i, (codes, context) in enumerate(chunks):
+        shapes.setdefault((len(codes), context), []).append(i)
+    for (_, context), rows in shapes.items():
+        codes = torch.stack([chunks[i][0] for i in rows]).transpose(1, 2)  # (B, groups, T)
+        wavs = decoder(codes).reshape(len(rows), -1)
+        for i, wav in zip(rows, wavs, strict=True):
+            out[i] = wav[context * decoder.total_upsample:]
+    return out
 
 
 class SentenceStream:
@@ -188,21 +204,25 @@ class SentenceStream:
         return len(row.frames) - row.decoded
 
     def _due(self, i: int) -> bool:
+        """A row's next chunk is due at first_frames, then twice that, ... up to
+        chunk_frames: a short first wait, then chunks long enough that the left context
+        decoded again with each (LEFT_CONTEXT frames) costs little."""
         row = self.talker.rows[i]
-        want = self.first_frames if row.decoded == 0 else self.chunk_frames
+        want = min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
         return not self.closed[i] and (row.ended or self._pending(row) >= want)
 
     def advance(self) -> list[tuple[tuple[torch.Tensor, int] | None, bool]]:
         while not any(self._due(i) for i in range(len(self.closed))):
             self.talker.step()
-        out: list[tuple[tuple[torch.Tensor, int] | None, bool]] = []
-        for i, row in enumerate(self.talker.rows):
-            if not self._due(i):
-                out.append((None, False))
-                continue
-            audio = (decode_chunk(self.decoder, row, len(row.frames)) if self._pending(row)
-                     else torch.zeros(0))
+        rows = self.talker.rows
+        due = [i for i in range(len(rows)) if self._due(i)]
+        with_frames = [i for i in due if self._pending(rows[i])]
+        audio = dict(zip(with_frames, decode_chunks(
+            self.decoder, [chunk_codes(rows[i]) for i in with_frames]), strict=True))
+        out: list[tuple[tuple[torch.Tensor, int] | None, bool]] = [(None, False)] * len(rows)
+        for i in due:
+            rows[i].chunks += 1
             tokens, self.tokens_left[i] = self.tokens_left[i], 0
-            self.closed[i] = row.ended
-            out.append(((audio.float().reshape(-1), tokens), row.ended))
+            self.closed[i] = rows[i].ended
+            out[i] = ((audio.get(i, torch.zeros(0)).float().reshape(-1), tokens), rows[i].ended)
         return out

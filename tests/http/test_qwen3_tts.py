@@ -164,7 +164,7 @@ def test_bad_requests_are_400s_naming_the_field(server, body, param):
 
 def test_a_sentence_streams_in_chunks_before_it_ends(server, reference):
     """One sentence, SSE: its audio comes in several deltas (the stage decodes frames as
-    the talker makes them: 4, then up to 12), which together are qwen-tts's audio."""
+    the talker makes them: 4, then 8), which together are qwen-tts's audio."""
     async def sse() -> list[bytes]:
         async with server.session() as session:
             async with session.post("/v1/audio/speech", json={

@@ -86,7 +86,7 @@ params = [{"ref_audio": {"pcm_f32le": clips[i][0].tobytes(), "sample_rate": 2400
            "ref_text": t} for i, t in ((0, "a"), (2, "a"), (3, None))]
 for mode, sampled in (("greedy", False), ("sampled", True)):
     runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": sampled, "subtalker_dosample": sampled,
-                                         "max_new_tokens": 3 * frames, "first_chunk_frames": 2,
+                                         "max_new_tokens": 2 * frames, "first_chunk_frames": 2,
                                          "chunk_frames": 3})
     torch.manual_seed(7)
     whole = [audio.numpy() for audio, _ in runner.run_items(texts, params)]
