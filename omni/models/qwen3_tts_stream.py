@@ -149,10 +149,11 @@ class TalkerStream:
         self.tokens = torch.cat([self.tokens, token[:, None]], dim=-1)
         self.unfinished = self.unfinished & (token != self.eos).long()
         last = self.tokens.shape[1] >= self.max_new
-        for i, row in enumerate(self.rows):
+        hit = (token == self.eos).tolist()  # one device sync a step, not one a row
+        for row, eos in zip(self.rows, hit, strict=True):
             # a row's frames end before its end-of-speech token; at max_new_tokens the
             # last token's frame is never completed (qwen-tts keeps the complete ones)
-            row.ended = row.ended or bool(token[i] == self.eos) or last
+            row.ended = row.ended or eos or last
 
 
 def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
@@ -224,5 +225,6 @@ class SentenceStream:
             rows[i].chunks += 1
             tokens, self.tokens_left[i] = self.tokens_left[i], 0
             self.closed[i] = rows[i].ended
-            out[i] = ((audio.get(i, torch.zeros(0)).float().reshape(-1), tokens), rows[i].ended)
+            wav = audio.get(i, torch.zeros(0)).float().reshape(-1).cpu()  # as qwen-tts's numpy
+            out[i] = ((wav, tokens), rows[i].ended)
         return out
