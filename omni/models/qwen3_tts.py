@@ -180,9 +180,12 @@ class Qwen3TTSRunner:
         contexts = [self._reference_codes(p) for p in params]
         talker = TalkerStream(self.tts.model, prefill,
                               self.tts._merge_generate_kwargs(**self.sampling), contexts)
-        return SentenceStream(talker, self.tts.model.speech_tokenizer.model.decoder,
+        return SentenceStream(talker, self._decoder(),
                               self.stream_first_frames, self.stream_chunk_frames,
                               [self._text_tokens(u) for u in units])
+
+    def _decoder(self) -> Any:
+        return self.tts.model.speech_tokenizer.model.decoder
 
     @torch.inference_mode()
     def advance(self, job: SentenceStream) -> list[tuple[Any, bool]]:
@@ -225,6 +228,37 @@ class Qwen3TTSRunner:
             return {}
         return {"voice_clone": {"sample_rate": self.reference_rate, "min_seconds": MIN_REFERENCE_S,
                                 "max_seconds": self.max_ref_s, "cached": self.clones.capacity}}
+
+
+class Qwen3TTSTalkerRunner(Qwen3TTSRunner):
+    """The split layout's talker stage: sentences in, codec codes out, streamed in
+    chunks ({"codes": (groups, n) int64}) to a code2wav stage (qwen3_tts_codec.py) that
+    decodes them with left context. CustomVoice only: an in-context clone's audio starts
+    after its reference's codes, which the code2wav stage does not have."""
+
+    def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
+        super().__init__(tts, device, options)
+        if not self.streams_units:
+            raise EngineLoadError("qwen3_tts_talker: chunk_frames must be >= 1 (it streams "
+                                  "codes to the code2wav stage)")
+        if self.clones is not None:
+            raise EngineLoadError("qwen3_tts_talker: the split layout serves CustomVoice "
+                                  "releases; serve a Base release with model qwen3_tts")
+
+    def _decoder(self) -> None:
+        return None  # chunks are codes
+
+    def pack(self, result: Any) -> dict[str, Any]:
+        codes, n_tokens = result
+        return {"codes": codes, "input_tokens": int(n_tokens)}
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "model": "qwen3_tts_talker", "audio_format": None}
+
+
+def build_qwen3_tts_talker_runner(*, model_dir: str, device: str, dtype: str,
+                                  options: Mapping[str, Any]) -> Qwen3TTSTalkerRunner:
+    return Qwen3TTSTalkerRunner(load_qwen3_tts(model_dir, device, dtype), device, options)
 
 
 def build_qwen3_tts_runner(*, model_dir: str, device: str, dtype: str,

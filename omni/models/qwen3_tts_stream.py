@@ -102,6 +102,7 @@ class TalkerStream:
         cfg = model.config.talker_config
         self.talker = model.talker
         self.eos = int(cfg.codec_eos_token_id)
+        self.groups = int(cfg.num_code_groups)
         self.do_sample = bool(gen["do_sample"])
         self.max_new = int(gen["max_new_tokens"])
         self.processors = logits_processors(gen, self.eos, int(cfg.vocab_size))
@@ -187,7 +188,10 @@ def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]]) -> list[
 class SentenceStream:
     """The sentences of one streamed call: talker steps until some row has a chunk due,
     then each row's audio so far. ``advance`` gives per row ``(audio, tokens)`` or None
-    (nothing yet) and whether the row's sentence is complete with it."""
+    (nothing yet) and whether the row's sentence is complete with it. Without a decoder
+    (the split layout's talker stage) a chunk is its frames' codes, (groups, n), instead,
+    one frame held back until the row ends: a sentence's last chunk is never empty, as a
+    stream edge's chunks must not be."""
 
     def __init__(self, talker: TalkerStream, decoder: Any, first_frames: int,
                  chunk_frames: int, text_tokens: list[int]) -> None:
@@ -204,19 +208,25 @@ class SentenceStream:
     def _pending(self, row: Row) -> int:
         return len(row.frames) - row.decoded
 
+    def _ready(self, row: Row) -> int:
+        """Frames a chunk may take now (codes mode keeps one back until the end)."""
+        return self._pending(row) - (self.decoder is None and not row.ended)
+
     def _due(self, i: int) -> bool:
         """A row's next chunk is due at first_frames, then twice that, ... up to
         chunk_frames: a short first wait, then chunks long enough that the left context
         decoded again with each (LEFT_CONTEXT frames) costs little."""
         row = self.talker.rows[i]
         want = min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
-        return not self.closed[i] and (row.ended or self._pending(row) >= want)
+        return not self.closed[i] and (row.ended or self._ready(row) >= want)
 
     def advance(self) -> list[tuple[tuple[torch.Tensor, int] | None, bool]]:
         while not any(self._due(i) for i in range(len(self.closed))):
             self.talker.step()
         rows = self.talker.rows
         due = [i for i in range(len(rows)) if self._due(i)]
+        if self.decoder is None:
+            return self._codes(due)
         with_frames = [i for i in due if self._pending(rows[i])]
         audio = dict(zip(with_frames, decode_chunks(
             self.decoder, [chunk_codes(rows[i]) for i in with_frames]), strict=True))
@@ -227,4 +237,18 @@ class SentenceStream:
             self.closed[i] = rows[i].ended
             wav = audio.get(i, torch.zeros(0)).float().reshape(-1).cpu()  # as qwen-tts's numpy
             out[i] = ((wav, tokens), rows[i].ended)
+        return out
+
+    def _codes(self, due: list[int]) -> list[tuple[tuple[torch.Tensor, int] | None, bool]]:
+        out: list[tuple[tuple[torch.Tensor, int] | None, bool]] = [(None, False)] * len(self.closed)
+        for i in due:
+            row = self.talker.rows[i]
+            upto = row.decoded + self._ready(row)
+            frames = row.frames[row.decoded:upto]
+            codes = (torch.stack(frames).T.cpu() if frames  # (groups, n)
+                     else torch.zeros(self.talker.groups, 0, dtype=torch.long))
+            row.decoded, row.chunks = upto, row.chunks + 1
+            tokens, self.tokens_left[i] = self.tokens_left[i], 0
+            self.closed[i] = row.ended
+            out[i] = ((codes, tokens), row.ended)
         return out

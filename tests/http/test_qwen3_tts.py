@@ -44,6 +44,28 @@ stages:
     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
                openai_voices: true}}
 """
+# the split layout: the talker stage streams codes to a code2wav stage over a stream edge
+SPLIT = """\
+name: qwen3-tts-split
+default_modalities: [audio]
+stages:
+  - name: talker
+    engine: generation
+    model: qwen3_tts_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               openai_voices: true}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
+"""
 REFERENCE = """\
 import json, sys
 import numpy as np, torch
@@ -78,7 +100,8 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
-    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES)},
+    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES),
+                         "qwen3-tts-split": SPLIT.format(model_dir=release, frames=FRAMES)},
                         start_timeout_s=300.0)
 
 
@@ -86,8 +109,9 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
     return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
 
 
-async def _speak(client: openai.AsyncOpenAI, text: str, voice: str) -> np.ndarray:
-    audio = await client.audio.speech.create(model="qwen3-tts", voice=voice, input=text,
+async def _speak(client: openai.AsyncOpenAI, text: str, voice: str,
+                 model: str = "qwen3-tts") -> np.ndarray:
+    audio = await client.audio.speech.create(model=model, voice=voice, input=text,
                                              response_format="pcm")
     return np.frombuffer(audio.content, dtype=np.int16)
 
@@ -182,3 +206,30 @@ def test_a_sentence_streams_in_chunks_before_it_ends(server, reference):
     expected = pcm16(reference[0]).astype(np.int32)
     assert served.shape == expected.shape
     assert np.abs(served - expected).max() <= 2
+
+
+def test_the_split_layout_speaks_as_qwen_tts(server, reference):
+    """talker stage -> codes over the connector -> code2wav stage (chunks of 4, then 8
+    frames, 25 of left context): each sentence equals qwen-tts's generate_custom_voice."""
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_speak(client, t, v, "qwen3-tts-split")
+                                          for t, v in JOBS))
+    for served, expected in zip(run(speak_all()), reference, strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"split-layout audio differs from qwen-tts's by {diff} LSB"
+
+
+def test_the_split_layout_joins_sentences(server, reference):
+    """Two sentences: the code2wav stage decodes one stream of codes, so the second
+    sentence's first frames have the first one's last frames as left context (the fused
+    layout decodes each alone): lengths add up, the first sentence is qwen-tts's."""
+    async def speak():
+        async with server.client(timeout=120.0) as client:
+            return await _speak(client, f"{TEXTS[0]} {TEXTS[1]}", "vivian", "qwen3-tts-split")
+    served = run(speak()).astype(np.int32)
+    first, second = pcm16(reference[0]), pcm16(reference[1])
+    assert served.size == first.size + second.size
+    assert np.abs(served[:first.size] - first).max() <= 2
