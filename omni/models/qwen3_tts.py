@@ -89,6 +89,17 @@ def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -
     return tts
 
 
+def _chunking(opts: Mapping[str, Any]) -> tuple[int, int]:
+    """(first_chunk_frames, chunk_frames) of a stage's options, checked."""
+    first = int(opts.get("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES))
+    most = int(opts.get("chunk_frames", DEFAULT_CHUNK_FRAMES))
+    if first < 1 or most < 0:
+        raise EngineLoadError("qwen3_tts: first_chunk_frames must be >= 1 and chunk_frames >= 0 "
+                              "(0: each sentence's audio whole, from qwen-tts's generate), got "
+                              f"{first} and {most}")
+    return first, most
+
+
 class Qwen3TTSRunner:
     """Generation-engine runner (items mode): input ``text``, one output per sentence."""
 
@@ -107,12 +118,7 @@ class Qwen3TTSRunner:
         self.language = str(opts.pop("language", "auto"))
         self.sampling = {k: v for k, v in opts.items() if k in SAMPLING_OPTIONS}
         self.max_ref_s = float(opts.pop("max_ref_seconds", MAX_REFERENCE_S))
-        self.stream_first_frames = int(opts.pop("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES))
-        self.stream_chunk_frames = int(opts.pop("chunk_frames", DEFAULT_CHUNK_FRAMES))
-        if self.stream_first_frames < 1 or self.stream_chunk_frames < 0:
-            raise EngineLoadError("qwen3_tts: first_chunk_frames must be >= 1 and chunk_frames "
-                                  ">= 0 (0: each sentence's audio whole, from qwen-tts's "
-                                  f"generate), got {self.stream_first_frames}, {self.stream_chunk_frames}")
+        self.stream_first_frames, self.stream_chunk_frames = _chunking(opts)
         self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
         capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
         self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
@@ -178,8 +184,10 @@ class Qwen3TTSRunner:
         """The sentences as one streamed call (omni/models/qwen3_tts_stream.py)."""
         prefill = capture_prefill(self.tts.model.talker, self._generate(units, params))
         contexts = [self._reference_codes(p) for p in params]
-        talker = TalkerStream(self.tts.model, prefill,
-                              self.tts._merge_generate_kwargs(**self.sampling), contexts)
+        # the sampling arguments qwen-tts's generate_* pass on (the stage's options over
+        # generation_config.json over its defaults), from its own helper
+        sampling = self.tts._merge_generate_kwargs(**self.sampling)
+        talker = TalkerStream(self.tts.model, prefill, sampling, contexts)
         return SentenceStream(talker, self._decoder(),
                               self.stream_first_frames, self.stream_chunk_frames,
                               [self._text_tokens(u) for u in units])

@@ -233,3 +233,21 @@ def test_the_split_layout_joins_sentences(server, reference):
     first, second = pcm16(reference[0]), pcm16(reference[1])
     assert served.size == first.size + second.size
     assert np.abs(served[:first.size] - first).max() <= 2
+
+
+def test_a_client_leaving_mid_sentence_leaves_the_stage_serving(server, reference):
+    """The client drops the stream after the first chunk of a sentence: its request is
+    aborted in the running streamed call, and the next request is served as before."""
+    async def leave_then_speak() -> np.ndarray:
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "qwen3-tts", "voice": "vivian", "input": TEXTS[1],
+                    "response_format": "pcm", "stream_format": "audio"}) as resp:
+                assert resp.status == 200
+                await resp.content.readexactly(1920 * 2)  # part of the first chunk
+        async with server.client(timeout=120.0) as client:
+            return await _speak(client, TEXTS[0], "vivian")
+    served = run(leave_then_speak()).astype(np.int32)
+    expected = pcm16(reference[0]).astype(np.int32)
+    assert served.shape == expected.shape
+    assert np.abs(served - expected).max() <= 2

@@ -229,6 +229,9 @@ class GenerationEngine(Engine):
 
     def _advance(self) -> list[StepOutput]:
         job = self._job
+        if not any(req.id in self._reqs for req in job.group):  # all aborted: stop it
+            self._job = None
+            return []
         try:
             rows = job.advance(self.runner)
         except Exception as e:

@@ -5,7 +5,8 @@ sentences decode step by step) starts a call with ``start_items(units, params) -
 and each later engine step makes one ``advance(job)`` call, which gives per row its media
 so far (or None: nothing yet) and whether its unit is complete with it. Partial outputs
 (frames 0) go out as they come; new requests wait for the call's end (``job.done``); an
-aborted request's row runs on, unseen, until the call ends.
+aborted request's row runs on, unseen, until the call ends, and a call whose requests are
+all aborted is dropped.
 """
 
 from __future__ import annotations
