@@ -228,17 +228,13 @@ class GenerationEngine(Engine):
         return self._advance()
 
     def _advance(self) -> list[StepOutput]:
-        job = self._job
-        if not any(req.id in self._reqs for req in job.group):  # all aborted: stop it
-            self._job = None
-            return []
+        job, self._job = self._job, None
         try:
-            rows = job.advance(self.runner)
+            rows = job.advance(self.runner, self._reqs)
         except Exception as e:
-            self._job = None
             return self._fail_group(job.group, e)
         self._job = None if job.done else job
-        return [self._output(req, result, n) for req, result, n in rows if req.id in self._reqs]
+        return [self._output(req, result, n) for req, result, n in rows]
 
     def _count_call(self, rows: int) -> None:
         self.calls += 1

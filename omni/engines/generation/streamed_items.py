@@ -11,6 +11,7 @@ all aborted is dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from omni.engines.generation.request import GenRequest
@@ -24,15 +25,21 @@ class StreamedItems:
         units = [req.units[req.done] for req in group]
         self.job = runner.start_items(units, [req.params for req in group])
 
+        self.dropped = False
+
     @property
     def done(self) -> bool:
-        return bool(getattr(self.job, "done", True))
+        return self.dropped or bool(getattr(self.job, "done", True))
 
-    def advance(self, runner: Any) -> list[tuple[GenRequest, Any, int]]:
-        """(request, output, units completed: 0 or 1) of each row with something new."""
+    def advance(self, runner: Any, alive: Mapping[str, Any]) -> list[tuple[GenRequest, Any, int]]:
+        """(request, output, units completed: 0 or 1) of each live row with something
+        new; nothing, and done, once no request of the call is ``alive``."""
+        if not any(req.id in alive for req in self.group):
+            self.dropped = True
+            return []
         out = []
         for req, (result, complete) in zip(self.group, runner.advance(self.job), strict=True):
-            if result is not None or complete:
+            if req.id in alive and (result is not None or complete):
                 if complete:
                     req.units[req.done] = None  # its output is about to go out: free it
                 out.append((req, result, 1 if complete else 0))
