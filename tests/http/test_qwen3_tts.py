@@ -156,10 +156,12 @@ def test_streamed_speech_is_the_same_audio(server, reference):
     assert np.abs(served - expected).max() <= 2
 
 
-def test_voices_are_the_releases_speakers(server):
+@pytest.mark.parametrize("model", ["qwen3-tts", "qwen3-tts-split"])
+def test_voices_are_the_releases_speakers(server, model):
+    # split layout: the code2wav stage gives the audio, the talker stage the voices
     async def voices():
         async with server.session() as session:
-            async with session.get("/v1/audio/voices", params={"model": "qwen3-tts"}) as r:
+            async with session.get("/v1/audio/voices", params={"model": model}) as r:
                 return r.status, await r.json()
     status, body = run(voices())
     assert status == 200
