@@ -32,9 +32,10 @@ runner has it (ended sentences out, the rest held); inputs the runner names in
 media sent, from ``samples`` / ``sample_rate``), with other ready requests of the same
 ``group_key(params)`` in deadline order up to max_batch_size (alone when the runner says
 ``batches_units = False``); a runner with ``streams_units`` starts such a call and
-advances it over the next steps instead (partial outputs, streamed_items.py). Short steps let new requests join and outputs leave between
-units; a new request's first unit goes first unless a started one is within two calls of
-running dry: over capacity, clients queue for their first audio instead of all stuttering.
+advances it over the next steps instead (partial outputs, streamed_items.py). Short steps
+let new requests join and outputs leave between units; a new request's first unit goes
+first unless a started one is within two calls of running dry: over capacity, clients
+queue for their first audio instead of all stuttering.
 
 Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
 + "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
@@ -46,7 +47,6 @@ per-request state).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -64,8 +64,6 @@ from omni.engines.base import (
 from omni.engines.generation.memory import longest_row, stage_batch_frames, trim_cache
 from omni.engines.generation.request import GenRequest, Runner, media_seconds
 from omni.engines.generation.streamed_items import StreamedItems
-
-log = logging.getLogger(__name__)
 
 
 class GenerationEngine(Engine):
