@@ -26,7 +26,11 @@ burst); throughput is audio seconds received / wall time of the bursts; first au
 counts from the burst's start. Lengths are fixed by the stage's max_new_tokens (codec
 frames per sentence, 12.5 a second) and one sentence per request; with random weights the
 talker rarely picks end-of-speech, so each request's audio is max_new_tokens frames (the
-report states the frames actually received). Greedy decoding unless --sample.
+report states the frames actually received). Greedy decoding unless --sample. Audio streams
+within each sentence (--chunk-frames, the stage's chunk_frames: 4 frames, then twice as many up to N);
+--chunk-frames 0 sends each sentence whole from qwen-tts's own generate (TTFP = the
+sentence's synthesis). --clone: a Base release, every request cloning one 3 s reference
+clip (ref_audio + ref_text; the stage builds its voice-clone prompt once and caches it).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
@@ -43,7 +47,7 @@ stages:
     env: qwen3-tts
     final_output: audio
     options: {{max_new_tokens: {frames}, do_sample: {sample}, subtalker_dosample: {sample},
-               max_batch_size: {batch}, openai_voices: true}}
+               max_batch_size: {batch}, openai_voices: true, chunk_frames: {chunk}}}
 """
 
 
@@ -56,18 +60,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=100,
                         help="max_new_tokens: codec frames per request (100 = 8 s)")
     parser.add_argument("--sample", action="store_true", help="sample (the release default)")
+    parser.add_argument("--chunk-frames", type=int, default=25,
+                        help="the longest streamed chunk within a sentence (0: sentences whole)")
+    parser.add_argument("--clone", action="store_true",
+                        help="a Base release (--model, or the tiny Base fixture): requests "
+                        "carry a reference clip to clone")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="cpu")
 
 
-def _model_dir(arg: str) -> str:
+def _model_dir(arg: str, clone: bool) -> str:
     if arg:
         return arg
     from omni.config.environments import env_python
     from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
     from omni.models.cache import default_cache_dir
 
-    return str(ensure_tiny_qwen3_tts(env_python("qwen3-tts"), default_cache_dir()))
+    return str(ensure_tiny_qwen3_tts(env_python("qwen3-tts"), default_cache_dir(),
+                                     "base" if clone else "custom_voice"))
+
+
+def _reference_clip() -> dict[str, str]:
+    """ref_audio (a 3 s 24 kHz WAV: a tone in noise, as a data: URL) and ref_text."""
+    import base64
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(3 * 24_000) / 24_000
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    pcm = np.round((0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * noise) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24_000)
+        w.writeframes(pcm.tobytes())
+    return {"ref_audio": "data:audio/wav;base64," + base64.b64encode(out.getvalue()).decode(),
+            "ref_text": "This is the voice to clone."}
+
 
 
 def _start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
@@ -85,9 +115,9 @@ def _start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("server did not start in 600 s")
 
 
-async def _one(session: Any, url: str, start: float) -> tuple[float, int]:
+async def _one(session: Any, url: str, start: float, extra: dict[str, str]) -> tuple[float, int]:
     body = {"model": "qwen3-tts", "voice": "alloy", "input": TEXT, "response_format": "pcm",
-            "stream_format": "audio"}
+            "stream_format": "audio", **extra}
     first, size = None, 0
     async with session.post(url, json=body) as resp:
         resp.raise_for_status()
@@ -97,20 +127,20 @@ async def _one(session: Any, url: str, start: float) -> tuple[float, int]:
     return first or 0.0, size
 
 
-async def _burst(port: int, c: int) -> dict[str, Any]:
+async def _burst(port: int, c: int, extra: dict[str, str]) -> dict[str, Any]:
     import aiohttp
 
     url = f"http://127.0.0.1:{port}/v1/audio/speech"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
         start = time.monotonic()
-        results = await asyncio.gather(*(_one(session, url, start) for _ in range(c)))
+        results = await asyncio.gather(*(_one(session, url, start, extra) for _ in range(c)))
         wall = time.monotonic() - start
     return {"wall_s": wall, "ttfp_s": [r[0] for r in results],
             "audio_s": [r[1] / 2 / 24_000 for r in results]}
 
 
-def _level(port: int, c: int, bursts: int) -> dict[str, Any]:
-    runs = [asyncio.run(_burst(port, c)) for _ in range(bursts)]
+def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, Any]:
+    runs = [asyncio.run(_burst(port, c, extra)) for _ in range(bursts)]
     audio = sum(sum(r["audio_s"]) for r in runs)
     ttfp = sorted(t for r in runs for t in r["ttfp_s"])
     wall = sum(r["wall_s"] for r in runs)
@@ -120,7 +150,8 @@ def _level(port: int, c: int, bursts: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    model_dir = _model_dir(args.model)
+    model_dir = _model_dir(args.model, args.clone)
+    extra = _reference_clip() if args.clone else {}  # request fields beside the text
     levels = [int(c) for c in args.concurrency.split(",")]
     bursts = [int(b) for b in args.bursts.split(",")]
     out = Path(args.out)
@@ -128,13 +159,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-qwen3-tts-"))
     yaml_path = work / "qwen3-tts.yaml"
     yaml_path.write_text(PIPELINE.format(model_dir=model_dir, frames=args.frames,
-                                         sample=str(args.sample).lower(), batch=max(levels)))
+                                         sample=str(args.sample).lower(), batch=max(levels),
+                                         chunk=args.chunk_frames))
     proc, port = _start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
     try:
-        asyncio.run(_burst(port, 1))  # warm-up
+        asyncio.run(_burst(port, 1, extra))  # warm-up
         rows = []
         for c, b in zip(levels, bursts + [1] * len(levels), strict=False):
-            rows.append(_level(port, c, b))
+            rows.append(_level(port, c, b, extra))
             say(f"[qwen3_tts] c={c}: {rows[-1]['audio_s_per_s']:.2f} audio-s/s, TTFP p50 "
                 f"{rows[-1]['ttfp_p50_s']:.3f} s, {rows[-1]['audio_s_per_request']:.2f} "
                 "audio-s per request")
@@ -142,6 +174,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         proc.terminate()
         proc.wait(timeout=60)
     report = {"model": model_dir, "frames": args.frames, "sample": args.sample,
+              "chunk_frames": args.chunk_frames, "clone": args.clone,
               "text": TEXT, "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
     (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -80,7 +80,9 @@
 #                                        # built from ./.whl: qwen-tts, transformers 4.57.3 and
 #                                        # what scripts/qwen3_tts_env.txt lists): bench qwen3_tts
 #                                        # c=1,8,64, 100 frames a request; MODEL=DIR a release
-#                                        # (default: the tiny random fixture)
+#                                        # (default: the tiny random fixture); then
+#                                        # sentences whole (--chunk-frames 0) and voice
+#                                        # clone (BASE_MODEL=DIR a Base release)
 #   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
 #                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
 #                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
@@ -161,6 +163,17 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 400 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8,64 \
       --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
     grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
+    # the same with each sentence sent whole (no streaming within it): TTFP and audio-s/s
+    timeout 200 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8 \
+      --bursts 3,1 --frames 100 --chunk-frames 0 --out "$OUT" --tag h200-whole \
+      > "$OUT/bench-qwen3-tts-whole.log" 2>&1
+    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts-whole.log"
+    # voice clone (Base, every request with one reference clip): BASE_MODEL=DIR a Base
+    # release, else the tiny random Base fixture
+    timeout 200 python3 -m bench qwen3_tts --clone ${BASE_MODEL:+--model "$BASE_MODEL"} \
+      --concurrency 1,8 --bursts 3,1 --frames 100 --out "$OUT" --tag h200-clone \
+      > "$OUT/bench-qwen3-tts-clone.log" 2>&1
+    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts-clone.log"
     say "qwen3tts done"
     ;;
   flux|flux2)

@@ -22,6 +22,7 @@ from aiohttp import web
 from omni.api.errors import APIError, read_json, sse_error_event
 from omni.api.schemas import parse
 from omni.api.schemas.speech import SpeechRequest
+from omni.api.speech_reference import clone_spec, reference_inputs
 from omni.api.state import METRICS_KEY, MODELS_KEY, SETTINGS_KEY, ServedModel, live_output_info
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
 from omni.media.audio import AudioEncoder
@@ -60,6 +61,8 @@ class SpeechCall:
     stream_format: str | None
     sample_rate: int
     instructions: str | None = None
+    ref_text: str | None = None  # a voice-clone model's reference (omni/api/speech_reference.py)
+    inputs: dict[str, Any] = field(default_factory=dict)  # engine inputs beside the text
     id: str = field(default_factory=lambda: f"speech-{uuid.uuid4().hex}")
     usage: SpeechUsage = field(default_factory=SpeechUsage)
     clock: PlaybackClock = field(default_factory=PlaybackClock)
@@ -72,7 +75,9 @@ class SpeechCall:
         params: dict[str, Any] = {"speed": self.speed, "voice": self.voice}
         if self.instructions:
             params["instructions"] = self.instructions
-        return self.model.omni.generate({"text": self.text}, modalities=["audio"],
+        if self.ref_text:
+            params["ref_text"] = self.ref_text
+        return self.model.omni.generate({"text": self.text, **self.inputs}, modalities=["audio"],
                                         params={"*": params}, request_id=self.id)
 
     def encoder(self, streaming: bool) -> AudioEncoder:
@@ -166,10 +171,12 @@ def parse_speech(request: web.Request, body: dict[str, Any]) -> SpeechCall:
                        "\"audio\"]", param="model")
     text = _text(req, request.app[SETTINGS_KEY].max_speech_chars)
     info = audio_info(model)
-    voice = resolve_voice(model, req.voice, info)
+    # a voice-clone model speaks in the reference's voice: `voice` (the OpenAI SDK always
+    # sends one) is not one of its voices and is not checked
+    voice = "" if clone_spec(info) else resolve_voice(model, req.voice, info)
     return SpeechCall(request, model, text, voice, req.response_format or "mp3",
                       req.speed or 1.0, req.stream_format, int(info["sample_rate"]),
-                      req.instructions or None)
+                      req.instructions or None, req.ref_text)
 
 
 # -- responses ----------------------------------------------------------------------
@@ -256,7 +263,10 @@ async def _sse_stream(call: SpeechCall) -> web.StreamResponse:
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    call = parse_speech(request, await read_json(request))
+    body = await read_json(request)
+    call = parse_speech(request, body)
+    call.inputs = await reference_inputs(request, call.model.id, body.get("ref_audio"),
+                                         call.ref_text, audio_info(call.model))
     if call.stream_format == "sse":
         return await _sse_stream(call)
     if call.stream_format == "audio":

@@ -103,13 +103,29 @@ def _qwen3_tts(*, model_dir: str | None, device: str, dtype: str,
                                   options=options)
 
 
+def _qwen3_tts_part(name: str) -> AdapterBuilder:
+    """The split layout's stages: qwen3_tts_talker (codes out), qwen3_tts_code2wav."""
+    def build(*, model_dir: str | None, device: str, dtype: str,
+              options: Mapping[str, Any]) -> Any:
+        if not model_dir:
+            raise EngineLoadError(f"model '{name}' needs a model_dir (a Qwen3-TTS release)")
+        if name == "qwen3_tts_talker":
+            from omni.models.qwen3_tts import build_qwen3_tts_talker_runner as builder
+        else:
+            from omni.models.qwen3_tts_codec import build_qwen3_tts_code2wav_runner as builder
+        return builder(model_dir=model_dir, device=device, dtype=dtype, options=options)
+    return build
+
+
 GENERATION_RUNNERS: dict[str, AdapterBuilder] = {
     "piper": _piper_part("fused"), "whisper": _whisper,
     "piper_phonemizer": _piper_part("phonemizer"),
     "piper_synthesizer": _piper_part("synthesizer"),
     "qwen3_omni_code2wav": _code2wav, "vits": _vits,
     "silero_vad": _silero_vad, "whisper_hf": _whisper_hf, "qwen3_tts": _qwen3_tts,
-    "qwen2_5_omni_token2wav": _token2wav}
+    "qwen2_5_omni_token2wav": _token2wav,
+    "qwen3_tts_talker": _qwen3_tts_part("qwen3_tts_talker"),
+    "qwen3_tts_code2wav": _qwen3_tts_part("qwen3_tts_code2wav")}
 
 
 def _denoiser(family: str) -> AdapterBuilder:
@@ -231,6 +247,8 @@ _OPTION_HOLDERS = {
     "whisper_hf": ("omni.models.whisper_hf", "WhisperHFRunner"),
     "silero_vad": ("omni.models.silero_vad", "SileroVadRunner"),
     "qwen3_tts": ("omni.models.qwen3_tts", "Qwen3TTSRunner"),
+    "qwen3_tts_talker": ("omni.models.qwen3_tts", "Qwen3TTSTalkerRunner"),
+    "qwen3_tts_code2wav": ("omni.models.qwen3_tts_codec", "Qwen3TTSCode2WavRunner"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),

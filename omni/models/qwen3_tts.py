@@ -1,4 +1,5 @@
-"""Qwen3-TTS (12 Hz CustomVoice releases) on qwen-tts's own model code: the model adapter.
+"""Qwen3-TTS (12 Hz CustomVoice and Base releases) on qwen-tts's own model code: the model
+adapter.
 
 Runs only in an environment where the ``qwen-tts`` package imports (it pins transformers
 4.57.3): the ``qwen3-tts`` stage environment, scripts/install_qwen3_tts_env.sh; the
@@ -13,7 +14,10 @@ own batched ``generate`` (left-padded talker prompts, one decode of all rows), s
 sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence.
 
 Voices are the release's speakers (config.json ``talker_config.spk_id``); OpenAI's voice
-names map to the first one when the stage's ``openai_voices`` is true. ``instructions``
+names map to the first one when the stage's ``openai_voices`` is true. A Base release has
+none: it clones the voice of each request's reference clip (``ref_audio`` input, decoded
+by the front end, and ``ref_text`` param; omni/models/qwen3_tts_clone.py), and a
+sentence's audio equals ``Qwen3TTSModel.generate_voice_clone`` for it. ``instructions``
 become the model's instruct prompt (qwen-tts drops it for the 0.6B size, as its own
 generate does). Sampling comes from the release's generation_config.json, then the
 stage's options (``do_sample``, ``top_k``, ``temperature``, ... as qwen-tts names them).
@@ -28,6 +32,13 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
+from omni.models.qwen3_tts_clone import (
+    DEFAULT_CAPACITY,
+    MAX_REFERENCE_S,
+    MIN_REFERENCE_S,
+    VoiceClones,
+)
+from omni.models.qwen3_tts_stream import SentenceStream, TalkerStream, capture_prefill
 from omni.models.speech import (
     check_speed,
     ended_sentences,
@@ -43,6 +54,10 @@ SAMPLING_OPTIONS = frozenset({
     "do_sample", "top_k", "top_p", "temperature", "repetition_penalty", "subtalker_dosample",
     "subtalker_top_k", "subtalker_top_p", "subtalker_temperature", "max_new_tokens"})
 DEFAULT_MAX_CHARS = 400  # longest sentence (characters) sent to the talker in one row
+# audio within a sentence: the first chunk after 4 frames (320 ms of audio), then chunks
+# twice as long up to 25 frames (2 s; as long as the left context decoded with each)
+DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 25
+SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -74,12 +89,25 @@ def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -
     return tts
 
 
+def _chunking(opts: Mapping[str, Any]) -> tuple[int, int]:
+    """(first_chunk_frames, chunk_frames) of a stage's options, checked."""
+    first = int(opts.get("first_chunk_frames", DEFAULT_FIRST_CHUNK_FRAMES))
+    most = int(opts.get("chunk_frames", DEFAULT_CHUNK_FRAMES))
+    if first < 1 or most < 0:
+        raise EngineLoadError("qwen3_tts: first_chunk_frames must be >= 1 and chunk_frames >= 0 "
+                              "(0: each sentence's audio whole, from qwen-tts's generate), got "
+                              f"{first} and {most}")
+    return first, most
+
+
 class Qwen3TTSRunner:
     """Generation-engine runner (items mode): input ``text``, one output per sentence."""
 
     items = True
     input_key = "text"
-    OPTIONS = SAMPLING_OPTIONS | {"max_chars", "openai_voices", "language"}
+    side_inputs = ("ref_audio",)  # a Base release's reference clip (joins the params)
+    OPTIONS = SAMPLING_OPTIONS | {"max_chars", "openai_voices", "language", "clone_cache_size",
+                                  "max_ref_seconds", "first_chunk_frames", "chunk_frames"}
 
     def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
         self.tts = tts
@@ -89,9 +117,17 @@ class Qwen3TTSRunner:
         self.openai_voices = bool(opts.pop("openai_voices", False))
         self.language = str(opts.pop("language", "auto"))
         self.sampling = {k: v for k, v in opts.items() if k in SAMPLING_OPTIONS}
+        self.max_ref_s = float(opts.pop("max_ref_seconds", MAX_REFERENCE_S))
+        self.stream_first_frames, self.stream_chunk_frames = _chunking(opts)
+        self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
+        capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
+        self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
+                       else None)
         codec = tts.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.frame_samples = int(codec.get_decode_upsample_rate())
+        # the speaker encoder's rate: a reference at it reaches both encoders unresampled
+        self.reference_rate = int(tts.model.speaker_encoder_sample_rate)
         self._voices = self._list_voices()
 
     # -- voices -----------------------------------------------------------------------
@@ -101,6 +137,10 @@ class Qwen3TTSRunner:
                 for s in speakers]
 
     def voice(self, params: Mapping[str, Any]) -> str:
+        if self.clones is not None:
+            return ""  # the reference's voice; qwen-tts takes no speaker for it
+        if params.get("ref_audio") is not None:
+            raise ValueError("ref_audio: this Qwen3-TTS release speaks its own voices")
         if not self._voices:
             raise ValueError("voice: this Qwen3-TTS release has no built-in speakers")
         return pick_voice(params, self._voices)
@@ -110,6 +150,8 @@ class Qwen3TTSRunner:
         if check_speed(params.get("speed", 1.0)) != 1.0:
             raise ValueError("speed: Qwen3-TTS speaks at its own pace (only 1.0)")
         self.voice(params)  # ValueError for an unknown voice
+        if self.clones is not None:
+            self.clones.prompt(params)  # a bad reference fails its request alone, at once
         units = [s for part in texts(value) for s in split_sentences(part, self.max_chars)]
         if not units:
             raise ValueError("text has nothing to synthesize")
@@ -124,13 +166,47 @@ class Qwen3TTSRunner:
         # each row of qwen-tts's generate has its own speaker, language and instruct
         return "all"
 
+    def _generate(self, units: list[str], params: list[Mapping[str, Any]]) -> Any:
+        """qwen-tts's own generate call for these sentences, not yet run."""
+        languages = [self.language] * len(units)
+        if self.clones is not None:
+            prompts = [self.clones.prompt(p) for p in params]
+            return lambda: self.tts.generate_voice_clone(
+                list(units), language=languages, voice_clone_prompt=prompts, **self.sampling)
+        instructs = [str(p.get("instructions") or "") for p in params]
+        speakers = [self.voice(p) for p in params]
+        return lambda: self.tts.generate_custom_voice(
+            list(units), speaker=speakers, language=languages, instruct=instructs,
+            **self.sampling)
+
+    @torch.inference_mode()
+    def start_items(self, units: list[str], params: list[Mapping[str, Any]]) -> SentenceStream:
+        """The sentences as one streamed call (omni/models/qwen3_tts_stream.py)."""
+        prefill = capture_prefill(self.tts.model.talker, self._generate(units, params))
+        contexts = [self._reference_codes(p) for p in params]
+        # the sampling arguments qwen-tts's generate_* pass on (the stage's options over
+        # generation_config.json over its defaults), from its own helper
+        sampling = self.tts._merge_generate_kwargs(**self.sampling)
+        talker = TalkerStream(self.tts.model, prefill, sampling, contexts)
+        return SentenceStream(talker, self._decoder(),
+                              self.stream_first_frames, self.stream_chunk_frames,
+                              [self._text_tokens(u) for u in units])
+
+    def _decoder(self) -> Any:
+        return self.tts.model.speech_tokenizer.model.decoder
+
+    @torch.inference_mode()
+    def advance(self, job: SentenceStream) -> list[tuple[Any, bool]]:
+        return job.advance()
+
+    def _reference_codes(self, params: Mapping[str, Any]) -> torch.Tensor | None:
+        """An in-context clone's reference codes: decoded before its sentence's frames."""
+        return None if self.clones is None else self.clones.prompt(params).ref_code
+
     @torch.inference_mode()
     def run_items(self, units: list[str],
                   params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
-        instructs = [str(p.get("instructions") or "") for p in params]
-        wavs, _ = self.tts.generate_custom_voice(
-            list(units), speaker=[self.voice(p) for p in params],
-            language=[self.language] * len(units), instruct=instructs, **self.sampling)
+        wavs, _ = self._generate(units, params)()
         out = []
         for unit, wav in zip(units, wavs, strict=True):
             audio = torch.as_tensor(wav, dtype=torch.float32).reshape(-1)
@@ -152,14 +228,52 @@ class Qwen3TTSRunner:
                                        if self.openai_voices and self._voices else None),
                 "tts_model_type": model.tts_model_type, "device": self.device,
                 "dtype": str(model.dtype).removeprefix("torch."), "audio_format": "f32le",
-                "sampling": dict(self.sampling)}
+                "sampling": dict(self.sampling), **self._clone_info()}
+
+    def _clone_info(self) -> dict[str, Any]:
+        """A Base release's reference limits (omni/api/speech_reference.py reads them)."""
+        if self.clones is None:
+            return {}
+        return {"voice_clone": {"sample_rate": self.reference_rate, "min_seconds": MIN_REFERENCE_S,
+                                "max_seconds": self.max_ref_s, "cached": self.clones.capacity}}
+
+
+class Qwen3TTSTalkerRunner(Qwen3TTSRunner):
+    """The split layout's talker stage: sentences in, codec codes out, streamed in
+    chunks ({"codes": (groups, n) int64}) to a code2wav stage (qwen3_tts_codec.py) that
+    decodes them with left context. CustomVoice only: an in-context clone's audio starts
+    after its reference's codes, which the code2wav stage does not have."""
+
+    def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
+        super().__init__(tts, device, options)
+        if not self.streams_units:
+            raise EngineLoadError("qwen3_tts_talker: chunk_frames must be >= 1 (it streams "
+                                  "codes to the code2wav stage)")
+        if self.clones is not None:
+            raise EngineLoadError("qwen3_tts_talker: the split layout serves CustomVoice "
+                                  "releases; serve a Base release with model qwen3_tts")
+
+    def _decoder(self) -> None:
+        return None  # chunks are codes
+
+    def pack(self, result: Any) -> dict[str, Any]:
+        codes, n_tokens = result
+        return {"codes": codes, "input_tokens": int(n_tokens)}
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "model": "qwen3_tts_talker", "audio_format": None}
+
+
+def build_qwen3_tts_talker_runner(*, model_dir: str, device: str, dtype: str,
+                                  options: Mapping[str, Any]) -> Qwen3TTSTalkerRunner:
+    return Qwen3TTSTalkerRunner(load_qwen3_tts(model_dir, device, dtype), device, options)
 
 
 def build_qwen3_tts_runner(*, model_dir: str, device: str, dtype: str,
                            options: Mapping[str, Any]) -> Qwen3TTSRunner:
     tts = load_qwen3_tts(model_dir, device, dtype)
-    if tts.model.tts_model_type != "custom_voice":
+    if tts.model.tts_model_type not in SERVED_TYPES:
         raise EngineLoadError(f"qwen3_tts: {model_dir} is a {tts.model.tts_model_type!r} "
-                              "release; this stage serves CustomVoice releases")
+                              "release; this stage serves CustomVoice and Base releases")
     return Qwen3TTSRunner(tts, device, options)
 

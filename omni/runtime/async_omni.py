@@ -25,6 +25,8 @@ from omni.session.conversation import ConversationTurns
 from omni.session.worlds import WorldSessions
 
 Params = Mapping[str, Mapping[str, Any]]
+# what a stage that picks the voice reports, for the stage that outputs the audio
+VOICE_KEYS = ("voices", "openai_voice_alias")
 
 
 class AsyncOmni:
@@ -224,9 +226,10 @@ class AsyncOmni:
                 break
         if info and "voices" not in info:  # the voice is chosen by an upstream stage
             for stage in pipeline.route([modality]).stages:
-                voices = self.stage_info(stage).get("voices")
-                if voices:
-                    info.update(voices=voices, voice_stages=[stage])
+                upstream = self.stage_info(stage)
+                if upstream.get("voices"):
+                    voice = {k: upstream[k] for k in VOICE_KEYS if k in upstream}
+                    info = {**info, **voice, "voice_stages": [stage]}
                     break
         return info
 

@@ -13,6 +13,7 @@ saying so; with OMNI_REQUIRE_QWEN3_TTS_ENV=1 (.ci/run, which builds it) it fails
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -42,6 +43,28 @@ stages:
     final_output: audio
     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
                openai_voices: true}}
+"""
+# the split layout: the talker stage streams codes to a code2wav stage over a stream edge
+SPLIT = """\
+name: qwen3-tts-split
+default_modalities: [audio]
+stages:
+  - name: talker
+    engine: generation
+    model: qwen3_tts_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               openai_voices: true}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
 """
 REFERENCE = """\
 import json, sys
@@ -77,7 +100,8 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
-    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES)},
+    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES),
+                         "qwen3-tts-split": SPLIT.format(model_dir=release, frames=FRAMES)},
                         start_timeout_s=300.0)
 
 
@@ -85,8 +109,9 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
     return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
 
 
-async def _speak(client: openai.AsyncOpenAI, text: str, voice: str) -> np.ndarray:
-    audio = await client.audio.speech.create(model="qwen3-tts", voice=voice, input=text,
+async def _speak(client: openai.AsyncOpenAI, text: str, voice: str,
+                 model: str = "qwen3-tts") -> np.ndarray:
+    audio = await client.audio.speech.create(model=model, voice=voice, input=text,
                                              response_format="pcm")
     return np.frombuffer(audio.content, dtype=np.int16)
 
@@ -131,10 +156,12 @@ def test_streamed_speech_is_the_same_audio(server, reference):
     assert np.abs(served - expected).max() <= 2
 
 
-def test_voices_are_the_releases_speakers(server):
+@pytest.mark.parametrize("model", ["qwen3-tts", "qwen3-tts-split"])
+def test_voices_are_the_releases_speakers(server, model):
+    # split layout: the code2wav stage gives the audio, the talker stage the voices
     async def voices():
         async with server.session() as session:
-            async with session.get("/v1/audio/voices", params={"model": "qwen3-tts"}) as r:
+            async with session.get("/v1/audio/voices", params={"model": model}) as r:
                 return r.status, await r.json()
     status, body = run(voices())
     assert status == 200
@@ -147,6 +174,8 @@ def test_voices_are_the_releases_speakers(server):
     ({"voice": "vivian", "input": ""}, "input"),
     ({"voice": "vivian", "input": "   "}, "input"),
     ({"input": "Hi."}, "voice"),
+    # a CustomVoice release speaks its own voices (Base clones: test_qwen3_tts_clone.py)
+    ({"voice": "vivian", "input": "Hi.", "ref_audio": "UklGRg=="}, "ref_audio"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server, body, param):
     async def post():
@@ -157,3 +186,70 @@ def test_bad_requests_are_400s_naming_the_field(server, body, param):
     status, error = run(post())
     assert status == 400, error
     assert_error_object(error, param=param)
+
+
+def test_a_sentence_streams_in_chunks_before_it_ends(server, reference):
+    """One sentence, SSE: its audio comes in several deltas (the stage decodes frames as
+    the talker makes them: 4, then 8), which together are qwen-tts's audio."""
+    async def sse() -> list[bytes]:
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "qwen3-tts", "voice": "vivian", "input": TEXTS[0],
+                    "response_format": "pcm", "stream_format": "sse"}) as resp:
+                assert resp.status == 200
+                events = [json.loads(line[6:]) async for line in resp.content
+                          if line.startswith(b"data: ")]
+        assert events[-1]["type"] == "speech.audio.done"
+        return [base64.b64decode(e["audio"]) for e in events[:-1]]
+    deltas = run(sse())
+    assert len(deltas) >= 2, "the sentence's audio came whole"
+    assert len(deltas[0]) == 4 * 1920 * 2  # the first chunk: 4 frames of pcm16
+    served = np.frombuffer(b"".join(deltas), dtype=np.int16).astype(np.int32)
+    expected = pcm16(reference[0]).astype(np.int32)
+    assert served.shape == expected.shape
+    assert np.abs(served - expected).max() <= 2
+
+
+def test_the_split_layout_speaks_as_qwen_tts(server, reference):
+    """talker stage -> codes over the connector -> code2wav stage (chunks of 4, then 8
+    frames, 25 of left context): each sentence equals qwen-tts's generate_custom_voice."""
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_speak(client, t, v, "qwen3-tts-split")
+                                          for t, v in JOBS))
+    for served, expected in zip(run(speak_all()), reference, strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"split-layout audio differs from qwen-tts's by {diff} LSB"
+
+
+def test_the_split_layout_joins_sentences(server, reference):
+    """Two sentences: the code2wav stage decodes one stream of codes, so the second
+    sentence's first frames have the first one's last frames as left context (the fused
+    layout decodes each alone): lengths add up, the first sentence is qwen-tts's."""
+    async def speak():
+        async with server.client(timeout=120.0) as client:
+            return await _speak(client, f"{TEXTS[0]} {TEXTS[1]}", "vivian", "qwen3-tts-split")
+    served = run(speak()).astype(np.int32)
+    first, second = pcm16(reference[0]), pcm16(reference[1])
+    assert served.size == first.size + second.size
+    assert np.abs(served[:first.size] - first).max() <= 2
+
+
+def test_a_client_leaving_mid_sentence_leaves_the_stage_serving(server, reference):
+    """The client drops the stream after the first chunk of a sentence: its request is
+    aborted in the running streamed call, and the next request is served as before."""
+    async def leave_then_speak() -> np.ndarray:
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "qwen3-tts", "voice": "vivian", "input": TEXTS[1],
+                    "response_format": "pcm", "stream_format": "audio"}) as resp:
+                assert resp.status == 200
+                await resp.content.readexactly(1920 * 2)  # part of the first chunk
+        async with server.client(timeout=120.0) as client:
+            return await _speak(client, TEXTS[0], "vivian")
+    served = run(leave_then_speak()).astype(np.int32)
+    expected = pcm16(reference[0]).astype(np.int32)
+    assert served.shape == expected.shape
+    assert np.abs(served - expected).max() <= 2

@@ -1,7 +1,9 @@
 """Body of POST /v1/audio/speech (OpenAI's fields).
 
 The input's length limit is a server setting (--max-speech-chars) and the voice list is
-the model's, so the handler (omni/api/speech.py) checks those two.
+the model's, so the handler (omni/api/speech.py) checks those two. ``ref_audio`` and
+``ref_text`` are this server's extension for models that clone a voice from a reference
+clip (omni/api/speech_reference.py decodes and checks the clip against the model).
 """
 
 from __future__ import annotations
@@ -32,3 +34,10 @@ class SpeechRequest(ModelRequest):
     stream_format: choice(STREAM_FORMATS) | None = Field(
         None, description="absent: the whole file at once")
     instructions: checked(StrictStr, "must be a string") | None = None
+    ref_audio: checked(StrictStr, "must be a string: base64 audio or a data:/http(s) URL") | None = (
+        Field(None, description="voice-clone models only: the reference voice, a base64 "
+              "audio file (WAV, FLAC, MP3, ...) or a data: / http(s) URL of one"))
+    ref_text: checked(Annotated[StrictStr, Field(pattern=r"\S")],
+                      "must be a non-empty string (the words of ref_audio)") | None = Field(
+        None, description="what ref_audio says; without it the voice is cloned from the "
+        "speaker embedding alone")

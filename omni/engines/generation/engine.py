@@ -25,14 +25,17 @@ each call's audio leaves at once and new input is taken between calls.
 Items mode (a runner with ``items = True``, e.g. TTS): the runner splits each input into
 opaque units (``split(value, params)``, e.g. sentences), each one output with no context;
 streamed text goes to ``split_stream(text, params, final) -> (units, held)`` when the
-runner has it (ended sentences out, the rest held). Each step makes one
+runner has it (ended sentences out, the rest held); inputs the runner names in
+``side_inputs`` (a voice-clone reference) join the request's params. Each step makes one
 ``run_items(units, params)`` call for the request whose client runs out of media first
 (deadline: its arrival until its first output, then that output's time + the seconds of
 media sent, from ``samples`` / ``sample_rate``), with other ready requests of the same
 ``group_key(params)`` in deadline order up to max_batch_size (alone when the runner says
-``batches_units = False``). Short steps let new requests join and outputs leave between
-units; a new request's first unit goes first unless a started one is within two calls of
-running dry: over capacity, clients queue for their first audio instead of all stuttering.
+``batches_units = False``); a runner with ``streams_units`` starts such a call and
+advances it over the next steps instead (partial outputs, streamed_items.py). Short steps
+let new requests join and outputs leave between units; a new request's first unit goes
+first unless a started one is within two calls of running dry: over capacity, clients
+queue for their first audio instead of all stuttering.
 
 Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
 + "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
@@ -44,18 +47,23 @@ per-request state).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from omni.engines.base import Engine, EngineLoadError, EngineRequest, StepOutput
-from omni.engines.generation.memory import size_batch_frames, trim_cache
+from omni.engines.base import (
+    ENGINE_FAULT,
+    INPUT_FAULT,
+    Engine,
+    EngineLoadError,
+    EngineRequest,
+    StepOutput,
+)
+from omni.engines.generation.memory import longest_row, stage_batch_frames, trim_cache
 from omni.engines.generation.request import GenRequest, Runner, media_seconds
-
-log = logging.getLogger(__name__)
+from omni.engines.generation.streamed_items import StreamedItems
 
 
 class GenerationEngine(Engine):
@@ -82,33 +90,22 @@ class GenerationEngine(Engine):
         self._call_s: float | None = None  # items mode: running mean of one runner call
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         self.memory_bytes = memory_bytes  # the stage's budget (checked again at READY)
-        self._trim_above: int | None = None  # a sized budget, kept after each call
         self.cache_trims = 0
-        self.max_batch_frames = self._batch_frames(opts)
+        # _trim_above: a sized budget, kept after each call
+        self.max_batch_frames, self._trim_above = stage_batch_frames(
+            runner, opts, memory_bytes, self.max_batch_size)
         if self.max_batch_size < 1 or self.max_batch_frames < 0:
             raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
                                   f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
         self._reqs: dict[str, GenRequest] = {}
+        self._job: StreamedItems | None = None  # a streamed items call in progress
         self._failed: list[StepOutput] = []
         self.calls = self.requests_run = self.max_batch = 0
 
     @property
     def longest_row(self) -> int:
         """The most frames one row of a call can hold: the largest chunk and its context."""
-        r = self.runner
-        return max(r.first_chunk_frames, r.chunk_frames, r.complete_chunk_frames) + r.left_context
-
-    def _batch_frames(self, opts: Mapping[str, Any]) -> int:
-        if "max_batch_frames" in opts:  # the operator's number wins over a budget
-            return int(opts["max_batch_frames"])
-        if self.memory_bytes and str(getattr(self.runner, "device", "cpu")).startswith("cuda"):
-            if hasattr(self.runner, "probe_batch"):
-                self._trim_above = self.memory_bytes
-                return size_batch_frames(self.runner, self.memory_bytes, self.longest_row,
-                                         self.max_batch_size * self.longest_row)
-            log.warning("this runner cannot size its calls from a memory budget: the budget "
-                        "is only compared with what the stage holds after loading")
-        return int(getattr(self.runner, "batch_frames", 0))
+        return longest_row(self.runner)
 
     # -- contract ---------------------------------------------------------------------
     def add(self, request: EngineRequest) -> None:
@@ -118,8 +115,8 @@ class GenerationEngine(Engine):
                 raise ValueError(f"request id {rid!r} is already running")
             self._reqs[rid] = self._new_request(rid, request.inputs or {},
                                                 dict(request.params or {}))
-        except (ValueError, TypeError) as e:
-            self._fail(rid, f"bad input: {e}")
+        except (ValueError, TypeError) as e:  # the request's own input: a 400, not a 500
+            self._fail(rid, f"bad input: {e}", INPUT_FAULT)
 
     def append(self, request_id: str, producer: str, seq: int, data: dict[str, Any] | None,
                last: bool) -> None:
@@ -164,7 +161,8 @@ class GenerationEngine(Engine):
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
-        return bool(self._failed) or any(self._plan(r) is not None for r in self._reqs.values())
+        return (bool(self._failed) or self._job is not None
+                or any(self._plan(r) is not None for r in self._reqs.values()))
 
     def step(self) -> list[StepOutput]:
         if self.items:
@@ -192,6 +190,8 @@ class GenerationEngine(Engine):
 
     def _step_items(self) -> list[StepOutput]:
         outputs, self._failed = self._failed, []
+        if self._job is not None:
+            return outputs + self._advance()
         ready = []
         for req in list(self._reqs.values()):
             plan = self._plan(req)
@@ -208,10 +208,43 @@ class GenerationEngine(Engine):
             limit = self.max_batch_size if self.batches_units else 1
             group = [r for r in ready if self.runner.group_key(r.params) == key][:limit]
             started = time.perf_counter()
-            outputs += self._run([(req, 0, 1) for req in group])
+            if getattr(self.runner, "streams_units", False):
+                outputs += self._start(group)
+            else:
+                outputs += self._run([(req, 0, 1) for req in group])
             took = time.perf_counter() - started
             self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
         return outputs
+
+    def _start(self, group: list[GenRequest]) -> list[StepOutput]:
+        """A streamed items call: started, then advanced once (the first audio soonest)."""
+        self._count_call(len(group))
+        try:
+            self._job = StreamedItems(self.runner, group)
+        except Exception as e:
+            return self._fail_group(group, e)
+        return self._advance()
+
+    def _advance(self) -> list[StepOutput]:
+        job, self._job = self._job, None
+        try:
+            rows = job.advance(self.runner, self._reqs)
+        except Exception as e:
+            return self._fail_group(job.group, e)
+        self._job = None if job.done else job
+        return [self._output(req, result, n) for req, result, n in rows]
+
+    def _count_call(self, rows: int) -> None:
+        self.calls += 1
+        self.requests_run += rows
+        self.max_batch = max(self.max_batch, rows)
+
+    def _fail_group(self, group: list[GenRequest], e: Exception) -> list[StepOutput]:
+        """The whole call failed: fail its requests, keep the rest."""
+        for req in group:
+            self._reqs.pop(req.id, None)
+        return [StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}")
+                for req in group]
 
     def _started_running_dry(self) -> bool:
         """Earliest deadline first goes with one exception: requests not yet started wait
@@ -234,12 +267,16 @@ class GenerationEngine(Engine):
                 "buffered_frames": sum(r.total - r.base for r in self._reqs.values())}
 
     def shutdown(self) -> None:
+        self._job = None
         self._reqs.clear()
         self._failed.clear()
 
     # -- internals --------------------------------------------------------------------
     def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> GenRequest:
         key = self.runner.input_key
+        for name in getattr(self.runner, "side_inputs", ()):  # e.g. a TTS reference clip
+            if name in inputs:
+                params[name] = inputs[name]
         req = GenRequest(rid, params=params)
         if key in inputs:
             self._take(req, inputs[key])
@@ -322,17 +359,11 @@ class GenerationEngine(Engine):
         return min(self.runner.left_context, req.done), n
 
     def _run(self, group: list[tuple[GenRequest, int, int]]) -> list[StepOutput]:
-        self.calls += 1
-        self.requests_run += len(group)
-        self.max_batch = max(self.max_batch, len(group))
+        self._count_call(len(group))
         try:
             results = self._call_runner(group)
-        except Exception as e:  # the whole call failed: fail its requests, keep the rest
-            out = []
-            for req, _, _ in group:
-                self._reqs.pop(req.id, None)
-                out.append(StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}"))
-            return out
+        except Exception as e:
+            return self._fail_group([req for req, _, _ in group], e)
         finally:  # after a failed call too: an out-of-memory one leaves the cache cut up
             if self._trim_above is not None:
                 self.cache_trims += trim_cache(self.runner.device, self._trim_above)
@@ -356,7 +387,7 @@ class GenerationEngine(Engine):
         if result is None:
             result = torch.zeros(0)
         data = {**self.runner.pack(result), "frames": n, "index": req.index}
-        if n:
+        if n or data.get("samples"):
             req.play_start = time.monotonic() if req.play_start is None else req.play_start
             req.played_s += media_seconds(data)
         req.done += n
@@ -368,8 +399,8 @@ class GenerationEngine(Engine):
             req.trim(max(0, req.done - self.runner.left_context))
         return StepOutput(req.id, data=data, finished=finished)
 
-    def _fail(self, rid: str, msg: str) -> None:
+    def _fail(self, rid: str, msg: str, kind: str = ENGINE_FAULT) -> None:
         self._reqs.pop(rid, None)
         self._failed = [o for o in self._failed if o.request_id != rid]
-        self._failed.append(StepOutput(rid, finished=True, error=msg))
+        self._failed.append(StepOutput(rid, finished=True, error=msg, error_kind=kind))
 

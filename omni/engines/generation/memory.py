@@ -42,6 +42,27 @@ GiB = 2 ** 30
 HEADROOM = 0.9
 
 
+def longest_row(runner: Any) -> int:
+    """The most frames one row of a call can hold: the largest chunk and its context."""
+    r = runner
+    return max(r.first_chunk_frames, r.chunk_frames, r.complete_chunk_frames) + r.left_context
+
+
+def stage_batch_frames(runner: Any, opts: Any, budget: int | None,
+                       max_rows: int) -> tuple[int, int | None]:
+    """A stage's max_batch_frames, and the budget to trim the cache to after each call
+    (None: no trimming)."""
+    if "max_batch_frames" in opts:  # the operator's number wins over a budget
+        return int(opts["max_batch_frames"]), None
+    if budget and str(getattr(runner, "device", "cpu")).startswith("cuda"):
+        if hasattr(runner, "probe_batch"):
+            row = longest_row(runner)
+            return size_batch_frames(runner, budget, row, max_rows * row), budget
+        log.warning("this runner cannot size its calls from a memory budget: the budget "
+                    "is only compared with what the stage holds after loading")
+    return int(getattr(runner, "batch_frames", 0)), None
+
+
 def frames_for_budget(budget: int, weights: int, fixed: int, per_frame: float) -> int:
     """The most frames one call may take so that weights + its peak fit the budget."""
     room = (budget - weights - fixed) * HEADROOM

@@ -1,0 +1,79 @@
+"""Qwen3-TTS's Code2Wav as a stage of its own: the split layout's code2wav stage.
+
+The release's ``speech_tokenizer/`` (qwen-tts's 12 Hz tokenizer) loaded alone, its
+decoder driven by the generation engine as Qwen3-Omni's code2wav is: codes stream in from
+the talker stage (omni/models/qwen3_tts.py ``Qwen3TTSTalkerRunner``), each chunk decoded
+with up to ``left_context`` earlier frames whose samples are dropped (the runner is
+Qwen3-Omni's ``Code2WavRunner``; options chunk_frames, first_chunk_frames, chunk_growth,
+left_context, complete_chunk_frames). The decoder is causal and gives exactly 1920
+samples a frame (no look-ahead tail), so chunks join without a gap.
+
+Runs in the ``qwen3-tts`` environment (``env: qwen3-tts``), like the talker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.models.qwen3_omni import Code2WavRunner, _is_random
+
+
+class Qwen3TTSCode2Wav:
+    """The decoder of a Qwen3-TTS release's speech tokenizer, shaped as Code2WavRunner
+    reads a code2wav: codes (B, groups, T) -> (B, T * samples_per_frame) float32."""
+
+    tail_samples = 0  # causal convolutions: every frame's samples are known at once
+
+    def __init__(self, codec: Any, device: str, model_dir: str) -> None:
+        self.decoder = codec.model.decoder
+        self.model_dir = model_dir
+        self.random_weights = _is_random(Path(model_dir))
+        self.dtype = next(self.decoder.parameters()).dtype
+        config = codec.model.config.decoder_config
+        # the pre-transformer's reach (sliding-window layers); the causal convolutions
+        # add a few frames more
+        self.receptive_field_frames = int(config.num_hidden_layers) * (
+            int(config.sliding_window) - 1)
+        self.num_quantizers = int(config.num_quantizers)
+        self.codebook_size = int(config.codebook_size)
+        self.samples_per_frame = int(codec.get_decode_upsample_rate())
+        self.sample_rate = int(codec.get_output_sample_rate())
+        self.device = torch.device(device)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            wav = self.decoder(codes.to(self.device, torch.long).clamp(min=0))
+        return wav[:, 0].float()
+
+    def output_samples(self, frames: int) -> int:
+        return frames * self.samples_per_frame
+
+    def context_start(self, left_context: int) -> int:
+        return left_context * self.samples_per_frame
+
+
+def build_qwen3_tts_code2wav_runner(*, model_dir: str, device: str, dtype: str,
+                                    options: dict[str, Any]) -> Code2WavRunner:
+    try:
+        from qwen_tts import Qwen3TTSTokenizer
+    except ImportError as e:
+        raise EngineLoadError("qwen3_tts_code2wav: needs the 'qwen-tts' package: run the "
+                              "stage in its environment (env: qwen3-tts)") from e
+    path = Path(model_dir) / "speech_tokenizer"
+    try:
+        codec = Qwen3TTSTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise EngineLoadError(f"qwen3_tts_code2wav: cannot load {path}: {e}") from e
+    codec.model.to(device).eval()
+    return Qwen3TTSCode2WavRunner(Qwen3TTSCode2Wav(codec, device, model_dir), options)
+
+
+class Qwen3TTSCode2WavRunner(Code2WavRunner):
+    """Qwen3-Omni's code2wav runner over Qwen3-TTS's decoder."""
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "model": "qwen3_tts_code2wav"}

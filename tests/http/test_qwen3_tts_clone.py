@@ -1,0 +1,244 @@
+"""Qwen3-TTS Base (voice clone) served from its own environment: a tiny random Base release
+(speaker encoder, Mimi encoder in speech_tokenizer/) built with qwen-tts's own classes,
+served with the reference voice in the request (``ref_audio``, ``ref_text``) through the
+unmodified openai SDK, and compared with qwen-tts's own ``generate_voice_clone`` given the
+same clip as a data: URL, in its environment. The prompt cache (omni/models/
+qwen3_tts_clone.py) is checked there too, against ``create_voice_clone_prompt``.
+
+Bound: greedy decoding in float32; served pcm16 within 2 LSB of the reference's float
+audio converted to pcm16 (conversion rounding plus float noise of batched, left-padded
+rows), as tests/http/test_qwen3_tts.py.
+
+Without the qwen3-tts environment it skips (OMNI_REQUIRE_QWEN3_TTS_ENV=1: fails)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import subprocess
+import wave
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from httputil import assert_error_object, run
+
+from omni.config.environments import env_python
+from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
+from omni.models.cache import default_cache_dir
+
+PYTHON = env_python("qwen3-tts")
+REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
+FRAMES = 12  # max_new_tokens: codec frames per sentence
+TEXT = "The ship sailed north across the cold sea."
+REF_TEXT = "Hello, this is my voice."
+PIPELINE = """\
+name: qwen3-tts-base
+default_modalities: [audio]
+stages:
+  - name: tts
+    engine: generation
+    model: qwen3_tts
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               clone_cache_size: 2}}
+"""
+# (reference clip index, its transcript or None: the speaker embedding alone)
+JOBS = [(0, REF_TEXT), (1, REF_TEXT), (0, None)]
+REFERENCE = """\
+import json, sys
+import numpy as np, torch
+from qwen_tts import Qwen3TTSModel
+from omni.models.qwen3_tts_clone import VoiceClones
+model_dir, out, frames, text = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+refs, jobs = json.loads(open(f"{out}/refs.json").read()), json.loads(sys.argv[5])
+tts = Qwen3TTSModel.from_pretrained(model_dir, dtype=torch.float32)
+for i, (ref, ref_text) in enumerate(jobs):
+    wavs, sr = tts.generate_voice_clone(text, ref_audio=refs[ref], ref_text=ref_text,
+                                        x_vector_only_mode=ref_text is None, do_sample=False,
+                                        subtalker_dosample=False, max_new_tokens=frames)
+    np.save(f"{out}/{i}.npy", wavs[0].astype(np.float32))
+# the prompt cache: built once per distinct reference, least recently used out beyond 2
+clones, built = VoiceClones(tts, capacity=2), []
+clips = [(np.frombuffer(open(f"{out}/ref{r}.f32", "rb").read(), np.float32), t)
+         for r, t in ((0, "a"), (0, "a"), (1, "a"), (0, None), (1, "a"), (0, "a"))]
+for samples, t in clips:
+    item = clones.prompt({"ref_audio": {"pcm_f32le": samples.tobytes(), "sample_rate": 24000},
+                          "ref_text": t})
+    built.append(clones.built)
+own = tts.create_voice_clone_prompt(ref_audio=(clips[0][0], 24000), ref_text="a")[0]
+item = clones.prompt({"ref_audio": {"pcm_f32le": clips[0][0].tobytes(), "sample_rate": 24000},
+                      "ref_text": "a"})
+same = bool(torch.equal(own.ref_code, item.ref_code)
+            and torch.equal(own.ref_spk_embedding, item.ref_spk_embedding))
+open(f"{out}/cache.json", "w").write(json.dumps({"built": built, "same": same}))
+# the stage's runner: its streamed call (many small chunks) against its whole sentences
+# (qwen-tts's generate), greedy and sampled with the same seed
+from omni.models.qwen3_tts import Qwen3TTSRunner
+texts = [text, "Hi.", text + " And then some more words to say."]
+params = [{"ref_audio": {"pcm_f32le": clips[i][0].tobytes(), "sample_rate": 24000},
+           "ref_text": t} for i, t in ((0, "a"), (2, "a"), (3, None))]
+for mode, sampled in (("greedy", False), ("sampled", True)):
+    runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": sampled, "subtalker_dosample": sampled,
+                                         "max_new_tokens": 2 * frames, "first_chunk_frames": 2,
+                                         "chunk_frames": 3})
+    torch.manual_seed(7)
+    whole = [audio.numpy() for audio, _ in runner.run_items(texts, params)]
+    torch.manual_seed(7)
+    job, pieces = runner.start_items(texts, params), [[] for _ in texts]
+    while not job.done:
+        for i, (piece, _) in enumerate(runner.advance(job)):
+            if piece is not None:
+                pieces[i].append(piece[0].numpy())
+    for i in range(len(texts)):
+        np.save(f"{out}/{mode}-whole{i}.npy", whole[i])
+        np.save(f"{out}/{mode}-streamed{i}.npy", np.concatenate(pieces[i]))
+        json.dump([len(p) for p in pieces[i]], open(f"{out}/{mode}-chunks{i}.json", "w"))
+"""
+
+
+def reference_wav(freq: float, seconds: float = 2.0, seed: int = 0) -> bytes:
+    """A 24 kHz pcm16 WAV: a tone in noise (distinct clips encode to distinct codes)."""
+    t = np.arange(int(24000 * seconds)) / 24000
+    noise = np.random.default_rng(seed).standard_normal(t.size)
+    pcm = np.round((0.3 * np.sin(2 * np.pi * freq * t) + 0.05 * noise) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000)
+        w.writeframes(pcm.tobytes())
+    return out.getvalue()
+
+
+REFS = [reference_wav(220.0), reference_wav(440.0, seed=1)]
+
+
+def data_url(wav: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav).decode()
+
+
+@pytest.fixture(scope="module")
+def release():
+    if not os.access(PYTHON, os.X_OK):
+        reason = (f"no qwen3-tts environment at {PYTHON}: build it with "
+                  "`bash scripts/install_qwen3_tts_env.sh`")
+        (pytest.fail if REQUIRED else pytest.skip)(reason)
+    return ensure_tiny_qwen3_tts(PYTHON, default_cache_dir(), "base")
+
+
+@pytest.fixture(scope="module")
+def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict, Any]:
+    """qwen-tts's own generate_voice_clone for each of JOBS, the cache's record, and the
+    directory with the runner's streamed and whole sentences."""
+    out = tmp_path_factory.mktemp("clone-reference")
+    (out / "refs.json").write_text(json.dumps([data_url(w) for w in REFS]))
+    for i, wav in enumerate(REFS):  # the samples as the server decodes them (pcm16 / 32768)
+        pcm = np.frombuffer(wav[44:], dtype="<i2").astype(np.float32) / 32768.0
+        (out / f"ref{i}.f32").write_bytes(pcm.tobytes())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([PYTHON, "-c", REFERENCE, str(release), str(out), str(FRAMES), TEXT,
+                    json.dumps(JOBS)], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root})
+    cache = json.loads((out / "cache.json").read_text())
+    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))], cache, out
+
+
+@pytest.fixture(scope="module")
+def server(release, start_server):
+    return start_server({"qwen3-tts-base": PIPELINE.format(model_dir=release, frames=FRAMES)},
+                        start_timeout_s=300.0)
+
+
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
+
+
+async def _clone(client: openai.AsyncOpenAI, ref: int, ref_text: str | None) -> np.ndarray:
+    # one clip as plain base64, the other as a data: URL: both forms are accepted
+    ref_audio = base64.b64encode(REFS[ref]).decode() if ref else data_url(REFS[ref])
+    extra = {"ref_audio": ref_audio, **({"ref_text": ref_text} if ref_text else {})}
+    audio = await client.audio.speech.create(model="qwen3-tts-base", voice="alloy", input=TEXT,
+                                             response_format="pcm", extra_body=extra)
+    return np.frombuffer(audio.content, dtype=np.int16)
+
+
+def test_the_fixture_clones_distinct_voices(reference):
+    audio = reference[0]
+    for a in audio:
+        assert np.abs(pcm16(a)).max() > 1000  # not silence as pcm16
+    # the clip and the transcript (in-context vs embedding only) change the audio
+    assert not np.array_equal(pcm16(audio[0]), pcm16(audio[1]))
+    assert not np.array_equal(pcm16(audio[0]), pcm16(audio[2]))
+
+
+def test_the_prompt_cache_builds_once_per_reference(reference):
+    cache = reference[1]
+    # A, A (hit), B, A without text (a distinct reference; A out), B (hit), A (rebuilt)
+    assert cache["built"] == [1, 1, 2, 3, 3, 4]
+    assert cache["same"]  # a cached prompt is create_voice_clone_prompt's own
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_streamed_sentences_equal_whole_ones(reference, mode):
+    """The runner's own decode loop (audio in chunks of 2, then 3 frames) against qwen-tts's
+    generate_voice_clone for the same sentences and seed: in-context and embedding-only
+    rows, one batch, rows ending at different steps."""
+    out = reference[2]
+    for i in range(3):
+        whole, streamed = (np.load(out / f"{mode}-{kind}{i}.npy") for kind in ("whole", "streamed"))
+        chunks = json.loads((out / f"{mode}-chunks{i}.json").read_text())
+        assert np.abs(pcm16(whole)).max() > 1000
+        assert len(chunks) >= 2 or whole.size <= 2 * 1920  # streamed, unless 2 frames long
+        assert streamed.shape == whole.shape
+        assert np.abs(streamed - whole).max() < 1e-4
+
+
+def test_served_clone_equals_qwen_tts_generate_voice_clone(server, reference):
+    expected_audio = reference[0]
+
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_clone(client, r, t) for r, t in JOBS))
+    for served, expected in zip(run(speak_all()), expected_audio, strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"served audio differs from qwen-tts's by {diff} LSB"
+
+
+def _wav_b64(seconds: float) -> str:
+    return base64.b64encode(reference_wav(330.0, seconds)).decode()
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({}, "ref_audio"),                                           # the reference is required
+    ({"ref_text": REF_TEXT}, "ref_audio"),
+    ({"ref_audio": "not base64 at all!"}, "ref_audio"),
+    ({"ref_audio": base64.b64encode(b"RIFF junk").decode()}, "ref_audio"),  # undecodable
+    ({"ref_audio": "data:audio/wav;base64,@@@"}, "ref_audio"),
+    ({"ref_audio": "ftp://example.com/a.wav"}, "ref_audio"),
+    ({"ref_audio": 5}, "ref_audio"),
+    ({"ref_audio": "__long__"}, "ref_audio"),                    # over max_seconds (30 s)
+    ({"ref_audio": "__short__"}, "ref_audio"),                   # under min_seconds
+    ({"ref_audio": "__ok__", "ref_text": ""}, "ref_text"),
+    ({"ref_audio": "__ok__", "ref_text": 3}, "ref_text"),
+])
+def test_bad_references_are_400s_naming_the_field(server, extra, param):
+    clips = {"__long__": _wav_b64(31.0), "__short__": _wav_b64(0.1), "__ok__": _wav_b64(1.0)}
+    if extra.get("ref_audio") in clips:
+        extra = {**extra, "ref_audio": clips[extra["ref_audio"]]}
+
+    async def post():
+        async with server.session() as session:
+            async with session.post("/v1/audio/speech", json={
+                    "model": "qwen3-tts-base", "voice": "alloy", "input": "Hi.",
+                    **extra}) as resp:
+                return resp.status, await resp.json()
+    status, error = run(post())
+    assert status == 400, error
+    assert_error_object(error, param=param)
