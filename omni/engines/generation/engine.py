@@ -1,11 +1,10 @@
 """Generation engine: batched non-autoregressive tensor-in/tensor-out execution.
 
 The engine knows nothing about any model: a *runner* (built by a model adapter in
-omni/models/) turns one request's input value into a (rows, frames) tensor and runs a
-batch of equal-length inputs. Requests take their frames either complete in add() or as
-a stream of append() chunks; the engine cuts them into chunks of new frames with left
-context, batches the chunks that are ready across requests, and streams one output per
-chunk.
+omni/models/) turns one request's input value into a (rows, frames) tensor and runs a batch
+of equal-length inputs. Requests take their frames either complete in add() or as a stream
+of append() chunks; the engine cuts them into chunks of new frames with left context,
+batches the chunks that are ready across requests, and streams one output per chunk.
 
 Inputs (add): {runner.input_key: value} (complete), {"stream": [producer]} (frames come
 through append(request_id, producer, seq, {runner.input_key: value}, last)), or, from a
@@ -13,33 +12,33 @@ full-delivery edge, {producer: [{runner.input_key: value}, ...]}.
 
 Chunking: a request is ready with a chunk's worth of new frames (first_chunk_frames, times
 runner.chunk_growth per chunk up to chunk_frames, so a player is not left waiting for a
-full-size second chunk) or when its input is complete and frames remain. A chunk is its
-next n new frames plus up to left_context earlier ones (their output dropped). Complete
-inputs use complete_chunk_frames. Streams emit one chunk per step.
+full-size second chunk) or when its input is complete and frames remain. A chunk is its next
+n new frames plus up to left_context earlier ones (their output dropped). Complete inputs
+use complete_chunk_frames. Streams emit one chunk per step.
 
-Batching: one runner call per step over ready chunks of one total (context + new) length
-(no padding: outputs equal unbatched runs), those whose clients run out of audio first
+Batching: one runner call per step over ready chunks of one total (context + new) length (no
+padding: outputs equal unbatched runs), those whose clients run out of audio first
 (deadlines as in items mode below), up to max_batch_size rows and max_batch_frames frames;
 each call's audio leaves at once and new input is taken between calls.
 
 Items mode (a runner with ``items = True``, e.g. TTS): the runner splits each input into
 opaque units (``split(value, params)``, e.g. sentences), each one output with no context;
-streamed text goes to ``split_stream(text, params, final) -> (units, held)`` when the
-runner has it (ended sentences out, the rest held); inputs the runner names in
-``side_inputs`` (a voice-clone reference) join the request's params. Each step makes one
-``run_items(units, params)`` call for the request whose client runs out of media first
-(deadline: its arrival until its first output, then that output's time + the seconds of
-media sent, from ``samples`` / ``sample_rate``), with other ready requests of the same
-``group_key(params)`` in deadline order up to max_batch_size (alone when the runner says
-``batches_units = False``); a runner with ``streams_units`` starts such a call and
-advances it over the next steps instead (partial outputs, streamed_items.py). Short steps
-let new requests join and outputs leave between units; a new request's first unit goes
-first unless a started one is within two calls of running dry: over capacity, clients
-queue for their first audio instead of all stuttering.
+streamed text goes to ``split_stream(text, params, final) -> (units, held)`` when the runner
+has it (ended sentences out, the rest held); inputs the runner names in ``side_inputs`` (a
+voice-clone reference) join the request's params. Each step makes one ``run_items(units,
+params)`` call for the request whose client runs out of media first (deadline: its arrival
+until its first output, then that output's time + the seconds of media sent, from
+``samples`` / ``sample_rate``), with other ready requests of the same ``group_key(params)``
+in deadline order up to max_batch_size (alone when the runner says ``batches_units =
+False``); a runner with ``streams_units`` starts such a call and advances it over the next
+steps instead (partial outputs, streamed_items.py). Short steps let new requests join and
+outputs leave between units; a new request's first unit goes first unless a started one is
+within two calls of running dry: over capacity, clients queue for their first audio instead
+of all stuttering.
 
-Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples")
-+ "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all
-input is in, or on a final empty chunk (frames 0) when a stream ends after it.
+Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples") +
+"frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all input
+is in, or on a final empty chunk (frames 0) when a stream ends after it.
 
 A stage's engine is built in build.py (this one, or streams.py's for a runner that keeps
 per-request state).
@@ -62,7 +61,12 @@ from omni.engines.base import (
     StepOutput,
 )
 from omni.engines.generation.memory import longest_row, stage_batch_frames, trim_cache
-from omni.engines.generation.request import GenRequest, Runner, media_seconds
+from omni.engines.generation.request import (
+    GenRequest,
+    Runner,
+    media_seconds,
+    started_running_dry,
+)
 from omni.engines.generation.streamed_items import StreamedItems
 
 
@@ -202,7 +206,7 @@ class GenerationEngine(Engine):
             else:
                 ready.append(req)
         if ready:
-            hold_new = self._started_running_dry()
+            hold_new = started_running_dry(self._reqs.values(), self._call_s)
             ready.sort(key=lambda r: (hold_new and r.play_start is None, r.deadline()))
             key = self.runner.group_key(ready[0].params)
             limit = self.max_batch_size if self.batches_units else 1
@@ -245,16 +249,6 @@ class GenerationEngine(Engine):
             self._reqs.pop(req.id, None)
         return [StepOutput(req.id, finished=True, error=f"{type(e).__name__}: {e}")
                 for req in group]
-
-    def _started_running_dry(self) -> bool:
-        """Earliest deadline first goes with one exception: requests not yet started wait
-        while a started one is within two calls of running dry, so over capacity clients
-        queue for their first audio instead of all of them stuttering."""
-        if self._call_s is None:
-            return False
-        guard = time.monotonic() + 2 * self._call_s
-        return any(r.play_start is not None and r.deadline() < guard
-                   for r in self._reqs.values())
 
     def info(self) -> dict[str, Any]:
         return {"engine": "generation", **self.runner.info(),

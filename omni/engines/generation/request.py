@@ -4,7 +4,7 @@ per-request frame buffer (generation.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,3 +83,13 @@ def media_seconds(data: Mapping[str, Any]) -> float:
     if isinstance(samples, int) and isinstance(rate, int) and rate > 0:
         return samples / rate
     return 0.0
+
+
+def started_running_dry(reqs: Iterable[GenRequest], call_s: float | None) -> bool:
+    """Earliest deadline first goes with one exception: requests not yet started wait
+    while a started one is within two calls (of call_s seconds) of running dry, so over
+    capacity clients queue for their first audio instead of all of them stuttering."""
+    if call_s is None:
+        return False
+    guard = time.monotonic() + 2 * call_s
+    return any(r.play_start is not None and r.deadline() < guard for r in reqs)
