@@ -23,7 +23,7 @@ from omni.api.app import build_app
 from omni.api.state import ServedModel, ServerSettings
 from omni.config.control import parse_heartbeat
 from omni.config.pipeline import ConfigError, PipelineConfig
-from omni.config.presets import load_pipeline, preset_with_model_dirs, renamed
+from omni.config.presets import load_pipeline, model_family, preset_with_model_dirs, renamed
 from omni.heap import GcPauses, freeze_loaded_objects
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
@@ -204,9 +204,10 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
 def _metadata(pipeline: object) -> dict[str, object]:
     stages = pipeline.stages  # type: ignore[attr-defined]
     random = any(_is_random_fixture(s.model_dir) for s in stages)
-    return {"random_weights": random,
-            "stages": [{"name": s.name, "engine": s.engine, "replicas": s.replicas}
-                       for s in stages]}
+    # each stage's model family as its directory names it (config.json's model_type or
+    # model_index.json's pipeline class): what docs/models.md lists
+    families = sorted({f for f in (model_family(s.model_dir) for s in stages) if f})
+    return {"random_weights": random, "families": families}  # stages: ServedModel.card
 
 
 def _is_random_fixture(model_dir: str | None) -> bool:

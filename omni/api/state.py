@@ -56,7 +56,7 @@ class ServedModel:
         cards = {}
         for stage in self.omni.pipeline.stages:
             info = self.omni.stage_info(stage.name)
-            cards[stage.name] = {"engine": stage.engine,
+            cards[stage.name] = {"engine": stage.engine, "replicas": stage.replicas,
                                  **{k: info[k] for k in STAGE_CARD_KEYS if k in info}}
         return cards
 

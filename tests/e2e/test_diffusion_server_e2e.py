@@ -23,6 +23,13 @@ def test_serves_images_and_videos_from_diffusers_directories(tmp_path: Path) -> 
                     "--data-dir", str(data_dir), "--max-video-jobs", "2")
     try:
         server.wait_listening(timeout=120)
+        with urllib.request.urlopen(server.url("/v1/models"), timeout=10) as resp:
+            cards = {m["id"]: m for m in json.loads(resp.read())["data"]}
+        # the family each directory names (the preset picked from it), and one card per stage
+        assert cards["qwen_image"]["families"] == ["QwenImagePipeline"]
+        assert cards["wan_t2v"]["families"] == ["WanPipeline"]
+        stage = next(iter(cards["wan_t2v"]["stages"].values()))
+        assert stage["engine"] == "diffusion" and stage["replicas"] >= 1
         status, body = _post(server.url("/v1/images/generations"), {
             "model": "qwen_image", "prompt": "a red fox", "size": "32x32",
             "num_inference_steps": 2, "seed": 1})

@@ -74,6 +74,22 @@ def pipeline_for_model_dir(model_dir: str | os.PathLike, name: str | None = None
     return parse_pipeline(data, source=f"{preset} (for {model_dir})", base_dir=str(model_dir))
 
 
+def model_family(model_dir: str | os.PathLike | None) -> str | None:
+    """What a model directory says it is: config.json's model_type (LeRobot's "type"),
+    else model_index.json's pipeline class; None when it says neither."""
+    for file, key in (("config.json", "model_type"), ("model_index.json", "_class_name")):
+        path = Path(model_dir or "") / file
+        if model_dir and path.is_file():
+            try:
+                config = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return None
+            value = config.get(key) or (config.get("type") if file == "config.json" else None)
+            if isinstance(value, str):
+                return value
+    return None
+
+
 def _preset_file_for(model_dir: Path) -> str:
     for file, key, presets in (("config.json", "model_type", PRESET_BY_MODEL_TYPE),
                                ("model_index.json", "_class_name", PRESET_BY_PIPELINE_CLASS)):
