@@ -26,7 +26,9 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).parent)]
+from structured_http import start_server  # noqa: E402 - the other probes' server start
+
 from bench.ar_ours import cuda_available, target_for  # noqa: E402
 
 
@@ -104,7 +106,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         device = "cuda" if cuda_available() else "cpu"
         flag, target = target_for(args.model, device, Path(tmp), options or None)
-        proc, url, log = _start(flag, target)
+        proc, url, log = start_server(target, flag)
         try:
             rows = [asyncio.run(phase(url, args, prefill)) for prefill in (False, True)]
         finally:
@@ -118,28 +120,6 @@ def main() -> None:
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-
-
-def _start(flag: str, target: str):
-    """`python -m omni.server FLAG TARGET` (--model DIR or --pipeline FILE) on a free port."""
-    import os
-    import re
-    import subprocess
-
-    log = Path(tempfile.mkdtemp()) / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", flag, target,
-                             "--served-model-name", "m", "--port", "0"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        found = re.search(r"listening on (http://[0-9.]+:[0-9]+)", log.read_text())
-        if found:
-            return proc, found.group(1), log
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not start in 600 s")
 
 
 if __name__ == "__main__":

@@ -61,9 +61,11 @@ async def burst(url: str, kind: str, batch: int, tokens: int) -> float:
         return sum(made) / (time.perf_counter() - started)
 
 
-def start_server(model: str) -> tuple[subprocess.Popen, str, Path]:
+def start_server(model: str, flag: str = "--model") -> tuple[subprocess.Popen, str, Path]:
+    """`python -m omni.server FLAG MODEL` (--model DIR, or --pipeline FILE) served as "m" on
+    a free port: (process, base URL, its log file)."""
     log = Path(tempfile.mkdtemp()) / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--model", model,
+    proc = subprocess.Popen([sys.executable, "-m", "omni.server", flag, model,
                              "--served-model-name", "m", "--port", "0"],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ)
     deadline = time.monotonic() + 600
