@@ -22,7 +22,7 @@ stage with `restart: true`. Then:
              whole load (bench/cpu_hog.py): a machine loaded several times over its cores
 
 Every request ends ok, wrong (checked against the reference: equal text, audio duration
-within --audio-tolerance of the median of 5 runs alone: Piper's durations are random,
+within --audio-tolerance of the span of 5 runs alone: Piper's durations are random,
 noise_w 0.8, about +-4 % around their median; image size, video frames and size), typed (an OpenAI error
 object with a code), untyped (a reset, a 500 without the object) or hung (no byte within
 the kind's deadline). FAIL on any hung, wrong or untyped request, on a typed one not
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # 10.1 % longer than their reference (Piper draws durations at random); a lost or doubled
     # chunk moves a one-sentence answer by far more than 20 %
     add("--audio-tolerance", type=float, default=0.20,
-        help="audio duration vs the reference's, as a fraction (default 0.20)")
+        help="audio duration beyond the span of the 5 runs alone, as a fraction (default 0.20)")
     add("--chat-tokens", type=int, default=8, help="max_tokens of a text chat (default 8)")
     add("--cpu-hog", type=int, default=0, metavar="N",
         help="N busy-looping processes at the server's niceness during the load, e.g. 4x "

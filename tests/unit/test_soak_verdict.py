@@ -191,6 +191,14 @@ def test_answers_against_their_reference_at_the_default_audio_tolerance():
                                            tolerance)
     assert "beyond" in soak_report.compare("speech", audio(1 - tolerance - 0.01), speech, s,
                                            tolerance)
+    spread = {**speech, "pcm_bytes_runs": [90_000, 100_000, 110_000],  # runs alone
+              "duration_s_runs": [1.8, 2.0, 2.2]}
+    assert soak_report.compare("speech", audio(1.1 * (1 + tolerance) - 0.01), spread, s,
+                               tolerance) is None
+    assert "runs alone 90000..110000" in soak_report.compare(
+        "speech", audio(1.1 * (1 + tolerance) + 0.01), spread, s, tolerance)
+    assert "beyond" in soak_report.compare("speech", audio(0.9 * (1 - tolerance) - 0.01),
+                                           spread, s, tolerance)
     assert soak_report.compare("chat", {"text": "Blue."}, {"text": "Red."}, s, tolerance)
     assert soak_report.compare("image", {"size": "64x64"}, {}, s, tolerance)
     assert soak_report.compare("image", {"size": s.image_size}, {}, s, tolerance) is None
