@@ -305,12 +305,20 @@ def _paged_decode_shape(query: torch.Tensor, *_: Any) -> torch.Tensor:
     return query.new_empty(query.shape[2], query.shape[1], query.shape[3])
 
 
+def gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache[slots] for a (slots, KVH, D) cache and any shape of slot ids. index_select
+    copies each slot's row whole; advanced indexing (cache[slots]) copies element by
+    element on the CPU: 1.40 ms vs 0.26 ms for a decode step's K and V at batch 32 and
+    192 tokens of context (4 heads x 64, float32, one thread; min of 200)."""
+    return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])
+
+
 def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slots: torch.Tensor, valid: torch.Tensor, lens: torch.Tensor,
                  scale: float | None, window: int) -> torch.Tensor:
     """q (H, B, D): one query per sequence, all contexts padded to the longest."""
-    k = k_cache[slots].permute(0, 2, 1, 3)  # (B, KVH, L, D)
-    v = v_cache[slots].permute(0, 2, 1, 3)
+    k = gather_rows(k_cache, slots).permute(0, 2, 1, 3)  # (B, KVH, L, D)
+    v = gather_rows(v_cache, slots).permute(0, 2, 1, 3)
     mask = valid
     if window:
         mask = mask & (torch.arange(valid.shape[1], device=valid.device)
@@ -327,8 +335,8 @@ def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])
     for pad in layout.prefill:
         qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
-        k = k_cache[pad.slots].transpose(1, 2)  # (B, KVH, Lk, D)
-        v = v_cache[pad.slots].transpose(1, 2)
+        k = gather_rows(k_cache, pad.slots).transpose(1, 2)  # (B, KVH, Lk, D)
+        v = gather_rows(v_cache, pad.slots).transpose(1, 2)
         if pad.fresh and not window and qb.is_cuda:
             got = causal_attention(qb, k, v, scale)
         else:
@@ -347,8 +355,8 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     for n, length, slots in zip(layout.query_lens, layout.context_lens, layout.context_slots,
                                 strict=True):
         qi = q[:, offset:offset + n].unsqueeze(0)  # (1, H, n, D)
-        k = k_cache[slots].transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
-        v = v_cache[slots].transpose(0, 1).unsqueeze(0)
+        k = gather_rows(k_cache, slots).transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
+        v = gather_rows(v_cache, slots).transpose(0, 1).unsqueeze(0)
         if n == length and not window and q.is_cuda:  # a whole prompt: no mask needed
             outs.append(causal_attention(qi, k, v, scale)[0].transpose(0, 1))
             offset += n
