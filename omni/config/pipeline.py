@@ -289,7 +289,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
     placement = stage_placement(src, path, raw)
     options = as_mapping(src, f"{path}.options", raw.get("options"))
-    check_stage_quantization(src, path, engine, options)
+    check_stage_quantization(src, path, raw, options)
     return StageConfig(
         name=check_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),

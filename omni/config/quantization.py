@@ -21,20 +21,23 @@ from omni.config.checks import ConfigError
 from omni.engines.kinds import KINDS, QUANTIZATIONS, QUANTIZING_KINDS
 
 
-def check_stage_quantization(src: str, path: str, engine: str,
+def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
                              options: Mapping[str, Any]) -> None:
-    """``options.quantization`` of the stage at ``path``, of kind ``engine`` (an unknown
-    kind is left to the engine check)."""
+    """``options.quantization`` of the stage ``raw`` at ``path`` (an unknown engine kind is
+    left to the engine check)."""
+    engine = raw.get("engine")
     if "quantization" not in options or not isinstance(engine, str) or engine not in KINDS:
         return
     value = options["quantization"]
     if value not in QUANTIZATIONS:
-        raise ConfigError(src, f"{path}.options.quantization", f"unknown method {value!r}",
+        raise ConfigError(src, f"{path}.options.quantization",
+                          f"unknown method {value!r} on stage '{raw.get('name')}'",
                           f"Use one of {', '.join(QUANTIZATIONS)}")
     if value != "none" and not KINDS[engine].quantizes:
         raise ConfigError(src, f"{path}.options.quantization",
-                          f"a {engine} stage cannot store its weights in {value}",
-                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it here")
+                          f"stage '{raw.get('name')}' is a {engine} stage, which cannot store "
+                          f"its weights in {value}",
+                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it there")
 
 
 def with_quantization(pipeline: Any, method: str) -> Any:

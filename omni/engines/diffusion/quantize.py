@@ -3,8 +3,8 @@ block weights in float8 e4m3 with per-output-channel scales, through the same fp
 an AR stage's (omni/engines/quantization/fp8.py says how and which layers).
 
 Which modules: the denoiser's transformers (``transformers()`` if the adapter defines it,
-else its diffusers pipeline's components named ``transformer*``: Wan 2.2 A14B has two) and
-in each the blocks of the ModuleLists directly under it (``transformer_blocks``,
+else its diffusers pipeline's components named ``transformer*``: a two-expert model has
+two) and in each the blocks of the ModuleLists directly under it (``transformer_blocks``,
 ``single_transformer_blocks``, ``blocks``): where a DiT's compute is. The patch / text /
 timestep embedders, the final norm and output projection, and nested lists such as a text
 refiner's stay in the model's dtype, as FP8 releases of these models keep them."""

@@ -40,8 +40,8 @@ def quantize(model: nn.Module, blocks: list[nn.Module], choice: Any,
     if any(p.is_cuda for p in model.parameters()):
         torch.cuda.empty_cache()  # the full-precision weights just let go of
     if converted:
-        log.info("fp8 weights (%s): %d linear weights converted, %.2f -> %.2f GiB", what,
-                 converted, before / 2**30, weight_bytes(model) / 2**30)
+        log.info("fp8 weights (%s): %d linear weights converted, %s -> %s", what, converted,
+                 _size(before), _size(weight_bytes(model)))
     else:  # every width short of a multiple of 16, say: nothing fp8 will run
         log.warning("fp8 weights (%s): no linear weight could be converted (widths must be "
                     "multiples of 16)", what)
@@ -50,3 +50,7 @@ def quantize(model: nn.Module, blocks: list[nn.Module], choice: Any,
 
 def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
