@@ -14,14 +14,15 @@ from omni.runtime.metrics import Metrics
 from omni.server import parse_args, served_models
 
 
-def _pipeline(llm_options=None, voc_options=None):
+def _pipeline(llm_options=None, voc_options=None, painter_options=None):
     return parse_pipeline({
         "name": "talk",
         "stages": [
             {"name": "llm", "engine": "ar", "model_dir": "/models/llm", "final_output": "text",
              "options": llm_options or {}},
             {"name": "painter", "engine": "diffusion", "model": "qwen_image",
-             "model_dir": "/models/image", "final_output": "image"},
+             "model_dir": "/models/image", "final_output": "image",
+             "options": painter_options or {}},
             {"name": "voc", "engine": "generation", "model": "vits",
              "model_dir": "/models/vits", "final_output": "audio", "options": voc_options or {}}],
         "edges": [{"from": "llm", "to": "voc"}],
@@ -33,7 +34,8 @@ def _options(pipeline):
 
 
 def test_a_pipeline_file_sets_it_per_stage():
-    assert _options(_pipeline({"quantization": "fp8"}))["llm"] == {"quantization": "fp8"}
+    both = _options(_pipeline({"quantization": "fp8"}, painter_options={"quantization": "fp8"}))
+    assert both["llm"] == both["painter"] == {"quantization": "fp8"} and both["voc"] == {}
     with pytest.raises(ConfigError, match=r"stages\[2\]\.options\.quantization: stage 'voc' is "
                                           r"a generation stage, which cannot store its weights "
                                           r"in fp8\. Only ar and diffusion stages can"):
