@@ -196,7 +196,7 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
                 if value is not None}
     pipelines = [dataclasses.replace(p, **liveness) for p in pipelines]
     if args.quantization is not None:  # every stage that can take it (config/quantization.py)
-        pipelines = [with_quantization(p, args.quantization) for p in pipelines]
+        pipelines = with_quantization(pipelines, args.quantization)
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,

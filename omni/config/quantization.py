@@ -4,11 +4,13 @@ In a pipeline file, ``options: {quantization: fp8}`` on a stage whose engine kin
 store its weights in fp8 (omni/engines/kinds.py: only ar and diffusion can) fails the load
 naming the stage, as does a value that is no known method: before any engine starts.
 
-The flag applies the method to every stage that can take it and leaves the others as they
-are: a Qwen3-Omni server asked for fp8 runs its thinker and talker in fp8 and its vocoder
-as it was, which is what a user asking a whole model for fp8 means (vLLM's flag does the
-same per layer). Each stage's READY line and card on /v1/models say whether it runs fp8.
-A pipeline with no stage that can take the flag fails: the flag would change nothing.
+The flag applies the method to every stage that can take it, in every served pipeline,
+and leaves the others as they are: a Qwen3-Omni server asked for fp8 runs its thinker and
+talker in fp8 and its vocoder as it was, and a server of an LLM beside a TTS voice runs the
+LLM in fp8. That is what a user asking a whole server for fp8 means; failing because one
+stage is a vocoder would make the flag useless for every speech model. Each stage's READY
+line and card on /v1/models say whether it runs fp8, so nothing is silent. Only when no
+served stage can take it does the start fail: then the flag would change nothing.
 """
 
 from __future__ import annotations
@@ -40,20 +42,22 @@ def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
                           f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it there")
 
 
-def with_quantization(pipeline: Any, method: str) -> Any:
-    """``pipeline`` (a PipelineConfig) with ``quantization: method`` on every stage that
-    can take it, its views alike; ConfigError if none can (see the module doc)."""
+def with_quantization(pipelines: list[Any], method: str) -> list[Any]:
+    """Each pipeline (a PipelineConfig) with ``quantization: method`` on every stage that
+    can take it, its views alike; ConfigError if no stage of any can (see the module doc)."""
     if method not in QUANTIZATIONS:
         raise ConfigError("command line", "--quantization", f"unknown method {method!r}",
                           f"Use one of {', '.join(QUANTIZATIONS)}")
-    if method != "none" and not any(KINDS[s.engine].quantizes for s in pipeline.stages):
-        kinds = ", ".join(f"{s.name} ({s.engine})" for s in pipeline.stages)
+    stages = [s for p in pipelines for s in p.stages]
+    if method != "none" and not any(KINDS[s.engine].quantizes for s in stages):
+        names = ", ".join(p.name for p in pipelines)
+        kinds = ", ".join(f"{s.name} ({s.engine})" for s in stages)
         raise ConfigError("command line", "--quantization",
-                          f"no stage of pipeline '{pipeline.name}' can store its weights in "
-                          f"{method} (its stages: {kinds})",
-                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; serve this "
-                          "pipeline without --quantization")
-    return _quantized(pipeline, method)
+                          f"no stage of the served pipelines ({names}) can store its weights "
+                          f"in {method} (their stages: {kinds})",
+                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; serve "
+                          "without --quantization")
+    return [_quantized(p, method) for p in pipelines]
 
 
 def _quantized(pipeline: Any, method: str) -> Any:

@@ -29,6 +29,9 @@ def _pipeline(llm_options=None, voc_options=None, painter_options=None):
         "views": {"chat": {"stages": ["llm"]}, "speak": {"stages": ["voc"]}}})
 
 
+ECHO = {"name": "echo", "stages": [{"name": "only", "engine": "echo", "final_output": "text"}]}
+
+
 def _options(pipeline):
     return {s.name: dict(s.options) for s in pipeline.stages}
 
@@ -48,20 +51,22 @@ def test_a_pipeline_file_sets_it_per_stage():
 
 
 def test_the_flag_applies_to_every_stage_that_can_take_it():
-    pipeline = with_quantization(_pipeline(), "fp8")
+    pipeline, echo = with_quantization([_pipeline(), parse_pipeline(ECHO)], "fp8")
+    assert echo == parse_pipeline(ECHO)  # a pipeline of none beside: left as it was
     assert _options(pipeline) == {"llm": {"quantization": "fp8"},
                                   "painter": {"quantization": "fp8"}, "voc": {}}
     assert _options(pipeline.views["chat"]) == {"llm": {"quantization": "fp8"}}
     assert _options(pipeline.views["speak"]) == {"voc": {}}  # a view of none: no error
     # the flag wins over the file's own choice, both ways
-    off = with_quantization(_pipeline({"quantization": "fp8"}), "none")
+    (off,) = with_quantization([_pipeline({"quantization": "fp8"})], "none")
     assert _options(off)["llm"] == {"quantization": "none"}
 
 
 def test_the_flag_on_a_pipeline_that_cannot_take_it_fails_naming_it():
     args = parse_args(["--pipeline", "echo", "--quantization", "fp8"])
-    with pytest.raises(ConfigError, match=r"--quantization: no stage of pipeline 'echo' can "
-                                          r"store its weights in fp8 \(its stages: .*\(echo\)"):
+    with pytest.raises(ConfigError, match=r"--quantization: no stage of the served pipelines "
+                                          r"\(echo\) can store its weights in fp8 \(their "
+                                          r"stages: .*\(echo\)"):
         served_models(args, Metrics())
     with pytest.raises(SystemExit):  # argparse: invalid choice, exit 2
         parse_args(["--quantization", "int4"])
