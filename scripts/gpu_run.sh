@@ -101,7 +101,8 @@
 #                                        # the bare transformer, then both again with fp8
 #                                        # blocks (ours-fp8); default both, the diffusion half
 #                                        # with what is left of the call (short: run it alone;
-#                                        # both halves need the diffusers wheel in ./.whl)
+#                                        # its tests and the diffusion half need the diffusers
+#                                        # wheel in ./.whl, as flux)
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
