@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ prompts, in one run:
                       to arrive together; every request waits for its whole round)
   transformer         the bare transformer, one call at batch 1, 4, 8, 16 (random inputs
                       of the same shapes): the ceiling for steps/s at that batch
+  ours-fp8            ours-engine with the transformer blocks' weights in fp8 e4m3 (the
+                      stage option quantization: fp8), run after every other side (the
+                      weights are converted in place); with "transformer", the bare
+                      transformer is timed again in fp8 too
 
 Clients are closed-loop: c clients each send their next request when the previous one
 returns, --per-client requests each, all starting together. Latency = return - send.
@@ -57,7 +62,8 @@ guided: two rows per image).
 
 WARMUP_STEPS = 2
 SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers-batched",
-         "transformer")
+         "transformer", "ours-fp8")
+LAST_SIDES = ("ours-fp8",)  # they change the model: after the others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,35 +113,66 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             "output_type": "np",
             **({"true_cfg_scale": 1.0} if family == "qwen_image" else {})}
     options = {"max_batch_rows": args.max_batch_rows}
-    rows: list[dict[str, Any]] = []
     micro: dict[str, float] = {}
+    micro_fp8: dict[str, float] = {}
     if "transformer" in wanted:
-        for batch in (1, 4, 8, 16):
-            micro[str(batch)] = sides.bare_transformer(family, pipe, height, width, batch,
-                                                       device,
-                                                       repeats=5 if device == "cpu" else 10)
-            say(f"  transformer batch {batch}: {micro[str(batch)] * 1000:.1f} ms/call")
-    for c in (int(v) for v in args.concurrency.split(",")):
-        for side in wanted:
-            if side == "transformer" or (side == "ours-server" and model_dir is None):
-                continue
-            say(f"  {side} c={c} ...")
-            record = _side(side, (family, pipe), model_dir, device, options, c, args,
-                           params, call)
-            rows.append(_summary(side, c, record, args))
-            say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
-                f"p99 {rows[-1]['p99_s']:.2f} s")
+        micro = _bare_transformer(family, pipe, height, width, device, "")
+    serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,
+                    options=options, args=args, params=params, call=call)
+    rows = serve([s for s in wanted if s not in LAST_SIDES])
+    if "ours-fp8" in wanted:
+        _quantize(family, pipe, device)
+        if "transformer" in wanted:
+            micro_fp8 = _bare_transformer(family, pipe, height, width, device, "fp8 ")
+        rows += serve(["ours-fp8"])
     result = {"command": "python -m bench " + " ".join(argv), "device": _device(device),
               "shape": args.model or (args.shape if args.layers is None
                                         else f"{args.shape} ({args.layers} layers)"),
               "size": args.size, "steps": args.steps,
-              "per_client": args.per_client, "transformer_s": micro, "rows": rows,
+              "per_client": args.per_client, "transformer_s": micro,
+              "transformer_fp8_s": micro_fp8, "rows": rows,
               "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     from bench.diffusion_report import write
 
     path = write(result, args.out, args.tag)
     say(f"wrote {path}")
     return 0
+
+
+def _bare_transformer(family: str, pipe: Any, height: int, width: int, device: str,
+                      label: str) -> dict[str, float]:
+    micro = {}
+    for batch in (1, 4, 8, 16):
+        micro[str(batch)] = sides.bare_transformer(family, pipe, height, width, batch, device,
+                                                   repeats=5 if device == "cpu" else 10)
+        say(f"  {label}transformer batch {batch}: {micro[str(batch)] * 1000:.1f} ms/call")
+    return micro
+
+
+def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, device: str,
+           options: dict[str, Any], args: argparse.Namespace, params: dict[str, Any],
+           call: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per serving side and concurrency, concurrency by concurrency."""
+    rows = []
+    for c in (int(v) for v in args.concurrency.split(",")):
+        for side in wanted:
+            if side == "transformer" or (side == "ours-server" and model_dir is None):
+                continue
+            say(f"  {side} c={c} ...")
+            record = _side(side, model, model_dir, device, options, c, args, params, call)
+            rows.append(_summary(side, c, record, args))
+            say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
+                f"p99 {rows[-1]['p99_s']:.2f} s")
+    return rows
+
+
+def _quantize(family: str, pipe: Any, device: str) -> None:
+    """The pipeline's transformer blocks in fp8, in place, as a stage's quantization: fp8."""
+    from bench.diffusion_models import denoiser as make_denoiser
+    from omni.engines.diffusion.quantize import quantize_denoiser
+
+    done = quantize_denoiser(make_denoiser(family, pipe, device, {}), "fp8")
+    say(f"  fp8: {done['quantized_weights']} linear weights of the transformer blocks")
 
 
 def _side(side: str, model: tuple[str, Any], model_dir: str | None, device: str,
@@ -148,7 +185,7 @@ def _side(side: str, model: tuple[str, Any], model_dir: str | None, device: str,
     # meets the batch shapes of this concurrency (kernel choice, allocator) before timing
     warm_params = {**params, "steps": WARMUP_STEPS}
     warm_call = {**call, "num_inference_steps": WARMUP_STEPS}
-    if side in ("ours-engine", "ours-cache"):
+    if side in ("ours-engine", "ours-cache", "ours-fp8"):  # ours-fp8: blocks quantized
         opts = {**options, "step_cache": side == "ours-cache"}
         denoiser = make_denoiser(family, pipe, device, {"max_steps": 1000, "max_side": 4096,
                                                         "max_pixels": 4096 * 4096})

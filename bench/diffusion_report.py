@@ -30,6 +30,7 @@ def render(r: dict[str, Any]) -> str:
             ratio = f"{rate * one:.2f}x" if one else ""
             lines.append(f"| {batch} | {seconds * 1000:.1f} | {rate:.2f} | {ratio} |")
         lines.append("")
+    lines += _fp8_micro(micro, r.get("transformer_fp8_s") or {})
     lines += ["## Serving", "",
               "| side | c | steps/s | images/s | p50 s | p99 s | mean s | p99/mean | "
               "transformer calls | rows run | max rows/call | skipped steps |",
@@ -72,9 +73,29 @@ def _checks(r: dict[str, Any]) -> list[str]:
                 "runs while any job in it needs one, so with requests at different steps "
                 "rows fall more than calls. Random weights say nothing about the quality "
                 "cost.")
+    for (side, c), fp8 in rows.items():
+        plain = rows.get(("ours-engine", c))
+        if side == "ours-fp8" and plain:
+            out.append(f"- fp8 blocks vs the model's dtype, c={c}: {fp8['steps_per_s']:.2f} vs "
+                       f"{plain['steps_per_s']:.2f} steps/s "
+                       f"({fp8['steps_per_s'] / plain['steps_per_s']:.2f}x)")
     seq = rows.get(("diffusers-seq", 8))
     if seq and ours8:
         out.append(f"- c=8 vs diffusers one request at a time: {ours8['steps_per_s']:.2f} vs "
                    f"{seq['steps_per_s']:.2f} steps/s "
                    f"({ours8['steps_per_s'] / seq['steps_per_s']:.2f}x)")
     return out
+
+
+def _fp8_micro(plain: dict[str, float], fp8: dict[str, float]) -> list[str]:
+    """The bare transformer with fp8 blocks beside the model's dtype (side ours-fp8)."""
+    if not fp8:
+        return []
+    lines = ["## Bare transformer, blocks in fp8 e4m3 (quantization: fp8)", "",
+             "| batch | ms/call fp8 | ms/call model dtype | speed-up |", "|---|---|---|---|"]
+    for batch, seconds in fp8.items():
+        base = plain.get(batch)
+        lines.append(f"| {batch} | {seconds * 1000:.1f} | "
+                     f"{base * 1000:.1f} | {base / seconds:.2f}x |" if base else
+                     f"| {batch} | {seconds * 1000:.1f} | | |")
+    return [*lines, ""]

@@ -24,6 +24,8 @@ from omni.api.state import ServedModel, ServerSettings
 from omni.config.control import parse_heartbeat
 from omni.config.pipeline import ConfigError, PipelineConfig
 from omni.config.presets import load_pipeline, model_family, preset_with_model_dirs, renamed
+from omni.config.quantization import with_quantization
+from omni.engines.kinds import QUANTIZATIONS
 from omni.heap import GcPauses, freeze_loaded_objects
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
@@ -62,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype for model stages (auto: checkpoint dtype on GPU, "
                    "float32 on CPU)")
+    p.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
+                   help="weights of the stages that can take it, in every served pipeline: "
+                   "fp8 stores the linear weights of AR stages' decoder layers and diffusion "
+                   "stages' transformer blocks in float8 e4m3 with a scale per output channel "
+                   "(half the bytes of bf16; Hopper GPUs multiply them at twice the rate); "
+                   "other stages (vocoders, encoders) keep --dtype, and each stage's card on "
+                   "/v1/models says whether it runs fp8. Overrides the stages' own "
+                   "'quantization' option; none turns it off (default: as each pipeline says)")
     p.add_argument("--max-request-mb", type=float, default=16.0,
                    help="largest accepted request body in MiB (default 16); larger gets 413")
     p.add_argument("--max-speech-chars", type=int, default=4096,
@@ -185,6 +195,8 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
                                               ("hang_timeout_s", args.hang_timeout_s))
                 if value is not None}
     pipelines = [dataclasses.replace(p, **liveness) for p in pipelines]
+    if args.quantization is not None:  # every stage that can take it (config/quantization.py)
+        pipelines = with_quantization(pipelines, args.quantization)
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,

@@ -93,6 +93,16 @@
 #                                        # bf16, ~17 B transformer, APG guiders: two rows per
 #                                        # image; ~40 GB, an H100 fits): bench diffusion,
 #                                        # 1024x1024 (SIZE=...), 16 steps (STEPS=...), c=1,4,8
+#   bash scripts/gpu_run.sh fp8 [PART]   # FP8 e4m3 weights vs bf16: tests/gpu fp8 tests, then
+#                                        # PART ar: Qwen3-8B shape, bench ar in-process,
+#                                        # quantization none vs fp8, c=1,8,32; PART diffusion:
+#                                        # Qwen-Image 20 B (random bf16, in memory), bench
+#                                        # diffusion 512x512, 20 steps, c=1,8: ours-engine,
+#                                        # the bare transformer, then both again with fp8
+#                                        # blocks (ours-fp8); default both, the diffusion half
+#                                        # with what is left of the call (short: run it alone;
+#                                        # its tests and the diffusion half need the diffusers
+#                                        # wheel in ./.whl, as flux)
 #
 # Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
 # llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
@@ -100,7 +110,7 @@
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in mixed|prefill|structured|tests|ar|ttft|step|moe|omni|omni25|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
+case "${1:-}" in mixed|prefill|structured|tests|ar|fp8|ttft|step|moe|omni|omni25|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -256,6 +266,30 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
+    ;;
+  fp8)
+    part=${2:-both}
+    OMNI_CACHE_DIR=/tmp/m/tiny timeout 150 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/gpu/test_fp8_cuda.py tests/gpu/test_fp8_diffusion_cuda.py 2>&1 | tail -3
+    if [ "$part" != diffusion ]; then
+      only_model q8
+      [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
+        --out /tmp/m/q8 --device cuda 2>&1 | tail -1
+      say "model ready"
+      bench_ar_option /tmp/m/q8 quantization "qwen3-8b-${TAG:-h200}-fp8" none fp8
+    fi
+    left=$(( 590 - $(date +%s) + t0 ))  # Qwen-Image's build and bench need ~3 min (guess)
+    if [ "$part" != ar ] && [ "$left" -lt 180 ]; then
+      say "diffusion half skipped: ${left} s left; run: bash scripts/gpu_run.sh fp8 diffusion"
+    elif [ "$part" != ar ]; then
+      timeout "$left" python3 -m bench diffusion --shape qwen-image \
+        --size 512x512 --steps 20 --concurrency 1,8 --per-client 2 \
+        --sides ours-engine,transformer,ours-fp8 --out "$OUT" --tag "qwen-image-${TAG:-h200}-fp8" \
+        > "$OUT/bench-diffusion-fp8.log" 2>&1
+      grep -E "steps/s|ms/call|fp8|wrote" "$OUT/bench-diffusion-fp8.log"
+      grep -E "Error|error" "$OUT/bench-diffusion-fp8.log" | tail -5
+      say "diffusion fp8 done"
+    fi
     ;;
   mixed)
     only_model q8

@@ -19,9 +19,10 @@ from omni.runtime.metrics import Metrics
 # for: left off the model card
 SIGNAL_MODALITIES = ("voice_activity",)
 # what a stage's card on /v1/models repeats of its READY: where it runs, and for an AR stage
-# what its KV cache holds (how many sequences of the full context fit at once)
+# what its KV cache holds (how many sequences of the full context fit at once), and whether
+# its weights run quantized (fp8) and how many linear layers are
 STAGE_CARD_KEYS = ("python", "versions", "device", "max_num_seqs", "kv_tokens", "max_context",
-                   "full_context_sequences")
+                   "full_context_sequences", "quantization", "quantized_weights")
 
 
 @dataclass

@@ -107,4 +107,7 @@ def memory_note(info: dict[str, Any]) -> str:
         parts.append(f"KV cache {info['kv_tokens']} tokens: {info['full_context_sequences']} "
                      f"sequences of the full {info['max_context']}-token context "
                      f"(max_num_seqs {info['max_num_seqs']})")
+    if info.get("quantization"):  # omni/engines/quantization/
+        parts.append(f"{info['quantization']} weights: {info.get('quantized_weights', 0)} "
+                     "linear layers")
     return "; " + ", ".join(parts) if parts else ""

@@ -52,6 +52,7 @@ from omni.config.graph import (
 )
 from omni.config.memory import check_shares, parse_share
 from omni.config.placement import ClusterSettings, parse_cluster, stage_placement  # noqa: I001
+from omni.config.quantization import check_stage_quantization
 from omni.config.request_defaults import parse_request_defaults
 from omni.config.routes import (  # noqa: F401 - re-exported
     Route,
@@ -287,6 +288,8 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     memory = raw.get("memory")
     share = parse_share(src, f"{path}.memory", memory)  # "60%" (else bytes, below)
     placement = stage_placement(src, path, raw)
+    options = as_mapping(src, f"{path}.options", raw.get("options"))
+    check_stage_quantization(src, path, raw, options)
     return StageConfig(
         name=check_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),
@@ -298,7 +301,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
         memory=None if memory is None or share else check_memory(src, f"{path}.memory", memory),
         memory_share=share,
         params=as_mapping(src, f"{path}.params", raw.get("params")),
-        options=as_mapping(src, f"{path}.options", raw.get("options")),
+        options=options,
         final_output=opt_str(src, f"{path}.final_output", raw.get("final_output")),
         restart=as_bool(src, f"{path}.restart", optional(raw, "restart", False)),
         launch=check_choice(src, f"{path}.launch", optional(raw, "launch", "local"),

@@ -35,16 +35,19 @@ class EngineKind:
     # the omni/models registry of the model adapters it drives: a stage of this kind must
     # name one in its ``model`` field (None: the kind needs no adapter name)
     adapters: str | None = None
+    # its stages take the option ``quantization`` (QUANTIZATIONS, or none), and the server
+    # flag --quantization applies to them (omni/engines/quantization/)
+    quantizes: bool = False
 
 
 # the order of the config's error texts and of tests/unit/test_config.py
 KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
-    EngineKind("ar", "omni.engines.ar.build:stage_engine", stateful=True),
+    EngineKind("ar", "omni.engines.ar.build:stage_engine", stateful=True, quantizes=True),
     EngineKind("vllm", "omni.engines.vllm.engine:stage_engine"),
     EngineKind("generation", "omni.engines.generation.build:stage_engine",
                adapters="GENERATION_RUNNERS"),
     EngineKind("diffusion", "omni.engines.diffusion.engine:stage_engine", stateful=True,
-               adapters="DIFFUSION_DENOISERS"),
+               adapters="DIFFUSION_DENOISERS", quantizes=True),
     EngineKind("policy", "omni.engines.policy.engine:stage_engine", stateful=True,
                adapters="POLICIES"),
     EngineKind("echo", "omni.engines.echo.engine:stage_engine", default_device="cpu",
@@ -52,6 +55,8 @@ KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
 )}
 
 ENGINE_KINDS = tuple(KINDS)
+QUANTIZATIONS = ("none", "fp8")  # a stage's option ``quantization`` (none: the model's dtype)
+QUANTIZING_KINDS = tuple(name for name, kind in KINDS.items() if kind.quantizes)
 STATEFUL_KINDS = frozenset(name for name, kind in KINDS.items() if kind.stateful)
 
 

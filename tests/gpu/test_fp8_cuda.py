@@ -1,4 +1,4 @@
-"""FP8 weights on CUDA (torch._scaled_mm's e4m3 kernel, omni/engines/ar/fp8.py): the matmul
+"""FP8 weights on CUDA (torch._scaled_mm's e4m3 kernel, omni/engines/quantization/fp8.py): the matmul
 equals the CPU's computation of the same fp8 operands within bf16 rounding, and an AR
 engine with quantization: fp8 gives the same greedy tokens from its CUDA graphs as eager."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from omni.engines.ar.engine import AREngine
-from omni.engines.ar.fp8 import fp8_linear, quantize_rows
 from omni.engines.base import EngineRequest
+from omni.engines.quantization.fp8 import fp8_linear, quantize_rows
 from omni.fixtures import build_tiny_qwen3
 
 

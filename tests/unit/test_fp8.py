@@ -1,4 +1,4 @@
-"""FP8 (e4m3) weights with per-channel scales (omni/engines/ar/fp8.py, the AR option
+"""FP8 (e4m3) weights with per-channel scales (omni/engines/quantization/fp8.py, the AR option
 quantization: fp8): the matmul's error against the full-precision one, the tiny Qwen3's
 logits within a bound of its unquantized twin, fused projections, the engine option."""
 
@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from omni.engines.ar.engine import AREngine
-from omni.engines.ar.fp8 import FP8, FP8Linear, fp8_linear, quantize_layers, quantize_rows
 from omni.engines.ar.fused_projections import fuse_projections
 from omni.engines.base import EngineLoadError, EngineRequest
+from omni.engines.quantization.fp8 import FP8, FP8Linear, fp8_linear, quantize_layers, quantize_rows
 from omni.fixtures import build_tiny_qwen3
 
 

@@ -174,7 +174,7 @@ _EXPLAIN = {
         "top of it)",
     LAYOUT_RULE:
         "omni/engines/ holds base.py, kinds.py, proc.py, __init__.py and one package per "
-        "engine kind; "
+        "engine kind (or shared by kinds, as proc/ and quantization/); "
         "no file under omni/ is named ar_*",
 }
 

@@ -104,7 +104,7 @@ class AREngine(Engine):
         self.lm.use_attention(ATTN_NAME)
         if self.options.get("experts_implementation", "auto") != "auto":  # MoE kernel
             self.lm.use_experts(str(self.options["experts_implementation"]))
-        quantize(self.lm, self.options.get("quantization"))  # fp8 weights (omni/engines/ar/fp8.py)
+        self.quantized = quantize(self.lm, self.options.get("quantization"))  # ar/quantize.py
         cuda = self.lm.device.type == "cuda"
         self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
         # "auto" exports what the next stage reads: for some models the prompt's rows only
@@ -282,7 +282,7 @@ class AREngine(Engine):
                 "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
                 "tool_format": tool_format(getattr(self.lm.config, "model_type", None),
                                            getattr(self.lm.tokenizer, "chat_template", None)),
-                "constrained_decoding": True,
+                "constrained_decoding": True, **self.quantized,
                 **kv_capacity(self.cache, self.lm.max_positions),
                 **(self.lm.media.info() if self.lm.media else {})}
 

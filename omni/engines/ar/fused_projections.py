@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni.engines.ar.fp8 import linear
+from omni.engines.quantization.fp8 import linear
 
 # (input, fused output) of the leader that ran last; emptied by the group's last sibling
 _STASH: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -54,6 +54,7 @@ from omni.engines.base import (
     StepOutput,
     check_options,
 )
+from omni.engines.diffusion.quantize import quantize_denoiser
 
 if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
@@ -88,11 +89,12 @@ class DiffusionEngine(Engine):
 
     options: max_batch_rows (16): the most transformer rows in one call;
     max_admit_per_step (8): requests encoded per step;
-    step_cache (off): the default step-cache threshold (see the module docstring).
+    step_cache (off): the default step-cache threshold (see the module docstring);
+    quantization (none): fp8 stores the transformer blocks' weights in e4m3 (quantize.py).
     A denoiser lists the options it reads in its OPTIONS.
     """
 
-    OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache"})
+    OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache", "quantization"})
 
     def __init__(self, denoiser: Denoiser, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -105,6 +107,7 @@ class DiffusionEngine(Engine):
             self.step_cache = cache_threshold(opts.get("step_cache"))
         except ValueError as e:
             raise EngineLoadError(str(e)) from e
+        self.quantized = quantize_denoiser(denoiser, opts.get("quantization"))
         # id -> (plan, previews, cache threshold, arrival), not yet encoded
         self._waiting: dict[str, tuple[Any, int, float, float]] = {}
         self._jobs: dict[str, DenoiseJob] = {}
@@ -160,7 +163,8 @@ class DiffusionEngine(Engine):
 
     def info(self) -> dict[str, Any]:
         info = {"output": self.denoiser.output, **self.denoiser.info(),
-                "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache}
+                "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache,
+                **self.quantized}
         if hasattr(self.denoiser, "device"):  # where it runs, for the READY log line
             info.setdefault("device", str(self.denoiser.device))
         return info

@@ -8,10 +8,12 @@ operands and applies s_j * s_i to each output, in the activations' dtype. On Hop
 matmul runs at twice the bf16 rate, and a decode step reads half the weight bytes; on CPU
 torch computes the same thing (slowly), so the quantization's error is tested there.
 
-Which layers: every ``nn.Linear`` of the decoder layers a caller names, except MoE routers
-(a routing decision flipped by rounding moves a token to other experts) and layers whose
-widths are not multiples of 16 (what the GPU kernel takes); the embeddings and the LM head
-stay in the model's dtype, as most FP8 checkpoints keep them. Written here rather than
+Which layers: every ``nn.Linear`` of the blocks a caller names (an AR model's decoder layers,
+a diffusion transformer's blocks), except MoE routers (a routing decision flipped by
+rounding moves a token to other experts) and layers whose widths are not multiples of 16
+(what the GPU kernel takes); what lies outside those blocks (embeddings, the LM head, a
+transformer's input / timestep / final projections, norms) stays in the model's dtype, as
+most FP8 checkpoints keep it. Written here rather than
 taken from a library: torchao's float8 inference path and vLLM's both bring their own
 runtimes; this is the one matmul and two reductions that path needs.
 """

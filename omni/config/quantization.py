@@ -1,0 +1,67 @@
+"""A stage's option ``quantization`` at load time, and the server flag --quantization.
+
+In a pipeline file, ``options: {quantization: fp8}`` on a stage whose engine kind cannot
+store its weights in fp8 (omni/engines/kinds.py: only ar and diffusion can) fails the load
+naming the stage, as does a value that is no known method: before any engine starts.
+
+The flag applies the method to every stage that can take it, in every served pipeline,
+and leaves the others as they are: a Qwen3-Omni server asked for fp8 runs its thinker and
+talker in fp8 and its vocoder as it was, and a server of an LLM beside a TTS voice runs the
+LLM in fp8. That is what a user asking a whole server for fp8 means; failing because one
+stage is a vocoder would make the flag useless for every speech model. Each stage's READY
+line and card on /v1/models say whether it runs fp8, so nothing is silent. Only when no
+served stage can take it does the start fail: then the flag would change nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from omni.config.checks import ConfigError
+from omni.engines.kinds import KINDS, QUANTIZATIONS, QUANTIZING_KINDS
+
+
+def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
+                             options: Mapping[str, Any]) -> None:
+    """``options.quantization`` of the stage ``raw`` at ``path`` (an unknown engine kind is
+    left to the engine check)."""
+    engine = raw.get("engine")
+    if "quantization" not in options or not isinstance(engine, str) or engine not in KINDS:
+        return
+    value = options["quantization"]
+    if value not in QUANTIZATIONS:
+        raise ConfigError(src, f"{path}.options.quantization",
+                          f"unknown method {value!r} on stage '{raw.get('name')}'",
+                          f"Use one of {', '.join(QUANTIZATIONS)}")
+    if value != "none" and not KINDS[engine].quantizes:
+        raise ConfigError(src, f"{path}.options.quantization",
+                          f"stage '{raw.get('name')}' is a {engine} stage, which cannot store "
+                          f"its weights in {value}",
+                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it there")
+
+
+def with_quantization(pipelines: list[Any], method: str) -> list[Any]:
+    """Each pipeline (a PipelineConfig) with ``quantization: method`` on every stage that
+    can take it, its views alike; ConfigError if no stage of any can (see the module doc)."""
+    if method not in QUANTIZATIONS:
+        raise ConfigError("command line", "--quantization", f"unknown method {method!r}",
+                          f"Use one of {', '.join(QUANTIZATIONS)}")
+    stages = [s for p in pipelines for s in p.stages]
+    if method != "none" and not any(KINDS[s.engine].quantizes for s in stages):
+        names = ", ".join(p.name for p in pipelines)
+        kinds = ", ".join(f"{s.name} ({s.engine})" for s in stages)
+        raise ConfigError("command line", "--quantization",
+                          f"no stage of the served pipelines ({names}) can store its weights "
+                          f"in {method} (their stages: {kinds})",
+                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; serve "
+                          "without --quantization")
+    return [_quantized(p, method) for p in pipelines]
+
+
+def _quantized(pipeline: Any, method: str) -> Any:
+    stages = tuple(dataclasses.replace(s, options={**s.options, "quantization": method})
+                   if KINDS[s.engine].quantizes else s for s in pipeline.stages)
+    views = {name: _quantized(view, method) for name, view in pipeline.views.items()}
+    return dataclasses.replace(pipeline, stages=stages, views=views)
