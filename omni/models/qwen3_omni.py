@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,27 @@ def _is_random(path: Path) -> bool:
         return bool(json.loads((path / FIXTURE_MARKER).read_text()).get("random_weights"))
     except (OSError, ValueError, AttributeError):
         return False
+
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Release layout (one gate/up/down matrix per expert) -> transformers' in-memory layout
+    (experts.gate_up_proj (E, 2I, H), experts.down_proj (E, H, I))."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for key, value in tensors.items():
+        m = _EXPERT.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = value
+    for base, by_index in experts.items():
+        ordered = [by_index[i] for i in range(len(by_index))]
+        out[f"{base}.gate_up_proj"] = torch.stack([torch.cat((e["gate"], e["up"])) for e in ordered])
+        out[f"{base}.down_proj"] = torch.stack([e["down"] for e in ordered])
+    return out
 
 
 def prefixed_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:

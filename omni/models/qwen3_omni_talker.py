@@ -31,8 +31,9 @@ tts_pad), which the talker projects.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -40,32 +41,12 @@ import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
-from omni.models.qwen3_omni import prefixed_tensors
+from omni.models.qwen3_omni import fuse_experts, prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
+from omni.models.spoken_tokens import SpokenTokens
 
 TALKER_PREFIX = "talker."
-_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-
-
-def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Release layout (one gate/up/down matrix per expert) -> transformers' in-memory layout
-    (experts.gate_up_proj (E, 2I, H), experts.down_proj (E, H, I))."""
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for key, value in tensors.items():
-        m = _EXPERT.match(key)
-        if m is None:
-            out[key] = value
-        else:
-            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = value
-    for base, by_index in experts.items():
-        ordered = [by_index[i] for i in range(len(by_index))]
-        out[f"{base}.gate_up_proj"] = torch.stack([torch.cat((e["gate"], e["up"])) for e in ordered])
-        out[f"{base}.down_proj"] = torch.stack([e["down"] for e in ordered])
-    return out
-
-
 def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> PromptLayout:
     """The talker's rotary positions: what the model's get_rope_index gives for the talker
     sequence (the kept thinker positions `keep`, then `tail` assistant positions). That
@@ -153,6 +134,7 @@ class FeedState:
     # whole engine step when a step needs them (TalkerFeed.prepare)
     pending: list[int] = field(default_factory=list)
     closed: bool = False
+    spoken: SpokenTokens | None = None  # the answer's ids less its tool calls
     next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
     codes: list[int] | None = None  # the last frame's codes, one per code group
     generator: torch.Generator | None = None
@@ -162,9 +144,10 @@ class TalkerFeed:
     """Builds the talker's inputs from the thinker stream (see the module doc)."""
 
     def __init__(self, lm: TalkerLM, special: torch.Tensor, speaker_ids: dict[str, int],
-                 top: Any) -> None:
+                 top: Any, piece: Callable[[int], str]) -> None:
         cfg = lm.talker.config
         self.lm, self.cfg, self.top = lm, cfg, top
+        self.piece = piece  # a thinker token id's text: tool calls are not voiced
         self.speakers = speaker_ids
         self.thinker_vocab = lm.thinker_embed.num_embeddings  # read per thinker token
         self.num_groups = int(cfg.num_code_groups)
@@ -186,7 +169,7 @@ class TalkerFeed:
 
     def new_state(self, seed: int | None, device: torch.device) -> FeedState:
         generator = None if seed is None else torch.Generator(device).manual_seed(seed + 1)
-        return FeedState(generator=generator)
+        return FeedState(generator=generator, spoken=SpokenTokens(self.piece))
 
     def info(self) -> dict[str, Any]:
         # ids as the config spells them ("ethan"), names as the model card does ("Ethan")
@@ -210,8 +193,9 @@ class TalkerFeed:
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
             raise ValueError(f"talker input needs the thinker's token_ids (ids in [0, "
                              f"{vocab})), got {str(ids)[:80]}")
-        if data.get("finish_reason") is None:  # the last token is never fed back: unheard
-            st.pending += ids
+        # the last token is never fed back, so never heard; a tool call is not heard either
+        final = data.get("finish_reason") is not None
+        st.pending += st.spoken.push([] if final else ids, final)
 
     def _take_prompt(self, st: FeedState, data: dict[str, Any]) -> None:
         hidden, ids = data.get("hidden_states"), data.get("prompt_token_ids")
@@ -390,10 +374,22 @@ def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, T
     special = lm_module.thinker_embed.weight[[top.tts_bos_token_id, top.tts_eos_token_id,
                                               top.tts_pad_token_id]]
     feed = TalkerFeed(lm_module, special,
-                      {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top)
+                      {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top,
+                      token_text(path))
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,
                   random_weights=_is_random(path), config=cfg.text_config,
                   cache_kwarg=cache_keyword(talker.model.forward), rope=TextFirstRope())
     return lm, feed
 
+
+def token_text(path: Path) -> Callable[[int], str]:
+    """A thinker token id's text, by the tokenizer of the release directory."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:
+        raise EngineLoadError(f"model directory {path}: the talker reads the thinker's "
+                              f"tokenizer (to leave tool calls unspoken): {e}") from e
+    return lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))

@@ -227,7 +227,7 @@ class ToolCallReader:
         if self._call is None:
             at = self._pending.find(CALL_OPEN)
             if at < 0:
-                keep = _partial_tag(self._pending, CALL_OPEN)
+                keep = partial_tag(self._pending, CALL_OPEN)
                 yield self._content(self._pending[:len(self._pending) - keep])
                 self._pending = self._pending[len(self._pending) - keep:]
                 return
@@ -236,7 +236,7 @@ class ToolCallReader:
             self._call = _Call()
             return
         at = self._pending.find(CALL_CLOSE)
-        take = len(self._pending) - _partial_tag(self._pending, CALL_CLOSE) if at < 0 else at
+        take = len(self._pending) - partial_tag(self._pending, CALL_CLOSE) if at < 0 else at
         self._call.body += self._pending[:take]
         self._pending = self._pending[take:]
         yield from self._grow(self._call)
@@ -313,11 +313,11 @@ def spoken_text(text: str, final: bool) -> tuple[str, str]:
         if end < 0:
             return spoken, "" if final else rest[at:]
         spoken, rest = spoken + " ", rest[end + len(CALL_CLOSE):]  # words stay apart
-    keep = 0 if final else _partial_tag(rest, CALL_OPEN)
+    keep = 0 if final else partial_tag(rest, CALL_OPEN)
     return spoken + rest[:len(rest) - keep], rest[len(rest) - keep:]
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """How many characters at the end of ``text`` could begin ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

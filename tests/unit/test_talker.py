@@ -16,7 +16,8 @@ from omni.engines.ar.engine import AREngine
 from omni.engines.ar.feedback import FeedbackAREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import ensure_tiny_model
-from omni.models.qwen3_omni_talker import fuse_experts, load_talker
+from omni.models.qwen3_omni import fuse_experts
+from omni.models.qwen3_omni_talker import load_talker
 
 torch.set_num_threads(1)
 TALKER = "qwen3_omni_talker"
@@ -334,3 +335,31 @@ def test_talker_layout_runs_equal_the_per_position_rule(seed):
     layout = talker_layout(rope, keep, 9)
     want, delta = _layout_per_position(rope, keep, 9)
     assert torch.equal(layout.rope, want) and layout.rope_delta == delta
+
+
+def test_a_tool_call_in_the_answer_is_not_heard(thinker, talker):
+    """The thinker's answer with a tool call in it (its ids as the thinker's tokenizer
+    writes them, tags included): the talker projects (hears) the answer's words only and
+    speaks the frames of the answer without the call. The same ids as plain words are
+    heard, so the count can fail (the tiny talker's greedy frames barely depend on the
+    words: the count is the sharp check)."""
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=8)
+    encode = thinker.lm.tokenizer.encode
+    call = encode('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+                  add_special_tokens=False)
+    words = encode(" get_time arguments", add_special_tokens=False)
+    rows = []
+    hook = talker.feed.lm.talker.text_projection.register_forward_hook(
+        lambda module, args, out: rows.append(args[0].shape[0]))
+
+    def heard(ids: list[int]) -> tuple[int, list]:
+        extra = [({"token_ids": [t], "finish_reason": None}, False) for t in ids]
+        rows.clear()
+        frames = run_talker(talker, {"x": outs[:3] + extra + outs[3:]}, max_tokens=30)["x"]
+        return sum(rows), frames
+    try:
+        plain, with_words, with_call = heard([]), heard(words), heard(call)
+    finally:
+        hook.remove()
+    assert with_words[0] == plain[0] + len(words)
+    assert with_call == plain

@@ -11,7 +11,8 @@ item of its own, and the message item only opens once there is something to say,
 answer that is calls only has none. Calls are not spoken: with ``required`` or a named
 function the answer is calls only (the grammar makes it so), so it runs without the
 speech stages at all; with ``auto`` the text streamed to a speech stage still holds them,
-and the voice leaves them out (omni/models/tool_calls.py ``spoken_text``).
+and the voice leaves them out (omni/models/tool_calls.py ``spoken_text`` for a text-fed voice,
+omni/models/spoken_tokens.py for a talker fed token ids).
 """
 
 from __future__ import annotations
