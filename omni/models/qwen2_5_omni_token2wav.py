@@ -144,7 +144,8 @@ class Token2WavRunner:
                          "sway_coefficient": _number(opts, "sway_coefficient", -1.0, float)}
         self.seed = _number(opts, "seed", 0, int, 0)
         self._chunking(opts)
-        self.complete_chunk_frames = t2w.max_codes  # a complete input: whole utterances
+        # a complete input: whole utterances (the longest ones in DiT-sized windows)
+        self.complete_chunk_frames = t2w.max_codes - self.left_context
         self.batch_frames = t2w.max_codes
         self.sample_rate = SAMPLE_RATE
         self.device = t2w.device
