@@ -14,9 +14,8 @@ Chunking: a request is ready with a chunk's worth of new frames (first_chunk_fra
 runner.chunk_growth per chunk up to chunk_frames, so a player is not left waiting for a
 full-size second chunk) or when its input is complete and frames remain. A chunk is its next
 n new frames plus up to left_context earlier ones (their output dropped). Complete inputs
-use complete_chunk_frames. Streams emit one chunk per step. An input value may come with
-``"context"`` frames beside it (a voice clone's reference codes): decoded as left context
-of the frames after them, in place of any earlier ones, never output (request.py).
+use complete_chunk_frames. Streams emit one chunk per step. ``"context"`` frames beside an
+input value (a clone's reference codes; causal decoders) are left context only (request.py).
 
 Batching: one runner call per step over ready chunks of one total (context + new) length (no
 padding: outputs equal unbatched runs), those whose clients run out of audio first
