@@ -20,8 +20,8 @@ DESCRIPTION = """\
 Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
 end-to-end latency (E2EL) and audio underrun of spoken answers from the qwen3_omni preset
 (thinker -> talker -> code2wav; --family qwen2_5_omni: thinker -> talker -> token2wav,
-whose token2wav decodes a whole utterance) served over HTTP, for two sides started from
-the same preset and model directory:
+whose token2wav decodes chunks of codes as they stream in, or the whole utterance on the
+full side) served over HTTP, for two sides started from the same preset and model directory:
 
   stream  both edges `delivery: stream` (the preset): the talker starts on the first
           thinker tokens, code2wav on the first codec frames

@@ -22,7 +22,9 @@
 #                                        # omni --family qwen2_5_omni, 2500-token prompts, 225
 #                                        # thinker tokens, 450 codes (9 s of audio), sides S
 #                                        # (default stream,full) at concurrency C (default 1,8);
-#                                        # LAYERS=N builds a thinker of N layers (default 28)
+#                                        # LAYERS=N builds a thinker of N layers (default 28);
+#                                        # stream: token2wav decodes 50/100/200-code chunks as
+#                                        # codes come (the preset), full: whole utterances
 #   bash scripts/gpu_run.sh core         # bench core on the host's CPUs (control plane per hop;
 #                                        # before: bench/results/core-h200-host.json), after
 #                                        # bench/probes/idle_wake.py (idle wake-up costs)

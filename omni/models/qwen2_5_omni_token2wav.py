@@ -16,12 +16,23 @@ Quirks:
   ``seed`` (0) inside ``fork_rng``, so an utterance's audio is a function of its codes,
   speaker and the seed (and equals ``torch.manual_seed(seed); token2wav(...)``), never of
   what ran before it, and the engine's other RNG users are not disturbed.
-- Its attention is block-wise (blocks of ``block_size`` mel frames, some layers looking
-  one block ahead or back), and the released inference decodes whole utterances: a
-  chunk's mel depends on noise and frames past it. This runner decodes an utterance
-  whole, once its codes are complete (the talker -> token2wav edge is ``delivery:
-  full``); chunk options are not offered. Qwen's own streaming (overlapping DiT windows,
-  not in transformers) is not reproduced here.
+- Streaming: no chunked form of it equals the whole-utterance decode. transformers'
+  Token2Wav has only the whole form (Qwen's overlapping-window streaming is not in it), and
+  a window cannot reproduce the whole: each of the 10 RK4 steps evaluates the DiT 4
+  times, and every evaluation reaches a block or two (``block_size`` mel frames, the
+  ``look_ahead_layers`` / ``look_backward_layers``) further each way, so a mel frame of the
+  result depends on codes ~40 evaluations x 2 blocks away (the real release: ~19 s of
+  codes ahead); the starting noise is drawn in one ``randn`` for the whole length; the
+  blocks are counted from the window's start. So the runner streams at utterance
+  boundaries of its own choosing: with ``chunk_frames`` > 0 the code stream is cut into
+  chunks (``first_chunk_frames``, then ``chunk_growth`` times longer up to
+  ``chunk_frames``) as the talker writes them, and each chunk is decoded as an utterance
+  of its own by transformers' Token2Wav, after up to ``left_context`` earlier codes whose
+  samples are dropped (480 samples a code, exactly: BigVGAN has no tail), so the voice
+  and prosody carry over the cut. A streamed chunk equals ``torch.manual_seed(seed);
+  token2wav(context + chunk)`` after the context's samples; the whole answer equals the
+  whole-utterance decode only when it fits in the first chunk. ``chunk_frames`` 0 (the
+  runner's default): whole utterances, once their codes are complete.
 - Each utterance is decoded alone (as generate does): equal-length rows of one call are
   not batched, so a row's audio never depends on its neighbours.
 - Input frames are {"codes": [[code, ...], [speaker, ...]]}: the talker stage puts its
@@ -117,12 +128,13 @@ def load_token2wav(model_dir: str, *, device: str = "cpu") -> Token2Wav:
 
 class Token2WavRunner:
     """The generation-engine runner of the token2wav stage (see the module doc).
-    Options: num_steps (10), guidance_scale (0.5), sway_coefficient (-1.0), seed (0)."""
+    Options: num_steps (10), guidance_scale (0.5), sway_coefficient (-1.0), seed (0);
+    streaming: chunk_frames (0: whole utterances), first_chunk_frames (= chunk_frames),
+    chunk_growth (2), left_context (0), in codes (50 a second)."""
 
     input_key = "codes"
-    OPTIONS = frozenset({"num_steps", "guidance_scale", "sway_coefficient", "seed"})
-    chunk_growth = 1
-    left_context = 0
+    OPTIONS = frozenset({"num_steps", "guidance_scale", "sway_coefficient", "seed",
+                         "chunk_frames", "first_chunk_frames", "chunk_growth", "left_context"})
 
     def __init__(self, t2w: Token2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -131,12 +143,27 @@ class Token2WavRunner:
                          "guidance_scale": _number(opts, "guidance_scale", 0.5, float, 0.0),
                          "sway_coefficient": _number(opts, "sway_coefficient", -1.0, float)}
         self.seed = _number(opts, "seed", 0, int, 0)
-        # a whole utterance is one chunk: streamed input waits until it is complete
-        self.chunk_frames = self.first_chunk_frames = t2w.max_codes
-        self.complete_chunk_frames = t2w.max_codes
+        self._chunking(opts)
+        # a complete input: whole utterances (the longest ones in DiT-sized windows)
+        self.complete_chunk_frames = t2w.max_codes - self.left_context
         self.batch_frames = t2w.max_codes
         self.sample_rate = SAMPLE_RATE
         self.device = t2w.device
+
+    def _chunking(self, opts: Mapping[str, Any]) -> None:
+        """Streamed chunks (module doc); without chunk_frames a whole utterance is one
+        chunk: streamed input waits until it is complete."""
+        most = self.t2w.max_codes
+        chunk = _number(opts, "chunk_frames", 0, int, 0)
+        self.left_context = _number(opts, "left_context", 0, int, 0) if chunk else 0
+        self.chunk_frames = chunk or most
+        self.first_chunk_frames = (_number(opts, "first_chunk_frames", chunk, int, 1)
+                                   if chunk else most)
+        self.chunk_growth = _number(opts, "chunk_growth", 2, int, 1) if chunk else 1
+        if max(self.chunk_frames, self.first_chunk_frames) + self.left_context > most:
+            raise EngineLoadError(f"options chunk_frames, first_chunk_frames + left_context "
+                                  f"must fit the DiT's {most} codes, got {self.chunk_frames}, "
+                                  f"{self.first_chunk_frames} + {self.left_context}")
 
     def parse(self, value: Any) -> torch.Tensor:
         """[[codes...], [speaker...]] (or such an integer tensor) -> (2, t) int64."""
@@ -164,13 +191,14 @@ class Token2WavRunner:
         return [[c for v in values for c in v[0]], [s for v in values for s in v[1]]]
 
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
-        """(B, 2, T) -> per row its utterance's samples, each decoded alone."""
+        """(B, 2, T) -> per row its utterance's samples after its left context, each row
+        decoded alone."""
         out = []
-        for row in batch:
+        for row, context in zip(batch, contexts, strict=True):
             if int(row[1].min()) != int(row[1].max()):
                 raise ValueError("an utterance's frames name different speakers")
-            out.append(self.t2w.decode(row[0], int(row[1, 0]), self.seed,
-                                       **self.sampling).cpu())
+            wav = self.t2w.decode(row[0], int(row[1, 0]), self.seed, **self.sampling).cpu()
+            out.append(wav[context * self.t2w.samples_per_code:])
         return out
 
     def pack(self, wav: torch.Tensor) -> dict[str, Any]:
@@ -184,6 +212,8 @@ class Token2WavRunner:
                 "device": str(t.device), "sample_rate": self.sample_rate,
                 "samples_per_code": t.samples_per_code, "max_codes": t.max_codes,
                 "speakers": t.names, "seed": self.seed, **self.sampling,
+                "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames,
+                "chunk_growth": self.chunk_growth, "left_context": self.left_context,
                 "audio_format": "f32le"}
 
 

@@ -241,24 +241,24 @@ class Qwen3TTSRunner:
 class Qwen3TTSTalkerRunner(Qwen3TTSRunner):
     """The split layout's talker stage: sentences in, codec codes out, streamed in
     chunks ({"codes": (groups, n) int64}) to a code2wav stage (qwen3_tts_codec.py) that
-    decodes them with left context. CustomVoice only: an in-context clone's audio starts
-    after its reference's codes, which the code2wav stage does not have."""
+    decodes them with left context. A Base release's in-context clone (ref_text given)
+    sends its reference's last codes with each sentence's first chunk ({"context": (groups,
+    t)}): the code2wav stage decodes the sentence's first frames after them, as qwen-tts
+    decodes reference + new codes, so each sentence's audio is the fused layout's."""
 
     def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
         super().__init__(tts, device, options)
         if not self.streams_units:
             raise EngineLoadError("qwen3_tts_talker: chunk_frames must be >= 1 (it streams "
                                   "codes to the code2wav stage)")
-        if self.clones is not None:
-            raise EngineLoadError("qwen3_tts_talker: the split layout serves CustomVoice "
-                                  "releases; serve a Base release with model qwen3_tts")
 
     def _decoder(self) -> None:
         return None  # chunks are codes
 
     def pack(self, result: Any) -> dict[str, Any]:
-        codes, n_tokens = result
-        return {"codes": codes, "input_tokens": int(n_tokens)}
+        codes, n_tokens, context = result
+        return {"codes": codes, "input_tokens": int(n_tokens),
+                **({} if context is None else {"context": context})}
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "model": "qwen3_tts_talker", "audio_format": None}

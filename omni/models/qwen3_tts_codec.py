@@ -6,7 +6,10 @@ the talker stage (omni/models/qwen3_tts.py ``Qwen3TTSTalkerRunner``), each chunk
 with up to ``left_context`` earlier frames whose samples are dropped (the runner is
 Qwen3-Omni's ``Code2WavRunner``; options chunk_frames, first_chunk_frames, chunk_growth,
 left_context, complete_chunk_frames). The decoder is causal and gives exactly 1920
-samples a frame (no look-ahead tail), so chunks join without a gap.
+samples a frame (no look-ahead tail), so chunks join without a gap. A Base release's
+in-context clone: the talker sends the reference's codes beside a sentence's first codes
+(``"context"``), and the engine decodes them as that sentence's left context, in place of
+the previous sentence's frames (omni/engines/generation/request.py).
 
 Runs in the ``qwen3-tts`` environment (``env: qwen3-tts``), like the talker.
 """

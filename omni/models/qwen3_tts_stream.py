@@ -191,7 +191,8 @@ class SentenceStream:
     (nothing yet) and whether the row's sentence is complete with it. Without a decoder
     (the split layout's talker stage) a chunk is its frames' codes, (groups, n), instead,
     one frame held back until the row ends: a sentence's last chunk is never empty, as a
-    stream edge's chunks must not be."""
+    stream edge's chunks must not be; with them the tokens and, on an in-context clone's
+    first chunk of a sentence, its reference codes (None otherwise)."""
 
     def __init__(self, talker: TalkerStream, decoder: Any, first_frames: int,
                  chunk_frames: int, text_tokens: list[int]) -> None:
@@ -247,8 +248,18 @@ class SentenceStream:
             frames = row.frames[row.decoded:upto]
             codes = (torch.stack(frames).T.cpu() if frames  # (groups, n)
                      else torch.zeros(self.talker.groups, 0, dtype=torch.long))
+            context = self._reference_context(row)
             row.decoded, row.chunks = upto, row.chunks + 1
             tokens, self.tokens_left[i] = self.tokens_left[i], 0
             self.closed[i] = row.ended
-            out[i] = ((codes, tokens), row.ended)
+            out[i] = ((codes, tokens, context), row.ended)
         return out
+
+    @staticmethod
+    def _reference_context(row: Row) -> torch.Tensor | None:
+        """An in-context clone's reference codes (groups, <= LEFT_CONTEXT), sent with a
+        sentence's first chunk: the code2wav stage decodes them as the left context of its
+        first frames, as qwen-tts decodes reference + new codes (chunk_codes here)."""
+        if row.context is None or row.chunks:
+            return None
+        return row.context[-LEFT_CONTEXT:].T.contiguous().cpu().clamp(min=0)

@@ -25,8 +25,9 @@ from omni.session.conversation import ConversationTurns
 from omni.session.worlds import WorldSessions
 
 Params = Mapping[str, Mapping[str, Any]]
-# what a stage that picks the voice reports, for the stage that outputs the audio
-VOICE_KEYS = ("voices", "openai_voice_alias")
+# what a stage that picks the voice reports, for the stage that outputs the audio: its
+# voices, or the limits of the reference clip it clones one from (speech_reference.py)
+VOICE_KEYS = ("voices", "openai_voice_alias", "voice_clone")
 
 
 class AsyncOmni:
@@ -227,7 +228,7 @@ class AsyncOmni:
         if info and "voices" not in info:  # the voice is chosen by an upstream stage
             for stage in pipeline.route([modality]).stages:
                 upstream = self.stage_info(stage)
-                if upstream.get("voices"):
+                if upstream.get("voices") or upstream.get("voice_clone"):
                     voice = {k: upstream[k] for k in VOICE_KEYS if k in upstream}
                     info = {**info, **voice, "voice_stages": [stage]}
                     break

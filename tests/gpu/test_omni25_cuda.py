@@ -1,7 +1,8 @@
 """Qwen2.5-Omni on CUDA (tiny random model): the thinker (bfloat16) exporting every
 position's rows and the talker (bfloat16, fed embeddings) decode the same from CUDA graphs
 as eagerly, and token2wav (float32) on the GPU equals transformers' Token2Wav there for
-the same seed (both draw the DiT's noise from the CUDA generator)."""
+the same seed (both draw the DiT's noise from the CUDA generator), whole and streamed in
+chunks with left context."""
 
 from __future__ import annotations
 
@@ -87,3 +88,41 @@ def test_token2wav_on_cuda_equals_transformers(omni25_dir):
               reference_mel=spk["ref_mel"].float().cuda())
     assert wav.abs().max() > 0.05
     torch.testing.assert_close(wav, ref.reshape(-1).cpu(), atol=1e-4, rtol=0)
+
+
+def streamed_chunks_equal_transformers(omni25_dir: str, device: str) -> None:
+    """Codes streamed one a step into token2wav (chunks of 8, then 16, after up to 4 earlier
+    codes): each chunk equals transformers' Token2Wav on ``device`` over its codes, seeded."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    from omni.engines.generation.engine import GenerationEngine
+    from omni.models import build_runner
+
+    engine = GenerationEngine(build_runner(
+        "qwen2_5_omni_token2wav", model_dir=omni25_dir, device=device, dtype="auto",
+        options={"seed": 2, "first_chunk_frames": 8, "chunk_frames": 16, "left_context": 4}))
+    codes = [(5 * i + 3) % 64 for i in range(40)]
+    engine.add(EngineRequest("s", {"stream": ["talker"]}, {}))
+    pieces = []
+    for i, code in enumerate(codes):
+        engine.append("s", "talker", i, {"codes": [[code], [1]]}, i == len(codes) - 1)
+        while engine.has_work():
+            pieces += [o.data["audio"] for o in engine.step() if o.data.get("samples")]
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni25_dir, dtype=torch.float32)
+    t2w = model.token2wav.to(device).float()
+    spk = model.speaker_map[list(model.speaker_map)[1]]
+    cond = {"conditioning": spk["cond"][None].float().to(device),
+            "reference_mel": spk["ref_mel"].float().to(device)}
+    bounds = [(0, 0, 8), (4, 8, 24), (20, 24, 40)]  # (context start, start, end)
+    assert len(pieces) == len(bounds)
+    for piece, (ctx, start, end) in zip(pieces, bounds, strict=True):
+        torch.manual_seed(2)
+        with torch.no_grad():
+            ref = t2w(torch.tensor([codes[ctx:end]], device=device), **cond)
+        want = ref.reshape(-1).cpu()[(start - ctx) * 480:]
+        assert want.abs().max() > 0.05
+        torch.testing.assert_close(piece, want, atol=1e-4, rtol=0)
+
+
+def test_streamed_token2wav_on_cuda_equals_transformers(omni25_dir):
+    streamed_chunks_equal_transformers(omni25_dir, "cuda")

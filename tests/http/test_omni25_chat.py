@@ -1,7 +1,9 @@
 """Spoken answers from a Qwen2.5-Omni directory (tiny random release-layout checkpoint)
 through the unmodified openai SDK: thinker -> talker -> token2wav, three engine processes
 (the preset's shape); text-only requests run the thinker alone. With a greedy talker the
-served audio equals transformers' composite generate for the same prompt."""
+served audio equals transformers' composite generate for the same prompt; with the codes
+streamed to token2wav (the preset's edge) each audio chunk equals transformers' Token2Wav
+over that chunk's codes of the same generate, after its left context."""
 
 from __future__ import annotations
 
@@ -32,6 +34,12 @@ edges:
   - {{from: talker, to: token2wav, delivery: full}}
 outputs: {{text: [thinker], audio: [token2wav]}}
 """
+# the preset's streamed token2wav, in short chunks: 8, 16, 16, ... codes after up to 4
+STREAMED = PIPELINE.replace("name: omni25", "name: omni25-stream").replace(
+    "options: {{seed: {seed}}}", "options: {{seed: {seed}, first_chunk_frames: 8, "
+    "chunk_growth: 2, chunk_frames: 16, left_context: 4}}").replace(
+    "{{from: talker, to: token2wav, delivery: full}}",
+    "{{from: talker, to: token2wav, delivery: stream}}")
 FRAMES, SEED = 30, 4
 ASK = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -44,15 +52,16 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    path = write_pipeline(tmp_path_factory.mktemp("omni25"), "omni25",
-                          PIPELINE.format(d=model_dir, frames=FRAMES, seed=SEED))
-    srv = Server({"omni25": path}, ServerSettings(drain_timeout_s=2.0)).start()
+    out = tmp_path_factory.mktemp("omni25")
+    paths = {name: write_pipeline(out, name, text.format(d=model_dir, frames=FRAMES, seed=SEED))
+             for name, text in (("omni25", PIPELINE), ("omni25-stream", STREAMED))}
+    srv = Server(paths, ServerSettings(drain_timeout_s=2.0)).start()
     yield srv
     srv.stop()
 
 
-def speak(fmt: str, voice: str = "Ethan") -> dict:
-    return {"model": "omni25", "messages": ASK, "modalities": ["text", "audio"],
+def speak(fmt: str, voice: str = "Ethan", model: str = "omni25") -> dict:
+    return {"model": model, "messages": ASK, "modalities": ["text", "audio"],
             "audio": {"voice": voice, "format": fmt}}
 
 
@@ -60,7 +69,15 @@ def audio_dict(audio) -> dict:
     return audio if isinstance(audio, dict) else audio.model_dump(exclude_unset=True)
 
 
-def reference_pcm16(model_dir, voice: str) -> tuple[str, np.ndarray]:
+def pcm16(wav: torch.Tensor) -> np.ndarray:
+    return (wav.clamp(-1, 1).numpy() * 32767).round().astype("<i2")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir) -> dict:
+    """transformers' composite generate for ASK as Ethan: the answer, its pcm16 audio, and
+    what its token2wav call was given (the talker's codes and the speaker's conditioning),
+    with the model."""
     from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -68,10 +85,17 @@ def reference_pcm16(model_dir, voice: str) -> tuple[str, np.ndarray]:
                                   return_dict=False)
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(model_dir),
                                                                 dtype=torch.float32)
-    answer, wav = composite_generate(model, list(ids), words=4, frames=FRAMES,
-                                     speaker=voice, seed=SEED)
-    pcm = (wav.clamp(-1, 1).numpy() * 32767).round().astype("<i2")
-    return tok.decode(answer), pcm
+    calls = []
+    hook = model.token2wav.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
+    try:
+        answer, wav = composite_generate(model, list(ids), words=4, frames=FRAMES,
+                                         speaker="Ethan", seed=SEED)
+    finally:
+        hook.remove()
+    (codes,), decode_kwargs = calls[0]
+    return {"text": tok.decode(answer), "pcm": pcm16(wav), "model": model,
+            "codes": codes, "decode_kwargs": decode_kwargs}
 
 
 def test_text_only_route_runs_the_thinker(server):
@@ -84,8 +108,8 @@ def test_text_only_route_runs_the_thinker(server):
     run(body())
 
 
-def test_spoken_answer_equals_transformers_and_streams_the_same(server, model_dir):
-    text, ref = reference_pcm16(model_dir, "Ethan")
+def test_spoken_answer_equals_transformers_and_streams_the_same(server, reference):
+    text, ref = reference["text"], reference["pcm"]
 
     async def body():
         async with server.client(timeout=90) as client:
@@ -107,6 +131,39 @@ def test_spoken_answer_equals_transformers_and_streams_the_same(server, model_di
             other = await client.chat.completions.create(**speak("pcm16", "chelsie"), **GREEDY)
             assert base64.b64decode(other.choices[0].message.audio.data) != whole.tobytes()
     run(body())
+
+
+def test_streamed_token2wav_speaks_in_chunks_of_transformers_own_decode(server, reference):
+    """The preset's shape: codes stream to token2wav, which decodes 8, then 16, ... codes
+    as they come, each after up to 4 earlier ones: every chunk equals transformers'
+    Token2Wav over those codes of transformers' own generate (seeded), after the context's
+    samples (pcm16, within 1 LSB). Not the whole-utterance audio: no windowed form of the
+    DiT is (omni/models/qwen2_5_omni_token2wav.py)."""
+    codes, model = reference["codes"], reference["model"]
+    expected, start, k = [], 0, 0
+    while start < codes.shape[1]:
+        end, ctx = min(start + min(8 * 2 ** k, 16), codes.shape[1]), max(0, start - 4)
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            wav = model.token2wav(codes[:, ctx:end], **reference["decode_kwargs"])
+        expected.append(wav.reshape(-1)[(start - ctx) * 480:])
+        start, k = end, k + 1
+    want = pcm16(torch.cat(expected))
+
+    async def body() -> bytes:
+        async with server.client(timeout=90) as client:
+            stream = await client.chat.completions.create(
+                **speak("pcm16", model="omni25-stream"), stream=True, **GREEDY)
+            fields = [audio_dict(c.choices[0].delta.audio) async for c in stream
+                      if c.choices and c.choices[0].delta.audio]
+            return [base64.b64decode(a["data"]) for a in fields if a.get("data")]
+    pieces = run(body())
+    assert len(pieces) >= len(expected) >= 2  # the answer's audio came in chunks
+    served = np.frombuffer(b"".join(pieces), dtype="<i2").astype(np.int32)
+    assert np.abs(served).max() > 1000 and len(np.unique(served)) > 100  # not silence
+    assert served.shape == want.shape
+    assert np.abs(served - want.astype(np.int32)).max() <= 1
+    assert not np.array_equal(served, reference["pcm"].astype(np.int32))  # chunked, not whole
 
 
 def _media_question() -> list[dict]:

@@ -3,7 +3,8 @@
 served with the reference voice in the request (``ref_audio``, ``ref_text``) through the
 unmodified openai SDK, and compared with qwen-tts's own ``generate_voice_clone`` given the
 same clip as a data: URL, in its environment. The prompt cache (omni/models/
-qwen3_tts_clone.py) is checked there too, against ``create_voice_clone_prompt``.
+qwen3_tts_clone.py) is checked there too, against ``create_voice_clone_prompt``. The
+split layout (talker stage -> codes -> code2wav stage) serves the same clones.
 
 Bound: greedy decoding in float32; served pcm16 within 2 LSB of the reference's float
 audio converted to pcm16 (conversion rounding plus float noise of batched, left-padded
@@ -48,6 +49,28 @@ stages:
     final_output: audio
     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
                clone_cache_size: 2}}
+"""
+# the split layout: the talker streams codes (and an in-context clone's reference codes
+# ahead of each sentence) to a code2wav stage
+SPLIT = """\
+name: qwen3-tts-base-split
+default_modalities: [audio]
+stages:
+  - name: talker
+    engine: generation
+    model: qwen3_tts_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames}}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
 """
 # (reference clip index, its transcript or None: the speaker embedding alone)
 JOBS = [(0, REF_TEXT), (1, REF_TEXT), (0, None)]
@@ -150,7 +173,8 @@ def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict, Any]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
-    return start_server({"qwen3-tts-base": PIPELINE.format(model_dir=release, frames=FRAMES)},
+    return start_server({"qwen3-tts-base": PIPELINE.format(model_dir=release, frames=FRAMES),
+                         "qwen3-tts-base-split": SPLIT.format(model_dir=release, frames=FRAMES)},
                         start_timeout_s=300.0)
 
 
@@ -158,11 +182,12 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
     return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
 
 
-async def _clone(client: openai.AsyncOpenAI, ref: int, ref_text: str | None) -> np.ndarray:
+async def _clone(client: openai.AsyncOpenAI, ref: int, ref_text: str | None,
+                 model: str = "qwen3-tts-base", text: str = TEXT) -> np.ndarray:
     # one clip as plain base64, the other as a data: URL: both forms are accepted
     ref_audio = base64.b64encode(REFS[ref]).decode() if ref else data_url(REFS[ref])
     extra = {"ref_audio": ref_audio, **({"ref_text": ref_text} if ref_text else {})}
-    audio = await client.audio.speech.create(model="qwen3-tts-base", voice="alloy", input=TEXT,
+    audio = await client.audio.speech.create(model=model, voice="alloy", input=text,
                                              response_format="pcm", extra_body=extra)
     return np.frombuffer(audio.content, dtype=np.int16)
 
@@ -211,11 +236,41 @@ def test_served_clone_equals_qwen_tts_generate_voice_clone(server, reference):
         assert diff <= 2, f"served audio differs from qwen-tts's by {diff} LSB"
 
 
+def test_the_split_layout_clones_as_qwen_tts(server, reference):
+    """talker stage -> codes (an in-context clone's reference codes first) -> code2wav
+    stage: each clone equals qwen-tts's generate_voice_clone, in-context and embedding-only."""
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_clone(client, r, t, "qwen3-tts-base-split")
+                                          for r, t in JOBS))
+    for served, expected in zip(run(speak_all()), reference[0], strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"split-layout clone differs from qwen-tts's by {diff} LSB"
+
+
+def test_the_split_layout_decodes_each_sentence_after_the_reference(server):
+    """Two sentences of an in-context clone: the code2wav stage decodes the second one's
+    first frames after the reference's codes (not the first sentence's last frames), so the
+    split layout's audio equals the fused layout's, where each sentence is decoded alone."""
+    text = f"{TEXT} Then it came home again."
+
+    async def both():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_clone(client, 1, REF_TEXT, model, text) for model in
+                                          ("qwen3-tts-base", "qwen3-tts-base-split")))
+    fused, split = (a.astype(np.int32) for a in run(both()))
+    assert np.abs(fused).max() > 1000  # not silence
+    assert split.shape == fused.shape
+    assert np.abs(split - fused).max() <= 2
+
+
 def _wav_b64(seconds: float) -> str:
     return base64.b64encode(reference_wav(330.0, seconds)).decode()
 
 
-@pytest.mark.parametrize("extra, param", [
+BAD_REFERENCES = [
     ({}, "ref_audio"),                                           # the reference is required
     ({"ref_text": REF_TEXT}, "ref_audio"),
     ({"ref_audio": "not base64 at all!"}, "ref_audio"),
@@ -227,8 +282,14 @@ def _wav_b64(seconds: float) -> str:
     ({"ref_audio": "__short__"}, "ref_audio"),                   # under min_seconds
     ({"ref_audio": "__ok__", "ref_text": ""}, "ref_text"),
     ({"ref_audio": "__ok__", "ref_text": 3}, "ref_text"),
-])
-def test_bad_references_are_400s_naming_the_field(server, extra, param):
+]
+# the split layout's limits come from its talker stage: a few of the cases suffice there
+CASES = [(*case, "qwen3-tts-base") for case in BAD_REFERENCES] + [
+    (*BAD_REFERENCES[i], "qwen3-tts-base-split") for i in (0, 3, 7, 9)]
+
+
+@pytest.mark.parametrize("extra, param, model", CASES)
+def test_bad_references_are_400s_naming_the_field(server, extra, param, model):
     clips = {"__long__": _wav_b64(31.0), "__short__": _wav_b64(0.1), "__ok__": _wav_b64(1.0)}
     if extra.get("ref_audio") in clips:
         extra = {**extra, "ref_audio": clips[extra["ref_audio"]]}
@@ -236,7 +297,7 @@ def test_bad_references_are_400s_naming_the_field(server, extra, param):
     async def post():
         async with server.session() as session:
             async with session.post("/v1/audio/speech", json={
-                    "model": "qwen3-tts-base", "voice": "alloy", "input": "Hi.",
+                    "model": model, "voice": "alloy", "input": "Hi.",
                     **extra}) as resp:
                 return resp.status, await resp.json()
     status, error = run(post())

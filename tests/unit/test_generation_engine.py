@@ -354,3 +354,29 @@ def test_full_delivery_of_one_frame_chunks_is_parsed_once(c2w, monkeypatch):
     engine.add(EngineRequest("b", {"talker": bad}))
     out = _drain(engine)["b"]
     assert out[0].error and f"list of {NQ} lists" in out[0].error
+
+
+def test_context_frames_stand_in_for_earlier_ones_and_are_never_output(c2w):
+    """A chunk carrying "context" (a voice clone's reference codes ahead of a sentence):
+    the frames before it go out first, whole; the context is decoded as the left context of
+    the frames after it, in place of the earlier ones, and makes no output of its own."""
+    chunk, ctx = 6, 4
+    engine = GenerationEngine(Code2WavRunner(c2w, {"chunk_frames": chunk, "left_context": ctx}))
+    a, ref, b = _codes(9, 20), _codes(5, 21), _codes(8, 22)
+    engine.add(EngineRequest("s", {"stream": ["talker"]}))
+    engine.append("s", "talker", 0, {"codes": a.tolist()}, False)
+    outs = _drain(engine)  # one chunk of 6; 3 frames wait for more
+    engine.append("s", "talker", 1, {"codes": b.tolist(), "context": ref.tolist()}, True)
+    got = [o for o in _drain(engine, outs)["s"] if o.data["frames"]]
+    assert [o.data["frames"] for o in got] == [6, 3, 6, 2]  # a's rest flushed before b
+    assert got[-1].finished and not engine.has_work()
+    expected = [c2w.decode_chunk(a[None, :, :6], 0)[0],
+                c2w.decode_chunk(a[None, :, 2:9], 4)[0],  # a's own context
+                c2w.decode_chunk(torch.cat([ref[:, -4:], b[:, :6]], -1)[None], 4)[0],
+                c2w.decode_chunk(b[None, :, 2:8], 4)[0]]
+    scale = max(float(w.abs().max()) for w in expected)
+    for o, want in zip(got, expected, strict=True):
+        assert _close(_audio(o.data), want, scale) < REL_TOL
+    # the context changes b's first chunk (it is not decoded after a's frames)
+    after_a = c2w.decode_chunk(torch.cat([a[:, -4:], b[:, :6]], -1)[None], 4)[0]
+    assert _close(after_a, expected[2], scale) > 100 * REL_TOL

@@ -54,5 +54,5 @@ def test_qwen2_5_omni_release_gets_thinker_talker_token2wav(tmp_path):
         ("thinker", "ar", None), ("talker", "ar", "qwen2_5_omni_talker"),
         ("token2wav", "generation", "qwen2_5_omni_token2wav")]
     assert {(e.src, e.dst, e.delivery) for e in pipeline.edges} == {
-        ("thinker", "talker", "stream"), ("talker", "token2wav", "full")}
+        ("thinker", "talker", "stream"), ("talker", "token2wav", "stream")}
     assert pipeline.route(["text"]).stages == ("thinker",)

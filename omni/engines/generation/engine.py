@@ -14,7 +14,8 @@ Chunking: a request is ready with a chunk's worth of new frames (first_chunk_fra
 runner.chunk_growth per chunk up to chunk_frames, so a player is not left waiting for a
 full-size second chunk) or when its input is complete and frames remain. A chunk is its next
 n new frames plus up to left_context earlier ones (their output dropped). Complete inputs
-use complete_chunk_frames. Streams emit one chunk per step.
+use complete_chunk_frames. Streams emit one chunk per step. ``"context"`` frames beside an
+input value (a clone's reference codes; causal decoders) are left context only (request.py).
 
 Batching: one runner call per step over ready chunks of one total (context + new) length (no
 padding: outputs equal unbatched runs), those whose clients run out of audio first
@@ -65,6 +66,7 @@ from omni.engines.generation.request import (
     GenRequest,
     Runner,
     media_seconds,
+    next_chunk,
     started_running_dry,
 )
 from omni.engines.generation.streamed_items import StreamedItems
@@ -143,7 +145,8 @@ class GenerationEngine(Engine):
             if data is not None:
                 if not isinstance(data, Mapping) or self.runner.input_key not in data:
                     raise ValueError(f"stream chunk needs '{self.runner.input_key}'")
-                taken = self._take(req, data[self.runner.input_key], final=last)
+                taken = self._take(req, data[self.runner.input_key], final=last,
+                                   context=data.get("context"))
                 if taken < 1 and not last and not self._buffers_text:
                     raise ValueError("a stream chunk must carry at least one frame")
             elif not last:
@@ -273,7 +276,7 @@ class GenerationEngine(Engine):
                 params[name] = inputs[name]
         req = GenRequest(rid, params=params)
         if key in inputs:
-            self._take(req, inputs[key])
+            self._take(req, inputs[key], context=inputs.get("context"))
             req.complete = True
         elif "stream" in inputs:
             producers = inputs["stream"]
@@ -292,12 +295,15 @@ class GenerationEngine(Engine):
                 if not isinstance(chunk, Mapping) or key not in chunk:
                     raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")
             values = [chunk[key] for chunk in chunks]
+            contexts = [chunk.get("context") for chunk in chunks]
             # one parse for the whole input where the runner can join it: a producer that
             # streams a frame per step hands over hundreds of chunks, and parsing each
             # held 32 complete answers' ADDs 10 ms apiece (bench omni, full c=32)
-            joined = None if self.items else getattr(self.runner, "join", lambda v: None)(values)
-            for value in values if joined is None else [joined]:
-                self._take(req, value)
+            joinable = not self.items and all(c is None for c in contexts)
+            joined = getattr(self.runner, "join", lambda v: None)(values) if joinable else None
+            for value, context in (zip(values, contexts, strict=True) if joined is None
+                                   else [(joined, None)]):
+                self._take(req, value, context=context)
             req.complete = True
         else:
             raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")
@@ -308,10 +314,11 @@ class GenerationEngine(Engine):
         """Items mode with a runner that cuts streamed text at sentence ends itself."""
         return self.items and getattr(self.runner, "split_stream", None) is not None
 
-    def _take(self, req: GenRequest, value: Any, final: bool = True) -> int:
+    def _take(self, req: GenRequest, value: Any, final: bool = True, context: Any = None) -> int:
         """Add one input value to the request; returns how many frames (or units) it held.
         A streamed text value may be held back until its sentence ends (``final``: the
-        stream ended, flush it)."""
+        stream ended, flush it). ``context``: frames decoded as left context before the
+        value's, with no output (GenRequest.contexts)."""
         if self.items:
             if req.stream and self._buffers_text:
                 if not isinstance(value, str):
@@ -322,6 +329,11 @@ class GenerationEngine(Engine):
             req.units += units
             req.total += len(units)
             return len(units)
+        if context is not None:
+            start = req.total
+            self._push(req, self.runner.parse(context))
+            if req.total > start:
+                req.contexts.append((start, req.total))
         piece = self.runner.parse(value)
         self._push(req, piece)
         return piece.shape[-1]
@@ -336,21 +348,10 @@ class GenerationEngine(Engine):
 
     def _plan(self, req: GenRequest) -> tuple[int, int] | None:
         """(context frames, new frames) of the request's next chunk; None when not ready."""
-        new = req.total - req.done
         if self.items:  # one unit per output, no context
+            new = req.total - req.done
             return (0, 1) if new else ((0, 0) if req.complete else None)
-        if req.stream:
-            growth = getattr(self.runner, "chunk_growth", 1) ** min(req.index, 16)
-            size = min(self.runner.first_chunk_frames * growth, self.runner.chunk_frames)
-        else:
-            size = self.runner.complete_chunk_frames
-        if new >= size:
-            n = size
-        elif req.complete:
-            n = new  # the rest; 0 = only the closing output is left
-        else:
-            return None
-        return min(self.runner.left_context, req.done), n
+        return next_chunk(req, self.runner)
 
     def _run(self, group: list[tuple[GenRequest, int, int]]) -> list[StepOutput]:
         self._count_call(len(group))

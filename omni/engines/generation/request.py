@@ -55,6 +55,11 @@ class GenRequest:
     params: dict[str, Any] = field(default_factory=dict)
     units: list[Any] = field(default_factory=list)  # items mode: one opaque unit per output
     held: str = ""  # items mode, streamed text: the part whose sentence has not ended
+    # [start, end) of frames that are only left context (never output), in order, and the
+    # earliest frame the next chunk may take as context: a context range stands in for
+    # everything before it (a voice clone's reference codes ahead of a sentence)
+    contexts: list[tuple[int, int]] = field(default_factory=list)
+    context_from: int = 0
     arrival: float = field(default_factory=time.monotonic)
     play_start: float | None = None  # when its first output left
     played_s: float = 0.0  # seconds of media sent so far
@@ -68,6 +73,13 @@ class GenRequest:
         if len(self.pieces) > 1:
             self.pieces = [torch.cat(self.pieces, dim=-1)]
         return self.pieces[0]
+
+    def pass_context(self) -> int:
+        """Count the context ranges that come next as done (no output); returns where the
+        frames the next chunk may take end (the next context range, else the input's end)."""
+        while self.contexts and self.contexts[0][0] == self.done:
+            self.context_from, self.done = self.contexts.pop(0)
+        return self.contexts[0][0] if self.contexts else self.total
 
     def trim(self, keep_from: int) -> None:
         """Free frames before absolute index keep_from (no later chunk can use them)."""
@@ -93,3 +105,22 @@ def started_running_dry(reqs: Iterable[GenRequest], call_s: float | None) -> boo
         return False
     guard = time.monotonic() + 2 * call_s
     return any(r.play_start is not None and r.deadline() < guard for r in reqs)
+
+
+def next_chunk(req: GenRequest, runner: Runner) -> tuple[int, int] | None:
+    """(context frames, new frames) of a request's next chunk; None when not ready. A chunk
+    never crosses into a context range: the frames before one go out first, whole."""
+    end = req.pass_context()
+    new = end - req.done
+    if req.stream:
+        growth = getattr(runner, "chunk_growth", 1) ** min(req.index, 16)
+        size = min(runner.first_chunk_frames * growth, runner.chunk_frames)
+    else:
+        size = runner.complete_chunk_frames
+    if new >= size:
+        n = size
+    elif req.complete or end < req.total:
+        n = new  # the rest (or the rest before a context); 0 = only the closing output
+    else:
+        return None
+    return min(runner.left_context, req.done - req.context_from), n
