@@ -1,27 +1,71 @@
-"""Pipelines for the diffusion benchmark: the tiny fixture, a local directory, or the real
-Qwen-Image shapes with random weights built in memory (no 41 GB checkpoint on disk)."""
+"""Pipelines for the diffusion benchmark: the tiny fixture, a local directory, or a
+release's real shapes with random weights built in memory (no 20-60 GB checkpoint on disk):
+Qwen-Image, FLUX.1, FLUX.2 and HunyuanImage 2.1."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from bench.diffusion_hunyuan import load_hunyuan_image
+# --shape naming each family's tiny fixture -> the fixture's name in omni.fixtures
+TINY_FIXTURES = {"tiny": "qwen_image", "flux1-tiny": "flux1", "flux2-tiny": "flux2",
+                 "hunyuan-image-tiny": "hunyuan_image"}
 
 
-def load_qwen_image(shape: str, model_dir: str | None, device: str,
-                    layers: int = 60) -> tuple[Any, str | None]:
-    """(pipeline on ``device``, its directory or None when built in memory)."""
+def _load_diffusers(family: str, shape: str, model_dir: str | None, device: str,
+                    real_size: Callable[[str, int], Any], layers: int) -> tuple[Any, str | None]:
+    """(pipeline on ``device``, its directory or None when built in memory): ``model_dir``
+    or the tiny fixture loaded through the family's adapter classes, else ``real_size``."""
+    import importlib
+
     from omni.fixtures.tiny_models import ensure_tiny_model
     from omni.models import diffusion as common
-    from omni.models.qwen_image import _classes
 
-    if model_dir is None and shape == "tiny":
-        model_dir = str(ensure_tiny_model("qwen_image"))
+    if model_dir is None and shape in TINY_FIXTURES:
+        model_dir = str(ensure_tiny_model(TINY_FIXTURES[shape]))
     if model_dir is not None:
-        return common.load_pipeline(model_dir, _classes(), device=device, dtype="auto"), model_dir
-    return real_size_qwen_image(device, layers), None
+        classes = importlib.import_module(f"omni.models.{family}")._classes()
+        return common.load_pipeline(model_dir, classes, device=device, dtype="auto"), model_dir
+    return real_size(device, layers), None
+
+
+def _random_bf16(device: str, build: Callable[[], Any]) -> Any:
+    """``build()``'s pipeline with its weights drawn (seed 0) in bf16 directly on
+    ``device`` (a full-size model would not fit twice)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            pipe = build()
+    finally:
+        torch.set_default_dtype(previous)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _qwen25_vl_encoder(vocab: int, layers: int) -> Any:
+    """A Qwen2.5-VL-7B-wide text encoder (3584) with ``layers`` layers and a token vision
+    tower: what Qwen-Image and HunyuanImage read prompts with."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text_config = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": layers,
+                   "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "vocab_size": vocab, "rope_theta": 1e6,
+                   "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+              "out_hidden_size": 3584}
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config=text_config, vision_config=vision))
+
+
+# -- Qwen-Image --------------------------------------------------------------------------
+def load_qwen_image(shape: str, model_dir: str | None, device: str,
+                    layers: int = 60) -> tuple[Any, str | None]:
+    return _load_diffusers("qwen_image", shape, model_dir, device, real_size_qwen_image,
+                           layers)
 
 
 def real_size_qwen_image(device: str, layers: int = 60) -> Any:
@@ -35,49 +79,24 @@ def real_size_qwen_image(device: str, layers: int = 60) -> Any:
         QwenImagePipeline,
         QwenImageTransformer2DModel,
     )
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoTokenizer
 
     from omni.fixtures.tiny_diffusion import QWEN_IMAGE_SCHEDULER
     from omni.fixtures.tiny_models import ensure_tiny_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_tiny_model("qwen_image") / "tokenizer"))
-    text_config = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 2,
-                   "num_attention_heads": 28, "num_key_value_heads": 4,
-                   "vocab_size": len(tokenizer), "rope_theta": 1e6,
-                   "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
-              "out_hidden_size": 3584}
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            pipe = QwenImagePipeline(
-                transformer=QwenImageTransformer2DModel(num_layers=layers),
-                vae=AutoencoderKLQwenImage(),
-                text_encoder=Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
-                    text_config=text_config, vision_config=vision)),
-                tokenizer=tokenizer,
-                scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER))
-    finally:
-        torch.set_default_dtype(previous)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return _random_bf16(device, lambda: QwenImagePipeline(
+        transformer=QwenImageTransformer2DModel(num_layers=layers),
+        vae=AutoencoderKLQwenImage(),
+        text_encoder=_qwen25_vl_encoder(len(tokenizer), 2),
+        tokenizer=tokenizer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)))
 
 
 # -- FLUX.1 ------------------------------------------------------------------------------
 def load_flux1(shape: str, model_dir: str | None, device: str,
                layers: int = 19) -> tuple[Any, str | None]:
-    """(FluxPipeline on ``device``, its directory or None when built in memory)."""
-    from omni.fixtures.tiny_models import ensure_tiny_model
-    from omni.models import diffusion as common
-    from omni.models.flux import _classes
-
-    if model_dir is None and shape == "flux1-tiny":
-        model_dir = str(ensure_tiny_model("flux1"))
-    if model_dir is not None:
-        return common.load_pipeline(model_dir, _classes(), device=device, dtype="auto"), model_dir
-    return real_size_flux1(device, layers), None
+    return _load_diffusers("flux", shape, model_dir, device, real_size_flux1, layers)
 
 
 def real_size_flux1(device: str, layers: int = 19) -> Any:
@@ -107,45 +126,36 @@ def real_size_flux1(device: str, layers: int = 19) -> Any:
     tiny = ensure_tiny_model("flux1")
     clip_tok = CLIPTokenizer.from_pretrained(str(tiny / "tokenizer"))
     t5_tok = T5TokenizerFast.from_pretrained(str(tiny / "tokenizer_2"))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            pipe = FluxPipeline(
-                transformer=FluxTransformer2DModel(num_layers=layers,
-                                                   num_single_layers=2 * layers,
-                                                   guidance_embeds=True),
-                vae=AutoencoderKL(
-                    block_out_channels=(128, 256, 512, 512),
-                    down_block_types=("DownEncoderBlock2D",) * 4,
-                    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
-                    latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-                    **FLUX1_VAE_FACTORS),
-                text_encoder=CLIPTextModel(CLIPTextConfig(
-                    vocab_size=len(clip_tok), hidden_size=768, intermediate_size=3072,
-                    num_hidden_layers=2, num_attention_heads=12, max_position_embeddings=77,
-                    eos_token_id=clip_tok.eos_token_id)),
-                text_encoder_2=T5EncoderModel(T5Config(
-                    vocab_size=len(t5_tok), d_model=4096, d_ff=10240, num_layers=2,
-                    num_heads=64, d_kv=64, feed_forward_proj="gated-gelu")),
-                tokenizer=clip_tok, tokenizer_2=t5_tok,
-                scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_SCHEDULER))
-    finally:
-        torch.set_default_dtype(previous)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return _random_bf16(device, lambda: FluxPipeline(
+        transformer=FluxTransformer2DModel(num_layers=layers, num_single_layers=2 * layers,
+                                           guidance_embeds=True),
+        vae=AutoencoderKL(
+            block_out_channels=(128, 256, 512, 512),
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+            latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+            **FLUX1_VAE_FACTORS),
+        text_encoder=CLIPTextModel(CLIPTextConfig(
+            vocab_size=len(clip_tok), hidden_size=768, intermediate_size=3072,
+            num_hidden_layers=2, num_attention_heads=12, max_position_embeddings=77,
+            eos_token_id=clip_tok.eos_token_id)),
+        text_encoder_2=T5EncoderModel(T5Config(
+            vocab_size=len(t5_tok), d_model=4096, d_ff=10240, num_layers=2,
+            num_heads=64, d_kv=64, feed_forward_proj="gated-gelu")),
+        tokenizer=clip_tok, tokenizer_2=t5_tok,
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_SCHEDULER)))
 
 
 # -- FLUX.2 ------------------------------------------------------------------------------
 def load_flux2(shape: str, model_dir: str | None, device: str,
                layers: int = 8) -> tuple[Any, str | None]:
-    """(Flux2Pipeline on ``device``, its directory or None when built in memory)."""
+    """(Flux2Pipeline on ``device``, its directory or None when built in memory); the
+    adapter loads it (its text tokenizer needs the adapter's loader)."""
     from omni.fixtures.tiny_models import ensure_tiny_model
     from omni.models.flux2 import build_flux2
 
-    if model_dir is None and shape == "flux2-tiny":
-        model_dir = str(ensure_tiny_model("flux2"))
+    if model_dir is None and shape in TINY_FIXTURES:
+        model_dir = str(ensure_tiny_model(TINY_FIXTURES[shape]))
     if model_dir is not None:
         return build_flux2(model_dir=model_dir, device=device, dtype="auto",
                            options={}).pipe, model_dir
@@ -181,22 +191,57 @@ def real_size_flux2(device: str, layers: int = 8) -> Any:
                          head_dim=128)
     vision = PixtralVisionConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2, head_dim=32)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            pipe = Flux2Pipeline(
-                transformer=Flux2Transformer2DModel(num_layers=layers,
-                                                    num_single_layers=6 * layers),
-                vae=AutoencoderKLFlux2(),
-                text_encoder=Mistral3ForConditionalGeneration(Mistral3Config(
-                    text_config=text, vision_config=vision)),
-                tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER))
-    finally:
-        torch.set_default_dtype(previous)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return _random_bf16(device, lambda: Flux2Pipeline(
+        transformer=Flux2Transformer2DModel(num_layers=layers, num_single_layers=6 * layers),
+        vae=AutoencoderKLFlux2(),
+        text_encoder=Mistral3ForConditionalGeneration(Mistral3Config(
+            text_config=text, vision_config=vision)),
+        tokenizer=tok, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER)))
+
+
+# -- HunyuanImage 2.1 --------------------------------------------------------------------
+def load_hunyuan_image(shape: str, model_dir: str | None, device: str,
+                       layers: int = 20) -> tuple[Any, str | None]:
+    return _load_diffusers("hunyuan_image", shape, model_dir, device,
+                           real_size_hunyuan_image, layers)
+
+
+def real_size_hunyuan_image(device: str, layers: int = 20) -> Any:
+    """HunyuanImagePipeline with HunyuanImage 2.1's transformer (20 double + 40 single
+    blocks, 28 heads x 128, Qwen 3584 + ByT5 1472 text: ~17 B parameters; ``layers``
+    double blocks and twice as many single ones), VAE (32x, 64 channels) and guiders (the
+    class defaults: CFG, then APG from step 5), random bf16 weights; text encoders of the
+    release's widths (Qwen2.5-VL-7B 3584, ByT5 1472) with 3 and 2 layers and the tiny
+    fixture's Qwen tokenizer (prompt encoding is once per request, not what is measured)."""
+    from diffusers import (
+        AdaptiveProjectedMixGuidance,
+        AutoencoderKLHunyuanImage,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanImagePipeline,
+        HunyuanImageTransformer2DModel,
+    )
+    from transformers import AutoTokenizer, ByT5Tokenizer, T5Config, T5EncoderModel
+
+    from omni.fixtures.tiny_hunyuan import HUNYUAN_IMAGE_SCHEDULER
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model("hunyuan_image") / "tokenizer"))
+    return _random_bf16(device, lambda: HunyuanImagePipeline(
+        transformer=HunyuanImageTransformer2DModel(
+            num_layers=layers, num_single_layers=2 * layers, text_embed_2_dim=1472),
+        vae=AutoencoderKLHunyuanImage(
+            in_channels=3, out_channels=3, latent_channels=64,
+            block_out_channels=(128, 256, 512, 512, 1024, 1024), layers_per_block=2,
+            spatial_compression_ratio=32, sample_size=384, scaling_factor=0.75289),
+        text_encoder=_qwen25_vl_encoder(len(tok), 3),
+        tokenizer=tok,
+        text_encoder_2=T5EncoderModel(T5Config(
+            vocab_size=384, d_model=1472, d_ff=3584, num_layers=2, num_heads=6,
+            d_kv=64, feed_forward_proj="gated-gelu")),
+        tokenizer_2=ByT5Tokenizer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(**HUNYUAN_IMAGE_SCHEDULER),
+        guider=AdaptiveProjectedMixGuidance(),
+        ocr_guider=AdaptiveProjectedMixGuidance()))
 
 
 # -- what the bench needs per family -----------------------------------------------------
@@ -248,9 +293,7 @@ def transformer_inputs(family: str, pipe: Any, height: int, width: int, batch: i
                        device: str) -> dict[str, Any]:
     """Random transformer inputs of one batched call at this size (24 text tokens)."""
     if family == "hunyuan_image":
-        from bench.diffusion_hunyuan import transformer_inputs as hunyuan_inputs
-
-        return hunyuan_inputs(pipe, height, width, batch, device)
+        return _hunyuan_inputs(pipe, height, width, batch, device)
     transformer, scale = pipe.transformer, pipe.vae_scale_factor
     grid = (height // scale // 2, width // scale // 2)
     dtype = transformer.dtype
@@ -274,3 +317,22 @@ def transformer_inputs(family: str, pipe: Any, height: int, width: int, batch: i
     else:
         inputs.update(encoder_hidden_states_mask=None, img_shapes=[[(1, *grid)]] * batch)
     return inputs
+
+
+def _hunyuan_inputs(pipe: Any, height: int, width: int, batch: int,
+                    device: str) -> dict[str, Any]:
+    """HunyuanImage's: the pipeline's text lengths (Qwen padded to 1000 tokens, ByT5 to
+    128; 24 and no glyph tokens real), latents channels first."""
+    cfg, scale = pipe.transformer.config, pipe.vae_scale_factor
+    rows = dict(device=device, dtype=pipe.transformer.dtype)
+    mask = torch.zeros(batch, 1000, dtype=torch.long, device=device)
+    mask[:, :24] = 1
+    return {"hidden_states": torch.randn(batch, cfg.in_channels, height // scale,
+                                         width // scale, **rows),
+            "timestep": torch.full((batch,), 500.0, **rows),
+            "encoder_hidden_states": torch.randn(batch, 1000, cfg.text_embed_dim, **rows),
+            "encoder_attention_mask": mask,
+            "encoder_hidden_states_2": torch.zeros(batch, 128, cfg.text_embed_2_dim, **rows),
+            "encoder_attention_mask_2": torch.zeros(batch, 128, dtype=torch.long,
+                                                    device=device),
+            "return_dict": False}

@@ -371,7 +371,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
   omni25)
     only_model omni25
     # built aside and renamed: a build cut short is not taken for a model by the next call
-    [ -d /tmp/m/omni25 ] || { timeout 240 python3 scripts/build_random_omni25.py \
+    [ -d /tmp/m/omni25 ] || { timeout 240 python3 scripts/build_random_omni.py --family qwen2_5_omni \
       --out /tmp/m/omni25.part --thinker-layers "${LAYERS:-28}" --device cuda 2>&1 | tail -1 \
       && mv /tmp/m/omni25.part /tmp/m/omni25; }
     say "model ready ($(du -sh /tmp/m/omni25 | cut -f1))"

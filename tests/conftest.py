@@ -15,6 +15,16 @@ if importlib.util.find_spec("openpi_client") is None:
     collect_ignore.append("openpi")
 
 
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """name -> the directory (str) of tiny fixture ``name``, built once per session in the
+    session's models folder, which other tests' fixtures build into as well."""
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    cache = tmp_path_factory.getbasetemp() / "models"
+    return lambda name: str(ensure_tiny_model(name, cache))
+
+
 @pytest.fixture
 def preset_envs(tmp_path, monkeypatch):
     """Presets whose stage runs in a named environment (``env: NAME``) load only where it

@@ -85,6 +85,44 @@ def prompt_of(inputs: Mapping[str, Any], name: str = "prompt", required: bool = 
     return value
 
 
+def request_plan(inputs: Mapping[str, Any], params: Mapping[str, Any], lim: Limits, *,
+                 no_negative: str | None = None, min_steps: int = 1, batched: bool = True,
+                 release_guidance: bool = False) -> dict[str, Any]:
+    """The checked fields every diffusion request plan has: prompt, negative_prompt
+    (``no_negative`` where the request sends none: None, or "" for a pipeline that takes
+    a string), steps, n (``batched`` models only), guidance and seed.
+    ``release_guidance``: guidance is None where the request names none, so that the
+    release's own guider settings apply. The family adds its own fields (size, images)."""
+    plan = {"prompt": prompt_of(inputs),
+            "negative_prompt": prompt_of(inputs, "negative_prompt", False) or no_negative,
+            "steps": bounded_int(params, "steps", lim.default_steps, min_steps, lim.max_steps)}
+    if batched:
+        plan["n"] = bounded_int(params, "n", 1, 1, lim.max_n)
+    named = params.get("guidance_scale") is not None
+    plan["guidance"] = (guidance(params, lim.default_guidance)
+                        if named or not release_guidance else None)
+    plan["seed"] = seed_of(params)
+    return plan
+
+
+def frames_for(seconds: float, fps: int, temporal: int) -> int:
+    """The frame count nearest ``seconds`` at ``fps`` that a video VAE with ``temporal``
+    compression can take (temporal * k + 1)."""
+    k = max(1, round(seconds * fps / temporal))
+    return temporal * k + 1
+
+
+def video_frames(params: Mapping[str, Any], lim: Limits, temporal: int,
+                 suggest: bool = False) -> int:
+    """The request's frame count, checked to be temporal * k + 1 (what a video VAE with
+    ``temporal`` compression takes); ``suggest``: the message names the nearest one."""
+    frames = bounded_int(params, "frames", lim.default_frames, 1, lim.max_frames)
+    if (frames - 1) % temporal:
+        hint = f" (e.g. {frames_for(frames / lim.fps, lim.fps, temporal)})" if suggest else ""
+        raise ValueError(f"'frames' must be {temporal}k+1 for this model{hint}")
+    return frames
+
+
 def open_image(data: Any, what: str = "image") -> Any:
     """Encoded image bytes (PNG, JPEG, WebP, ...) -> an RGB PIL image."""
     from PIL import Image, UnidentifiedImageError

@@ -71,19 +71,13 @@ class Flux2Denoiser:
         images = inputs.get("images") or []
         if len(images) > self.max_images:
             raise ValueError(f"this model takes at most {self.max_images} reference images")
-        lim = self.limits
-        plan = {"prompt": common.prompt_of(inputs),
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
-                "guidance": common.guidance(params, lim.default_guidance),
-                "seed": common.seed_of(params),
-                "images": [self._reference(common.open_image(data)) for data in images]}
+        plan = common.request_plan(inputs, params, self.limits)
+        plan["images"] = [self._reference(common.open_image(data)) for data in images]
         size = params.get("size")
         if plan["images"] and size in (None, "auto"):
             height, width = plan["images"][0].shape[-2:]
             size = f"{width}x{height}"
-        plan["width"], plan["height"] = common.parse_size(size, lim)
+        plan["width"], plan["height"] = common.parse_size(size, self.limits)
         return plan
 
     def _reference(self, image: Any) -> Any:

@@ -104,17 +104,9 @@ class HunyuanImageDenoiser:
         if inputs.get("images"):
             raise ValueError("HunyuanImage 2.1 is a text-to-image model and takes no "
                              "input image")
-        lim = self.limits
-        width, height = common.parse_size(params.get("size"), lim)
-        return {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False) or None,
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
-                # None: the release's own guider settings
-                "guidance": (common.guidance(params, lim.default_guidance)
-                             if params.get("guidance_scale") is not None else None),
-                "seed": common.seed_of(params), "width": width, "height": height}
+        width, height = common.parse_size(params.get("size"), self.limits)
+        plan = common.request_plan(inputs, params, self.limits, release_guidance=True)
+        return plan | {"width": width, "height": height}
 
     @torch.inference_mode()
     def start(self, request_id: str, plan: dict[str, Any]) -> DenoiseJob:

@@ -87,21 +87,11 @@ class HunyuanVideoDenoiser:
                              "HunyuanVideo 1.5 I2V releases can")
         if len(images) > 1:
             raise ValueError("one reference image per video")
-        lim = self.limits
-        frames = common.bounded_int(params, "frames", lim.default_frames, 1, lim.max_frames)
-        if (frames - 1) % self.temporal:
-            raise ValueError(f"'frames' must be {self.temporal}k+1 for this model")
+        frames = common.video_frames(params, self.limits, self.temporal)
         image = common.open_image(images[0], "input_reference") if images else None
         width, height = self._size(params.get("size"), image)
-        return {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False) or None,
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
-                "guidance": (common.guidance(params, lim.default_guidance)
-                             if params.get("guidance_scale") is not None else None),
-                "seed": common.seed_of(params), "frames": frames, "width": width,
-                "height": height, "image": image}
+        plan = common.request_plan(inputs, params, self.limits, release_guidance=True)
+        return plan | {"frames": frames, "width": width, "height": height, "image": image}
 
     def _size(self, size: Any, image: Any) -> tuple[int, int]:
         """(width, height): the request's, or for image-to-video the image's bucket."""

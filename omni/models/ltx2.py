@@ -112,18 +112,11 @@ class LTX2Denoiser:
         if inputs.get("images"):
             raise ValueError("this LTX-2 model does text to video only: send no "
                              "'input_reference'")
-        lim = self.limits
-        frames = common.bounded_int(params, "frames", lim.default_frames, 1, lim.max_frames)
-        if (frames - 1) % self.temporal:
-            raise ValueError(f"'frames' must be {self.temporal}k+1 for this model")
-        width, height = common.parse_size(params.get("size"), lim)
-        return {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False),
-                "steps": common.bounded_int(params, "steps", lim.default_steps,
-                                            self.min_steps, lim.max_steps),
-                "guidance": common.guidance(params, lim.default_guidance),
-                "seed": common.seed_of(params), "frames": frames, "width": width,
-                "height": height}
+        frames = common.video_frames(params, self.limits, self.temporal)
+        width, height = common.parse_size(params.get("size"), self.limits)
+        plan = common.request_plan(inputs, params, self.limits, no_negative="",
+                                   min_steps=self.min_steps, batched=False)
+        return plan | {"frames": frames, "width": width, "height": height}
 
     def _scales(self, guidance: float) -> tuple[Scales, Scales]:
         o = self.options

@@ -103,19 +103,12 @@ class LTXVideoDenoiser:
                              "(the first frame)")
         if len(images) > 1:
             raise ValueError("one reference image per video")
-        lim = self.limits
-        frames = common.bounded_int(params, "frames", lim.default_frames, 1, lim.max_frames)
-        if (frames - 1) % self.temporal:
-            raise ValueError(f"'frames' must be {self.temporal}k+1 for this model")
-        width, height = common.parse_size(params.get("size"), lim)
-        return {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False),
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "guidance": common.guidance(params, lim.default_guidance),
-                "seed": common.seed_of(params), "frames": frames, "width": width,
-                "height": height,
-                "image": common.open_image(images[0], "input_reference") if images else None}
+        frames = common.video_frames(params, self.limits, self.temporal)
+        width, height = common.parse_size(params.get("size"), self.limits)
+        plan = common.request_plan(inputs, params, self.limits, no_negative="", batched=False)
+        return plan | {"frames": frames, "width": width, "height": height,
+                       "image": (common.open_image(images[0], "input_reference")
+                                 if images else None)}
 
     @torch.inference_mode()
     def start(self, request_id: str, plan: dict[str, Any]) -> DenoiseJob:

@@ -84,20 +84,12 @@ class QwenImageDenoiser:
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         image = common.edit_image(inputs.get("images") or [], self.edit, "Qwen-Image-Edit")
-        lim = self.limits
-        plan = {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False) or None,
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
-                "guidance": common.guidance(params, lim.default_guidance),
-                "seed": common.seed_of(params),
-                "image": image}
+        plan = common.request_plan(inputs, params, self.limits) | {"image": image}
         size = params.get("size")
         if image is not None and size in (None, "auto"):
             plan["width"], plan["height"] = self._edit_dims(image)
         else:
-            plan["width"], plan["height"] = common.parse_size(size, lim)
+            plan["width"], plan["height"] = common.parse_size(size, self.limits)
         return plan
 
     def _edit_dims(self, image: Any) -> tuple[int, int]:

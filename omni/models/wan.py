@@ -53,13 +53,6 @@ def image_pipeline(pipe: Any) -> Any:
                                    expand_timesteps=True)
 
 
-def frames_for(seconds: float, fps: int, temporal: int) -> int:
-    """The frame count nearest ``seconds`` at ``fps`` that Wan's VAE can take
-    (temporal * k + 1)."""
-    k = max(1, round(seconds * fps / temporal))
-    return temporal * k + 1
-
-
 class WanDenoiser:
     output = "video"
     OPTIONS = common.LIMIT_OPTIONS | {"max_sequence_length"}
@@ -109,22 +102,13 @@ class WanDenoiser:
                              "an image-to-video model (e.g. Wan I2V) can")
         if len(images) > 1:
             raise ValueError("one reference image per video")
-        lim = self.limits
-        frames = common.bounded_int(params, "frames", lim.default_frames, 1, lim.max_frames)
-        if (frames - 1) % self.temporal:
-            raise ValueError(f"'frames' must be {self.temporal}k+1 for this model "
-                             f"(e.g. {frames_for(frames / lim.fps, lim.fps, self.temporal)})")
-        width, height = common.parse_size(params.get("size"), lim)
-        return {"prompt": common.prompt_of(inputs),
-                "negative_prompt": common.prompt_of(inputs, "negative_prompt", False),
-                "steps": common.bounded_int(params, "steps", lim.default_steps, 1,
-                                            lim.max_steps),
-                "n": common.bounded_int(params, "n", 1, 1, lim.max_n),
-                "guidance": common.guidance(params, lim.default_guidance),
-                "guidance_2": self._low_noise_guidance(params),
-                "seed": common.seed_of(params), "frames": frames, "width": width,
-                "height": height,
-                "image": common.open_image(images[0], "input_reference") if images else None}
+        frames = common.video_frames(params, self.limits, self.temporal, suggest=True)
+        width, height = common.parse_size(params.get("size"), self.limits)
+        plan = common.request_plan(inputs, params, self.limits, no_negative="")
+        return plan | {"guidance_2": self._low_noise_guidance(params), "frames": frames,
+                       "width": width, "height": height,
+                       "image": (common.open_image(images[0], "input_reference")
+                                 if images else None)}
 
     def _low_noise_guidance(self, params: Mapping[str, Any]) -> float | None:
         """``guidance_scale_2``: the low-noise expert's scale (two-expert releases only)."""

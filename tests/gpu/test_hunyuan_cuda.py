@@ -4,19 +4,11 @@ steps, each output nearer diffusers' own call for it than the other request's.""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from omni.engines.base import EngineRequest
 from omni.engines.diffusion.engine import DiffusionEngine
-from omni.fixtures.tiny_models import ensure_tiny_model
 from omni.models import build_denoiser
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
 
 
 def served(family, model_dir, requests):

@@ -83,6 +83,26 @@ def test_random_omni_builder_writes_the_release_names(tmp_path) -> None:
     assert 3.2e9 < talker < 3.4e9
 
 
+def test_random_omni_builder_qwen2_5_family(tmp_path) -> None:
+    """build_random_omni.py --family qwen2_5_omni: Qwen2.5-Omni-7B's names and shapes."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import build_random_omni as b
+    from transformers import Qwen2_5OmniConfig
+
+    tok = b.write_tokenizer(tmp_path, "qwen2_5_omni")
+    assert tok.convert_tokens_to_ids("<|AUDIO|>") == 151646  # where the release has it
+    config = Qwen2_5OmniConfig(**b.configs(tok, 2, "qwen2_5_omni"))
+    tensors = b.disk_tensors(config, torch.bfloat16, "qwen2_5_omni")
+    b.check_against_tiny(tensors, "qwen2_5_omni")  # raises on any difference
+    assert tensors["thinker.lm_head.weight"] == (152064, 3584)
+    assert tensors["talker.model.layers.23.mlp.down_proj.weight"] == (896, 4864)
+
+
 def test_ar_engine_options_go_into_a_preset_copy(tmp_path) -> None:
     import yaml
 

@@ -9,54 +9,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from unit.diffusion_runs import collect, engine, png, run
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion.engine import DiffusionEngine, preview_steps
-from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models import build_denoiser
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
-
-
-def engine(models, family, name, **options):
-    denoiser = build_denoiser(family, model_dir=models(name), device="cpu", dtype="auto",
-                              options=options)
-    return DiffusionEngine(denoiser, options)
-
-
-def run(eng, requests, join_after=2):
-    """The first request starts alone; the rest join after ``join_after`` steps, so
-    every later one runs while the first is mid-denoise at another timestep."""
-    results, errors = {}, {}
-    eng.add(EngineRequest(*requests[0]))
-    for _ in range(join_after):
-        collect(eng.step(), results, errors)
-    for request in requests[1:]:
-        eng.add(EngineRequest(*request))
-    while eng.has_work():
-        collect(eng.step(), results, errors)
-    return results, errors
-
-
-def collect(outputs, results, errors):
-    for out in outputs:
-        if out.error:
-            errors[out.request_id] = out.error
-        elif out.finished:
-            results[out.request_id] = out.data
-
-
-def png(width=24, height=20, seed=0):
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
+from omni.engines.diffusion.engine import preview_steps
 
 
 def close_to(ours, reference):
@@ -125,11 +81,11 @@ def test_wan_multistep_scheduler_batched_equals_diffusers(models):
 
 
 def test_image_conditioned_models_equal_diffusers(models):
-    image = png()
+    image = png(24, 20)
     eng = engine(models, "qwen_image", "qwen_image_edit", edit_area=32 * 32)
     params = {"steps": 3, "seed": 4, "size": "32x32"}
     requests = [("e1", {"prompt": "make it red", "images": [image]}, params),
-                ("e2", {"prompt": "make it blue", "images": [png(seed=1)]}, {**params,
+                ("e2", {"prompt": "make it blue", "images": [png(24, 20, seed=1)]}, {**params,
                                                                              "seed": 5})]
     results, errors = run(eng, requests, join_after=1)
     assert not errors

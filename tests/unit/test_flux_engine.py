@@ -11,57 +11,19 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from unit import diffusion_runs
+from unit.diffusion_runs import collect, png, run
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion.engine import DiffusionEngine
 from omni.fixtures import FIXTURE_MARKER
 from omni.fixtures.tiny_flux import FLUX1_SCHEDULER
-from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models import build_denoiser
 
-torch.set_num_threads(1)
 TEXT = 32  # max_sequence_length: short T5 padding keeps the tiny runs fast
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
-
-
 def engine(models, name, **options):
-    options = {"max_sequence_length": TEXT, **options}
-    denoiser = build_denoiser("flux", model_dir=models(name), device="cpu", dtype="auto",
-                              options=options)
-    return DiffusionEngine(denoiser, options)
-
-
-def run(eng, requests, join_after=2):
-    """The first request starts alone; the rest join mid-denoise, at other timesteps."""
-    results, errors = {}, {}
-    eng.add(EngineRequest(*requests[0]))
-    for _ in range(join_after):
-        collect(eng.step(), results, errors)
-    for request in requests[1:]:
-        eng.add(EngineRequest(*request))
-    while eng.has_work():
-        collect(eng.step(), results, errors)
-    return results, errors
-
-
-def collect(outputs, results, errors):
-    for out in outputs:
-        if out.error:
-            errors[out.request_id] = out.error
-        elif out.finished:
-            results[out.request_id] = out.data
-
-
-def png(width=48, height=32, seed=0):
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
+    return diffusion_runs.engine(models, "flux", name,
+                                 **{"max_sequence_length": TEXT, **options})
 
 
 def reference(pipe, inputs, params, true_cfg=1.0, image=None):
@@ -138,10 +100,10 @@ def test_true_cfg_with_a_negative_prompt_equals_diffusers(models):
 
 def test_kontext_edit_equals_diffusers(models):
     eng = engine(models, "flux1_kontext", auto_resize=False)
-    image = png()
+    image = png(48, 32)
     requests = [("e1", {"prompt": "make it red", "images": [image]},
                  {"size": "48x32", "steps": 3, "seed": 6, "guidance_scale": 2.5}),
-                ("e2", {"prompt": "make it blue", "images": [png(seed=1)]},
+                ("e2", {"prompt": "make it blue", "images": [png(48, 32, seed=1)]},
                  {"size": "48x32", "steps": 4, "seed": 7, "guidance_scale": 2.5})]
     results, errors = run(eng, requests, join_after=1)
     assert not errors and eng.stats()["max_rows"] == 2
@@ -189,10 +151,8 @@ FLUX2_TEXT = 64  # the system message is 29 tokens; room for the prompt
 
 
 def flux2_engine(models, **options):
-    options = {"max_sequence_length": FLUX2_TEXT, **options}
-    denoiser = build_denoiser("flux2", model_dir=models("flux2"), device="cpu",
-                              dtype="auto", options=options)
-    return DiffusionEngine(denoiser, options)
+    return diffusion_runs.engine(models, "flux2", "flux2",
+                                 **{"max_sequence_length": FLUX2_TEXT, **options})
 
 
 def flux2_reference(pipe, inputs, params):

@@ -9,48 +9,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from unit import diffusion_runs
+from unit.diffusion_runs import run
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion.engine import DiffusionEngine
 from omni.fixtures import FIXTURE_MARKER
 from omni.fixtures.tiny_hunyuan import HUNYUAN_IMAGE_SCHEDULER
-from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models import build_denoiser
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
 
 
 def engine(models, name, **options):
-    denoiser = build_denoiser("hunyuan_image", model_dir=models(name), device="cpu",
-                              dtype="auto", options=options)
-    return DiffusionEngine(denoiser, options)
-
-
-def run(eng, requests, join_after=2):
-    """The first request starts alone; the rest join mid-denoise, at other timesteps."""
-    results, errors = {}, {}
-    eng.add(EngineRequest(*requests[0]))
-    for _ in range(join_after):
-        collect(eng.step(), results, errors)
-    for request in requests[1:]:
-        eng.add(EngineRequest(*request))
-    while eng.has_work():
-        collect(eng.step(), results, errors)
-    return results, errors
-
-
-def collect(outputs, results, errors):
-    for out in outputs:
-        if out.error:
-            errors[out.request_id] = out.error
-        elif out.finished:
-            results[out.request_id] = out.data
+    return diffusion_runs.engine(models, "hunyuan_image", name, **options)
 
 
 def reference(pipe, inputs, params):

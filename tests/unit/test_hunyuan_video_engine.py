@@ -11,54 +11,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from unit import diffusion_runs
+from unit.diffusion_runs import png
 
 from omni.engines.base import EngineRequest
-from omni.engines.diffusion.engine import DiffusionEngine
-from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models import build_denoiser
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
 
 
 def engine(models, name, **options):
-    denoiser = build_denoiser("hunyuan_video", model_dir=models(name), device="cpu",
-                              dtype="auto", options=options)
-    return DiffusionEngine(denoiser, options)
-
-
-def run(eng, requests, join_after=1):
-    """The first request starts alone; the rest join mid-denoise, at other timesteps."""
-    results, errors = {}, {}
-    eng.add(EngineRequest(*requests[0]))
-    for _ in range(join_after):
-        collect(eng.step(), results, errors)
-    for request in requests[1:]:
-        eng.add(EngineRequest(*request))
-    while eng.has_work():
-        collect(eng.step(), results, errors)
-    assert not errors, errors
-    return results
-
-
-def collect(outputs, results, errors):
-    for out in outputs:
-        if out.error:
-            errors[out.request_id] = out.error
-        elif out.finished:
-            results[out.request_id] = out.data
-
-
-def png(width, height, seed=0):
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
+    return diffusion_runs.engine(models, "hunyuan_video", name, **options)
 
 
 def reference(pipe, inputs, params, image=None):
@@ -117,7 +77,7 @@ def test_t2v_requests_at_different_steps_equal_diffusers(models):
          {"size": "48x32", "frames": 5, "steps": 3, "seed": 2, "guidance_scale": 3.0}),
         ("c", {"prompt": "waves"}, {"size": "48x32", "frames": 5, "steps": 3, "seed": 3,
                                     "guidance_scale": 1.0})]  # unguided: one row
-    results = run(eng, requests)
+    results = diffusion_runs.run_clean(eng, requests, join_after=1)
     assert eng.stats()["max_rows"] == 5  # a and b guided (2 rows each), c one row
     for rid, inputs, params in requests:
         close_to(results[rid]["video"], reference(eng.denoiser.pipe, inputs, params))
@@ -131,7 +91,7 @@ def test_i2v_equals_diffusers_and_takes_the_images_bucket(models):
                  {"frames": 5, "steps": 3, "seed": 4}),
                 ("i2", {"prompt": "it spins", "images": [png(64, 40, seed=1)]},
                  {"size": "64x48", "frames": 5, "steps": 3, "seed": 5})]
-    results = run(eng, requests)
+    results = diffusion_runs.run_clean(eng, requests, join_after=1)
     assert eng.stats()["max_rows"] == 4
     for (rid, inputs, params), seed in zip(requests, (0, 1), strict=True):
         assert results[rid]["video"].shape == (5, 48, 64, 3)

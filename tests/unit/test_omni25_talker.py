@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from unit.omni25_reference import composite_generate
+from unit.talker_runs import run_talker
 
 from omni.engines.ar.engine import AREngine
 from omni.engines.ar.feedback import FeedbackAREngine
@@ -49,32 +50,6 @@ def thinker_outputs(thinker, question: str | list, max_tokens: int = 8
             assert o.error is None, o.error
             outs.append((o.data, o.finished))
     return outs
-
-
-def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None,
-               interleave: bool = True) -> dict[str, list[list[int]]]:
-    """Feed each request's thinker outputs one per engine step; frames per request."""
-    for rid in feeds:
-        talker.add(EngineRequest(rid, {"stream": ["thinker"]},
-                                 {**GREEDY, "max_tokens": max_tokens, **(params or {})}))
-    frames: dict[str, list[list[int]]] = {rid: [] for rid in feeds}
-    pending = {rid: list(outs) for rid, outs in feeds.items()}
-    seqno = dict.fromkeys(feeds, 0)
-    done: set[str] = set()
-    while len(done) < len(feeds):
-        for rid, outs in pending.items():
-            for _ in range(1 if interleave else len(outs)):
-                if outs:
-                    data, last = outs.pop(0)
-                    talker.append(rid, "thinker", seqno[rid], data, last)
-                    seqno[rid] += 1
-        for o in talker.step():
-            assert o.error is None, o.error
-            if o.data and o.data.get("codes"):
-                frames[o.request_id].append(o.data["codes"])
-            if o.finished:
-                done.add(o.request_id)
-    return frames
 
 
 @pytest.fixture(scope="module")

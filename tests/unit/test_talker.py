@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from unit import talker_runs
 
 from omni.engines.ar.engine import AREngine
 from omni.engines.ar.feedback import FeedbackAREngine
@@ -55,30 +56,10 @@ def thinker_outputs(thinker, question: str | list, max_tokens: int = 8) -> list[
     return outs
 
 
-def run_talker(talker, feeds: dict[str, list], max_tokens: int = 12, params=None,
-               interleave: bool = True) -> dict[str, list[list[int]]]:
-    """Feed each request's thinker outputs one per engine step; frames per request."""
-    for rid in feeds:
-        talker.add(EngineRequest(rid, {"stream": ["thinker"]},
-                                 {**GREEDY, "max_tokens": max_tokens, **(params or {})}))
-    frames: dict[str, list[list[int]]] = {rid: [] for rid in feeds}
-    pending = {rid: list(outs) for rid, outs in feeds.items()}
-    seqno = dict.fromkeys(feeds, 0)
-    done: set[str] = set()
-    while len(done) < len(feeds):
-        for rid, outs in pending.items():
-            for _ in range(1 if interleave else len(outs)):
-                if outs:
-                    data, last = outs.pop(0)
-                    talker.append(rid, "thinker", seqno[rid], data, last)
-                    seqno[rid] += 1
-        for o in talker.step():
-            assert o.error is None, o.error
-            if o.data and o.data.get("codes"):
-                frames[o.request_id].append([c[0] for c in o.data["codes"]])
-            if o.finished:
-                done.add(o.request_id)
-    return frames
+def run_talker(talker, feeds: dict[str, list], **kwargs) -> dict[str, list[list[int]]]:
+    """Frames per request: each frame's first codebook's codes."""
+    return talker_runs.run_talker(talker, feeds, frame=lambda codes: [c[0] for c in codes],
+                                  **kwargs)
 
 
 def hf_codes(omni_dir, prompt_ids: list[int], thinker_tokens: int, talker_tokens: int,

@@ -8,57 +8,10 @@ import io
 
 import diffusers
 import numpy as np
-import pytest
 import torch
 from PIL import Image
-
-from omni.engines.base import EngineRequest
-from omni.engines.diffusion.engine import DiffusionEngine
-from omni.fixtures.tiny_models import ensure_tiny_model
-from omni.models import build_denoiser
-
-torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "models"
-    return lambda name: str(ensure_tiny_model(name, cache))
-
-
-def engine(models, family, name, **options):
-    denoiser = build_denoiser(family, model_dir=models(name), device="cpu", dtype="auto",
-                              options=options)
-    return DiffusionEngine(denoiser, options)
-
-
-def run(eng, requests, join_after=2):
-    """The first request starts alone; the rest join after ``join_after`` steps."""
-    results, errors = {}, {}
-    eng.add(EngineRequest(*requests[0]))
-    for _ in range(join_after):
-        collect(eng.step(), results, errors)
-    for request in requests[1:]:
-        eng.add(EngineRequest(*request))
-    while eng.has_work():
-        collect(eng.step(), results, errors)
-    assert not errors, errors
-    return results
-
-
-def collect(outputs, results, errors):
-    for out in outputs:
-        if out.error:
-            errors[out.request_id] = out.error
-        elif out.finished:
-            results[out.request_id] = out.data
-
-
-def png(width=40, height=24, seed=0):
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
+from unit.diffusion_runs import engine, png
+from unit.diffusion_runs import run_clean as run
 
 
 def close_to(ours, reference):
@@ -125,10 +78,10 @@ def test_wan22_image_to_video_without_image_encoder_equals_diffusers(models):
     eng = engine(models, "wan", "wan22_i2v")
     pipe = eng.denoiser.pipe
     assert pipe.image_encoder is None and eng.info()["tasks"] == ["image_to_video"]
-    image = png()
+    image = png(40, 24)
     params = {"size": "32x32", "steps": 4, "seed": 6, "frames": 5}
     requests = [("v", {"prompt": "a fox", "images": [image]}, params),
-                ("w", {"prompt": "a cat", "images": [png(seed=1)]}, {**params, "seed": 7})]
+                ("w", {"prompt": "a cat", "images": [png(40, 24, seed=1)]}, {**params, "seed": 7})]
     results = run(eng, requests, join_after=1)
     close_to(results["v"]["video"], reference(pipe, {"prompt": "a fox"}, params, image))
 
@@ -139,7 +92,7 @@ def test_wan22_ti2v_text_and_image_requests_share_calls_and_equal_diffusers(mode
     assert pipe.config.expand_timesteps and eng.info()["tasks"] == ["text_to_video",
                                                                    "image_to_video"]
     calls = record_calls(pipe, ("transformer",))
-    image = png()
+    image = png(40, 24)
     params = {"size": "32x32", "steps": 4, "frames": 5}
     requests = [("t", {"prompt": "a fox runs"}, {**params, "seed": 1}),
                 ("i", {"prompt": "it moves", "images": [image]}, {**params, "seed": 2})]

@@ -22,7 +22,8 @@ which a stream edge hands to the next stage (one that reads its hidden states). 
 
 Elsewhere: the order of work in one step() (overlap_steps, chain_decode): steps.py; the
 eager forward over a packed batch: forward.py; media prompts: encoder.py, media.py; KV
-cache size: kv_cache.sized_cache; output limits (Engine.limit): omni/runtime/lead.py;
+cache size: kv_cache.sized_cache; a new request's sequence: state.new_sequence; info and
+stats: report.py; output limits (Engine.limit): omni/runtime/lead.py;
 options: docs/pipeline.md.
 """
 
@@ -36,30 +37,34 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar.budget import capacity_warning, kv_capacity, measure_runtime_bytes
+from omni.engines.ar.budget import capacity_warning, measure_runtime_bytes
 from omni.engines.ar.decode_graphs import decode_graphs_for
 from omni.engines.ar.defaults import model_defaults, request_sampling, with_system_prompt
-from omni.engines.ar.detokenizer import IncrementalDetokenizer
 from omni.engines.ar.encoder import PromptEncoder
-from omni.engines.ar.forward import eager_forward, graph_covers, prompt_embeds_inputs
+from omni.engines.ar.forward import eager_forward, graph_covers, graph_forward, prompt_embeds_inputs
 from omni.engines.ar.fused_projections import fuse_projections
 from omni.engines.ar.grammar import GrammarCompiler
 from omni.engines.ar.inputs import (
     encode_prompt,
     encode_prompts,
-    export_layers,
+    hidden_exports,
     stream_producer,
-    take_chunk,
     wants_media,
 )
 from omni.engines.ar.kv_cache import sized_cache
-from omni.engines.ar.media import whole_delta
 from omni.engines.ar.paged_attention import ATTN_NAME, bind_cache, register
 from omni.engines.ar.quantize import quantize
-from omni.engines.ar.sampling import SamplingParams, SequenceSampler
+from omni.engines.ar.report import engine_info, engine_stats
+from omni.engines.ar.sampling import SamplingParams
 from omni.engines.ar.scheduler import ScheduledBatch, Scheduler, Sequence
 from omni.engines.ar.session_kv import SessionKV
-from omni.engines.ar.state import SequenceState, exported_rows, finish_reason, token_output
+from omni.engines.ar.state import (
+    SequenceState,
+    finish_reason,
+    new_sequence,
+    take_stream_chunk,
+    token_output,
+)
 from omni.engines.ar.step_budget import size_prefill_budget
 from omni.engines.ar.steps import StepRunner
 from omni.engines.ar.warm import warm_prefill
@@ -72,7 +77,6 @@ from omni.engines.base import (
     failed_output,
 )
 from omni.models.hf_causal import load_causal_lm
-from omni.models.tool_calls import tool_format
 
 log = logging.getLogger("omni.engines.ar.engine")
 
@@ -106,10 +110,8 @@ class AREngine(Engine):
             self.lm.use_experts(str(self.options["experts_implementation"]))
         self.quantized = quantize(self.lm, self.options.get("quantization"))  # ar/quantize.py
         cuda = self.lm.device.type == "cuda"
-        self.export_layers = export_layers(self.lm, self.options.get("export_hidden_layers"))
-        # "auto" exports what the next stage reads: for some models the prompt's rows only
-        self.export_prompt_only = (self.export_layers is not None and self.lm.export_prompt_only
-                                   and self.options.get("export_hidden_layers") == "auto")
+        self.export_layers, self.export_prompt_only = hidden_exports(
+            self.lm, self.options.get("export_hidden_layers"))
         self.runtime_bytes = 0  # graphs + a prefill step's peak, inside the budget (budget.py)
         kv_budget = memory_bytes
         if cuda and memory_bytes is not None and "kv_cache_blocks" not in self.options:
@@ -195,18 +197,8 @@ class AREngine(Engine):
     def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
                embeds: Any, media: Any, session: str | None = None) -> None:
         capacity = self.cache.pool.num_blocks * self.cache.block_size
-        # the context too: media prompts grow (image tokens) after prompt_ids checked it
-        for limit, what in ((capacity, "this stage's KV cache holds"),
-                            (self.lm.max_positions, "the model's limit is")):
-            if limit is not None and len(ids) >= limit:
-                raise ValueError(f"prompt has {len(ids)} tokens; {what} {limit}")
-        penalized = ids if embeds is None else []  # placeholder ids are not the prompt
-        sampler = SequenceSampler(params, penalized, self.lm.device,
-                                  self.grammars.matcher(params))
-        state = SequenceState(params, sampler, IncrementalDetokenizer(self.lm.tokenizer, params.stop),
-                              stream_from=producer, session=session)
-        seq = Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
-                       media=media)
+        seq = new_sequence(self.lm, self.grammars, capacity, rid, params, ids, embeds, media,
+                           producer=producer, session=session)
         if producer is None:
             self.session_kv.attach(seq)
         self._seqs[rid] = seq
@@ -228,28 +220,10 @@ class AREngine(Engine):
         seq = self._seqs.get(request_id)
         if seq is None:
             return  # aborted or failed: late chunks in flight are dropped
-        state: SequenceState = seq.state
         try:
-            if producer != state.stream_from or not seq.input_open:
-                raise ValueError(f"unexpected stream input from '{producer}'")
-            if seq_no != state.stream_seq:
-                raise ValueError(f"chunk {seq_no} from '{producer}', expected {state.stream_seq}")
-            state.stream_seq += 1
-            state.stream_text += take_chunk(self.lm, seq.prompt, data or {})
-            if last:
-                self._close_input(seq)
+            take_stream_chunk(self.lm, self.grammars, seq, producer, seq_no, data or {}, last)
         except ValueError as e:
             self._failed.append(self._fail(seq, f"bad stream input: {e}"))
-
-    def _close_input(self, seq: Sequence) -> None:
-        state: SequenceState = seq.state
-        if state.stream_text:
-            seq.prompt += self.lm.tokenizer(state.stream_text)["input_ids"]
-        if not seq.prompt:
-            raise ValueError("the stream ended without any prompt")
-        seq.input_open = False
-        state.sampler = SequenceSampler(state.params, seq.prompt, self.lm.device,
-                                        self.grammars.matcher(state.params))
 
     def limit(self, limits: Mapping[str, int | None]) -> None:
         """A request still encoding its media is held from the next limit sent (lead.py)."""
@@ -271,33 +245,14 @@ class AREngine(Engine):
                 or self.scheduler.has_work())
 
     def info(self) -> dict[str, Any]:
-        return {"model_dir": self.lm.model_dir, "random_weights": self.lm.random_weights,
-                "dtype": str(self.lm.dtype).removeprefix("torch."), "device": str(self.lm.device),
-                "vocab_size": self.lm.vocab_size, "kv_blocks": self.cache.pool.num_blocks,
-                "block_size": self.cache.block_size, "kv_block_bytes": self.cache.block_bytes,
-                "max_num_seqs": self.scheduler.max_num_seqs,
-                "max_batched_tokens": self.scheduler.max_batched_tokens,
-                "prefill_beside_decodes": self.scheduler.prefill_beside_decodes,
-                "graph_bytes": self.graphs.pool_bytes if self.graphs is not None else 0,
-                "runtime_bytes": self.runtime_bytes, "sampling_defaults": self.defaults,
-                "tool_format": tool_format(getattr(self.lm.config, "model_type", None),
-                                           getattr(self.lm.tokenizer, "chat_template", None)),
-                "constrained_decoding": True, **self.quantized,
-                **kv_capacity(self.cache, self.lm.max_positions),
-                **(self.lm.media.info() if self.lm.media else {})}
+        return engine_info(self)
 
     def load_warnings(self) -> list[str]:
         """A memory budget short of max_num_seqs full-length sequences (budget.py)."""
         return [w for w in [capacity_warning(self.info(), self.memory_bytes)] if w]
 
     def stats(self) -> dict[str, Any]:
-        pool = self.cache.pool
-        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "kv_blocks_used": pool.used, "kv_blocks_total": pool.num_blocks,
-                "prefix_cache_hits": pool.hits, "preemptions": self.scheduler.preemptions,
-                "steps": self.runner.steps, "chained_steps": self.runner.chained_steps,
-                "session_bytes": self.session_kv.nbytes(),
-                "session_reused_tokens": self.session_kv.reused_tokens}
+        return engine_stats(self)
 
     def shutdown(self) -> None:
         self._encoder.shutdown()
@@ -327,14 +282,8 @@ class AREngine(Engine):
         and (export_hidden_layers) each sequence's rows of the chosen layers. fed: a
         chained decode step's token ids, on the device, one per sequence (steps.py)."""
         if graph_covers(self.graphs, batch, chained=fed is not None):
-            seqs = batch.seqs
             inputs = self._graph_inputs(batch) if fed is None else fed
-            logits = self.graphs.run(inputs, list(batch.starts),
-                                     [s.blocks.table for s in seqs],
-                                     [whole_delta(s.media) for s in seqs])
-            hidden = None if self.graphs.export_layers is None else exported_rows(
-                batch, self.graphs.hidden[:len(seqs)], self.export_prompt_only)
-            return seqs, logits, hidden
+            return graph_forward(self.graphs, batch, inputs, self.export_prompt_only)
         return eager_forward(self.lm, self.cache, batch, fed, self._packed_inputs,
                              self.export_layers, self.export_prompt_only)
 

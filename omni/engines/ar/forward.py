@@ -26,6 +26,19 @@ def graph_covers(graphs: Any, batch: ScheduledBatch, chained: bool = False) -> b
             and graphs.fits(len(batch.seqs), max(batch.starts) + 1))
 
 
+def graph_forward(graphs: Any, batch: ScheduledBatch, inputs: Any, prompt_only: bool
+                  ) -> tuple[list[Sequence], torch.Tensor, Any]:
+    """A step that graph_covers, replayed: ``inputs`` are what the graphs feed (each
+    sequence's last token, or a chained step's ids on the device); the same triple as
+    eager_forward."""
+    seqs = batch.seqs
+    logits = graphs.run(inputs, list(batch.starts), [s.blocks.table for s in seqs],
+                        [whole_delta(s.media) for s in seqs])
+    hidden = None if graphs.export_layers is None else exported_rows(
+        batch, graphs.hidden[:len(seqs)], prompt_only)
+    return seqs, logits, hidden
+
+
 def eager_forward(lm: Any, cache: Any, batch: ScheduledBatch, fed: torch.Tensor | None,
                   packed_inputs: Callable[[ScheduledBatch, torch.Tensor], dict[str, Any]],
                   export_layers: Any, prompt_only: bool

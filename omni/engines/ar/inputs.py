@@ -188,6 +188,13 @@ def export_layers(lm: CausalLM, value: Any) -> list[int] | None:
     return [i % total for i in value]
 
 
+def hidden_exports(lm: CausalLM, value: Any) -> tuple[list[int] | None, bool]:
+    """(export_layers of the option, whether only the prompt's rows are exported): "auto"
+    exports what the next stage reads, for some models the prompt's rows only."""
+    layers = export_layers(lm, value)
+    return layers, layers is not None and lm.export_prompt_only and value == "auto"
+
+
 def logprobs_entry(tokenizer: Any, lp: Any) -> dict[str, Any]:
     """One token's logprobs as the APIs report them (each token's own text)."""
     def decode(token: int) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
-from omni.engines.ar.inputs import logprobs_entry
+from omni.engines.ar.inputs import logprobs_entry, take_chunk
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import Sequence
 
@@ -47,6 +47,54 @@ class Flight:
     host_ids: torch.Tensor | None = None  # their copy on the host
     event: Any = None  # recorded after that copy (CUDA)
     tokens: int = 0  # tokens the step fed (prompt chunks and decode rows)
+
+
+def new_sequence(lm: Any, grammars: Any, capacity: int, rid: str, params: SamplingParams,
+                 ids: list[int], embeds: Any, media: Any, *, producer: str | None,
+                 session: str | None) -> Sequence:
+    """A request's Sequence, its prompt checked against the KV cache's ``capacity`` (in
+    tokens) and the model's context; ``producer``: the stage streaming its prompt in (the
+    input stays open); ``grammars``: the engine's GrammarCompiler."""
+    # the context too: media prompts grow (image tokens) after prompt_ids checked it
+    for limit, what in ((capacity, "this stage's KV cache holds"),
+                        (lm.max_positions, "the model's limit is")):
+        if limit is not None and len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens; {what} {limit}")
+    penalized = ids if embeds is None else []  # placeholder ids are not the prompt
+    sampler = SequenceSampler(params, penalized, lm.device, grammars.matcher(params))
+    state = SequenceState(params, sampler, IncrementalDetokenizer(lm.tokenizer, params.stop),
+                          stream_from=producer, session=session)
+    return Sequence(rid, ids, state, input_open=producer is not None, embeds=embeds,
+                    media=media)
+
+
+def take_stream_chunk(lm: Any, grammars: Any, seq: Sequence, producer: str, seq_no: int,
+                      data: dict[str, Any], last: bool) -> None:
+    """One APPEND chunk of a prompt that ``producer`` streams in (inputs.take_chunk); the
+    last one closes the input. ValueError: a chunk from another producer, after the
+    end, or out of order."""
+    state: SequenceState = seq.state
+    if producer != state.stream_from or not seq.input_open:
+        raise ValueError(f"unexpected stream input from '{producer}'")
+    if seq_no != state.stream_seq:
+        raise ValueError(f"chunk {seq_no} from '{producer}', expected {state.stream_seq}")
+    state.stream_seq += 1
+    state.stream_text += take_chunk(lm, seq.prompt, data)
+    if last:
+        _close_stream(lm, grammars, seq)
+
+
+def _close_stream(lm: Any, grammars: Any, seq: Sequence) -> None:
+    """The streamed prompt is whole: its text tokenized, its sampler made over it (the
+    repetition penalties see the prompt)."""
+    state: SequenceState = seq.state
+    if state.stream_text:
+        seq.prompt += lm.tokenizer(state.stream_text)["input_ids"]
+    if not seq.prompt:
+        raise ValueError("the stream ended without any prompt")
+    seq.input_open = False
+    state.sampler = SequenceSampler(state.params, seq.prompt, lm.device,
+                                    grammars.matcher(state.params))
 
 
 def exported_rows(batch: Any, rows: torch.Tensor, prompt_only: bool) -> list[Any]:

@@ -42,7 +42,7 @@ Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", 
 is in, or on a final empty chunk (frames 0) when a stream ends after it.
 
 A stage's engine is built in build.py (this one, or streams.py's for a runner that keeps
-per-request state).
+per-request state); inputs become a request's frames or units in intake.py.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from omni.engines.base import (
     EngineRequest,
     StepOutput,
 )
+from omni.engines.generation.intake import RequestIntake
 from omni.engines.generation.memory import longest_row, stage_batch_frames, trim_cache
 from omni.engines.generation.request import (
     GenRequest,
@@ -93,6 +94,7 @@ class GenerationEngine(Engine):
         # sentences for TTS); each unit is one output, and requests batch by group_key
         self.items = bool(getattr(runner, "items", False))
         self.batches_units = bool(getattr(runner, "batches_units", True))
+        self.intake = RequestIntake(runner, self.items)  # inputs -> a request's frames/units
         self._call_s: float | None = None  # items mode: running mean of one runner call
         self.max_batch_size = int(opts.get("max_batch_size", 64))
         self.memory_bytes = memory_bytes  # the stage's budget (checked again at READY)
@@ -119,8 +121,8 @@ class GenerationEngine(Engine):
         try:
             if rid in self._reqs:
                 raise ValueError(f"request id {rid!r} is already running")
-            self._reqs[rid] = self._new_request(rid, request.inputs or {},
-                                                dict(request.params or {}))
+            self._reqs[rid] = self.intake.new_request(rid, request.inputs or {},
+                                                      dict(request.params or {}))
         except (ValueError, TypeError) as e:  # the request's own input: a 400, not a 500
             self._fail(rid, f"bad input: {e}", INPUT_FAULT)
 
@@ -140,19 +142,7 @@ class GenerationEngine(Engine):
             self._fail(request_id, f"{kind} chunk from '{producer}': seq {seq}, expected {want}")
             return
         try:
-            if isinstance(data, Mapping) and last and self.runner.input_key not in data:
-                data = None  # the producer's closing output (e.g. its end token): no frames
-            if data is not None:
-                if not isinstance(data, Mapping) or self.runner.input_key not in data:
-                    raise ValueError(f"stream chunk needs '{self.runner.input_key}'")
-                taken = self._take(req, data[self.runner.input_key], final=last,
-                                   context=data.get("context"))
-                if taken < 1 and not last and not self._buffers_text:
-                    raise ValueError("a stream chunk must carry at least one frame")
-            elif not last:
-                raise ValueError("a stream chunk without data must be the last one")
-            elif self._buffers_text:
-                self._take(req, "", final=True)  # the text held back for a sentence end
+            self.intake.take_chunk(req, data, last)
         except (ValueError, TypeError) as e:
             self._fail(request_id, f"bad stream chunk {seq} from '{producer}': {e}")
             return
@@ -269,83 +259,6 @@ class GenerationEngine(Engine):
         self._failed.clear()
 
     # -- internals --------------------------------------------------------------------
-    def _new_request(self, rid: str, inputs: Mapping[str, Any], params: dict[str, Any]) -> GenRequest:
-        key = self.runner.input_key
-        for name in getattr(self.runner, "side_inputs", ()):  # e.g. a TTS reference clip
-            if name in inputs:
-                params[name] = inputs[name]
-        req = GenRequest(rid, params=params)
-        if key in inputs:
-            self._take(req, inputs[key], context=inputs.get("context"))
-            req.complete = True
-        elif "stream" in inputs:
-            producers = inputs["stream"]
-            if (not isinstance(producers, list) or len(producers) != 1
-                    or not isinstance(producers[0], str)):
-                raise ValueError(f"'stream' must name exactly one producer stage, got {producers!r}")
-            req.stream = True
-            req.open = {producers[0]: 0}
-        elif inputs and all(isinstance(v, list) for v in inputs.values()):
-            if len(inputs) != 1:
-                raise ValueError(f"expected input from one producer, got {sorted(inputs)}")
-            (producer, chunks), = inputs.items()
-            if chunks and isinstance(chunks[-1], Mapping) and key not in chunks[-1]:
-                chunks = chunks[:-1]  # its closing output (e.g. its end token), as in append()
-            for i, chunk in enumerate(chunks):
-                if not isinstance(chunk, Mapping) or key not in chunk:
-                    raise ValueError(f"chunk {i} from '{producer}' has no '{key}'")
-            values = [chunk[key] for chunk in chunks]
-            contexts = [chunk.get("context") for chunk in chunks]
-            # one parse for the whole input where the runner can join it: a producer that
-            # streams a frame per step hands over hundreds of chunks, and parsing each
-            # held 32 complete answers' ADDs 10 ms apiece (bench omni, full c=32)
-            joinable = not self.items and all(c is None for c in contexts)
-            joined = getattr(self.runner, "join", lambda v: None)(values) if joinable else None
-            for value, context in (zip(values, contexts, strict=True) if joined is None
-                                   else [(joined, None)]):
-                self._take(req, value, context=context)
-            req.complete = True
-        else:
-            raise ValueError(f"inputs need '{key}', 'stream' or producer chunks, got {sorted(inputs)}")
-        return req
-
-    @property
-    def _buffers_text(self) -> bool:
-        """Items mode with a runner that cuts streamed text at sentence ends itself."""
-        return self.items and getattr(self.runner, "split_stream", None) is not None
-
-    def _take(self, req: GenRequest, value: Any, final: bool = True, context: Any = None) -> int:
-        """Add one input value to the request; returns how many frames (or units) it held.
-        A streamed text value may be held back until its sentence ends (``final``: the
-        stream ended, flush it). ``context``: frames decoded as left context before the
-        value's, with no output (GenRequest.contexts)."""
-        if self.items:
-            if req.stream and self._buffers_text:
-                if not isinstance(value, str):
-                    raise ValueError(f"'{self.runner.input_key}' must be a string")
-                units, req.held = self.runner.split_stream(req.held + value, req.params, final)
-            else:
-                units = self.runner.split(value, req.params)
-            req.units += units
-            req.total += len(units)
-            return len(units)
-        if context is not None:
-            start = req.total
-            self._push(req, self.runner.parse(context))
-            if req.total > start:
-                req.contexts.append((start, req.total))
-        piece = self.runner.parse(value)
-        self._push(req, piece)
-        return piece.shape[-1]
-
-    def _push(self, req: GenRequest, piece: torch.Tensor) -> None:
-        if req.pieces and piece.shape[:-1] != req.pieces[0].shape[:-1]:
-            raise ValueError(f"chunk shape {tuple(piece.shape)} does not match "
-                             f"{tuple(req.pieces[0].shape)}")
-        if piece.shape[-1]:
-            req.pieces.append(piece)
-            req.total += piece.shape[-1]
-
     def _plan(self, req: GenRequest) -> tuple[int, int] | None:
         """(context frames, new frames) of the request's next chunk; None when not ready."""
         if self.items:  # one unit per output, no context
