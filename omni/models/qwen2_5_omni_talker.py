@@ -28,6 +28,8 @@ speaker the talker spoke as and only the talker stage is told the voice.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.qwen3_omni import prefixed_tensors
 from omni.models.qwen3_omni_vision import TextFirstRope
+from omni.models.spoken_tokens import SpokenTokens, token_text
 
 TALKER_PREFIX = "talker."
 SPEAKERS_FILE = "spk_dict.pt"
@@ -96,6 +99,11 @@ class FeedState:
     prompt_rope: torch.Tensor | None = None  # (3, P) thinker rotary positions (images)
     rows: list[torch.Tensor] = field(default_factory=list)  # thinker-width rows, in order
     closed: bool = False
+    # the answer less its tool calls: each answer token's verdict, paired in order with
+    # its row (which comes one thinker output after its id)
+    spoken: SpokenTokens | None = None
+    verdicts: deque[bool] = field(default_factory=deque)
+    answer_rows: deque[torch.Tensor] = field(default_factory=deque)
     next_codec: torch.Tensor | None = None  # codec embedding of the code just sampled
     codes: list[list[int]] | None = None  # the last frame: [[code], [speaker]]
     speaker: int = 0
@@ -105,8 +113,10 @@ class TalkerFeed:
     """Builds the talker's inputs from the thinker stream (see the module doc)."""
 
     def __init__(self, lm: TalkerLM, speakers: dict[str, dict[str, Any]],
-                 markers: dict[str, torch.Tensor], media_ids: set[int]) -> None:
+                 markers: dict[str, torch.Tensor], media_ids: set[int],
+                 piece: Callable[[int], str]) -> None:
         self.lm, self.talker = lm, lm.talker
+        self.piece = piece  # a thinker token id's text: tool calls are not voiced
         self.names = list(speakers)  # release names ("Chelsie"); index = token2wav's row
         self.markers = markers  # thinker embeddings: "eos", "pad", "bos:<name>"
         self.media_ids = media_ids
@@ -123,7 +133,8 @@ class TalkerFeed:
         return by_case[name.casefold()]
 
     def new_state(self, seed: int | None, device: torch.device) -> FeedState:
-        return FeedState()  # one codec stream: the engine's sampler draws it (and seeds it)
+        # one codec stream: the engine's sampler draws it (and seeds it)
+        return FeedState(spoken=SpokenTokens(self.piece))
 
     def info(self) -> dict[str, Any]:
         return {"voices": [{"id": n, "name": n} for n in self.names],
@@ -152,21 +163,38 @@ class TalkerFeed:
             rope = data.get("prompt_rope_positions")
             if rope is not None:
                 st.prompt_rope = torch.as_tensor(rope, dtype=torch.float32)
-        if hidden is None:
-            return  # the last output: its token is never fed, so it has no row
+        if hidden is None:  # the last output: its token is never fed, so it has no row
+            self._hear(st, data)
+            return
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 \
                 or hidden.shape[1] != 2 or hidden.shape[2] != self.width:
             raise ValueError(f"talker input needs the thinker's hidden_states as (tokens, 2, "
                              f"{self.width}), got {getattr(hidden, 'shape', type(hidden))}")
         hidden = hidden.to(self.markers["pad"].device, self.markers["pad"].dtype)
         embeds, last = hidden[:, 0], hidden[:, 1]
-        if len(st.rows) < len(st.prompt_ids):  # prompt rows: media positions hide their
-            start = len(st.rows)  # embeddings (generate zeroes them)
+        prompt_left = len(st.prompt_ids) - min(len(st.rows), len(st.prompt_ids))
+        if prompt_left:  # prompt rows: media positions hide their embeddings (generate
+            start = len(st.rows)  # zeroes them)
             ids = st.prompt_ids[start:start + len(hidden)]
             keep = torch.tensor([t not in self.media_ids for t in ids] + [True] * (
                 len(hidden) - len(ids)), device=hidden.device)
             embeds = embeds * keep[:, None]
-        st.rows += list(embeds + last)
+        rows = list(embeds + last)
+        st.rows += rows[:prompt_left]
+        st.answer_rows += rows[prompt_left:]
+        self._hear(st, data)
+
+    @staticmethod
+    def _hear(st: FeedState, data: dict[str, Any]) -> None:
+        """The answer rows whose tokens are heard join the talker's input; a tool call's
+        rows never do. The last token has no row, so its id is not judged."""
+        final = data.get("finish_reason") is not None
+        ids = [] if final else list(data.get("token_ids") or [])
+        st.verdicts += [heard for _, heard in st.spoken.decide(ids, final)]
+        while st.verdicts and st.answer_rows:
+            row = st.answer_rows.popleft()
+            if st.verdicts.popleft():
+                st.rows.append(row)
 
     def _answer_rows(self, st: FeedState) -> int:
         return len(st.rows) - len(st.prompt_ids or ())
@@ -248,7 +276,7 @@ def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, T
     media = {int(thinker.audio_token_index), int(thinker.image_token_index),
              int(thinker.video_token_index)}
     lm_module = TalkerLM(talker).to(dev)
-    feed = TalkerFeed(lm_module, speakers, markers, media)
+    feed = TalkerFeed(lm_module, speakers, markers, media, token_text(path))
     stop = {int(cfg.tts_codec_pad_token_id), int(cfg.tts_codec_end_token_id)}
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids=stop, model_dir=str(path),
                   dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=cfg,

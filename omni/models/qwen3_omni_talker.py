@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_ke
 from omni.models.qwen3_omni import fuse_experts, prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
-from omni.models.spoken_tokens import SpokenTokens
+from omni.models.spoken_tokens import SpokenTokens, token_text
 
 TALKER_PREFIX = "talker."
 def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> PromptLayout:
@@ -382,14 +381,3 @@ def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, T
                   cache_kwarg=cache_keyword(talker.model.forward), rope=TextFirstRope())
     return lm, feed
 
-
-def token_text(path: Path) -> Callable[[int], str]:
-    """A thinker token id's text, by the tokenizer of the release directory."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:
-        raise EngineLoadError(f"model directory {path}: the talker reads the thinker's "
-                              f"tokenizer (to leave tool calls unspoken): {e}") from e
-    return lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))

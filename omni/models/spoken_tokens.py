@@ -12,6 +12,8 @@ its id.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 
 from omni.models.tool_calls import CALL_CLOSE, CALL_OPEN, partial_tag
 
@@ -27,45 +29,56 @@ class SpokenTokens:
         self.in_call = False
 
     def push(self, ids: list[int], final: bool = False) -> list[int]:
+        """The ids heard, of those pushed so far, not returned before."""
+        return [t for t, heard in self.decide(ids, final) if heard]
+
+    def decide(self, ids: list[int], final: bool = False) -> list[tuple[int, bool]]:
+        """(id, heard) for every token decided by now, in answer order: a talker fed one
+        row per token (Qwen2.5-Omni's) pairs them with its rows."""
         self.held += [(t, self.piece(t)) for t in ids]
-        heard: list[int] = []
+        out: list[tuple[int, bool]] = []
         while self.held:
             text = "".join(p for _, p in self.held)
             if self.in_call:
                 end = text.find(CALL_CLOSE)
                 if end < 0:  # inside the call: what cannot begin its close tag goes
-                    if final:
-                        self.held = []
-                    else:
-                        self._forget_before(len(text) - len(CALL_CLOSE) + 1, False)
-                    return heard
-                self._forget_before(end + len(CALL_CLOSE), True)
+                    out += self._take_before(len(text) if final else
+                                             len(text) - len(CALL_CLOSE) + 1, False, False)
+                    return out
+                out += self._take_before(end + len(CALL_CLOSE), False, True)
                 self.in_call = False
                 continue
             at = text.find(CALL_OPEN)
             if at < 0:
                 keep = 0 if final else partial_tag(text, CALL_OPEN)
-                heard += self._release_before(len(text) - keep)
-                return heard
-            heard += self._release_before(at)
+                out += self._take_before(len(text) - keep, True, False)
+                return out
+            out += self._take_before(at, True, False)
             self.in_call = True
-        return heard
-
-    def _release_before(self, limit: int) -> list[int]:
-        """Take out the leading tokens whose text ends at or before character `limit`."""
-        out, end = [], 0
-        while self.held and end + len(self.held[0][1]) <= limit:
-            end += len(self.held[0][1])
-            out.append(self.held.pop(0)[0])
         return out
 
-    def _forget_before(self, limit: int, overlapping: bool) -> None:
-        """Drop the leading tokens of a call that end before character `limit` (with
-        `overlapping`, also the one that straddles it: it holds part of the call)."""
-        start = 0
+    def _take_before(self, limit: int, heard: bool, straddling: bool) -> list[tuple[int, bool]]:
+        """The leading tokens whose text ends at or before character `limit` (with
+        `straddling`, also the one across it), marked heard or not."""
+        out, start = [], 0
         while self.held:
             end = start + len(self.held[0][1])
-            if end > limit and not (overlapping and start < limit):
-                return
-            self.held.pop(0)
+            if end > limit and not (straddling and start < limit):
+                break
+            out.append((self.held.pop(0)[0], heard))
             start = end
+        return out
+
+
+def token_text(model_dir: str | Path) -> Callable[[int], str]:
+    """A token id's text, by the tokenizer of a release directory (its thinker's)."""
+    from transformers import AutoTokenizer
+
+    from omni.engines.base import EngineLoadError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as e:
+        raise EngineLoadError(f"model directory {model_dir}: the talker reads the thinker's "
+                              f"tokenizer (to leave tool calls unspoken): {e}") from e
+    return lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))

@@ -190,3 +190,29 @@ def test_bad_inputs_fail_alone(thinker, talker):
     assert "hidden_states" in errors["h"]
     assert talker.stats()["running"] == 0
     assert run_talker(talker, {"ok": outs}, max_tokens=3)["ok"]  # the engine goes on
+
+
+def test_a_tool_call_in_the_answer_is_not_heard(thinker, talker):
+    """Qwen2.5-Omni's talker reads one thinker row per answer token, a thinker output after
+    the token's id: the rows of a tool call's tokens (tags included) never reach it, so
+    it speaks the frames of the answer without the call; the same ids as plain words are
+    heard and change the frames (the comparison can fail)."""
+    outs = thinker_outputs(thinker, QUESTIONS[0], max_tokens=8)
+    encode = thinker.lm.tokenizer.encode
+    call = encode('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+                  add_special_tokens=False)
+    words = encode(" get_time arguments", add_special_tokens=False)
+
+    def spoken(ids: list[int]) -> list:
+        """Frames with ids after answer token 2; each output carries the row of the token
+        before it (answer token 2's real row first; the inserted tokens' are stand-ins)."""
+        after = outs[3][0]
+        row = after["hidden_states"]
+        extra = [({"token_ids": [t], "finish_reason": None, "hidden_states": row}, False)
+                 for t in ids]
+        fed = outs[:3] + extra + [({**after, "hidden_states": row}, False)] + outs[4:]
+        return run_talker(talker, {"x": fed if ids else outs}, max_tokens=30)["x"]
+    plain = spoken([])
+    assert len({str(f) for f in plain}) > 2  # the frames vary
+    assert spoken(words) != plain
+    assert spoken(call) == plain
