@@ -21,7 +21,10 @@ from ``LTX2Pipeline.__call__`` (diffusers 0.42):
   ``decode_noise_scale`` of fresh noise), audio VAE to a mel spectrogram, vocoder to
   stereo audio at its ``output_sampling_rate``.
 The request's ``guidance_scale`` is the video stream's; the rest are stage options with
-the pipeline's defaults. Text to video only (LTX2ImageToVideoPipeline is not served).
+the pipeline's defaults.
+Image to video (an ``input_reference``) is ``LTX2ImageToVideoPipeline`` over the same
+modules (ltx2_image.py: the image as latent frame 0, held at timestep 0); image and
+text requests of one grid share transformer calls.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from omni.models.ltx2_guidance import (
     guided_velocity,
     passes,
 )
+from omni.models.ltx2_image import FirstFrame, video_timesteps
 
 PIPELINE = "LTX2Pipeline"
 # LTX2Pipeline.__call__'s defaults: (video, audio) per guidance option
@@ -62,7 +66,7 @@ class LTX2Denoiser:
     output = "video"
     OPTIONS = common.LIMIT_OPTIONS | SCALE_OPTIONS | {
         "audio_guidance_scale", "stg_blocks", "use_cross_timestep", "max_sequence_length",
-        "decode_timestep", "decode_noise_scale"}
+        "decode_timestep", "decode_noise_scale", "image_crf"}
 
     def __init__(self, pipe: Any, device: str, options: Mapping[str, Any]) -> None:
         self.pipe, self.device = pipe, device
@@ -89,6 +93,7 @@ class LTX2Denoiser:
         blocks = pipe.transformer.transformer_blocks
         self.perturbable = any(blocks[i].perturbed_attn for i in self.options["stg_blocks"]
                                if 0 <= i < len(blocks))
+        self.first_frame = FirstFrame(pipe, options)
 
     @staticmethod
     def _guidance_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,19 +109,22 @@ class LTX2Denoiser:
         return values
 
     def info(self) -> dict[str, Any]:
-        return {"tasks": ["text_to_video"], "pipeline": type(self.pipe).__name__,
-                "frame_step": self.temporal, "audio": True, **self.limits.info()}
+        return {"tasks": ["text_to_video", "image_to_video"], "max_input_images": 1,
+                "pipeline": type(self.pipe).__name__, "frame_step": self.temporal,
+                "audio": True, **self.limits.info()}
 
     # -- requests ---------------------------------------------------------------------
     def plan(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        if inputs.get("images"):
-            raise ValueError("this LTX-2 model does text to video only: send no "
-                             "'input_reference'")
+        images = inputs.get("images") or []
+        if len(images) > 1:
+            raise ValueError(f"'input_reference': one image per video, got {len(images)}")
         frames = common.video_frames(params, self.limits, self.temporal)
         width, height = common.parse_size(params.get("size"), self.limits)
         plan = common.request_plan(inputs, params, self.limits, no_negative="",
                                    min_steps=self.min_steps, batched=False)
-        return plan | {"frames": frames, "width": width, "height": height}
+        return plan | {"frames": frames, "width": width, "height": height,
+                       "image": (common.open_image(images[0], "input_reference")
+                                 if images else None)}
 
     def _scales(self, guidance: float) -> tuple[Scales, Scales]:
         o = self.options
@@ -136,9 +144,7 @@ class LTX2Denoiser:
         grid = ((plan["frames"] - 1) // self.temporal + 1, plan["height"] // self.spatial,
                 plan["width"] // self.spatial)
         gen = common.generator(plan["seed"])
-        video = pipe.prepare_latents(1, pipe.transformer.config.in_channels, plan["height"],
-                                     plan["width"], plan["frames"], 0.0, torch.float32,
-                                     self.device, gen)
+        video, first_frame = self._video_latents(plan, gen)
         audio_frames = round(plan["frames"] / self.limits.fps * pipe.audio_sampling_rate
                              / pipe.audio_hop_length / pipe.audio_vae_temporal_compression_ratio)
         audio = pipe.prepare_audio_latents(
@@ -146,12 +152,25 @@ class LTX2Denoiser:
             audio_latent_length=audio_frames, num_mel_bins=pipe.audio_vae.config.mel_bins,
             noise_scale=0.0, dtype=torch.float32, device=self.device, generator=gen)
         streams = Streams(tuple(video.shape[1:]), tuple(audio.shape[1:]))
-        scheduler, timesteps = self._schedule(plan["steps"], video.shape[1], streams)
+        scheduler, timesteps = self._schedule(plan["steps"], video.shape[1], streams,
+                                              first_frame)
         state = {"text": text, "grid": grid, "audio_frames": audio_frames, "scales": scales,
-                 "passes": kinds, "streams": streams, "generator": gen}
+                 "passes": kinds, "streams": streams, "generator": gen,
+                 "first_frame": first_frame}
         return DenoiseJob(request_id, streams.pack(video, audio), timesteps, scheduler,
                           rows=1, guided="uncond" in kinds, seed=plan["seed"], state=state,
                           extra_rows_per_image=int("perturbed" in kinds))
+
+    def _video_latents(self, plan: dict[str, Any],
+                       gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(packed video latents, the image's first-frame mask or None): the noise is
+        drawn the same way with or without an image."""
+        if plan["image"] is not None:
+            return self.first_frame.latents(plan["image"], plan, gen, self.device)
+        pipe = self.pipe
+        return pipe.prepare_latents(1, pipe.transformer.config.in_channels, plan["height"],
+                                    plan["width"], plan["frames"], 0.0, torch.float32,
+                                    self.device, gen), None
 
     def _encode_text(self, plan: dict[str, Any], guided: bool) -> dict[str, Any]:
         """{"cond": (video text, audio text, mask), "uncond": ... when guided}."""
@@ -169,7 +188,8 @@ class LTX2Denoiser:
             rows["uncond"] = (video[:1], audio[:1], mask[:1])
         return rows
 
-    def _schedule(self, steps: int, tokens: int, streams: Streams) -> tuple[Any, torch.Tensor]:
+    def _schedule(self, steps: int, tokens: int, streams: Streams,
+                  held: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
         """A copy of the release's scheduler per stream, set as the pipeline sets it."""
         from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, retrieve_timesteps
 
@@ -183,7 +203,7 @@ class LTX2Denoiser:
             timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas,
                                               mu=mu)
             scheduler.set_begin_index(0)
-        return JointScheduler(*copies, streams), timesteps
+        return JointScheduler(*copies, streams, held), timesteps
 
     # -- denoising --------------------------------------------------------------------
     def group_key(self, job: DenoiseJob) -> Any:
@@ -217,7 +237,8 @@ class LTX2Denoiser:
             audio_encoder_hidden_states=torch.cat([t[1] for t in text]),
             encoder_attention_mask=torch.cat([t[2] for t in text]),
             audio_encoder_attention_mask=torch.cat([t[2] for t in text]),
-            timestep=timestep, sigma=timestep, num_frames=frames, height=height,
+            timestep=video_timesteps([j for j, _ in rows], timestep),
+            audio_timestep=timestep, sigma=timestep, num_frames=frames, height=height,
             width=width, fps=self.rope_fps, audio_num_frames=audio_frames,
             video_coords=tr.rope.prepare_video_coords(n, frames, height, width, self.device,
                                                       fps=self.rope_fps),

@@ -54,16 +54,22 @@ class Streams:
 
 class JointScheduler:
     """Steps the video half with the video scheduler and the audio half with the audio
-    one (the pipeline keeps two copies in case a scheduler keeps state between steps)."""
+    one (the pipeline keeps two copies in case a scheduler keeps state between steps).
+    ``held``: (1, video tokens), 1 on tokens the video scheduler leaves as they are (an
+    input image's first frame; the I2V pipeline steps frames 1.. only, and the Euler
+    step is per element, so stepping all and keeping those is the same)."""
 
-    def __init__(self, video: Any, audio: Any, streams: Streams) -> None:
+    def __init__(self, video: Any, audio: Any, streams: Streams,
+                 held: torch.Tensor | None = None) -> None:
         self.video, self.audio, self.streams = video, audio, streams
+        self.held = None if held is None else held.bool().unsqueeze(-1)
 
     def step(self, model_output: torch.Tensor, t: Any, latents: torch.Tensor,
              return_dict: bool = False) -> tuple[torch.Tensor]:
         out_video, out_audio = self.streams.split(model_output)
         video, audio = self.streams.split(latents)
-        video = self.video.step(out_video, t, video, return_dict=False)[0]
+        stepped = self.video.step(out_video, t, video, return_dict=False)[0]
+        video = stepped if self.held is None else torch.where(self.held, video, stepped)
         audio = self.audio.step(out_audio, t, audio, return_dict=False)[0]
         return (self.streams.pack(video, audio),)
 

@@ -1,13 +1,18 @@
 """LTX-2 (video + audio) in the diffusion engine, loaded by the real adapter from a tiny
 random release directory (Gemma-3, connectors, joint transformer, video VAE, audio VAE,
-vocoder), against diffusers' LTX2Pipeline.__call__ for the same seed: frames AND audio,
+vocoder), against diffusers' LTX2Pipeline.__call__ (text to video) and
+LTX2ImageToVideoPipeline.__call__ (image to video) for the same seed: frames AND audio,
 with requests at different steps sharing transformer calls."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from unit.diffusion_runs import png
 
 from omni.engines.base import EngineRequest
 from omni.engines.diffusion.engine import DiffusionEngine
@@ -52,6 +57,9 @@ def collect(outputs, results):
 
 def reference(pipe, inputs, params, scales=None):
     width, height = (int(v) for v in params["size"].split("x"))
+    if inputs.get("images"):
+        scales = {**(scales or {}),
+                  "image": Image.open(io.BytesIO(inputs["images"][0])).convert("RGB")}
     out = pipe(prompt=inputs["prompt"], negative_prompt=inputs.get("negative_prompt"),
                height=height, width=width, num_frames=params["frames"], frame_rate=24.0,
                num_inference_steps=params["steps"],
@@ -71,6 +79,18 @@ def close_to(result, expected):
     # uint8 vs float x 255: the rounding (0.5) plus 0.01 of a level
     assert np.abs(video.numpy().astype(float) - frames * 255).max() <= 0.51
     assert (sound - audio).abs().max() <= AUDIO_BOUND
+
+
+def record_calls(pipe):
+    """(rows, isolated, video timestep shape) per transformer call; undo() restores."""
+    calls, forward = [], pipe.transformer.forward
+
+    def recorded(*args, **kwargs):
+        calls.append((kwargs["hidden_states"].shape[0], kwargs["isolate_modalities"],
+                      tuple(kwargs["timestep"].shape)))
+        return forward(*args, **kwargs)
+    pipe.transformer.forward = recorded
+    return calls, lambda: setattr(pipe.transformer, "forward", forward)
 
 
 def test_audio_and_video_batched_at_different_steps_equal_ltx2pipeline(eng):
@@ -101,3 +121,34 @@ def test_audio_and_video_batched_at_different_steps_equal_ltx2pipeline(eng):
         close_to(results[rid], reference(pipe, inputs, params))
     assert results["a"]["sample_rate"] == 24000 and results["a"]["fps"] == 24
     assert results["a"]["audio"].shape[0] == 2  # stereo
+
+
+def test_image_to_video_batched_with_text_equals_ltx2_image_to_video_pipeline(eng):
+    from diffusers import LTX2ImageToVideoPipeline
+
+    pipe = eng.denoiser.pipe
+    assert eng.denoiser.info()["tasks"] == ["text_to_video", "image_to_video"]
+    calls, undo = record_calls(pipe)
+    params = {"size": "64x64", "frames": 9, "seed": 5}
+    # 64x48 images: the pipeline resizes them to the request's size
+    requests = [
+        ("i", {"prompt": "a bird sings", "images": [png(64, 48, seed=0)]},
+         {**params, "steps": 3}),
+        ("j", {"prompt": "a bird sings", "images": [png(64, 48, seed=1)]},
+         {**params, "steps": 3}),
+        ("t", {"prompt": "a bird sings"}, {**params, "steps": 4})]
+    results = run(eng, requests)
+    undo()
+    # the video (and its sound) follow the image: same prompt and seed, other image
+    first, other = results["i"], results["j"]
+    assert (first["video"].float() - other["video"].float()).abs().max() > 20
+    assert (first["audio"] - other["audio"]).abs().max() > 100 * AUDIO_BOUND
+    # text and image rows (at different steps) shared calls, with per-token timesteps
+    assert max(rows for rows, isolated, _ in calls if not isolated) == 3 * 3
+    # 2 latent frames x 2 x 2 tokens (64x64 over 32x, 9 frames over 8x)
+    assert (9, 8) in [shape for _, isolated, shape in calls if not isolated]
+    i2v = LTX2ImageToVideoPipeline(**pipe.components)
+    i2v.set_progress_bar_config(disable=True)
+    for rid, inputs, request_params in requests[:2]:
+        close_to(results[rid], reference(i2v, inputs, request_params))
+    close_to(results["t"], reference(pipe, *requests[2][1:]))
