@@ -152,3 +152,13 @@ def test_image_to_video_batched_with_text_equals_ltx2_image_to_video_pipeline(en
     for rid, inputs, request_params in requests[:2]:
         close_to(results[rid], reference(i2v, inputs, request_params))
     close_to(results["t"], reference(pipe, *requests[2][1:]))
+
+
+@pytest.mark.parametrize("crf", ["x", -1, 52])
+def test_a_bad_image_crf_fails_the_load_naming_it(eng, crf):
+    from omni.engines.base import EngineLoadError
+    from omni.models.ltx2_image import FirstFrame
+
+    with pytest.raises(EngineLoadError, match="'image_crf'"):
+        FirstFrame(eng.denoiser.pipe, {"image_crf": crf})
+    assert FirstFrame(eng.denoiser.pipe, {}).crf == 33  # the pipeline's, for Gemma-3
