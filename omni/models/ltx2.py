@@ -123,8 +123,7 @@ class LTX2Denoiser:
         plan = common.request_plan(inputs, params, self.limits, no_negative="",
                                    min_steps=self.min_steps, batched=False)
         return plan | {"frames": frames, "width": width, "height": height,
-                       "image": (common.open_image(images[0], "input_reference")
-                                 if images else None)}
+                       "image": self.first_frame.image(images[0]) if images else None}
 
     def _scales(self, guidance: float) -> tuple[Scales, Scales]:
         o = self.options

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import omni.models.diffusion as common
 from omni.engines.base import DenoiseJob, EngineLoadError
 
 
@@ -41,6 +42,15 @@ class FirstFrame:
             raise EngineLoadError(f"'image_crf' must be an integer: {e}") from e
         if not 0 <= self.crf <= 51:
             raise EngineLoadError("'image_crf' must be from 0 (off) to 51 (H.264's range)")
+
+    def image(self, data: Any) -> Any:
+        """The request's input_reference as an RGB PIL image; ValueError when it cannot
+        be one (H.264 needs 2x2 pixels at least; the pipeline fails on less)."""
+        image = common.open_image(data, "input_reference")
+        if self.crf and min(image.size) < 2:
+            raise ValueError(f"'input_reference' must be at least 2x2 pixels, got "
+                             f"{image.width}x{image.height}")
+        return image
 
     def latents(self, image: Any, plan: Mapping[str, Any], generator: torch.Generator,
                 device: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -112,6 +112,7 @@ def test_sync_mp4_has_the_audio_track_too(server):
 
 @pytest.mark.parametrize("images, text", [
     ([b"\x89PNG not really"], "'input_reference' is not an image"),
+    ([png(0, width=1, height=1)], "'input_reference' must be at least 2x2 pixels"),
     ([png(0), png(1)], "'input_reference': one image per video, got 2")])
 def test_bad_input_references_are_400s_naming_the_field(server, images, text):
     async def body():
