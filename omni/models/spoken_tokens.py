@@ -46,9 +46,16 @@ class SpokenTokens:
         self.pending += "".join(p for _, p in pieces)
         self._judge(final)
         out: list[tuple[int, bool]] = []
-        while self.held and len(self.held[0][1]) <= len(self.marks):
-            token, text = self.held.pop(0)
-            out.append((token, not any(self.marks[:len(text)])))
+        while self.held:
+            token, text = self.held[0]
+            if text and len(text) <= len(self.marks):
+                in_call = any(self.marks[:len(text)])
+            elif not text and (self.marks or final):  # no text: as the character after it
+                in_call = self.marks[0] if self.marks else self.in_call
+            else:
+                break
+            self.held.pop(0)
+            out.append((token, not in_call))
             del self.marks[:len(text)]
         return out
 

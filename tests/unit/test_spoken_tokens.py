@@ -68,3 +68,9 @@ def test_a_token_across_one_call_s_close_and_the_next_s_open_leaves_both_unheard
 def test_a_close_tag_before_an_open_one_in_one_token_does_not_end_the_call():
     pieces = ["A", " </tool_call><tool", "_call>", '{"x": 1}', "</tool_call>", "B"]
     assert heard(pieces) == "AB"
+
+
+def test_a_token_without_text_inside_a_call_is_not_heard():
+    pieces = ["A", "<tool_call>", "", "{}", "</tool_call>", "", "B"]
+    spoken = SpokenTokens(pieces.__getitem__)
+    assert spoken.push(list(range(len(pieces)))) + spoken.push([], final=True) == [0, 5, 6]
