@@ -25,7 +25,12 @@ class SpokenTokens:
 
     def __init__(self, piece: Callable[[int], str]) -> None:
         self.piece = piece  # one token id's text
-        self.held: list[tuple[int, str]] = []
+        self.held: list[tuple[int, str]] = []  # tokens not decided yet
+        # the held tokens' text is judged character by character (a token may hold one
+        # call's close tag and the next one's open): whether each judged character lies in
+        # a call, and the text after them, not judged yet
+        self.marks: list[bool] = []
+        self.pending = ""
         self.in_call = False
 
     def push(self, ids: list[int], final: bool = False) -> list[int]:
@@ -34,40 +39,43 @@ class SpokenTokens:
 
     def decide(self, ids: list[int], final: bool = False) -> list[tuple[int, bool]]:
         """(id, heard) for every token decided by now, in answer order: a talker fed one
-        row per token (Qwen2.5-Omni's) pairs them with its rows."""
-        self.held += [(t, self.piece(t)) for t in ids]
+        row per token (Qwen2.5-Omni's) pairs them with its rows. A token is heard when
+        none of its characters lies in a call, tags included."""
+        pieces = [(t, self.piece(t)) for t in ids]
+        self.held += pieces
+        self.pending += "".join(p for _, p in pieces)
+        self._judge(final)
         out: list[tuple[int, bool]] = []
         while self.held:
-            text = "".join(p for _, p in self.held)
-            if self.in_call:
-                end = text.find(CALL_CLOSE)
-                if end < 0:  # inside the call: what cannot begin its close tag goes
-                    out += self._take_before(len(text) if final else
-                                             len(text) - len(CALL_CLOSE) + 1, False, False)
-                    return out
-                out += self._take_before(end + len(CALL_CLOSE), False, True)
-                self.in_call = False
-                continue
-            at = text.find(CALL_OPEN)
-            if at < 0:
-                keep = 0 if final else partial_tag(text, CALL_OPEN)
-                out += self._take_before(len(text) - keep, True, False)
-                return out
-            out += self._take_before(at, True, False)
-            self.in_call = True
+            token, text = self.held[0]
+            if text and len(text) <= len(self.marks):
+                in_call = any(self.marks[:len(text)])
+            elif not text and (self.marks or final):  # no text: as the character after it
+                in_call = self.marks[0] if self.marks else self.in_call
+            else:
+                break
+            self.held.pop(0)
+            out.append((token, not in_call))
+            del self.marks[:len(text)]
         return out
 
-    def _take_before(self, limit: int, heard: bool, straddling: bool) -> list[tuple[int, bool]]:
-        """The leading tokens whose text ends at or before character `limit` (with
-        `straddling`, also the one across it), marked heard or not."""
-        out, start = [], 0
-        while self.held:
-            end = start + len(self.held[0][1])
-            if end > limit and not (straddling and start < limit):
-                break
-            out.append((self.held.pop(0)[0], heard))
-            start = end
-        return out
+    def _judge(self, final: bool) -> None:
+        """Mark the pending characters that can be judged now (a possible tag's start at
+        the end waits for more text, unless the answer ended)."""
+        while self.pending:
+            tag = CALL_CLOSE if self.in_call else CALL_OPEN
+            at = self.pending.find(tag)
+            if at < 0:
+                keep = 0 if final else partial_tag(self.pending, tag)
+                self._mark(len(self.pending) - keep, self.in_call)
+                return
+            self._mark(at, self.in_call)
+            self._mark(len(tag), True)  # the tag itself is the call's
+            self.in_call = not self.in_call
+
+    def _mark(self, n: int, in_call: bool) -> None:
+        self.marks += [in_call] * n
+        self.pending = self.pending[n:]
 
 
 def token_text(model_dir: str | Path) -> Callable[[int], str]:

@@ -51,3 +51,26 @@ def test_tokens_that_may_begin_a_tag_wait_for_the_text_to_decide():
     assert spoken.push([3, 4]) == []  # a call: held until it closes
     assert spoken.push([5, 6]) == [6]
     assert spoken.held == []
+
+
+@pytest.mark.parametrize("chunks", [None, "whole"])
+def test_a_token_across_one_call_s_close_and_the_next_s_open_leaves_both_unheard(chunks):
+    # a byte-level BPE may join the text between two calls to their tags (">\n<"): the
+    # second call's open tag begins inside the token that ends the first
+    pieces = ["A", "<tool_call>", "{}", "</tool_call", ">\n<", "tool_call", ">", '{"x": 1}',
+              "</tool_call>", "B"]
+    sizes = [len(pieces)] if chunks == "whole" else None
+    assert heard(pieces, sizes) == "AB"
+    assert heard(["A", "<tool_call>{}</tool_call>\n<tool_call>", '{"x": 1}', "</tool_call>",
+                  "B"], sizes) == "AB"
+
+
+def test_a_close_tag_before_an_open_one_in_one_token_does_not_end_the_call():
+    pieces = ["A", " </tool_call><tool", "_call>", '{"x": 1}', "</tool_call>", "B"]
+    assert heard(pieces) == "AB"
+
+
+def test_a_token_without_text_inside_a_call_is_not_heard():
+    pieces = ["A", "<tool_call>", "", "{}", "</tool_call>", "", "B"]
+    spoken = SpokenTokens(pieces.__getitem__)
+    assert spoken.push(list(range(len(pieces)))) + spoken.push([], final=True) == [0, 5, 6]
