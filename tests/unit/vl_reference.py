@@ -57,8 +57,10 @@ def mp4(seed: int, frames: int = 20, fps: int = 10, width: int = 64,
     return encode_mp4(pixels, fps)
 
 
-def video_reference(model_dir: str, video: bytes, n: int) -> list[int]:
-    """transformers' generate on one video, its inputs made the way the release's
+def video_reference(model_dir: str, video: bytes, n: int, image: bytes | None = None
+                    ) -> list[int]:
+    """transformers' generate on one video (after one image, if given: the image
+    reference's inputs), its inputs made the way the release's
     processors make them, with transformers' own pieces where they run without
     torchvision: its PyAV reader and metadata, Qwen3-VL's sample_frames and smart_resize,
     the processors' patchify and Qwen3-VL's timestamps; frames resized with PIL bicubic."""
@@ -74,16 +76,35 @@ def video_reference(model_dir: str, video: bytes, n: int) -> list[int]:
     pixels, meta = _sampled_frames(video, rules, qwen3)
     patches, grid = _patches(pixels, rules, qwen3)
     content = [{"type": "video"}, {"type": "text", "text": QUESTION}]
+    extra = {} if qwen3 else {
+        "second_per_grid_ts": torch.tensor([rules["temporal_patch_size"] / meta.sampled_fps])}
+    if image is not None:
+        content.insert(0, {"type": "image"})
+        extra.update(_image_inputs(model_dir, image))
     text = tok.apply_chat_template([{"role": "user", "content": content}],
                                    add_generation_prompt=True, tokenize=False)
     text = text.replace("<|video_pad|>", _placeholder(grid, meta, rules, qwen3))
+    if image is not None:
+        merge = rules["merge_size"] ** 2
+        text = text.replace("<|image_pad|>", "<|image_pad|>" * int(
+            extra["image_grid_thw"][0].prod() // merge))
     ids = tok(text, return_tensors="pt")["input_ids"]
-    extra = {} if qwen3 else {
-        "second_per_grid_ts": torch.tensor([rules["temporal_patch_size"] / meta.sampled_fps])}
+    kinds = (ids == model.config.image_token_id).int() + 2 * (
+        ids == model.config.video_token_id).int()
     out = model.generate(input_ids=ids, pixel_values_videos=patches, video_grid_thw=grid,
-                         mm_token_type_ids=2 * (ids == model.config.video_token_id).int(),
-                         max_new_tokens=n, do_sample=False, eos_token_id=None, **extra)
+                         mm_token_type_ids=kinds, max_new_tokens=n, do_sample=False,
+                         eos_token_id=None, **extra)
     return out[0, ids.shape[1]:].tolist()
+
+
+def _image_inputs(model_dir: str, image: bytes) -> dict:
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessorPil
+
+    processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+    batch = processor(images=[Image.open(io.BytesIO(image)).convert("RGB")],
+                      return_tensors="pt")
+    return {"pixel_values": batch["pixel_values"], "image_grid_thw": batch["image_grid_thw"]}
 
 
 def _sampled_frames(video: bytes, rules: dict, qwen3: bool) -> tuple[np.ndarray, object]:
