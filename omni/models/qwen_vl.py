@@ -73,7 +73,7 @@ class VisionMedia:
         self.frame_ids = (int(config.vision_start_token_id), int(config.vision_end_token_id))
         self.merge = int(image_processor.merge_size)
         self.deepstack, self.video = deepstack, video
-        # the text model's context: no prompt's images may take more tokens than this
+        # the text model's context: no prompt's images and videos may take more tokens
         self.max_image_tokens = int(model.config.text_config.max_position_embeddings)
         self.patches = image_processor.get_number_of_image_patches  # (height, width) -> n
 

@@ -47,9 +47,11 @@ def reference(model_dir: str, files: list[bytes], n: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def mp4(seed: int, frames: int = 20, fps: int = 10, width: int = 64,
+def mp4(seed: int, frames: int = 40, fps: int = 8, width: int = 64,
         height: int = 48) -> bytes:
-    """A short H.264 MP4 of random frames (blocks of 8 px, so they survive encoding)."""
+    """A 5 s H.264 MP4 of random frames (blocks of 8 px, so they survive encoding). The
+    tiny fixtures sample 8 of its frames, 1.6 a second: 4 temporal patches 1.25 s apart,
+    so a time step left at the default (1 s) would move the rotary positions."""
     from omni.media.video import encode_mp4
 
     blocks = np.random.default_rng(seed).random((frames, height // 8, width // 8, 3))
