@@ -66,7 +66,7 @@ class VisionMedia:
     """Builds (ids, embeddings, layout) of chat prompts holding image and video parts."""
 
     def __init__(self, model: Any, tokenizer: Any, image_processor: Any,
-                 deepstack: bool, video: VideoRules | None) -> None:
+                 deepstack: bool, video: VideoRules) -> None:
         self.model, self.tokenizer, self.images = model, tokenizer, image_processor
         config = model.config
         self.image_id, self.video_id = int(config.image_token_id), int(config.video_token_id)
@@ -78,7 +78,7 @@ class VisionMedia:
         self.patches = image_processor.get_number_of_image_patches  # (height, width) -> n
 
     def info(self) -> dict[str, Any]:
-        return {"input_parts": ["text", "image_url"] + (["video_url"] if self.video else [])}
+        return {"input_parts": ["text", "image_url", "video_url"]}
 
     @staticmethod
     def wants(messages: Any) -> bool:
@@ -100,7 +100,7 @@ class VisionMedia:
         prompt raised (a bad prompt fails alone); one tower call for all their images and
         videos."""
         rendered: list[Any] = []
-        unique: dict[str, Any] = {}  # sha256 of the file -> its PIL image or video Clip
+        unique: dict[str, Any] = {}  # kind:sha256 of the file -> its PIL image or video Clip
         for messages, tools in prompts:
             try:
                 rendered.append(self._render(messages, tools, unique))
@@ -155,14 +155,12 @@ class VisionMedia:
         if kind in ("image_url", "video_url"):
             raise ValueError(f"{kind!r} content parts reach this model decoded by the API "
                              "(as 'image' / 'video' parts)")
-        if kind in VIDEO_KINDS and self.video is None:
-            raise ValueError("this model directory has no video processor settings")
         if kind not in IMAGE_KINDS + VIDEO_KINDS:
             return part
         data = (part.get(kind) or {}).get("data")
         if not isinstance(data, bytes):
             raise ValueError(f"an {kind} part reached the engine undecoded")
-        digest = hashlib.sha256(data).hexdigest()
+        digest = f"{kind}:{hashlib.sha256(data).hexdigest()}"  # the kind: decoded as one
         files[digest] = (kind, data)
         digests.append(digest)
         return {"type": kind}
