@@ -127,18 +127,20 @@ class VisionMedia:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         digests: list[str] = []
-        files: dict[str, tuple[str, bytes]] = {}  # digest -> (kind, file), of this prompt
+        # digest -> (kind, file, where its part first is: errors name it), of this prompt
+        files: dict[str, tuple[str, bytes, str]] = {}
         chat = []
-        for m in messages:
+        for i, m in enumerate(messages):
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
-                content = [self._part(p, files, digests) for p in content]
+                content = [self._part(p, files, digests, f"messages[{i}].content[{j}]")
+                           for j, p in enumerate(content)]
             chat.append({**m, "content": content})
         self._check_tokens([files[d] for d in digests])
-        for digest, (kind, data) in files.items():
+        for digest, (kind, data, where) in files.items():
             if digest not in unique:  # decoded once per batch, after the prompt's checks
-                unique[digest] = decode_image({"image": {"data": data}}) if kind == "image" \
-                    else decode_video(self.video, data)
+                unique[digest] = _named(where, decode_image, {"image": {"data": data}}) \
+                    if kind == "image" else _named(where, decode_video, self.video, data)
         chat, extra = with_tools(chat, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
                                                   tokenize=False, **extra)
@@ -150,7 +152,8 @@ class VisionMedia:
                                  f"placeholders for {want} {kind} parts")
         return ids, digests
 
-    def _part(self, part: Any, files: dict[str, tuple[str, bytes]], digests: list[str]) -> Any:
+    def _part(self, part: Any, files: dict[str, tuple[str, bytes, str]], digests: list[str],
+              where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("image_url", "video_url"):
             raise ValueError(f"{kind!r} content parts reach this model decoded by the API "
@@ -161,24 +164,27 @@ class VisionMedia:
         if not isinstance(data, bytes):
             raise ValueError(f"an {kind} part reached the engine undecoded")
         digest = f"{kind}:{hashlib.sha256(data).hexdigest()}"  # the kind: decoded as one
-        files[digest] = (kind, data)
+        files.setdefault(digest, (kind, data, where))
         digests.append(digest)
         return {"type": kind}
 
-    def _check_tokens(self, files: list[tuple[str, bytes]]) -> None:
+    def _check_tokens(self, files: list[tuple[str, bytes, str]]) -> None:
         """ValueError when the images and videos (every place one appears) would take
         more tokens than the context, or one is refused by the processor; reads headers
         only."""
         total = 0
-        for kind, data in files:
+        for kind, data, where in files:
             if kind == "video":
-                total += video_token_count(self.video, data)
+                total += _named(where, video_token_count, self.video, data)
                 continue
-            width, height = image_size(data)
-            total += self.patches(height, width) // self.merge**2
+            total += _named(where, self._image_tokens, data)
         if total > self.max_image_tokens:
             raise ValueError(f"the prompt's {len(files)} images and videos take {total} "
                              f"tokens; the model's context holds {self.max_image_tokens}")
+
+    def _image_tokens(self, data: bytes) -> int:
+        width, height = image_size(data)
+        return self.patches(height, width) // self.merge**2
 
     def _tower(self, items: list[Any]) -> list[dict[str, Any]]:
         """The vision tower over every image and video at once (videos are cut into the
@@ -256,6 +262,14 @@ class VisionMedia:
             second_per_grid_ts=torch.tensor([s["clip"].second_per_grid for s in videos])
             if videos else None, attention_mask=torch.ones_like(ids_t))
         return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
+
+
+def _named(where: str, step: Any, *args: Any) -> Any:
+    """step(*args), its ValueError naming the content part it was about."""
+    try:
+        return step(*args)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _model_class(model_type: str) -> Any:

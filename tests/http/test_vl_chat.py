@@ -141,7 +141,8 @@ def test_bad_video_parts_are_400s(served, monkeypatch):
                 await client.chat.completions.create(
                     model="qwen2_5_vl", messages=ask_video(data_url(one_frame, "video/mp4")),
                     **SEEDED)
-            assert "at least 2 are needed" in info.value.message, info.value.message
+            assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
+                in info.value.message, info.value.message
             assert info.value.code == "invalid_input"
     run(body())
 

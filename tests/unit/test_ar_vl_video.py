@@ -68,8 +68,9 @@ def test_bad_videos_fail_their_request_alone(vl_dir):
     got, errors = run(engine, [video_request("junk", [("video", b"not a video")]),
                                video_request("short", [("video", one_frame)]),
                                video_request("good", [("video", VIDEOS["one"])])])
-    assert "not a video this server can read" in errors["junk"]
-    assert "at least 2 are needed" in errors["short"]
+    assert "messages[0].content[0]: not a video this server can read" in errors["junk"]
+    assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
+        in errors["short"]
     assert "good" not in errors and len(got["good"]) == GREEDY["max_tokens"]
 
 
