@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL for the AR engine: text and images in, text out.
+"""Qwen2.5-VL and Qwen3-VL for the AR engine: text, images and videos in, text out.
 
 A release is one ``*ForConditionalGeneration`` checkpoint: a vision tower, a Qwen text
 model and its LM head. Only the text model gets the engine's attention; the tower keeps
@@ -12,17 +12,25 @@ passed to the text model as (text row, 3 axes) like ``generate`` does; after the
 every axis is the cache position + the returned delta. Qwen3-VL also adds "deepstack"
 features of some tower blocks to the image tokens' hidden states after the first decoder
 layers (the hooks of omni/models/qwen3_omni_vision.py, shared with Qwen3-Omni).
+Videos (omni/models/qwen_vl_video.py: sampled, sized and cut as the release's video
+processor does) fill <|video_pad|> the same way, with their own grids and time steps in
+``get_rope_index`` (mm_token_type_ids 2; Qwen2.5-VL's second_per_grid_ts, Qwen3-VL's
+per-frame grids after the timestamps written into the prompt).
 
 Batching and caching (`encode_batch`): the AR engine's prompt encoder hands every media
 prompt that waits into one call, so the vision tower runs once over all their images
-(its attention is per image: cu_seqlens); an image sent more than once (the same bytes)
-is decoded and encoded once, its tokens used at every place it appears.
+and videos (its attention is per image / video frame: cu_seqlens); an image or video
+sent more than once (the same bytes) is decoded and encoded once, its tokens used at
+every place it appears.
 
 Bounds: a prompt's images are counted in tokens from their headers (the release
 processor's own patch count) before any is decoded; images that would take more than the
 model's context are refused with the prompt (a 400), so a request of many large images
 (a 64 Mpx PNG is a few hundred KB) cannot decode gigabytes or run the tower for nothing.
-An image the processor refuses (aspect ratio over 200) fails its prompt here too.
+A video is counted from its headers too (frame count and rate -> the frames its processor
+samples, at most max_frames; its size -> patches). An image the processor refuses (aspect
+ratio over 200), a video of fewer frames than a temporal patch or one whose frames end
+before its header says fails its prompt here too.
 """
 
 from __future__ import annotations
@@ -45,31 +53,38 @@ from omni.models.causal_lm import (
     sampling_defaults,
 )
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, install_deepstack
+from omni.models.qwen_vl_video import Clip, VideoRules, load_rules, video_tokens
+from omni.models.qwen_vl_video import decode as decode_video
+from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
 
 IMAGE_KINDS = ("image",)  # the API decodes image_url parts into {"type": "image", ...}
+VIDEO_KINDS = ("video",)  # and video_url parts into {"type": "video", ...}
 
 
 class VisionMedia:
-    """Builds (ids, embeddings, layout) of chat prompts holding image parts."""
+    """Builds (ids, embeddings, layout) of chat prompts holding image and video parts."""
 
     def __init__(self, model: Any, tokenizer: Any, image_processor: Any,
-                 deepstack: bool) -> None:
+                 deepstack: bool, video: VideoRules) -> None:
         self.model, self.tokenizer, self.images = model, tokenizer, image_processor
-        self.image_id = int(model.config.image_token_id)
+        config = model.config
+        self.image_id, self.video_id = int(config.image_token_id), int(config.video_token_id)
+        self.frame_ids = (int(config.vision_start_token_id), int(config.vision_end_token_id))
         self.merge = int(image_processor.merge_size)
-        self.deepstack = deepstack
-        # the text model's context: no prompt's images may take more tokens than this
+        self.deepstack, self.video = deepstack, video
+        # the text model's context: no prompt's images and videos may take more tokens
         self.max_image_tokens = int(model.config.text_config.max_position_embeddings)
         self.patches = image_processor.get_number_of_image_patches  # (height, width) -> n
 
     def info(self) -> dict[str, Any]:
-        return {"input_parts": ["text", "image_url"]}
+        return {"input_parts": ["text", "image_url", "video_url"]}
 
     @staticmethod
     def wants(messages: Any) -> bool:
+        kinds = IMAGE_KINDS + VIDEO_KINDS + ("image_url", "video_url")
         return isinstance(messages, list) and any(
-            isinstance(part, dict) and part.get("type") in IMAGE_KINDS + ("image_url",)
+            isinstance(part, dict) and part.get("type") in kinds
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
             for part in m["content"])
 
@@ -82,17 +97,18 @@ class VisionMedia:
 
     def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
         """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
-        prompt raised (a bad prompt fails alone); one tower call for all their images."""
+        prompt raised (a bad prompt fails alone); one tower call for all their images and
+        videos."""
         rendered: list[Any] = []
-        unique: dict[str, Any] = {}  # sha256 of the file -> its PIL image
+        unique: dict[str, Any] = {}  # kind:sha256 of the file -> its PIL image or video Clip
         for messages, tools in prompts:
             try:
                 rendered.append(self._render(messages, tools, unique))
             except (ValueError, TypeError) as e:
                 rendered.append(e)
         with torch.inference_mode():
-            features = self._tower(list(unique.values())) if unique else {}
-        keys = list(unique)
+            features = dict(zip(unique, self._tower(list(unique.values())), strict=True)) \
+                if unique else {}
         out = []
         for item in rendered:
             if isinstance(item, Exception):
@@ -100,108 +116,160 @@ class VisionMedia:
                 continue
             ids, digests = item
             try:
-                out.append(self._prompt(ids, [keys.index(d) for d in digests], features))
+                out.append(self._prompt(ids, [features[d] for d in digests]))
             except ValueError as e:
                 out.append(e)
         return out
 
     def _render(self, messages: Any, tools: Any,
                 unique: dict[str, Any]) -> tuple[list[int], list[str]]:
-        """The template's token ids and each image's digest, in prompt order."""
+        """The template's token ids and each image's / video's digest, in prompt order."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         digests: list[str] = []
-        files: dict[str, bytes] = {}  # digest -> file, of this prompt
+        # digest -> (kind, file, where its part first is: errors name it), of this prompt
+        files: dict[str, tuple[str, bytes, str]] = {}
         chat = []
-        for m in messages:
+        for i, m in enumerate(messages):
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
-                content = [self._part(p, files, digests) for p in content]
+                content = [self._part(p, files, digests, f"messages[{i}].content[{j}]")
+                           for j, p in enumerate(content)]
             chat.append({**m, "content": content})
         self._check_tokens([files[d] for d in digests])
-        for digest, data in files.items():
+        for digest, (kind, data, where) in files.items():
             if digest not in unique:  # decoded once per batch, after the prompt's checks
-                unique[digest] = decode_image({"image": {"data": data}})
+                unique[digest] = _named(where, decode_image, {"image": {"data": data}}) \
+                    if kind == "image" else _named(where, decode_video, self.video, data)
         chat, extra = with_tools(chat, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
                                                   tokenize=False, **extra)
         ids = self.tokenizer(text)["input_ids"]
-        if ids.count(self.image_id) != len(digests):
-            raise ValueError(f"the chat template placed {ids.count(self.image_id)} image "
-                             f"placeholders for {len(digests)} image parts")
+        for kind, token in (("image", self.image_id), ("video", self.video_id)):
+            want = sum(files[d][0] == kind for d in digests)
+            if ids.count(token) != want:
+                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
+                                 f"placeholders for {want} {kind} parts")
         return ids, digests
 
-    def _part(self, part: Any, files: dict[str, bytes], digests: list[str]) -> Any:
+    def _part(self, part: Any, files: dict[str, tuple[str, bytes, str]], digests: list[str],
+              where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "image_url":
-            raise ValueError("'image_url' content parts reach this model decoded by the API "
-                             "(as 'image' parts)")
-        if kind not in IMAGE_KINDS:
+        if kind in ("image_url", "video_url"):
+            raise ValueError(f"{kind!r} content parts reach this model decoded by the API "
+                             "(as 'image' / 'video' parts)")
+        if kind not in IMAGE_KINDS + VIDEO_KINDS:
             return part
-        data = (part.get("image") or {}).get("data")
+        data = (part.get(kind) or {}).get("data")
         if not isinstance(data, bytes):
-            raise ValueError("an image part reached the engine undecoded")
-        digest = hashlib.sha256(data).hexdigest()
-        files[digest] = data
+            raise ValueError(f"an {kind} part reached the engine undecoded")
+        digest = f"{kind}:{hashlib.sha256(data).hexdigest()}"  # the kind: decoded as one
+        files.setdefault(digest, (kind, data, where))
         digests.append(digest)
-        return {"type": "image"}
+        return {"type": kind}
 
-    def _check_tokens(self, files: list[bytes]) -> None:
-        """ValueError when the images (every place one appears) would take more tokens
-        than the context, or one is refused by the processor; reads headers only."""
+    def _check_tokens(self, files: list[tuple[str, bytes, str]]) -> None:
+        """ValueError when the images and videos (every place one appears) would take
+        more tokens than the context, or one is refused by the processor; reads headers
+        only."""
         total = 0
-        for data in files:
-            width, height = image_size(data)
-            total += self.patches(height, width) // self.merge**2
+        for kind, data, where in files:
+            if kind == "video":
+                total += _named(where, video_token_count, self.video, data)
+                continue
+            total += _named(where, self._image_tokens, data)
         if total > self.max_image_tokens:
-            raise ValueError(f"the prompt's {len(files)} images take {total} tokens; the "
-                             f"model's context holds {self.max_image_tokens}")
+            raise ValueError(f"the prompt's {len(files)} images and videos take {total} "
+                             f"tokens; the model's context holds {self.max_image_tokens}")
 
-    def _tower(self, images: list[Any]) -> dict[str, Any]:
-        """The vision tower over every image at once: per image its grid (3,), its
-        embeddings (tokens, H) and its deepstack features (per layer (tokens, H))."""
-        batch = self.images(images=images, return_tensors="pt")
-        grid = batch["image_grid_thw"]
+    def _image_tokens(self, data: bytes) -> int:
+        width, height = image_size(data)
+        return self.patches(height, width) // self.merge**2
+
+    def _tower(self, items: list[Any]) -> list[dict[str, Any]]:
+        """The vision tower over every image and video at once (videos are cut into the
+        same patches, so one call serves both, as transformers' get_video_features runs
+        the image path): per item its grid (3,), its embeddings (tokens, H), its deepstack
+        features (per layer (tokens, H)) and, for a video, its Clip."""
+        # images first (one processor call), then videos: `order` maps back to items
+        order = [i for i, x in enumerate(items) if not isinstance(x, Clip)]
+        clips = [i for i, x in enumerate(items) if isinstance(x, Clip)]
+        pixels, grids = [], []
+        if order:
+            batch = self.images(images=[items[i] for i in order], return_tensors="pt")
+            pixels.append(batch["pixel_values"])
+            grids.append(batch["image_grid_thw"])
+        pixels += [items[i].patches for i in clips]
+        grids += [items[i].grid for i in clips]
+        order += clips
+        grid = torch.cat(grids)
         dev = self.model.device
         out = self.model.get_image_features(
-            batch["pixel_values"].to(dev, self.model.dtype), grid.to(dev), return_dict=True)
+            torch.cat(pixels).to(dev, self.model.dtype), grid.to(dev), return_dict=True)
         counts = (grid.prod(-1) // self.merge**2).tolist()
         embeds = torch.cat(list(out.pooler_output)).split(counts)
         layers = [torch.cat(list(f)).split(counts)
                   for f in getattr(out, "deepstack_features", None) or []]
-        return {"grid": grid, "embeds": embeds,
-                "deepstack": [[layer[i] for layer in layers] for i in range(len(images))]}
+        found: list[dict[str, Any]] = [{}] * len(items)
+        for k, i in enumerate(order):
+            clip = items[i] if isinstance(items[i], Clip) else None
+            found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
+                        "deepstack": [layer[k] for layer in layers]}
+        return found
 
-    def _prompt(self, ids: list[int], order: list[int],
-                features: dict[str, Any]) -> tuple[list[int], Any, Any]:
+    def _prompt(self, ids: list[int], shots: list[dict[str, Any]]
+                ) -> tuple[list[int], Any, Any]:
         expanded: list[int] = []
-        shots = iter(order)
+        order = iter(shots)
         for t in ids:
-            expanded += [t] * len(features["embeds"][next(shots)]) if t == self.image_id \
-                else [t]
+            if t == self.image_id:
+                expanded += [t] * len(next(order)["embeds"])
+            elif t == self.video_id:
+                expanded += video_tokens(self.video, next(order)["clip"], t,
+                                         *self.frame_ids, self._tokenize)
+            else:
+                expanded.append(t)
         dev = self.model.device
         with torch.inference_mode():
             ids_t = torch.tensor(expanded, device=dev)
             embeds = self.model.get_input_embeddings()(ids_t)
-            if not order:
+            if not shots:
                 return expanded, embeds, None
-            visual = ids_t == self.image_id
-            embeds[visual] = torch.cat([features["embeds"][i] for i in order]).to(embeds.dtype)
-            rope, delta = self._rope(expanded, features["grid"][order])
+            visual = (ids_t == self.image_id) | (ids_t == self.video_id)
+            embeds[visual] = torch.cat([s["embeds"] for s in shots]).to(embeds.dtype)
+            rope, delta = self._rope(expanded, shots)
         deepstack = None
         if self.deepstack:
-            deepstack = [torch.cat([features["deepstack"][i][layer] for i in order])
-                         for layer in range(len(features["deepstack"][order[0]]))]
+            deepstack = [torch.cat([s["deepstack"][layer] for s in shots])
+                         for layer in range(len(shots[0]["deepstack"]))]
         return expanded, embeds, PromptLayout(
             rope, delta, visual_mask=visual.cpu() if deepstack else None, deepstack=deepstack)
 
-    def _rope(self, ids: list[int], grid: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """(3, len(ids)) positions and the delta after them: the model's get_rope_index."""
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _rope(self, ids: list[int], shots: list[dict[str, Any]]) -> tuple[torch.Tensor, float]:
+        """(3, len(ids)) positions and the delta after them: the model's get_rope_index,
+        with each video's seconds per temporal patch as its processor gives them."""
         ids_t = torch.tensor([ids])
-        kinds = (ids_t == self.image_id).int()  # mm_token_type_ids: 0 text, 1 image
+        # mm_token_type_ids: 0 text, 1 image, 2 video
+        kinds = (ids_t == self.image_id).int() + 2 * (ids_t == self.video_id).int()
+        images = [s["grid"] for s in shots if s["clip"] is None]
+        videos = [s for s in shots if s["clip"] is not None]
         positions, delta = self.model.model.get_rope_index(
-            ids_t, kinds, image_grid_thw=grid, attention_mask=torch.ones_like(ids_t))
+            ids_t, kinds, image_grid_thw=torch.stack(images).cpu() if images else None,
+            video_grid_thw=torch.stack([s["grid"] for s in videos]).cpu() if videos else None,
+            second_per_grid_ts=torch.tensor([s["clip"].second_per_grid for s in videos])
+            if videos else None, attention_mask=torch.ones_like(ids_t))
         return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
+
+
+def _named(where: str, step: Any, *args: Any) -> Any:
+    """step(*args), its ValueError naming the content part it was about."""
+    try:
+        return step(*args)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _model_class(model_type: str) -> Any:
@@ -237,7 +305,8 @@ def load_qwen_vl(path: Path, *, dtype: str, device: str) -> CausalLM:
     # its own tokenizer: it encodes on a worker thread (omni/engines/ar/encoder.py) while
     # the step loop detokenizes, and a fast tokenizer is not safe to share
     media = None if processor is None else VisionMedia(
-        model, copy.deepcopy(tokenizer), processor, deepstack=qwen3)
+        model, copy.deepcopy(tokenizer), processor, deepstack=qwen3,
+        video=load_rules(path, config.model_type))
     text_config = config.text_config
     return CausalLM(model=model, tokenizer=tokenizer,
                     eos_token_ids=eos_ids(path, text_config, tokenizer), model_dir=str(path),

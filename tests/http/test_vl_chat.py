@@ -1,7 +1,8 @@
 """Image chat on Qwen2.5-VL and Qwen3-VL directories (tiny random release-layout
 checkpoints, served through the preset their config.json picks) with the unmodified
-openai SDK: ``image_url`` parts as data: URLs answer with what transformers' ``generate``
-answers for the same image; bad image parts are 400s naming the part."""
+openai SDK: ``image_url`` and ``video_url`` parts as data: URLs answer with what
+transformers' ``generate`` answers for the same image / video; bad image and video parts
+are 400s naming the part."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 from httputil import Server, ServerSettings, run
 from test_omni_chat import huge_png_header
 from test_realtime import until
-from unit.vl_reference import GREEDY, QUESTION, png, reference
+from unit.vl_reference import GREEDY, QUESTION, mp4, png, reference, video_reference
 
 from omni.fixtures.tiny_models import ensure_tiny_model
+from omni.media.fetch import FetchPolicy
 
 MODELS = ("qwen2_5_vl", "qwen3_vl")
+MAX_MEDIA_BYTES = 1 << 20  # a small fetch limit, to see an oversized video refused
 SEEDED = {"max_tokens": GREEDY["max_tokens"], "temperature": 0,
           "extra_body": {"ignore_eos": True}}
 
@@ -26,13 +29,14 @@ SEEDED = {"max_tokens": GREEDY["max_tokens"], "temperature": 0,
 def served(tmp_path_factory):
     dirs = {name: ensure_tiny_model(name, tmp_path_factory.getbasetemp() / "models")
             for name in MODELS}
-    srv = Server(dirs, ServerSettings(drain_timeout_s=2.0)).start()
+    srv = Server(dirs, ServerSettings(drain_timeout_s=2.0,
+                                      media_fetch=FetchPolicy(max_bytes=MAX_MEDIA_BYTES))).start()
     yield srv, dirs
     srv.stop()
 
 
-def data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
 def ask(url: str) -> list[dict]:
@@ -76,12 +80,77 @@ def test_bad_image_parts_are_400s(served):
                                                          messages=ask(url), **SEEDED)
                 assert needle in info.value.message, info.value.message
                 assert info.value.body["param"] == "messages[0].content[0]"
-            video = {"type": "video_url", "video_url": {"url": data_url(png(8, 8, 1))}}
+            audio = {"type": "audio_url", "audio_url": {"url": data_url(b"RIFF", "audio/wav")}}
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(model="qwen3_vl", messages=[
-                    {"role": "user", "content": [video]}], **SEEDED)
-            assert "does not take 'video_url'" in info.value.message, info.value.message
+                    {"role": "user", "content": [audio]}], **SEEDED)
+            assert "does not take audio input" in info.value.message, info.value.message
     run(body())
+
+
+def ask_video(url: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                         {"type": "text", "text": QUESTION}]}]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_video_chat_answers_as_transformers_generate(served, name):
+    from transformers import AutoTokenizer
+
+    server, dirs = served
+    videos = [mp4(1), mp4(2)]
+
+    async def body():
+        async with server.client(timeout=60) as client:
+            return await asyncio.gather(*(client.chat.completions.create(
+                model=name, messages=ask_video(data_url(video, "video/mp4")), **SEEDED)
+                for video in videos))
+
+    texts = [a.choices[0].message.content for a in run(body())]
+    assert texts[0] != texts[1] and len(set(texts[0])) > 4  # varies with the video
+    tok = AutoTokenizer.from_pretrained(dirs[name])
+    for video, text in zip(videos, texts, strict=True):
+        want = tok.decode(video_reference(str(dirs[name]), video, GREEDY["max_tokens"]),
+                          skip_special_tokens=True)
+        assert text == want
+
+
+def test_bad_video_parts_are_400s(served, monkeypatch):
+    from omni.media.video import encode_mp4
+
+    server, _ = served
+    # the server runs in this process: mp4(1) lasts 2 s, over this limit
+    monkeypatch.setattr("omni.api.chat_media.MAX_VIDEO_SECONDS", 1.0)
+    junk = b"\0" * (MAX_MEDIA_BYTES + 1)
+    cases = ((data_url(b"AAAA", "video/mp4"), "not a video this server can read"),
+             (data_url(png(32, 32, 1), "video/mp4"), "not a video this server can read"),
+             (data_url(junk, "video/mp4"), f"larger than {MAX_MEDIA_BYTES} bytes"),
+             (data_url(mp4(1), "video/mp4"), "at most 1 s are accepted"))
+    one_frame = encode_mp4(black_frames(1), 10)
+
+    async def body():
+        async with server.client(timeout=30) as client:
+            for url, needle in cases:
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.chat.completions.create(model="qwen3_vl",
+                                                         messages=ask_video(url), **SEEDED)
+                assert needle in info.value.message, info.value.message
+                assert info.value.body["param"] == "messages[0].content[0]"
+            # readable, but fewer frames than a temporal patch: the model refuses it
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.chat.completions.create(
+                    model="qwen2_5_vl", messages=ask_video(data_url(one_frame, "video/mp4")),
+                    **SEEDED)
+            assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
+                in info.value.message, info.value.message
+            assert info.value.code == "invalid_input"
+    run(body())
+
+
+def black_frames(frames: int):
+    import numpy as np
+
+    return np.zeros((frames, 48, 64, 3), dtype=np.uint8)
 
 
 def image_item(url: str) -> dict:

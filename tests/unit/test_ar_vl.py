@@ -48,7 +48,7 @@ def vl_dir(request, tmp_path_factory) -> str:
 
 def test_image_chat_matches_transformers_generate(vl_dir):
     engine = AREngine(vl_dir)
-    assert engine.info()["input_parts"] == ["text", "image_url"]
+    assert engine.info()["input_parts"] == ["text", "image_url", "video_url"]
     seen: list[int] = []  # images per vision-processor call
     processor = engine.lm.media.images
     engine.lm.media.images = lambda images, **kw: seen.append(len(images)) or processor(
