@@ -66,6 +66,32 @@ stages:
 edges:
   - {{from: talker, to: code2wav, delivery: stream}}
 """
+# a text stage's answer voiced by each layout: the echo stage answers with the user's
+# words in 30 pieces, one per 100 ms, so a short answer's last pieces are empty and its
+# stream ends well after its last sentence was voiced (the engine's closing output), as
+# an LLM's does when its answer ends in words the voice leaves out (a tool call)
+VOICED = """\
+name: {name}
+stages:
+  - {{name: echo, engine: echo, params: {{chunks: 30}}, options: {{delay_ms: 100}},
+     final_output: text}}
+{voice}
+edges:
+  - {{from: echo, to: {first}, delivery: stream}}
+{more}"""
+FUSED_VOICE = """\
+  - {{name: tts, engine: generation, model: qwen3_tts, model_dir: {model_dir}, env: qwen3-tts,
+     inputs: [text], final_output: audio,
+     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               openai_voices: true}}}}"""
+SPLIT_VOICE = """\
+  - {{name: talker, engine: generation, model: qwen3_tts_talker, model_dir: {model_dir},
+     env: qwen3-tts, inputs: [text],
+     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
+               openai_voices: true}}}}
+  - {{name: code2wav, engine: generation, model: qwen3_tts_code2wav, model_dir: {model_dir},
+     env: qwen3-tts, final_output: audio,
+     options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}}}"""
 REFERENCE = """\
 import json, sys
 import numpy as np, torch
@@ -100,9 +126,15 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
+    voices = {name: VOICED.format(name=name, voice=voice.format(model_dir=release, frames=FRAMES),
+                                  first=first, more=more)
+              for name, voice, first, more in (
+                  ("voiced", FUSED_VOICE, "tts", ""),
+                  ("voiced-split", SPLIT_VOICE, "talker",
+                   "  - {from: talker, to: code2wav, delivery: stream}\n"))}
     return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES),
-                         "qwen3-tts-split": SPLIT.format(model_dir=release, frames=FRAMES)},
-                        start_timeout_s=300.0)
+                         "qwen3-tts-split": SPLIT.format(model_dir=release, frames=FRAMES),
+                         **voices}, start_timeout_s=300.0)
 
 
 def pcm16(audio: np.ndarray) -> np.ndarray:
@@ -253,3 +285,25 @@ def test_a_client_leaving_mid_sentence_leaves_the_stage_serving(server, referenc
     expected = pcm16(reference[0]).astype(np.int32)
     assert served.shape == expected.shape
     assert np.abs(served - expected).max() <= 2
+
+
+@pytest.mark.parametrize("model", ["voiced", "voiced-split"])
+def test_a_text_stage_answer_is_voiced_to_its_end(server, model):
+    """A text stage's streamed answer spoken by Qwen3-TTS (fused and split): the answer's
+    stream ends right after its last sentence, and the stage closes the request (it used
+    to crash its replica unpacking that closing output); the voice is the speech API's."""
+    text = "Hello there."
+
+    async def body():
+        async with server.client(timeout=120.0) as client:
+            reply = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": text}],
+                modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
+            spoken = await _speak(client, text, "alloy")
+            return reply, spoken
+    reply, spoken = run(body())
+    message = reply.choices[0].message
+    voiced = np.frombuffer(base64.b64decode(message.audio.data), dtype=np.int16)
+    assert message.audio.transcript == text
+    assert np.abs(spoken).max() > 1000 and voiced.shape == spoken.shape
+    assert np.abs(voiced.astype(np.int32) - spoken.astype(np.int32)).max() <= 2

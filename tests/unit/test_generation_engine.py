@@ -380,3 +380,23 @@ def test_context_frames_stand_in_for_earlier_ones_and_are_never_output(c2w):
     # the context changes b's first chunk (it is not decoded after a's frames)
     after_a = c2w.decode_chunk(torch.cat([a[:, -4:], b[:, :6]], -1)[None], 4)[0]
     assert _close(after_a, expected[2], scale) > 100 * REL_TOL
+
+
+def test_a_runner_that_cannot_pack_an_output_fails_that_request_alone(c2w):
+    """A runner's pack() raising (a model adapter's bug, e.g. Qwen3-TTS on the engine's
+    closing output) fails its request; the engine, and the replica, go on serving."""
+    class PackFails(Code2WavRunner):
+        def pack(self, result):
+            if result.numel() == 10 * 1920 - 555:  # the 10-frame request's audio
+                raise ValueError("not enough values to unpack")
+            return super().pack(result)
+    engine = GenerationEngine(PackFails(c2w))
+    engine.add(EngineRequest("bad", {"codes": _codes(10, seed=1).tolist()}))
+    engine.add(EngineRequest("good", {"codes": _codes(20, seed=2).tolist()}))
+    outs = _drain(engine)
+    bad, good = outs["bad"][-1], outs["good"][-1]
+    assert bad.finished and "packing its output failed: ValueError" in bad.error
+    assert good.finished and good.error is None and good.data["frames"] == 20
+    assert engine.stats()["running"] == 0
+    engine.add(EngineRequest("after", {"codes": _codes(20, seed=3).tolist()}))
+    assert _drain(engine)["after"][-1].error is None

@@ -47,6 +47,7 @@ per-request state); inputs become a request's frames or units in intake.py.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -72,6 +73,7 @@ from omni.engines.generation.request import (
 )
 from omni.engines.generation.streamed_items import StreamedItems
 
+log = logging.getLogger("omni.engines.generation")
 
 class GenerationEngine(Engine):
     """Cross-request batched, chunked execution of a runner (see module docstring).
@@ -294,7 +296,14 @@ class GenerationEngine(Engine):
     def _output(self, req: GenRequest, result: torch.Tensor | None, n: int) -> StepOutput:
         if result is None:
             result = torch.zeros(0)
-        data = {**self.runner.pack(result), "frames": n, "index": req.index}
+        try:
+            packed = self.runner.pack(result)
+        except Exception as e:  # noqa: BLE001 - a runner's bug fails its request, not the replica
+            log.exception("request %s: %s.pack failed", req.id, type(self.runner).__name__)
+            self._reqs.pop(req.id, None)
+            return StepOutput(req.id, finished=True, error=f"packing its output failed: "
+                              f"{type(e).__name__}: {e}", error_kind=ENGINE_FAULT)
+        data = {**packed, "frames": n, "index": req.index}
         if n or data.get("samples"):
             req.play_start = time.monotonic() if req.play_start is None else req.play_start
             req.played_s += media_seconds(data)
