@@ -43,8 +43,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     rows = x.reshape(-1, x.shape[-1])
     x_scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     xq = (rows.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    # CUDA's row-wise scaled matmul writes bf16 only (torch refuses other output dtypes
+    # with per-row scales): a float16 / float32 model's output is cast back from it
+    out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
     out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale[None, :],
-                           out_dtype=x.dtype)
+                           out_dtype=out_dtype).to(x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
