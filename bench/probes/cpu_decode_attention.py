@@ -14,6 +14,7 @@ Also prints the largest difference of the two outputs.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -72,12 +73,11 @@ def main() -> None:
         for context in map(int, args.context.split(",")):
             q, k, v, slots, valid, lens = _case(batch, context, args.heads, args.kv_heads,
                                                 args.dim, dtype)
-            ours = _min_time(lambda: cpu_decode_kernel.paged_decode(  # noqa: B023
-                q, k, v, slots, lens, None, 0), args.trials)
-            sdpa = _min_time(lambda: _sdpa_decode(  # noqa: B023
-                q, k, v, slots, valid, lens, None, 0), args.trials)
-            diff = (cpu_decode_kernel.paged_decode(q, k, v, slots, lens, None, 0).float()
-                    - _sdpa_decode(q, k, v, slots, valid, lens, None, 0).float()).abs().max()
+            ours_call = functools.partial(cpu_decode_kernel.paged_decode, q, k, v, slots,
+                                          lens, None, 0)
+            sdpa_call = functools.partial(_sdpa_decode, q, k, v, slots, valid, lens, None, 0)
+            ours, sdpa = _min_time(ours_call, args.trials), _min_time(sdpa_call, args.trials)
+            diff = (ours_call().float() - sdpa_call().float()).abs().max()
             print(f"| {batch} | {context} | {ours:.1f} | {sdpa:.1f} | {sdpa / ours:.2f}x "
                   f"| {diff.item():.1e} |")
 

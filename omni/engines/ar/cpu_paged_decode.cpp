@@ -17,47 +17,70 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 namespace {
 
-// independent partial sums, so the compiler vectorizes the dot product without
-// -ffast-math (one running sum fixes the order of the additions)
+// 16 floats as one GCC vector: one AVX-512 register, two AVX2 or four SSE ones, so the
+// same source is wide in every multi-versioned build below (the auto-vectorizer left the
+// value loop scalar). Lanes are explicit, so sums keep their order without -ffast-math.
+typedef float Vec __attribute__((vector_size(64)));
+typedef uint16_t Half16 __attribute__((vector_size(32)));
+typedef uint32_t Word16 __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxDim = 512;  // head sizes beyond: the SDPA path (cpu_decode_kernel.py)
 
 // inlined into each multi-versioned task below, so they are compiled for its target too
 #define OMNI_INLINE __attribute__((always_inline)) inline
 
-OMNI_INLINE float dot(const float* a, const float* b, int64_t n) {
-  float part[kLanes] = {0.0f};
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) part[j] += a[d + j] * b[d + j];
-  }
-  // fold the lanes pairwise: a serial sum of 16 lanes was the dot's longest chain
-  for (int64_t j = 0; j < 8; ++j) part[j] += part[j + 8];
-  for (int64_t j = 0; j < 4; ++j) part[j] += part[j + 4];
-  float sum = (part[0] + part[2]) + (part[1] + part[3]);
-  for (; d < n; ++d) sum += a[d] * b[d];
-  return sum;
-}
-
-OMNI_INLINE void add_scaled(float* acc, float weight, const float* row, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += weight * row[d];
-}
-
-// a cached row as float32: float rows are read where they lie, others converted once
 template <typename T>
-OMNI_INLINE const float* as_float(const T* row, float* scratch, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) scratch[d] = static_cast<float>(row[d]);
-  return scratch;
+OMNI_INLINE Vec load(const T* p) {  // float16: through float, one value at a time
+  float values[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) values[j] = static_cast<float>(p[j]);
+  Vec out;
+  std::memcpy(&out, values, sizeof(out));
+  return out;
 }
 
 template <>
-OMNI_INLINE const float* as_float<float>(const float* row, float*, int64_t) {
-  return row;
+OMNI_INLINE Vec load<float>(const float* p) {
+  Vec out;
+  std::memcpy(&out, p, sizeof(out));
+  return out;
+}
+
+template <>
+OMNI_INLINE Vec load<c10::BFloat16>(const c10::BFloat16* p) {  // bfloat16 = float's top half
+  Half16 bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  const Word16 wide = __builtin_convertvector(bits, Word16) << 16;
+  Vec out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+OMNI_INLINE float lane_sum(Vec v) {  // pairwise: a serial sum was the dot's longest chain
+  float part[kLanes];
+  std::memcpy(part, &v, sizeof(part));
+  for (int64_t j = 0; j < 8; ++j) part[j] += part[j + 8];
+  for (int64_t j = 0; j < 4; ++j) part[j] += part[j + 4];
+  return (part[0] + part[2]) + (part[1] + part[3]);
+}
+
+// q . row over D (DIM when the head size is a compile-time constant, else dim)
+template <typename T, int64_t DIM>
+OMNI_INLINE float dot(const float* __restrict q, const T* __restrict row, int64_t dim) {
+  const int64_t D = DIM ? DIM : dim;
+  Vec acc = {};
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes) acc += load(q + d) * load(row + d);
+  float sum = lane_sum(acc);
+  for (; d < D; ++d) sum += q[d] * static_cast<float>(row[d]);
+  return sum;
 }
 
 struct Shapes {
@@ -79,62 +102,109 @@ struct Views {
 
 // scratch of one worker, reused across its tasks
 struct Scratch {
-  std::vector<float> query, scores, acc, row, total;
+  std::vector<float> query, scores;
 };
 
-template <typename T>
-OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g, Scratch& w) {
+// the first context position a query sees (sliding window or all)
+OMNI_INLINE int64_t first_position(int64_t len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
+// every length and every slot read in range, checked before the tasks start: an exception
+// thrown inside a task would cross the parallel region and terminate the process
+void check_contexts(const int64_t* slots, const int64_t* lens, int64_t batch,
+                    int64_t slots_row, const Shapes& s) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens[b];
+    TORCH_CHECK(len >= 1 && len <= s.width, "paged_decode: length ", len,
+                " outside [1, ", s.width, "] for sequence ", b);
+    for (int64_t p = first_position(len, s.window); p < len; ++p) {
+      const int64_t slot = slots[b * slots_row + p];
+      TORCH_CHECK(slot >= 0 && slot < s.num_slots, "paged_decode: slot ", slot,
+                  " out of range for sequence ", b);
+    }
+  }
+}
+
+// scores[h * n + p] = scale * q_h . K[slots[p]], one pass over the K rows
+template <typename T, int64_t DIM>
+OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots, int64_t n,
+                       int64_t g, Scratch& w) {
+  const int64_t G = s.group, D = DIM ? DIM : s.dim;
+  for (int64_t p = 0; p < n; ++p) {
+    const T* key = t.k + slots[p] * t.k_slot + g * t.k_head;
+    for (int64_t h = 0; h < G; ++h) {
+      w.scores[h * n + p] = dot<T, DIM>(w.query.data() + h * D, key, D) * s.scale;
+    }
+  }
+}
+
+// scores -> unnormalised softmax weights in place; returns their sum
+OMNI_INLINE float exponentiate(float* scores, int64_t n) {
+  const float top = *std::max_element(scores, scores + n);
+  float sum = 0.0f;
+  for (int64_t p = 0; p < n; ++p) {
+    scores[p] = std::exp(scores[p] - top);
+    sum += scores[p];
+  }
+  return sum;
+}
+
+// out = sum_p weight[p] V[slots[p]] / total for one head; sum holds D rounded up to whole
+// vectors (with a compile-time head size a local array the compiler keeps in registers)
+template <typename T, int64_t DIM>
+OMNI_INLINE void accumulate(const Views<T>& t, const int64_t* __restrict slots,
+                            const float* __restrict weight, int64_t n, int64_t g,
+                            float total, int64_t dim, Vec* __restrict sum,
+                            T* __restrict dst) {
+  const int64_t D = DIM ? DIM : dim, whole = D / kLanes;
+  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
+  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % 16 values
+  for (int64_t p = 0; p < n; ++p) {
+    const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
+    const float wp = weight[p];
+    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load(row + c * kLanes);
+    for (int64_t d = whole * kLanes; d < D; ++d) tail[d - whole * kLanes] += wp * static_cast<float>(row[d]);
+  }
+  const float inv = 1.0f / total;
+  const float* values = reinterpret_cast<const float*>(sum);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
+}
+
+// one head's output; the accumulator is a local array (with a compile-time head size
+// the compiler keeps it in registers)
+template <typename T, int64_t DIM>
+OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* slots, const float* weight,
+                              int64_t n, int64_t g, float total, int64_t dim, T* dst) {
+  Vec local[(DIM ? DIM : kMaxDim) / kLanes + 1];
+  accumulate<T, DIM>(t, slots, weight, n, g, total, dim, local, dst);
+}
+
+template <typename T, int64_t DIM>
+OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g,
+                            Scratch& w) {
   const int64_t len = t.lens[b];
-  TORCH_CHECK(len >= 1 && len <= s.width, "paged_decode: length ", len,
-              " outside [1, ", s.width, "] for sequence ", b);
-  const int64_t start = s.window > 0 ? std::max<int64_t>(0, len - s.window) : 0;
+  const int64_t start = first_position(len, s.window);
   const int64_t n = len - start, G = s.group, D = s.dim;
   w.query.resize(G * D);
   w.scores.resize(G * n);
-  w.acc.assign(G * D, 0.0f);
-  w.row.resize(D);
-  w.total.resize(G);
   for (int64_t h = 0; h < G; ++h) {
     const T* src = t.q + (g * G + h) * t.q_head + b * t.q_batch;
     for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
   }
   const int64_t* slots = t.slots + b * t.slots_row + start;
-  for (int64_t p = 0; p < n; ++p) {
-    const int64_t slot = slots[p];
-    TORCH_CHECK(slot >= 0 && slot < s.num_slots, "paged_decode: slot ", slot, " out of range");
-    const float* key = as_float(t.k + slot * t.k_slot + g * t.k_head, w.row.data(), D);
-    for (int64_t h = 0; h < G; ++h) {
-      w.scores[h * n + p] = dot(w.query.data() + h * D, key, D) * s.scale;
-    }
-  }
+  score<T, DIM>(t, s, slots, n, g, w);
   for (int64_t h = 0; h < G; ++h) {
-    float* score = w.scores.data() + h * n;
-    const float top = *std::max_element(score, score + n);
-    float sum = 0.0f;
-    for (int64_t p = 0; p < n; ++p) {
-      score[p] = std::exp(score[p] - top);
-      sum += score[p];
-    }
-    w.total[h] = sum;
-  }
-  for (int64_t p = 0; p < n; ++p) {
-    const float* value = as_float(t.v + slots[p] * t.v_slot + g * t.v_head, w.row.data(), D);
-    for (int64_t h = 0; h < G; ++h) {
-      add_scaled(w.acc.data() + h * D, w.scores[h * n + p], value, D);
-    }
-  }
-  for (int64_t h = 0; h < G; ++h) {
-    T* dst = t.out + (b * s.heads + g * G + h) * D;
-    const float inv = 1.0f / w.total[h];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(w.acc[h * D + d] * inv);
+    float* weight = w.scores.data() + h * n;
+    const float total = exponentiate(weight, n);
+    weigh_values<T, DIM>(t, slots, weight, n, g, total, D,
+                         t.out + (b * s.heads + g * G + h) * D);
   }
 }
 
 // The task's loops compiled for x86-64-v4 (AVX-512), v3 (AVX2) and the baseline, picked
 // when the library loads (GCC function multi-versioning): a portable build that still uses
-// the wide vectors of the CPU it runs on. The arithmetic is the same in every version:
-// no FMA contraction (ISO C++ mode) and the lanes of dot() are explicit, so the results
-// are bit-identical whichever runs.
+// the wide vectors of the CPU it runs on.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OMNI_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -149,7 +219,11 @@ struct Task;
   struct Task<T> {                                                                        \
     OMNI_CLONES static void run(const Views<T>& t, const Shapes& s, int64_t b, int64_t g, \
                                 Scratch& w) {                                             \
-      attend_one<T>(t, s, b, g, w);                                                       \
+      switch (s.dim) { /* the common head sizes unrolled; any other one generic */       \
+        case 64: return attend_one<T, 64>(t, s, b, g, w);                                 \
+        case 128: return attend_one<T, 128>(t, s, b, g, w);                               \
+        default: return attend_one<T, 0>(t, s, b, g, w);                                  \
+      }                                                                                   \
     }                                                                                     \
   };
 OMNI_TASK(float)
@@ -165,6 +239,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
                    v.stride(1), slots.stride(0)};
   const int64_t batch = q.size(1);
+  check_contexts(t.slots, t.lens, batch, t.slots_row, s);
   // a task is (sequence, KV head); split only where a task is worth a thread's wake-up
   const int64_t work = std::max<int64_t>(1, s.group * s.dim * s.width);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / work);
@@ -189,6 +264,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2),
               "paged_decode: cache shapes differ from q's head_dim");
   TORCH_CHECK(q.size(0) % k.size(1) == 0, "paged_decode: heads not a multiple of KV heads");
+  TORCH_CHECK(q.size(2) <= kMaxDim, "paged_decode: head_dim above ", kMaxDim);
   TORCH_CHECK(slots.scalar_type() == at::kLong && lens.scalar_type() == at::kLong &&
                   slots.dim() == 2 && slots.stride(1) == 1 && lens.is_contiguous() &&
                   slots.size(0) == q.size(1) && lens.numel() == q.size(1),
