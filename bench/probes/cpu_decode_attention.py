@@ -2,13 +2,14 @@
 
     OMP_NUM_THREADS=1 python bench/probes/cpu_decode_attention.py [--trials N]
         [--batch 1,8,32] [--context 192,1024] [--heads 4] [--kv-heads 2] [--dim 64]
-        [--dtype float32]
+        [--dtype float32] [--isa baseline|avx2|avx512]
 
 Each cell: the minimum over N trials (the box is shared and noisy) of one call of
 omni/engines/ar/cpu_decode_kernel.paged_decode and of paged_attention._sdpa_decode on the
 same random cache, scattered blocks of 16, every sequence at the full context; the
 shape defaults to the tiny Qwen3's (4 heads, 2 KV heads x 64, float32), one layer.
-Also prints the largest difference of the two outputs.
+Also prints the largest difference of the two outputs. --isa runs one vector version of
+the kernel's loops (default: the widest this CPU runs).
 """
 
 from __future__ import annotations
@@ -59,14 +60,16 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--isa", choices=sorted(cpu_decode_kernel.ISAS))
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     if not cpu_decode_kernel.available():
         raise SystemExit(f"kernel unavailable: {cpu_decode_kernel.unavailable_reason()}")
+    cpu_decode_kernel.force_isa(args.isa)
     print(f"kernel ready in {time.perf_counter() - start:.2f} s; torch threads "
           f"{torch.get_num_threads()}; {args.heads} heads / {args.kv_heads} KV x {args.dim}, "
-          f"{args.dtype}; min of {args.trials}, one layer")
+          f"{args.dtype}; ISA {args.isa or 'widest'}; min of {args.trials}, one layer")
     print("| batch | context | kernel us | gather+SDPA us | speedup | max abs diff |")
     print("| --- | --- | --- | --- | --- | --- |")
     for batch in map(int, args.batch.split(",")):

@@ -41,6 +41,8 @@ SWITCH = "OMNI_CPU_ATTENTION"  # "0": never build, keep the SDPA path
 # GCC fuses multiply-adds where the CPU has them (the AVX2 and AVX-512 versions of the
 # loops): last-bit differences between CPUs, as SDPA's own kernels have; -ffp-contract=off
 # made a batch-32 step 15 % slower.
+# Vector versions of the loops (cpu_paged_decode.cpp picks the widest the CPU runs):
+ISAS = {"baseline": 1, "avx2": 2, "avx512": 3}
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w")
 BUILD_TIMEOUT_S = 300
 MAX_HEAD_DIM = 512  # kMaxDim of the source: its accumulator lives on the stack
@@ -117,6 +119,12 @@ def _compile(compiler: str, source: Path, out: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"{compiler} exited {done.returncode}: {done.stderr[-800:]}")
+
+
+def force_isa(name: str | None) -> None:
+    """Run one vector version of the loops (ISAS; None: the widest again): tests compare
+    each version this CPU runs. RuntimeError if the CPU lacks it."""
+    torch.ops.omni_cpu.set_isa(ISAS[name] if name else 0)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -4,12 +4,15 @@
 // out of the cache into a padded tensor and then lets SDPA read them again; this reads
 // each cached row once, straight from its slot, and stops at each sequence's length.
 // One task per (sequence, KV head): the query heads that share a KV head are scored
-// against each K row while it is in cache. Two passes: scores, then softmax weights times
-// V rows, accumulated in float32 whatever the cache's dtype.
+// against each block of K rows while it is in cache. Two passes: scores, then softmax
+// weights times V rows, accumulated in float32 whatever the cache's dtype.
 //
 // Built by cpu_decode_kernel.py (g++ with torch's include paths, portable flags: no
 // -march=native: the build is cached and may be reused on another CPU). Only light
 // headers, so the first build takes seconds, not the half minute torch/extension.h takes.
+// The loops are compiled three times on x86-64, for AVX-512 (x86-64-v4), AVX2 (v3) and the
+// baseline, each with its own vector width, and the widest the CPU runs is picked at the
+// first call (vector_isa; the isa argument of set_isa forces one, for tests).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -17,70 +20,76 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 namespace {
 
-// 16 floats as one GCC vector: one AVX-512 register, two AVX2 or four SSE ones, so the
-// same source is wide in every multi-versioned build below (the auto-vectorizer left the
-// value loop scalar). Lanes are explicit, so sums keep their order without -ffast-math.
-typedef float Vec __attribute__((vector_size(64)));
-typedef uint16_t Half16 __attribute__((vector_size(32)));
-typedef uint32_t Word16 __attribute__((vector_size(64)));
-constexpr int64_t kLanes = 16;
-constexpr int64_t kMaxDim = 512;  // head sizes beyond: the SDPA path (cpu_decode_kernel.py)
+constexpr int64_t kMaxDim = 512;  // larger head sizes: the SDPA path (cpu_decode_kernel.py)
 
-// inlined into each multi-versioned task below, so they are compiled for its target too
+// inlined into each per-ISA entry point below, so they are compiled for its target too
 #define OMNI_INLINE __attribute__((always_inline)) inline
 
-template <typename T>
-OMNI_INLINE Vec load(const T* p) {  // float16: through float, one value at a time
-  float values[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j) values[j] = static_cast<float>(p[j]);
-  Vec out;
+// L floats as one GCC vector (one register of the ISA that instantiates it). Lanes are
+// explicit, so the compiler vectorizes without -ffast-math.
+template <int L>
+struct Lanes {
+  typedef float Vec __attribute__((vector_size(4 * L)));
+  typedef int32_t Index __attribute__((vector_size(4 * L)));
+  typedef uint16_t Bits __attribute__((vector_size(2 * L)));
+  typedef uint32_t Word __attribute__((vector_size(4 * L)));
+};
+
+template <int L, typename T>
+OMNI_INLINE typename Lanes<L>::Vec load(const T* p) {  // float16: one value at a time
+  float values[L];
+  for (int j = 0; j < L; ++j) values[j] = static_cast<float>(p[j]);
+  typename Lanes<L>::Vec out;
   std::memcpy(&out, values, sizeof(out));
   return out;
 }
 
-template <>
-OMNI_INLINE Vec load<float>(const float* p) {
-  Vec out;
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec load(const float* p) {
+  typename Lanes<L>::Vec out;
   std::memcpy(&out, p, sizeof(out));
   return out;
 }
 
-template <>
-OMNI_INLINE Vec load<c10::BFloat16>(const c10::BFloat16* p) {  // bfloat16 = float's top half
-  Half16 bits;
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec load(const c10::BFloat16* p) {  // float's top half
+  typename Lanes<L>::Bits bits;
   std::memcpy(&bits, p, sizeof(bits));
-  const Word16 wide = __builtin_convertvector(bits, Word16) << 16;
-  Vec out;
+  const auto wide = __builtin_convertvector(bits, typename Lanes<L>::Word) << 16;
+  typename Lanes<L>::Vec out;
   std::memcpy(&out, &wide, sizeof(out));
   return out;
 }
 
-OMNI_INLINE float lane_sum(Vec v) {  // pairwise: a serial sum was the dot's longest chain
-  float part[kLanes];
-  std::memcpy(part, &v, sizeof(part));
-  for (int64_t j = 0; j < 8; ++j) part[j] += part[j + 8];
-  for (int64_t j = 0; j < 4; ++j) part[j] += part[j + 4];
-  return (part[0] + part[2]) + (part[1] + part[3]);
-}
-
-// q . row over D (DIM when the head size is a compile-time constant, else dim)
-template <typename T, int64_t DIM>
-OMNI_INLINE float dot(const float* __restrict q, const T* __restrict row, int64_t dim) {
-  const int64_t D = DIM ? DIM : dim;
-  Vec acc = {};
-  int64_t d = 0;
-  for (; d + kLanes <= D; d += kLanes) acc += load(q + d) * load(row + d);
-  float sum = lane_sum(acc);
-  for (; d < D; ++d) sum += q[d] * static_cast<float>(row[d]);
-  return sum;
+// Lane j of the result = the sum of part[j]'s lanes: L dot products folded at once. Each
+// level pairs up vectors and keeps, of each pair, the first half of every lane group in
+// `lo` and the second half in `hi`; their sum halves the groups. L - 1 pairs in all, where
+// folding each dot on its own took ~10 dependent instructions per dot.
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec fold(typename Lanes<L>::Vec* part) {  // overwrites part
+  typedef typename Lanes<L>::Index Index;
+  for (int group = L, count = L; group > 1; group /= 2, count /= 2) {
+    const int half = group / 2;
+    Index lo;
+    for (int i = 0; i < L / 2; ++i) {
+      lo[i] = i / half * group + i % half;
+      lo[i + L / 2] = lo[i] + L;
+    }
+    const Index hi = lo + half;
+    for (int i = 0; i < count / 2; ++i) {
+      part[i] = __builtin_shuffle(part[2 * i], part[2 * i + 1], lo) +
+                __builtin_shuffle(part[2 * i], part[2 * i + 1], hi);
+    }
+  }
+  return part[0];
 }
 
 struct Shapes {
@@ -106,8 +115,164 @@ struct Scratch {
 };
 
 // the first context position a query sees (sliding window or all)
-OMNI_INLINE int64_t first_position(int64_t len, int64_t window) {
+inline int64_t first_position(int64_t len, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
+// scores[h * stride + p] = scale * q_h . K[slots[p]], L K rows at a time (a short block
+// repeats its last row; stride is n rounded up to L, so a block's store fits)
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots, int64_t n,
+                       int64_t stride, int64_t g, Scratch& w) {
+  typedef typename Lanes<L>::Vec Vec;
+  const int64_t G = s.group, D = DIM ? DIM : s.dim, whole = D / L * L;
+  for (int64_t p0 = 0; p0 < n; p0 += L) {
+    const T* keys[L];
+    for (int j = 0; j < L; ++j) {
+      keys[j] = t.k + slots[std::min<int64_t>(p0 + j, n - 1)] * t.k_slot + g * t.k_head;
+    }
+    for (int64_t h = 0; h < G; ++h) {
+      const float* q = w.query.data() + h * D;
+      Vec part[L] = {};
+      for (int64_t d = 0; d < whole; d += L) {
+        const Vec qd = load<L>(q + d);
+        for (int j = 0; j < L; ++j) part[j] += qd * load<L>(keys[j] + d);
+      }
+      Vec sums = fold<L>(part);
+      for (int j = 0; whole < D && j < L; ++j) {  // the last D % L values of each row
+        for (int64_t d = whole; d < D; ++d) sums[j] += q[d] * static_cast<float>(keys[j][d]);
+      }
+      sums *= s.scale;
+      std::memcpy(w.scores.data() + h * stride + p0, &sums, sizeof(sums));
+    }
+  }
+}
+
+// scores -> unnormalised softmax weights in place; returns their sum
+inline float exponentiate(float* scores, int64_t n) {
+  const float top = *std::max_element(scores, scores + n);
+  float sum = 0.0f;
+  for (int64_t p = 0; p < n; ++p) {
+    scores[p] = std::exp(scores[p] - top);
+    sum += scores[p];
+  }
+  return sum;
+}
+
+// dst = sum_p weight[p] V[slots[p]] / total for one head; the accumulator is a local array
+// of D rounded up to whole vectors (with a compile-time head size, registers)
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
+                              const float* __restrict weight, int64_t n, int64_t g,
+                              float total, int64_t dim, T* __restrict dst) {
+  typedef typename Lanes<L>::Vec Vec;
+  const int64_t D = DIM ? DIM : dim, whole = D / L;
+  Vec sum[(DIM ? DIM : kMaxDim) / L + 1];
+  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
+  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % L values
+  for (int64_t p = 0; p < n; ++p) {
+    const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
+    const float wp = weight[p];
+    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
+    for (int64_t d = whole * L; d < D; ++d) tail[d - whole * L] += wp * static_cast<float>(row[d]);
+  }
+  const float inv = 1.0f / total;
+  const float* values = reinterpret_cast<const float*>(sum);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
+}
+
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g,
+                            Scratch& w) {
+  const int64_t len = t.lens[b], start = first_position(len, s.window);
+  const int64_t n = len - start, G = s.group, D = s.dim, stride = (n + L - 1) / L * L;
+  w.query.resize(G * D);
+  w.scores.resize(G * stride);
+  for (int64_t h = 0; h < G; ++h) {
+    const T* src = t.q + (g * G + h) * t.q_head + b * t.q_batch;
+    for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
+  }
+  const int64_t* slots = t.slots + b * t.slots_row + start;
+  score<L, T, DIM>(t, s, slots, n, stride, g, w);
+  for (int64_t h = 0; h < G; ++h) {
+    float* weight = w.scores.data() + h * stride;
+    const float total = exponentiate(weight, n);
+    weigh_values<L, T, DIM>(t, slots, weight, n, g, total, D,
+                            t.out + (b * s.heads + g * G + h) * D);
+  }
+}
+
+// the common head sizes unrolled; any other one generic
+template <int L, typename T>
+OMNI_INLINE void attend_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+  Scratch w;
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
+    switch (s.dim) {
+      case 64: attend_one<L, T, 64>(t, s, b, g, w); break;
+      case 128: attend_one<L, T, 128>(t, s, b, g, w); break;
+      default: attend_one<L, T, 0>(t, s, b, g, w);
+    }
+  }
+}
+
+// one entry point per ISA, each inlining the whole task loop for its target and width
+enum Isa : int64_t { kAuto = 0, kBaseline = 1, kAvx2 = 2, kAvx512 = 3 };
+
+template <typename T>
+void tasks_baseline(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+  attend_tasks<4, T>(t, s, begin, end);  // SSE2 / NEON: 4 floats
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define OMNI_X86 1
+template <typename T>
+__attribute__((target("arch=x86-64-v3"))) void tasks_avx2(const Views<T>& t, const Shapes& s,
+                                                          int64_t begin, int64_t end) {
+  attend_tasks<8, T>(t, s, begin, end);
+}
+
+template <typename T>
+__attribute__((target("arch=x86-64-v4"))) void tasks_avx512(const Views<T>& t,
+                                                            const Shapes& s, int64_t begin,
+                                                            int64_t end) {
+  attend_tasks<16, T>(t, s, begin, end);
+}
+#endif
+
+int64_t widest_isa() {
+#ifdef OMNI_X86
+  if (__builtin_cpu_supports("x86-64-v4")) return kAvx512;
+  if (__builtin_cpu_supports("x86-64-v3")) return kAvx2;
+#endif
+  return kBaseline;
+}
+
+std::atomic<int64_t> forced_isa{kAuto};
+
+int64_t vector_isa() {
+  const int64_t forced = forced_isa.load();
+  return forced == kAuto ? widest_isa() : forced;
+}
+
+// tests: run one ISA's loops (0: the widest again); returns the one that will run
+int64_t set_isa(int64_t isa) {
+  TORCH_CHECK(isa >= kAuto && isa <= widest_isa(), "paged_decode: ISA ", isa,
+              " is not one this CPU runs (widest: ", widest_isa(), ")");
+  forced_isa.store(isa);
+  return vector_isa();
+}
+
+template <typename T>
+void run_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+#ifdef OMNI_X86
+  switch (vector_isa()) {
+    case kAvx512: return tasks_avx512<T>(t, s, begin, end);
+    case kAvx2: return tasks_avx2<T>(t, s, begin, end);
+    default: break;
+  }
+#endif
+  tasks_baseline<T>(t, s, begin, end);
 }
 
 // every length and every slot read in range, checked before the tasks start: an exception
@@ -126,110 +291,6 @@ void check_contexts(const int64_t* slots, const int64_t* lens, int64_t batch,
   }
 }
 
-// scores[h * n + p] = scale * q_h . K[slots[p]], one pass over the K rows
-template <typename T, int64_t DIM>
-OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots, int64_t n,
-                       int64_t g, Scratch& w) {
-  const int64_t G = s.group, D = DIM ? DIM : s.dim;
-  for (int64_t p = 0; p < n; ++p) {
-    const T* key = t.k + slots[p] * t.k_slot + g * t.k_head;
-    for (int64_t h = 0; h < G; ++h) {
-      w.scores[h * n + p] = dot<T, DIM>(w.query.data() + h * D, key, D) * s.scale;
-    }
-  }
-}
-
-// scores -> unnormalised softmax weights in place; returns their sum
-OMNI_INLINE float exponentiate(float* scores, int64_t n) {
-  const float top = *std::max_element(scores, scores + n);
-  float sum = 0.0f;
-  for (int64_t p = 0; p < n; ++p) {
-    scores[p] = std::exp(scores[p] - top);
-    sum += scores[p];
-  }
-  return sum;
-}
-
-// out = sum_p weight[p] V[slots[p]] / total for one head; sum holds D rounded up to whole
-// vectors (with a compile-time head size a local array the compiler keeps in registers)
-template <typename T, int64_t DIM>
-OMNI_INLINE void accumulate(const Views<T>& t, const int64_t* __restrict slots,
-                            const float* __restrict weight, int64_t n, int64_t g,
-                            float total, int64_t dim, Vec* __restrict sum,
-                            T* __restrict dst) {
-  const int64_t D = DIM ? DIM : dim, whole = D / kLanes;
-  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
-  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % 16 values
-  for (int64_t p = 0; p < n; ++p) {
-    const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
-    const float wp = weight[p];
-    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load(row + c * kLanes);
-    for (int64_t d = whole * kLanes; d < D; ++d) tail[d - whole * kLanes] += wp * static_cast<float>(row[d]);
-  }
-  const float inv = 1.0f / total;
-  const float* values = reinterpret_cast<const float*>(sum);
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
-}
-
-// one head's output; the accumulator is a local array (with a compile-time head size
-// the compiler keeps it in registers)
-template <typename T, int64_t DIM>
-OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* slots, const float* weight,
-                              int64_t n, int64_t g, float total, int64_t dim, T* dst) {
-  Vec local[(DIM ? DIM : kMaxDim) / kLanes + 1];
-  accumulate<T, DIM>(t, slots, weight, n, g, total, dim, local, dst);
-}
-
-template <typename T, int64_t DIM>
-OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g,
-                            Scratch& w) {
-  const int64_t len = t.lens[b];
-  const int64_t start = first_position(len, s.window);
-  const int64_t n = len - start, G = s.group, D = s.dim;
-  w.query.resize(G * D);
-  w.scores.resize(G * n);
-  for (int64_t h = 0; h < G; ++h) {
-    const T* src = t.q + (g * G + h) * t.q_head + b * t.q_batch;
-    for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
-  }
-  const int64_t* slots = t.slots + b * t.slots_row + start;
-  score<T, DIM>(t, s, slots, n, g, w);
-  for (int64_t h = 0; h < G; ++h) {
-    float* weight = w.scores.data() + h * n;
-    const float total = exponentiate(weight, n);
-    weigh_values<T, DIM>(t, slots, weight, n, g, total, D,
-                         t.out + (b * s.heads + g * G + h) * D);
-  }
-}
-
-// The task's loops compiled for x86-64-v4 (AVX-512), v3 (AVX2) and the baseline, picked
-// when the library loads (GCC function multi-versioning): a portable build that still uses
-// the wide vectors of the CPU it runs on.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define OMNI_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OMNI_CLONES
-#endif
-
-template <typename T>
-struct Task;
-
-#define OMNI_TASK(T)                                                                      \
-  template <>                                                                             \
-  struct Task<T> {                                                                        \
-    OMNI_CLONES static void run(const Views<T>& t, const Shapes& s, int64_t b, int64_t g, \
-                                Scratch& w) {                                             \
-      switch (s.dim) { /* the common head sizes unrolled; any other one generic */       \
-        case 64: return attend_one<T, 64>(t, s, b, g, w);                                 \
-        case 128: return attend_one<T, 128>(t, s, b, g, w);                               \
-        default: return attend_one<T, 0>(t, s, b, g, w);                                  \
-      }                                                                                   \
-    }                                                                                     \
-  };
-OMNI_TASK(float)
-OMNI_TASK(c10::BFloat16)
-OMNI_TASK(c10::Half)
-
 template <typename T>
 void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& slots, const at::Tensor& lens, at::Tensor& out,
@@ -243,12 +304,8 @@ void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // a task is (sequence, KV head); split only where a task is worth a thread's wake-up
   const int64_t work = std::max<int64_t>(1, s.group * s.dim * s.width);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / work);
-  at::parallel_for(0, batch * s.kv_heads, grain, [&](int64_t begin, int64_t end) {
-    Scratch scratch;
-    for (int64_t task = begin; task < end; ++task) {
-      Task<T>::run(t, s, task / s.kv_heads, task % s.kv_heads, scratch);
-    }
-  });
+  at::parallel_for(0, batch * s.kv_heads, grain,
+                   [&](int64_t begin, int64_t end) { run_tasks<T>(t, s, begin, end); });
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -294,4 +351,5 @@ TORCH_LIBRARY(omni_cpu, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor lens, "
         "float scale, int window, Tensor(a!) out) -> ()",
         &paged_decode);
+  m.def("set_isa(int isa) -> int", &set_isa);
 }
