@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python bench/probes/cpu_decode_attention.py [--trials N]
         [--batch 1,8,32] [--context 192,1024] [--heads 4] [--kv-heads 2] [--dim 64]
-        [--dtype float32] [--isa baseline|avx2|avx512]
+        [--dtype float32] [--isa baseline|avx2]
 
 Each cell: the minimum over N trials (the box is shared and noisy) of one call of
 omni/engines/ar/cpu_decode_kernel.paged_decode and of paged_attention._sdpa_decode on the

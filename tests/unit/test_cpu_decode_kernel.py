@@ -53,7 +53,27 @@ def _shapes():
         yield rng, batch, group * kv_heads, kv_heads, dim, window
 
 
-def test_float32_equals_sdpa_over_random_shapes():
+def _isas() -> list[str]:
+    """The vector versions of the kernel's loops this CPU runs (another CPU may pick any)."""
+    runs = []
+    for name in cpu_decode_kernel.ISAS:
+        try:
+            cpu_decode_kernel.force_isa(name)
+            runs.append(name)
+        except RuntimeError:
+            pass
+    cpu_decode_kernel.force_isa(None)
+    return runs
+
+
+@pytest.fixture(params=_isas() if cpu_decode_kernel.available() else ["none"])
+def isa(request):
+    cpu_decode_kernel.force_isa(request.param)
+    yield request.param
+    cpu_decode_kernel.force_isa(None)
+
+
+def test_float32_equals_sdpa_over_random_shapes(isa):
     for rng, batch, heads, kv_heads, dim, window in _shapes():
         q, k, v, slots, valid, lens = _case(rng, batch, heads, kv_heads, dim, torch.float32)
         got = cpu_decode_kernel.paged_decode(q, k, v, slots, lens, None, window)
@@ -63,7 +83,7 @@ def test_float32_equals_sdpa_over_random_shapes():
         assert err < 1e-5, (batch, heads, kv_heads, dim, window, err)
 
 
-def test_bfloat16_is_float32_attention_rounded_once():
+def test_bfloat16_is_float32_attention_rounded_once(isa):
     """bf16 inputs accumulate in float32: the output is the float32 attention of the same
     bf16 values, off by no more than bf16's rounding of the result."""
     for rng, batch, heads, kv_heads, dim, window in list(_shapes())[:9]:

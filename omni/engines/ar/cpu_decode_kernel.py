@@ -42,7 +42,7 @@ SWITCH = "OMNI_CPU_ATTENTION"  # "0": never build, keep the SDPA path
 # loops): last-bit differences between CPUs, as SDPA's own kernels have; -ffp-contract=off
 # made a batch-32 step 15 % slower.
 # Vector versions of the loops (cpu_paged_decode.cpp picks the widest the CPU runs):
-ISAS = {"baseline": 1, "avx2": 2, "avx512": 3}
+ISAS = {"baseline": 1, "avx2": 2}
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w")
 BUILD_TIMEOUT_S = 300
 MAX_HEAD_DIM = 512  # kMaxDim of the source: its accumulator lives on the stack
