@@ -174,7 +174,9 @@ OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots
     const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
     const float wp = weight[p];
     for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
-    for (int64_t d = whole * L; d < D; ++d) tail[d - whole * L] += wp * static_cast<float>(row[d]);
+    for (int64_t d = whole * L; d < D; ++d) {
+      tail[d - whole * L] += wp * static_cast<float>(row[d]);
+    }
   }
   const float inv = 1.0f / total;
   const float* values = reinterpret_cast<const float*>(sum);
