@@ -83,15 +83,16 @@ def test_float32_equals_sdpa_over_random_shapes(isa):
         assert err < 1e-5, (batch, heads, kv_heads, dim, window, err)
 
 
-def test_bfloat16_is_float32_attention_rounded_once(isa):
-    """bf16 inputs accumulate in float32: the output is the float32 attention of the same
-    bf16 values, off by no more than bf16's rounding of the result."""
+@pytest.mark.parametrize("dtype, rounding", [(torch.bfloat16, 2 ** -8), (torch.float16, 2 ** -10)])
+def test_half_precision_is_float32_attention_rounded_once(isa, dtype, rounding):
+    """bf16 / fp16 inputs accumulate in float32: the output is the float32 attention of
+    the same values, off by no more than the dtype's rounding of the result."""
     for rng, batch, heads, kv_heads, dim, window in list(_shapes())[:9]:
-        q, k, v, slots, valid, lens = _case(rng, batch, heads, kv_heads, dim, torch.bfloat16)
+        q, k, v, slots, valid, lens = _case(rng, batch, heads, kv_heads, dim, dtype)
         got = cpu_decode_kernel.paged_decode(q, k, v, slots, lens, 0.1, window)
-        assert got.dtype == torch.bfloat16
+        assert got.dtype == dtype
         ref = _sdpa_decode(q.float(), k.float(), v.float(), slots, valid, lens, 0.1, window)
-        assert (got.float() - ref).abs().le(ref.abs() * 2 ** -8 + 1e-6).all(), (batch, dim)
+        assert (got.float() - ref).abs().le(ref.abs() * rounding + 1e-6).all(), (batch, dim)
 
 
 def test_windows_at_the_edges_and_two_threads_agree():

@@ -36,13 +36,14 @@ log = logging.getLogger("omni.engines.ar.cpu_decode_kernel")
 SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
 LIBRARY = "omni_cpu_paged_decode.so"
 SWITCH = "OMNI_CPU_ATTENTION"  # "0": never build, keep the SDPA path
-# -fopenmp: at::parallel_for is OpenMP inlined into this file (torch's CPU backend); the
-# extension then shares torch's already-loaded libgomp and its thread count.
-# GCC fuses multiply-adds where the CPU has them (the AVX2 and AVX-512 versions of the
-# loops): last-bit differences between CPUs, as SDPA's own kernels have; -ffp-contract=off
-# made a batch-32 step 15 % slower.
-# Vector versions of the loops (cpu_paged_decode.cpp picks the widest the CPU runs):
+# Vector versions of the loops (cpu_paged_decode.cpp picks the widest the CPU runs; the
+# AVX2 one is compiled through a target attribute, so the flags stay portable)
 ISAS = {"baseline": 1, "avx2": 2}
+# -fopenmp: at::parallel_for is OpenMP inlined into the source (torch's CPU backend); the
+# library then shares torch's already-loaded libgomp and its thread count. GCC fuses
+# multiply-adds in the AVX2 version: last-bit differences from the baseline version, as
+# SDPA's own kernels have between CPUs (-ffp-contract=off made batch 32 15 % slower).
+# -w: torch's headers warn under C++20.
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w")
 BUILD_TIMEOUT_S = 300
 MAX_HEAD_DIM = 512  # kMaxDim of the source: its accumulator lives on the stack
