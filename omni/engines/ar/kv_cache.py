@@ -125,7 +125,7 @@ class PagedKVCache:
         shape = (num_blocks * block_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.decode_kernel = decode_kernel  # "sdpa" or "triton": paged_attention.decode_step
+        self.decode_kernel = decode_kernel  # "sdpa", "triton" or "cpu": paged_attention.decode_step
         # "varlen" (flash attention over the packed step, varlen_prefill.py) or "sdpa"
         self.prefill_kernel = "sdpa"
         self.block_bytes = self.bytes_per_block(num_layers, kv_heads, head_dim, block_size, dtype)
@@ -209,7 +209,7 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
     if blocks < 2:
         raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
                               "tokens; give the stage more memory")
-    kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device)
+    kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device, head_dim)
     cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device,
                          kernel)
     cache.prefill_kernel = prefill_kernel(options.get("prefill_attention", "auto"), lm.device,
@@ -232,18 +232,32 @@ def prefill_kernel(choice: str, device: torch.device, dtype: torch.dtype) -> str
     return "varlen" if choice != "sdpa" and usable(device, dtype) else "sdpa"
 
 
-def decode_kernel(choice: str, device: torch.device) -> str:
+def decode_kernel(choice: str, device: torch.device, head_dim: int = 0) -> str:
     """The decode attention kernel: "triton" (reads the paged cache in place; the default
-    on CUDA when Triton imports) or "sdpa" (gather + one SDPA call; CPU and CUDA)."""
-    from omni.engines.ar import paged_decode_kernel
+    on CUDA when Triton imports), "cpu" (reads it in place on the CPU, a C++ operator built
+    at first use; the default on CPU when it builds: cpu_decode_kernel.py) or "sdpa"
+    (gather + one SDPA call; CPU and CUDA, and the fallback)."""
+    from omni.engines.ar import cpu_decode_kernel, paged_decode_kernel
 
-    if choice not in ("auto", "triton", "sdpa"):
-        raise EngineLoadError(f"option attention_kernel must be auto, triton or sdpa, "
+    if choice not in ("auto", "triton", "cpu", "sdpa"):
+        raise EngineLoadError(f"option attention_kernel must be auto, triton, cpu or sdpa, "
                               f"got {choice!r}")
     on_cuda = device.type == "cuda" and paged_decode_kernel.available()
     if choice == "auto":
+        if device.type == "cpu":
+            fits = head_dim <= cpu_decode_kernel.MAX_HEAD_DIM
+            return "cpu" if fits and cpu_decode_kernel.available() else "sdpa"
         return "triton" if on_cuda else "sdpa"
     # on CPU only under Triton's interpreter (TRITON_INTERPRET=1): tests, not serving
     if choice == "triton" and not (on_cuda or paged_decode_kernel.interpreted()):
         raise EngineLoadError("attention_kernel: triton needs CUDA and the triton package")
+    if choice == "cpu" and device.type != "cpu":
+        raise EngineLoadError(f"attention_kernel: cpu runs on the CPU, the stage is on "
+                              f"{device.type}")
+    if choice == "cpu" and head_dim > cpu_decode_kernel.MAX_HEAD_DIM:
+        raise EngineLoadError(f"attention_kernel: cpu takes a head_dim up to "
+                              f"{cpu_decode_kernel.MAX_HEAD_DIM}, the model's is {head_dim}")
+    if choice == "cpu" and not cpu_decode_kernel.available():
+        raise EngineLoadError(f"attention_kernel: cpu is unavailable: "
+                              f"{cpu_decode_kernel.unavailable_reason()}")
     return choice

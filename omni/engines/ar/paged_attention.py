@@ -16,8 +16,9 @@ the ``omni_batch`` keyword argument of the model call (transformers passes unkno
 keyword arguments down to the attention function).
 
 Kernels: a decode-only step (every sequence adds one token) runs the Triton kernel of
-``paged_decode_kernel`` where the cache says so (CUDA by default), which reads the cached
-rows in place; otherwise it gathers the contexts into one padded tensor and makes one
+``paged_decode_kernel`` where the cache says so (CUDA by default), or on CPU the C++ one
+of ``cpu_decode_kernel`` (when it builds), both reading the cached rows in place;
+otherwise it gathers the contexts into one padded tensor and makes one
 ``scaled_dot_product_attention`` call. A step with prefills makes one flash-attention call
 over the packed sequences where the cache says so (varlen_prefill.py; CUDA, half precision
 by default); else (CPU) it pads its sequences' queries and contexts into one SDPA call per
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from omni.engines.ar import cpu_decode_kernel
 from omni.engines.ar.kv_cache import PagedKVCache
 from omni.engines.ar.sdpa_prefill import causal_attention, masked_attention
 from omni.engines.ar.varlen_prefill import VarlenPrefill, varlen_attention, varlen_layout
@@ -288,6 +290,8 @@ def decode_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         from omni.engines.ar.paged_decode_kernel import paged_decode
 
         return paged_decode(q, k_cache, v_cache, slots, lens, scale, window or None)
+    if kernel == "cpu":
+        return cpu_decode_kernel.paged_decode(q, k_cache, v_cache, slots, lens, scale, window)
     return _sdpa_decode(q, k_cache, v_cache, slots, valid, lens, scale, window)
 
 

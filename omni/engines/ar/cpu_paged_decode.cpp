@@ -1,0 +1,349 @@
+// A decode step's attention on the CPU, reading the paged KV cache in place.
+//
+// The portable path (paged_attention._sdpa_decode) copies every sequence's K and V rows
+// out of the cache into a padded tensor and then lets SDPA read them again; this reads
+// each cached row once, straight from its slot, and stops at each sequence's length.
+// One task per (sequence, KV head): the query heads that share a KV head are scored
+// against each block of K rows while it is in cache. Two passes: scores, then softmax
+// weights times V rows, accumulated in float32 whatever the cache's dtype.
+//
+// Built by cpu_decode_kernel.py (g++ with torch's include paths, portable flags: no
+// -march=native: the build is cached and may be reused on another CPU). Only light
+// headers, so the first build takes seconds, not the half minute torch/extension.h takes.
+// The loops are compiled twice on x86-64, for AVX2 (x86-64-v3, 8 lanes) and the baseline
+// (SSE2, 4 lanes), and the widest the CPU runs is picked at each call (vector_isa;
+// set_isa forces one, for tests).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxDim = 512;  // larger head sizes: the SDPA path (cpu_decode_kernel.py)
+
+// inlined into each per-ISA entry point below, so they are compiled for its target too
+#define OMNI_INLINE __attribute__((always_inline)) inline
+
+// L floats as one GCC vector (one register of the ISA that instantiates it). Lanes are
+// explicit, so the compiler vectorizes without -ffast-math.
+template <int L>
+struct Lanes {
+  typedef float Vec __attribute__((vector_size(4 * L)));
+  typedef int32_t Index __attribute__((vector_size(4 * L)));
+  typedef uint16_t Bits __attribute__((vector_size(2 * L)));
+  typedef uint32_t Word __attribute__((vector_size(4 * L)));
+};
+
+template <int L, typename T>
+OMNI_INLINE typename Lanes<L>::Vec load(const T* p) {  // float16: one value at a time
+  float values[L];
+  for (int j = 0; j < L; ++j) values[j] = static_cast<float>(p[j]);
+  typename Lanes<L>::Vec out;
+  std::memcpy(&out, values, sizeof(out));
+  return out;
+}
+
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec load(const float* p) {
+  typename Lanes<L>::Vec out;
+  std::memcpy(&out, p, sizeof(out));
+  return out;
+}
+
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec load(const c10::BFloat16* p) {  // float's top half
+  typename Lanes<L>::Bits bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  const auto wide = __builtin_convertvector(bits, typename Lanes<L>::Word) << 16;
+  typename Lanes<L>::Vec out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+// Lane j of the result = the sum of part[j]'s lanes: L dot products folded at once. Each
+// level pairs up vectors and keeps, of each pair, the first half of every lane group in
+// `lo` and the second half in `hi`; their sum halves the groups. L - 1 pairs in all, where
+// folding each dot on its own took ~10 dependent instructions per dot.
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec fold(typename Lanes<L>::Vec* part) {  // overwrites part
+  typedef typename Lanes<L>::Index Index;
+  for (int group = L, count = L; group > 1; group /= 2, count /= 2) {
+    const int half = group / 2;
+    Index lo;
+    for (int i = 0; i < L / 2; ++i) {
+      lo[i] = i / half * group + i % half;
+      lo[i + L / 2] = lo[i] + L;
+    }
+    const Index hi = lo + half;
+    for (int i = 0; i < count / 2; ++i) {
+      part[i] = __builtin_shuffle(part[2 * i], part[2 * i + 1], lo) +
+                __builtin_shuffle(part[2 * i], part[2 * i + 1], hi);
+    }
+  }
+  return part[0];
+}
+
+struct Shapes {
+  int64_t heads, kv_heads, group, dim, width, num_slots;
+  float scale;
+  int64_t window;
+};
+
+template <typename T>
+struct Views {
+  const T* q;
+  const T* k;
+  const T* v;
+  const int64_t* slots;
+  const int64_t* lens;
+  T* out;
+  int64_t q_head, q_batch, k_slot, k_head, v_slot, v_head, slots_row;
+};
+
+// scratch of one worker, reused across its tasks
+struct Scratch {
+  std::vector<float> query, scores;
+};
+
+// the first context position a query sees (sliding window or all)
+inline int64_t first_position(int64_t len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
+// scores[h * stride + p] = scale * q_h . K[slots[p]], L K rows at a time (a short block
+// repeats its last row; stride is n rounded up to L, so a block's store fits)
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots, int64_t n,
+                       int64_t stride, int64_t g, Scratch& w) {
+  typedef typename Lanes<L>::Vec Vec;
+  const int64_t G = s.group, D = DIM ? DIM : s.dim, whole = D / L * L;
+  for (int64_t p0 = 0; p0 < n; p0 += L) {
+    const T* keys[L];
+    for (int j = 0; j < L; ++j) {
+      keys[j] = t.k + slots[std::min<int64_t>(p0 + j, n - 1)] * t.k_slot + g * t.k_head;
+    }
+    for (int64_t h = 0; h < G; ++h) {
+      const float* q = w.query.data() + h * D;
+      Vec part[L] = {};
+      for (int64_t d = 0; d < whole; d += L) {
+        const Vec qd = load<L>(q + d);
+        for (int j = 0; j < L; ++j) part[j] += qd * load<L>(keys[j] + d);
+      }
+      Vec sums = fold<L>(part);
+      for (int j = 0; whole < D && j < L; ++j) {  // the last D % L values of each row
+        for (int64_t d = whole; d < D; ++d) sums[j] += q[d] * static_cast<float>(keys[j][d]);
+      }
+      sums *= s.scale;
+      std::memcpy(w.scores.data() + h * stride + p0, &sums, sizeof(sums));
+    }
+  }
+}
+
+// scores -> unnormalised softmax weights in place; returns their sum
+inline float exponentiate(float* scores, int64_t n) {
+  const float top = *std::max_element(scores, scores + n);
+  float sum = 0.0f;
+  for (int64_t p = 0; p < n; ++p) {
+    scores[p] = std::exp(scores[p] - top);
+    sum += scores[p];
+  }
+  return sum;
+}
+
+// dst = sum_p weight[p] V[slots[p]] / total for one head; the accumulator is a local array
+// of D rounded up to whole vectors (with a compile-time head size, registers)
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
+                              const float* __restrict weight, int64_t n, int64_t g,
+                              float total, int64_t dim, T* __restrict dst) {
+  typedef typename Lanes<L>::Vec Vec;
+  const int64_t D = DIM ? DIM : dim, whole = D / L;
+  Vec sum[(DIM ? DIM : kMaxDim) / L + 1];
+  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
+  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % L values
+  for (int64_t p = 0; p < n; ++p) {
+    const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
+    const float wp = weight[p];
+    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
+    for (int64_t d = whole * L; d < D; ++d) {
+      tail[d - whole * L] += wp * static_cast<float>(row[d]);
+    }
+  }
+  const float inv = 1.0f / total;
+  const float* values = reinterpret_cast<const float*>(sum);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
+}
+
+template <int L, typename T, int64_t DIM>
+OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g,
+                            Scratch& w) {
+  const int64_t len = t.lens[b], start = first_position(len, s.window);
+  const int64_t n = len - start, G = s.group, D = s.dim, stride = (n + L - 1) / L * L;
+  w.query.resize(G * D);
+  w.scores.resize(G * stride);
+  for (int64_t h = 0; h < G; ++h) {
+    const T* src = t.q + (g * G + h) * t.q_head + b * t.q_batch;
+    for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
+  }
+  const int64_t* slots = t.slots + b * t.slots_row + start;
+  score<L, T, DIM>(t, s, slots, n, stride, g, w);
+  for (int64_t h = 0; h < G; ++h) {
+    float* weight = w.scores.data() + h * stride;
+    const float total = exponentiate(weight, n);
+    weigh_values<L, T, DIM>(t, slots, weight, n, g, total, D,
+                            t.out + (b * s.heads + g * G + h) * D);
+  }
+}
+
+// the common head sizes unrolled; any other one generic
+template <int L, typename T>
+OMNI_INLINE void attend_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+  Scratch w;
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
+    switch (s.dim) {
+      case 64: attend_one<L, T, 64>(t, s, b, g, w); break;
+      case 128: attend_one<L, T, 128>(t, s, b, g, w); break;
+      default: attend_one<L, T, 0>(t, s, b, g, w);
+    }
+  }
+}
+
+// one entry point per ISA, each inlining the whole task loop for its target and width
+// (an AVX-512 version, 16 lanes, measured no faster than AVX2's 8: dropped)
+enum Isa : int64_t { kAuto = 0, kBaseline = 1, kAvx2 = 2 };
+
+template <typename T>
+void tasks_baseline(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+  attend_tasks<4, T>(t, s, begin, end);  // SSE2 / NEON: 4 floats
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define OMNI_X86 1
+template <typename T>
+__attribute__((target("arch=x86-64-v3"))) void tasks_avx2(const Views<T>& t, const Shapes& s,
+                                                          int64_t begin, int64_t end) {
+  attend_tasks<8, T>(t, s, begin, end);
+}
+#endif
+
+int64_t widest_isa() {
+#ifdef OMNI_X86
+  if (__builtin_cpu_supports("x86-64-v3")) return kAvx2;
+#endif
+  return kBaseline;
+}
+
+std::atomic<int64_t> forced_isa{kAuto};
+
+int64_t vector_isa() {
+  const int64_t forced = forced_isa.load();
+  return forced == kAuto ? widest_isa() : forced;
+}
+
+// tests: run one ISA's loops (0: the widest again); returns the one that will run
+int64_t set_isa(int64_t isa) {
+  TORCH_CHECK(isa >= kAuto && isa <= widest_isa(), "paged_decode: ISA ", isa,
+              " is not one this CPU runs (widest: ", widest_isa(), ")");
+  forced_isa.store(isa);
+  return vector_isa();
+}
+
+template <typename T>
+void run_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+#ifdef OMNI_X86
+  switch (vector_isa()) {
+    case kAvx2: return tasks_avx2<T>(t, s, begin, end);
+    default: break;
+  }
+#endif
+  tasks_baseline<T>(t, s, begin, end);
+}
+
+// every length and every slot read in range, checked before the tasks start: an exception
+// thrown inside a task would cross the parallel region and terminate the process
+void check_contexts(const int64_t* slots, const int64_t* lens, int64_t batch,
+                    int64_t slots_row, const Shapes& s) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = lens[b];
+    TORCH_CHECK(len >= 1 && len <= s.width, "paged_decode: length ", len,
+                " outside [1, ", s.width, "] for sequence ", b);
+    for (int64_t p = first_position(len, s.window); p < len; ++p) {
+      const int64_t slot = slots[b * slots_row + p];
+      TORCH_CHECK(slot >= 0 && slot < s.num_slots, "paged_decode: slot ", slot,
+                  " out of range for sequence ", b);
+    }
+  }
+}
+
+template <typename T>
+void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& slots, const at::Tensor& lens, at::Tensor& out,
+                const Shapes& s) {
+  const Views<T> t{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                   slots.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<T>(),
+                   q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                   v.stride(1), slots.stride(0)};
+  const int64_t batch = q.size(1);
+  check_contexts(t.slots, t.lens, batch, t.slots_row, s);
+  // a task is (sequence, KV head); split only where a task is worth a thread's wake-up
+  const int64_t work = std::max<int64_t>(1, s.group * s.dim * s.width);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / work);
+  at::parallel_for(0, batch * s.kv_heads, grain,
+                   [&](int64_t begin, int64_t end) { run_tasks<T>(t, s, begin, end); });
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& slots, const at::Tensor& lens, const at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+              "paged_decode: q (H, B, D), caches (slots, KVH, D)");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_decode: CPU tensors only");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              "paged_decode: q, caches and out must share a dtype");
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && out.is_contiguous(),
+              "paged_decode: rows must be contiguous over D");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2),
+              "paged_decode: cache shapes differ from q's head_dim");
+  TORCH_CHECK(q.size(0) % k.size(1) == 0, "paged_decode: heads not a multiple of KV heads");
+  TORCH_CHECK(q.size(2) <= kMaxDim, "paged_decode: head_dim above ", kMaxDim);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && lens.scalar_type() == at::kLong &&
+                  slots.dim() == 2 && slots.stride(1) == 1 && lens.is_contiguous() &&
+                  slots.size(0) == q.size(1) && lens.numel() == q.size(1),
+              "paged_decode: slots (B, W) and lens (B,) int64");
+  TORCH_CHECK(out.size(0) == q.size(1) && out.size(1) == q.size(0) && out.size(2) == q.size(2),
+              "paged_decode: out must be (B, H, D)");
+}
+
+// q (H, B, D), k/v cache (slots, KVH, D), slots (B, W), lens (B,) -> out (B, H, D)
+void paged_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& slots, const at::Tensor& lens, double scale,
+                  int64_t window, at::Tensor out) {
+  check_inputs(q, k, v, slots, lens, out);
+  const Shapes s{q.size(0), k.size(1), q.size(0) / k.size(1), q.size(2), slots.size(1),
+                 k.size(0), static_cast<float>(scale), window};
+  switch (q.scalar_type()) {
+    case at::kFloat: return attend_all<float>(q, k, v, slots, lens, out, s);
+    case at::kBFloat16: return attend_all<c10::BFloat16>(q, k, v, slots, lens, out, s);
+    case at::kHalf: return attend_all<c10::Half>(q, k, v, slots, lens, out, s);
+    default: TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(omni_cpu, m) {
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor lens, "
+        "float scale, int window, Tensor(a!) out) -> ()",
+        &paged_decode);
+  m.def("set_isa(int isa) -> int", &set_isa);
+}
