@@ -7,8 +7,8 @@ naming the stage, as does a value that is no known method: before any engine sta
 The flag applies the method to every stage that can take it, in every served pipeline,
 and leaves the others as they are: an omni model's server asked for fp8 runs its AR stages
 (thinker, talker) in fp8 and its vocoder as it was, and a server of an LLM beside a TTS
-voice runs the LLM in fp8. That is what a user asking a whole server for fp8 means; failing because one
-stage is a vocoder would make the flag useless for every speech model. Each stage's READY
+voice runs the LLM in fp8. That is what a user asking a whole server for fp8 means; failing
+because one stage is a vocoder would make the flag useless for every speech model. Each stage's READY
 line and card on /v1/models say whether it runs fp8, so nothing is silent. Only when no
 served stage can take it does the start fail: then the flag would change nothing.
 """
