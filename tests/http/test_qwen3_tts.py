@@ -21,6 +21,7 @@ import subprocess
 import numpy as np
 import openai
 import pytest
+import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
 
 from omni.config.environments import env_python
@@ -30,68 +31,8 @@ from omni.models.cache import default_cache_dir
 PYTHON = env_python("qwen3-tts")
 REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
 FRAMES = 12  # max_new_tokens: codec frames per sentence (1920 samples each)
+OPENAI_VOICES = ", openai_voices: true"
 TEXTS = ("Hello there, how are you today?", "The ship sailed north across the cold sea.")
-PIPELINE = """\
-name: qwen3-tts
-default_modalities: [audio]
-stages:
-  - name: tts
-    engine: generation
-    model: qwen3_tts
-    model_dir: {model_dir}
-    env: qwen3-tts
-    final_output: audio
-    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
-               openai_voices: true}}
-"""
-# the split layout: the talker stage streams codes to a code2wav stage over a stream edge
-SPLIT = """\
-name: qwen3-tts-split
-default_modalities: [audio]
-stages:
-  - name: talker
-    engine: generation
-    model: qwen3_tts_talker
-    model_dir: {model_dir}
-    env: qwen3-tts
-    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
-               openai_voices: true}}
-  - name: code2wav
-    engine: generation
-    model: qwen3_tts_code2wav
-    model_dir: {model_dir}
-    env: qwen3-tts
-    final_output: audio
-    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
-edges:
-  - {{from: talker, to: code2wav, delivery: stream}}
-"""
-# a text stage's answer voiced by each layout: the echo stage answers with the user's
-# words in 30 pieces, one per 100 ms, so a short answer's last pieces are empty and its
-# stream ends well after its last sentence was voiced (the engine's closing output), as
-# an LLM's does when its answer ends in words the voice leaves out (a tool call)
-VOICED = """\
-name: {name}
-stages:
-  - {{name: echo, engine: echo, params: {{chunks: 30}}, options: {{delay_ms: 100}},
-     final_output: text}}
-{voice}
-edges:
-  - {{from: echo, to: {first}, delivery: stream}}
-{more}"""
-FUSED_VOICE = """\
-  - {{name: tts, engine: generation, model: qwen3_tts, model_dir: {model_dir}, env: qwen3-tts,
-     inputs: [text], final_output: audio,
-     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
-               openai_voices: true}}}}"""
-SPLIT_VOICE = """\
-  - {{name: talker, engine: generation, model: qwen3_tts_talker, model_dir: {model_dir},
-     env: qwen3-tts, inputs: [text],
-     options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
-               openai_voices: true}}}}
-  - {{name: code2wav, engine: generation, model: qwen3_tts_code2wav, model_dir: {model_dir},
-     env: qwen3-tts, final_output: audio,
-     options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}}}"""
 REFERENCE = """\
 import json, sys
 import numpy as np, torch
@@ -126,15 +67,12 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
-    voices = {name: VOICED.format(name=name, voice=voice.format(model_dir=release, frames=FRAMES),
-                                  first=first, more=more)
-              for name, voice, first, more in (
-                  ("voiced", FUSED_VOICE, "tts", ""),
-                  ("voiced-split", SPLIT_VOICE, "talker",
-                   "  - {from: talker, to: code2wav, delivery: stream}\n"))}
-    return start_server({"qwen3-tts": PIPELINE.format(model_dir=release, frames=FRAMES),
-                         "qwen3-tts-split": SPLIT.format(model_dir=release, frames=FRAMES),
-                         **voices}, start_timeout_s=300.0)
+    return start_server({
+        "qwen3-tts": layouts.fused("qwen3-tts", release, FRAMES, OPENAI_VOICES),
+        "qwen3-tts-split": layouts.split("qwen3-tts-split", release, FRAMES, OPENAI_VOICES),
+        "voiced": layouts.fused("voiced", release, FRAMES, OPENAI_VOICES, voiced=True),
+        "voiced-split": layouts.split("voiced-split", release, FRAMES, OPENAI_VOICES,
+                                      voiced=True)}, start_timeout_s=300.0)
 
 
 def pcm16(audio: np.ndarray) -> np.ndarray:

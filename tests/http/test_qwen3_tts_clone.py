@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
+import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
 
 from omni.config.environments import env_python
@@ -37,41 +38,6 @@ REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
 FRAMES = 12  # max_new_tokens: codec frames per sentence
 TEXT = "The ship sailed north across the cold sea."
 REF_TEXT = "Hello, this is my voice."
-PIPELINE = """\
-name: qwen3-tts-base
-default_modalities: [audio]
-stages:
-  - name: tts
-    engine: generation
-    model: qwen3_tts
-    model_dir: {model_dir}
-    env: qwen3-tts
-    final_output: audio
-    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames},
-               clone_cache_size: 2}}
-"""
-# the split layout: the talker streams codes (and an in-context clone's reference codes
-# ahead of each sentence) to a code2wav stage
-SPLIT = """\
-name: qwen3-tts-base-split
-default_modalities: [audio]
-stages:
-  - name: talker
-    engine: generation
-    model: qwen3_tts_talker
-    model_dir: {model_dir}
-    env: qwen3-tts
-    options: {{do_sample: false, subtalker_dosample: false, max_new_tokens: {frames}}}
-  - name: code2wav
-    engine: generation
-    model: qwen3_tts_code2wav
-    model_dir: {model_dir}
-    env: qwen3-tts
-    final_output: audio
-    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
-edges:
-  - {{from: talker, to: code2wav, delivery: stream}}
-"""
 # (reference clip index, its transcript or None: the speaker embedding alone)
 JOBS = [(0, REF_TEXT), (1, REF_TEXT), (0, None)]
 REFERENCE = """\
@@ -173,8 +139,10 @@ def reference(release, tmp_path_factory) -> tuple[list[np.ndarray], dict, Any]:
 
 @pytest.fixture(scope="module")
 def server(release, start_server):
-    return start_server({"qwen3-tts-base": PIPELINE.format(model_dir=release, frames=FRAMES),
-                         "qwen3-tts-base-split": SPLIT.format(model_dir=release, frames=FRAMES)},
+    return start_server({"qwen3-tts-base": layouts.fused("qwen3-tts-base", release, FRAMES,
+                                                         ", clone_cache_size: 2"),
+                         "qwen3-tts-base-split": layouts.split("qwen3-tts-base-split", release,
+                                                               FRAMES)},
                         start_timeout_s=300.0)
 
 

@@ -1,0 +1,63 @@
+"""The Qwen3-TTS pipelines the tests serve (test_qwen3_tts.py, test_qwen3_tts_clone.py),
+written once: the fused layout (one stage) and the split one (a talker streaming codes to a
+code2wav stage), each optionally voicing a text stage's streamed answer."""
+
+from __future__ import annotations
+
+# greedy talker and code predictor, so served audio equals qwen-tts's generate
+GREEDY = "do_sample: false, subtalker_dosample: false"
+# a text stage whose answer is voiced: the echo stage answers with the user's words in 30
+# pieces, one per 100 ms, so a short answer's last pieces are empty and its stream ends well
+# after its last sentence was voiced (the engine's closing output), as an LLM's does when
+# its answer ends in words the voice leaves out (a tool call)
+ECHO = ("  - {name: echo, engine: echo, params: {chunks: 30}, options: {delay_ms: 100},\n"
+        "     final_output: text}\n")
+
+
+def fused(name: str, model_dir: str, frames: int, options: str = "",
+          voiced: bool = False) -> str:
+    head, inputs, edges = _voiced(voiced, "tts")
+    return f"""\
+name: {name}
+default_modalities: [audio]
+stages:
+{head}  - name: tts
+    engine: generation
+    model: qwen3_tts
+    model_dir: {model_dir}
+    env: qwen3-tts
+{inputs}    final_output: audio
+    options: {{{GREEDY}, max_new_tokens: {frames}{options}}}
+{edges}"""
+
+
+def split(name: str, model_dir: str, frames: int, options: str = "",
+          voiced: bool = False) -> str:
+    head, inputs, edges = _voiced(voiced, "talker")
+    return f"""\
+name: {name}
+default_modalities: [audio]
+stages:
+{head}  - name: talker
+    engine: generation
+    model: qwen3_tts_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+{inputs}    options: {{{GREEDY}, max_new_tokens: {frames}{options}}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
+{edges.removeprefix("edges:" + chr(10))}"""
+
+
+def _voiced(voiced: bool, first: str) -> tuple[str, str, str]:
+    """(the echo stage, the first voice stage's inputs line, the edge from the echo)."""
+    if not voiced:
+        return "", "", ""
+    return ECHO, "    inputs: [text]\n", f"edges:\n  - {{from: echo, to: {first}, delivery: stream}}\n"
