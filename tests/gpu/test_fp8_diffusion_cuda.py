@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from unit import diffusion_runs
 
-from omni.engines.base import EngineRequest
 from omni.engines.diffusion.engine import DiffusionEngine
 from omni.engines.quantization.fp8 import FP8
 from omni.fixtures.tiny_models import ensure_tiny_model
@@ -27,15 +27,7 @@ def engines(tmp_path_factory):
 
 
 def _image(engine: DiffusionEngine, seed: int) -> np.ndarray:
-    engine.add(EngineRequest(f"r{seed}", {"prompt": "a lighthouse at night"},
-                             {"size": "64x64", "steps": 6, "seed": seed}))
-    image = None
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None, out.error
-            if out.finished:
-                image = out.data["images"][0].numpy().astype(float)
-    return image
+    return diffusion_runs.image(engine, "a lighthouse at night", {"size": "64x64", "steps": 6, "seed": seed})
 
 
 def test_fp8_blocks_on_cuda_stay_within_the_bounds(engines):

@@ -51,6 +51,12 @@ def run_clean(eng: DiffusionEngine, requests: list[tuple], join_after: int = 2
     return results
 
 
+def image(eng: DiffusionEngine, prompt: str, params: dict[str, Any]) -> np.ndarray:
+    """One request run alone to its first image, as float pixels."""
+    results = run_clean(eng, [(f"image-{params.get('seed')}", {"prompt": prompt}, params)])
+    return next(iter(results.values()))["images"][0].numpy().astype(float)
+
+
 def collect(outputs: list[Any], results: dict[str, Any], errors: dict[str, str]) -> None:
     for out in outputs:
         if out.error:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from unit import diffusion_runs
 
-from omni.engines.base import EngineLoadError, EngineRequest
+from omni.engines.base import EngineLoadError
 from omni.engines.diffusion.engine import DiffusionEngine
 from omni.engines.quantization.fp8 import FP8, FP8Linear
 from omni.fixtures.tiny_models import ensure_tiny_model
@@ -37,15 +38,7 @@ def engines(model_dir):
 
 
 def _image(engine: DiffusionEngine, seed: int) -> np.ndarray:
-    engine.add(EngineRequest(f"r{seed}", {"prompt": "a red fox in the snow"},
-                             {"size": "32x32", "steps": 4, "seed": seed}))
-    image = None
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None, out.error
-            if out.finished:
-                image = out.data["images"][0].numpy().astype(float)
-    return image
+    return diffusion_runs.image(engine, "a red fox in the snow", {"size": "32x32", "steps": 4, "seed": seed})
 
 
 def test_the_blocks_weights_are_fp8_and_the_rest_keeps_its_dtype(engines):
