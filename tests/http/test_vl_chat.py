@@ -39,31 +39,40 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
-def ask(url: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+def ask(url: str, kind: str = "image") -> list[dict]:
+    """A question about one image (or video: kind "video") part."""
+    part = f"{kind}_url"
+    return [{"role": "user", "content": [{"type": part, part: {"url": url}},
                                          {"type": "text", "text": QUESTION}]}]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_image_chat_answers_as_transformers_generate(served, name):
+def answers_equal_generate(served, name: str, media: list[bytes], kind: str, mime: str,
+                           reference_tokens) -> None:
+    """Two media parts asked about concurrently: the answers vary with the media and equal
+    transformers' generate (``reference_tokens(model_dir, media, max_tokens)``)."""
     from transformers import AutoTokenizer
 
     server, dirs = served
-    images = [png(64, 48, 1), png(64, 48, 3)]
 
     async def body():
         async with server.client(timeout=60) as client:
             return await asyncio.gather(*(client.chat.completions.create(
-                model=name, messages=ask(data_url(image)), **SEEDED) for image in images))
+                model=name, messages=ask(data_url(item, mime), kind), **SEEDED)
+                for item in media))
 
-    answers = run(body())
-    texts = [a.choices[0].message.content for a in answers]
-    assert texts[0] != texts[1] and len(set(texts[0])) > 4  # varies with the image
+    texts = [a.choices[0].message.content for a in run(body())]
+    assert texts[0] != texts[1] and len(set(texts[0])) > 4  # varies with the media
     tok = AutoTokenizer.from_pretrained(dirs[name])
-    for image, text in zip(images, texts, strict=True):
-        want = tok.decode(reference(str(dirs[name]), [image], GREEDY["max_tokens"]),
+    for item, text in zip(media, texts, strict=True):
+        want = tok.decode(reference_tokens(str(dirs[name]), item, GREEDY["max_tokens"]),
                           skip_special_tokens=True)
         assert text == want
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_image_chat_answers_as_transformers_generate(served, name):
+    answers_equal_generate(served, name, [png(64, 48, 1), png(64, 48, 3)], "image",
+                           "image/png", lambda d, image, n: reference(d, [image], n))
 
 
 def test_bad_image_parts_are_400s(served):
@@ -88,31 +97,10 @@ def test_bad_image_parts_are_400s(served):
     run(body())
 
 
-def ask_video(url: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
-                                         {"type": "text", "text": QUESTION}]}]
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_video_chat_answers_as_transformers_generate(served, name):
-    from transformers import AutoTokenizer
-
-    server, dirs = served
-    videos = [mp4(1), mp4(2)]
-
-    async def body():
-        async with server.client(timeout=60) as client:
-            return await asyncio.gather(*(client.chat.completions.create(
-                model=name, messages=ask_video(data_url(video, "video/mp4")), **SEEDED)
-                for video in videos))
-
-    texts = [a.choices[0].message.content for a in run(body())]
-    assert texts[0] != texts[1] and len(set(texts[0])) > 4  # varies with the video
-    tok = AutoTokenizer.from_pretrained(dirs[name])
-    for video, text in zip(videos, texts, strict=True):
-        want = tok.decode(video_reference(str(dirs[name]), video, GREEDY["max_tokens"]),
-                          skip_special_tokens=True)
-        assert text == want
+    answers_equal_generate(served, name, [mp4(1), mp4(2)], "video", "video/mp4",
+                           video_reference)
 
 
 def test_bad_video_parts_are_400s(served, monkeypatch):
@@ -133,13 +121,13 @@ def test_bad_video_parts_are_400s(served, monkeypatch):
             for url, needle in cases:
                 with pytest.raises(openai.BadRequestError) as info:
                     await client.chat.completions.create(model="qwen3_vl",
-                                                         messages=ask_video(url), **SEEDED)
+                                                         messages=ask(url, "video"), **SEEDED)
                 assert needle in info.value.message, info.value.message
                 assert info.value.body["param"] == "messages[0].content[0]"
             # readable, but fewer frames than a temporal patch: the model refuses it
             with pytest.raises(openai.BadRequestError) as info:
                 await client.chat.completions.create(
-                    model="qwen2_5_vl", messages=ask_video(data_url(one_frame, "video/mp4")),
+                    model="qwen2_5_vl", messages=ask(data_url(one_frame, "video/mp4"), "video"),
                     **SEEDED)
             assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
                 in info.value.message, info.value.message
