@@ -82,8 +82,8 @@ def test_bad_codes_fail_only_that_request(c2w):
 
 
 def test_a_runner_that_cannot_pack_an_output_fails_that_request_alone(c2w):
-    """A runner's pack() raising (a model adapter's bug, e.g. Qwen3-TTS on the engine's
-    closing output) fails its request; the engine, and the replica, go on serving."""
+    """A runner's pack() raising (a model adapter's bug) fails its request; the engine,
+    and the replica, go on serving."""
     class PackFails(Code2WavRunner):
         def pack(self, result):
             if result.numel() == 10 * 1920 - 555:  # the 10-frame request's audio

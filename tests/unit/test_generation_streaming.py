@@ -165,3 +165,20 @@ def test_context_frames_stand_in_for_earlier_ones_and_are_never_output(c2w):
     # the context changes b's first chunk (it is not decoded after a's frames)
     after_a = c2w.decode_chunk(torch.cat([a[:, -4:], b[:, :6]], -1)[None], 4)[0]
     assert rel_diff(after_a, expected[2], scale) > 100 * REL_TOL
+
+
+def test_the_closing_output_is_the_engine_s_own(c2w):
+    """A stream that ends after its last chunk went out closes with an output the engine
+    builds itself: frames 0 and the next index, no audio fields (the runner's pack() is not
+    asked to pack an output that does not exist; audio consumers skip it)."""
+    engine = GenerationEngine(Code2WavRunner(c2w, {"first_chunk_frames": 4, "chunk_frames": 4,
+                                                   "left_context": 2}))
+    engine.add(EngineRequest("s", {"stream": ["talker"]}))
+    engine.append("s", "talker", 0, {"codes": random_codes(4, 0).tolist()}, False)
+    first, = engine.step()
+    assert first.data["frames"] == 4 and not first.finished
+    assert float(audio_of(first.data).abs().max()) > 0  # the fixture makes sound
+    engine.append("s", "talker", 1, {"token_ids": [66], "finish_reason": "stop"}, True)
+    closing, = drain(engine)["s"]
+    assert closing.finished and closing.error is None
+    assert closing.data == {"frames": 0, "index": 1}
