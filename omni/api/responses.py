@@ -32,7 +32,7 @@ from omni.api.chat_media import prepare_media
 from omni.api.errors import APIError, from_exception, read_json
 from omni.api.response_items import Conversation, called_ids, output_messages, to_messages
 from omni.api.response_output import Event, OutputItems
-from omni.api.response_store import RESPONSES_KEY, TTL_S, ResponseStore
+from omni.api.response_store import RESPONSES_KEY, TTL_S, ResponseStore, Stored
 from omni.api.schemas import parse
 from omni.api.schemas.response_format import check_response_format
 from omni.api.schemas.responses import ResponseCreateRequest
@@ -55,11 +55,13 @@ class ResponseRun:
     """One Responses request: its chat call, the output it builds, the object it answers."""
 
     def __init__(self, request: web.Request, body: dict[str, Any],
-                 req: ResponseCreateRequest, history: list[dict[str, Any]]) -> None:
-        self.request, self.body, self.req, self.history = request, body, req, history
+                 req: ResponseCreateRequest, previous: Stored | None) -> None:
+        self.request, self.body, self.req = request, body, req
+        self.previous = previous  # the kept response previous_response_id continues
+        self.history = [] if previous is None else previous.messages
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.conversation: Conversation = to_messages(req.input, called_ids(history))
+        self.conversation: Conversation = to_messages(req.input, called_ids(self.history))
         self.output = OutputItems()
         self.call: TextCall | None = None
         self.result: Any = None  # the call's TextResult
@@ -168,8 +170,8 @@ class ResponseRun:
         """Kept for previous_response_id (store: true): the conversation to here."""
         if self.req.stores:
             self.request.app[RESPONSES_KEY].put(response, [
-                *self.history, *self.conversation.messages,
-                *output_messages(response["output"])])
+                *self.conversation.messages, *output_messages(response["output"])],
+                self.previous)
 
 
 def _input_param(param: str | None, first: int, sources: list[int]) -> str | None:
@@ -249,22 +251,22 @@ async def _stream(run: ResponseRun) -> web.StreamResponse:
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse(ResponseCreateRequest, body)
-    run = ResponseRun(request, body, req, _history(request.app[RESPONSES_KEY], req))
+    run = ResponseRun(request, body, req, _previous(request.app[RESPONSES_KEY], req))
     await run.prepare()
     return await (_stream(run) if req.stream else _complete(run))
 
 
-def _history(store: ResponseStore, req: ResponseCreateRequest) -> list[dict[str, Any]]:
-    """The conversation ``previous_response_id`` continues; a 400 naming it if not kept."""
+def _previous(store: ResponseStore, req: ResponseCreateRequest) -> Stored | None:
+    """The kept response ``previous_response_id`` continues; a 400 naming it if not kept."""
     if req.previous_response_id is None:
-        return []
+        return None
     entry = store.get(req.previous_response_id)
     if entry is None:
         raise APIError(400, f"previous response {req.previous_response_id!r} is not kept "
                        f"here (unknown, deleted, made with store: false, or older than "
                        f"{TTL_S:g} s)", param="previous_response_id",
                        code="previous_response_not_found")
-    return entry.messages
+    return entry
 
 
 def _kept(request: web.Request) -> str:
