@@ -132,6 +132,7 @@ def test_bad_video_parts_are_400s(served, monkeypatch):
             assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
                 in info.value.message, info.value.message
             assert info.value.code == "invalid_input"
+            assert info.value.body["param"] == "messages[0].content[0]"  # as the API's checks
     run(body())
 
 
