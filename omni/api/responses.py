@@ -41,7 +41,7 @@ from omni.api.state import MODELS_KEY
 from omni.api.streams import next_with_pings, sse_data, start_sse
 from omni.api.text import EXTRA_INPUTS, TextCall
 from omni.api.tools import plan_tools
-from omni.errors import OmniError
+from omni.errors import OmniError, RejectedInputError
 
 log = logging.getLogger("omni.api")
 
@@ -65,6 +65,7 @@ class ResponseRun:
         self.output = OutputItems()
         self.call: TextCall | None = None
         self.result: Any = None  # the call's TextResult
+        self.first_input = 0  # the chat message of the first input item (after system, history)
 
     async def prepare(self) -> None:
         """The chat call, with its media, schema and tools checked (400s before any run)."""
@@ -82,8 +83,9 @@ class ResponseRun:
                 **{k: v for k, v in (("max_tokens", self.req.max_output_tokens),
                                      ("temperature", self.req.temperature),
                                      ("top_p", self.req.top_p)) if v is not None}}
+        self.first_input = len(system) + len(self.history)
         if media:
-            await self._media(chat, len(system) + len(self.history))
+            await self._media(chat)
         self.call = TextCall(self.request, chat, parse(ChatCompletionRequest, chat), self.id)
         fmt = self.req.text.format if self.req.text is not None else None
         schema = await check_response_format(
@@ -97,17 +99,22 @@ class ResponseRun:
                 self.req.parallel_tool_calls, lambda i: f"tools[{i}].parameters"))
         self.result = self.call.new_result()  # reads calls when the plan has tools
 
-    async def _media(self, chat: dict[str, Any], first: int) -> None:
+    async def _media(self, chat: dict[str, Any]) -> None:
         """Image parts checked and read as chat's are; a 400 names the input item."""
         model = self.request.app[MODELS_KEY].get(self.body.get("model"))
         try:
             self.request[EXTRA_INPUTS] = await prepare_media(self.request, model, chat)
         except APIError as exc:
-            param = _input_param(exc.param, first, self.conversation.sources)
-            if exc.param and param:
-                exc.message = exc.message.replace(exc.param, param)
-            exc.param = param
-            raise
+            raise self.input_error(exc) from None
+
+    def input_error(self, exc: APIError) -> APIError:
+        """``exc`` naming chat's ``messages[k]...`` (the API's media checks, a stage's
+        refusal of a part) renamed to the input item it came from."""
+        param = _input_param(exc.param, self.first_input, self.conversation.sources)
+        if exc.param and param:
+            exc.message = exc.message.replace(exc.param, param)
+        exc.param = param
+        return exc
 
     def feed(self, out: Any) -> list[Event]:
         """One engine output into the items; the events it caused."""
@@ -203,7 +210,7 @@ class _Events:
         them) and nested (it raises APIError, as for live OpenAI), then response.failed."""
         if not isinstance(exc, APIError | OmniError):  # a bug: the client is told to look here
             log.error("response %s failed mid-stream", run.id, exc_info=exc)
-        error = from_exception(exc)
+        error = run.input_error(from_exception(exc))
         code = error.code or error.type
         fields = {"code": code, "message": error.message, "param": error.param}
         await self.send({"type": "error", **fields, "error": {"type": error.type, **fields}})
@@ -253,7 +260,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     req = parse(ResponseCreateRequest, body)
     run = ResponseRun(request, body, req, _previous(request.app[RESPONSES_KEY], req))
     await run.prepare()
-    return await (_stream(run) if req.stream else _complete(run))
+    try:
+        return await (_stream(run) if req.stream else _complete(run))
+    except RejectedInputError as exc:  # a stage refused a part: named as an input item
+        raise run.input_error(from_exception(exc)) from None
 
 
 def _previous(store: ResponseStore, req: ResponseCreateRequest) -> Stored | None:
