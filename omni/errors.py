@@ -37,7 +37,13 @@ class RequestFailedError(OmniError):
 
 class RejectedInputError(RequestFailedError):
     """A stage found the request's input unusable (e.g. a video it cannot read): the
-    client's to fix, so a 400, unlike other stage failures."""
+    client's to fix, so a 400, unlike other stage failures. ``field``: the input field at
+    fault when the stage named one (``messages[0].content[1]``), the 400's ``param``."""
+
+    def __init__(self, message: str, stage: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message, stage)
+        self.field = field
 
 
 class ReplicaDeadError(RequestFailedError):

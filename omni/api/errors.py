@@ -68,7 +68,8 @@ def from_exception(exc: Exception) -> APIError:
         return exc
     for cls, status, type_, code, headers in _OMNI_ERRORS:
         if isinstance(exc, cls):
-            param = "modalities" if cls is UnknownModalityError else None
+            param = ("modalities" if cls is UnknownModalityError
+                     else getattr(exc, "field", None))  # RejectedInputError's, when named
             return APIError(status, str(exc), type_, param, code, headers)
     if isinstance(exc, OmniError):
         return APIError(500, str(exc), "server_error", None, None)

@@ -9,6 +9,10 @@ depend on older entries that may be gone. Bounded three ways, checked at each ``
 at most MAX_RESPONSES entries and MAX_BYTES of their JSON text (the least recently used
 go first), and none older than TTL_S (the expiry counts from creation; using an entry
 does not extend it). A response whose JSON alone is over MAX_BYTES is not kept.
+
+An entry counts its whole conversation's JSON, but a response that continues another
+adds only its new messages' to the count its previous one kept: a chain of N responses
+is N serializations of new messages, not N of the whole conversation so far (O(N^2)).
 """
 
 from __future__ import annotations
@@ -34,8 +38,15 @@ TTL_S = 3_600.0
 class Stored:
     response: dict[str, Any]
     messages: list[dict[str, Any]]  # the conversation to it, instructions left out
-    nbytes: int
+    nbytes: int  # JSON text of the response and its messages: what the bound counts
     expires: float
+    messages_nbytes: int  # of the messages: a response continuing this one adds to it
+
+
+def messages_nbytes(messages: list[dict[str, Any]]) -> int:
+    """The JSON text of ``messages`` as a list, counted message by message (each one's and
+    its separator), so a conversation's count is the sum of its parts'."""
+    return sum(len(json.dumps(message)) + 2 for message in messages)
 
 
 class ResponseStore:
@@ -46,16 +57,23 @@ class ResponseStore:
         self.entries: OrderedDict[str, Stored] = OrderedDict()  # least recently used first
         self.nbytes = 0
 
-    def put(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
-        """Keep ``response``; False when it alone is over the byte bound."""
-        nbytes = len(json.dumps(response)) + len(json.dumps(messages))
+    def put(self, response: dict[str, Any], messages: list[dict[str, Any]],
+            previous: Stored | None = None) -> bool:
+        """Keep ``response`` with its conversation: ``previous``'s (the response it
+        continues, kept or since gone) and then ``messages``. False when it alone is over
+        the byte bound."""
+        conversation = messages_nbytes(messages)
+        if previous is not None:
+            messages = [*previous.messages, *messages]
+            conversation += previous.messages_nbytes
+        nbytes = len(json.dumps(response)) + conversation
         if nbytes > self.max_bytes:
             log.warning("response %s (%d bytes of JSON) is over the store's %d bytes: not "
                         "kept", response["id"], nbytes, self.max_bytes)
             return False
         self.delete(response["id"])
         self.entries[response["id"]] = Stored(response, messages, nbytes,
-                                              self.clock() + self.ttl_s)
+                                              self.clock() + self.ttl_s, conversation)
         self.nbytes += nbytes
         self._bound()
         return True

@@ -32,7 +32,7 @@ from omni.api.chat_media import prepare_media
 from omni.api.errors import APIError, from_exception, read_json
 from omni.api.response_items import Conversation, called_ids, output_messages, to_messages
 from omni.api.response_output import Event, OutputItems
-from omni.api.response_store import RESPONSES_KEY, TTL_S, ResponseStore
+from omni.api.response_store import RESPONSES_KEY, TTL_S, ResponseStore, Stored
 from omni.api.schemas import parse
 from omni.api.schemas.response_format import check_response_format
 from omni.api.schemas.responses import ResponseCreateRequest
@@ -41,7 +41,7 @@ from omni.api.state import MODELS_KEY
 from omni.api.streams import next_with_pings, sse_data, start_sse
 from omni.api.text import EXTRA_INPUTS, TextCall
 from omni.api.tools import plan_tools
-from omni.errors import OmniError
+from omni.errors import OmniError, RejectedInputError
 
 log = logging.getLogger("omni.api")
 
@@ -55,14 +55,17 @@ class ResponseRun:
     """One Responses request: its chat call, the output it builds, the object it answers."""
 
     def __init__(self, request: web.Request, body: dict[str, Any],
-                 req: ResponseCreateRequest, history: list[dict[str, Any]]) -> None:
-        self.request, self.body, self.req, self.history = request, body, req, history
+                 req: ResponseCreateRequest, previous: Stored | None) -> None:
+        self.request, self.body, self.req = request, body, req
+        self.previous = previous  # the kept response previous_response_id continues
+        self.history = [] if previous is None else previous.messages
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.conversation: Conversation = to_messages(req.input, called_ids(history))
+        self.conversation: Conversation = to_messages(req.input, called_ids(self.history))
         self.output = OutputItems()
         self.call: TextCall | None = None
         self.result: Any = None  # the call's TextResult
+        self.first_input = 0  # the chat message of the first input item (after system, history)
 
     async def prepare(self) -> None:
         """The chat call, with its media, schema and tools checked (400s before any run)."""
@@ -80,8 +83,9 @@ class ResponseRun:
                 **{k: v for k, v in (("max_tokens", self.req.max_output_tokens),
                                      ("temperature", self.req.temperature),
                                      ("top_p", self.req.top_p)) if v is not None}}
+        self.first_input = len(system) + len(self.history)
         if media:
-            await self._media(chat, len(system) + len(self.history))
+            await self._media(chat)
         self.call = TextCall(self.request, chat, parse(ChatCompletionRequest, chat), self.id)
         fmt = self.req.text.format if self.req.text is not None else None
         schema = await check_response_format(
@@ -95,17 +99,22 @@ class ResponseRun:
                 self.req.parallel_tool_calls, lambda i: f"tools[{i}].parameters"))
         self.result = self.call.new_result()  # reads calls when the plan has tools
 
-    async def _media(self, chat: dict[str, Any], first: int) -> None:
+    async def _media(self, chat: dict[str, Any]) -> None:
         """Image parts checked and read as chat's are; a 400 names the input item."""
         model = self.request.app[MODELS_KEY].get(self.body.get("model"))
         try:
             self.request[EXTRA_INPUTS] = await prepare_media(self.request, model, chat)
         except APIError as exc:
-            param = _input_param(exc.param, first, self.conversation.sources)
-            if exc.param and param:
-                exc.message = exc.message.replace(exc.param, param)
-            exc.param = param
-            raise
+            raise self.input_error(exc) from None
+
+    def input_error(self, exc: APIError) -> APIError:
+        """``exc`` naming chat's ``messages[k]...`` (the API's media checks, a stage's
+        refusal of a part) renamed to the input item it came from."""
+        param = _input_param(exc.param, self.first_input, self.conversation.sources)
+        if exc.param and param:
+            exc.message = exc.message.replace(exc.param, param)
+        exc.param = param
+        return exc
 
     def feed(self, out: Any) -> list[Event]:
         """One engine output into the items; the events it caused."""
@@ -168,8 +177,8 @@ class ResponseRun:
         """Kept for previous_response_id (store: true): the conversation to here."""
         if self.req.stores:
             self.request.app[RESPONSES_KEY].put(response, [
-                *self.history, *self.conversation.messages,
-                *output_messages(response["output"])])
+                *self.conversation.messages, *output_messages(response["output"])],
+                self.previous)
 
 
 def _input_param(param: str | None, first: int, sources: list[int]) -> str | None:
@@ -201,7 +210,7 @@ class _Events:
         them) and nested (it raises APIError, as for live OpenAI), then response.failed."""
         if not isinstance(exc, APIError | OmniError):  # a bug: the client is told to look here
             log.error("response %s failed mid-stream", run.id, exc_info=exc)
-        error = from_exception(exc)
+        error = run.input_error(from_exception(exc))
         code = error.code or error.type
         fields = {"code": code, "message": error.message, "param": error.param}
         await self.send({"type": "error", **fields, "error": {"type": error.type, **fields}})
@@ -249,22 +258,25 @@ async def _stream(run: ResponseRun) -> web.StreamResponse:
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req = parse(ResponseCreateRequest, body)
-    run = ResponseRun(request, body, req, _history(request.app[RESPONSES_KEY], req))
+    run = ResponseRun(request, body, req, _previous(request.app[RESPONSES_KEY], req))
     await run.prepare()
-    return await (_stream(run) if req.stream else _complete(run))
+    try:
+        return await (_stream(run) if req.stream else _complete(run))
+    except RejectedInputError as exc:  # a stage refused a part: named as an input item
+        raise run.input_error(from_exception(exc)) from None
 
 
-def _history(store: ResponseStore, req: ResponseCreateRequest) -> list[dict[str, Any]]:
-    """The conversation ``previous_response_id`` continues; a 400 naming it if not kept."""
+def _previous(store: ResponseStore, req: ResponseCreateRequest) -> Stored | None:
+    """The kept response ``previous_response_id`` continues; a 400 naming it if not kept."""
     if req.previous_response_id is None:
-        return []
+        return None
     entry = store.get(req.previous_response_id)
     if entry is None:
         raise APIError(400, f"previous response {req.previous_response_id!r} is not kept "
                        f"here (unknown, deleted, made with store: false, or older than "
                        f"{TTL_S:g} s)", param="previous_response_id",
                        code="previous_response_not_found")
-    return entry.messages
+    return entry
 
 
 def _kept(request: web.Request) -> str:

@@ -3,6 +3,9 @@
 In a pipeline file, ``options: {quantization: fp8}`` on a stage whose engine kind cannot
 store its weights in fp8 (omni/engines/kinds.py: only ar and diffusion can) fails the load
 naming the stage, as does a value that is no known method: before any engine starts.
+``quantization: null`` is none, the default. ``quantization_method`` is the one check of
+the value: the config's here, and the engine's (omni/engines/quantization/) for an engine
+built from options that no pipeline file checked.
 
 The flag applies the method to every stage that can take it, in every served pipeline,
 and leaves the others as they are: an omni model's server asked for fp8 runs its AR stages
@@ -23,6 +26,16 @@ from omni.config.checks import ConfigError
 from omni.engines.kinds import KINDS, QUANTIZATIONS, QUANTIZING_KINDS
 
 
+def quantization_method(value: object) -> str | None:
+    """A stage's option ``quantization`` -> its method ('fp8'), or None for none, null or
+    unset (the model's own dtype); ValueError for anything else."""
+    if value is None or value == "none":
+        return None
+    if not isinstance(value, str) or value not in QUANTIZATIONS:
+        raise ValueError(f"must be one of {', '.join(QUANTIZATIONS)}, got {value!r}")
+    return value
+
+
 def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
                              options: Mapping[str, Any]) -> None:
     """``options.quantization`` of the stage ``raw`` at ``path`` (an unknown engine kind is
@@ -31,25 +44,29 @@ def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
     if "quantization" not in options or not isinstance(engine, str) or engine not in KINDS:
         return
     value = options["quantization"]
-    if value not in QUANTIZATIONS:
+    try:
+        method = quantization_method(value)
+    except ValueError:
         raise ConfigError(src, f"{path}.options.quantization",
                           f"unknown method {value!r} on stage '{raw.get('name')}'",
-                          f"Use one of {', '.join(QUANTIZATIONS)}")
-    if value != "none" and not KINDS[engine].quantizes:
+                          f"Use one of {', '.join(QUANTIZATIONS)}") from None
+    if method is not None and not KINDS[engine].quantizes:
         raise ConfigError(src, f"{path}.options.quantization",
                           f"stage '{raw.get('name')}' is a {engine} stage, which cannot store "
-                          f"its weights in {value}",
+                          f"its weights in {method}",
                           f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it there")
 
 
 def with_quantization(pipelines: list[Any], method: str) -> list[Any]:
     """Each pipeline (a PipelineConfig) with ``quantization: method`` on every stage that
     can take it, its views alike; ConfigError if no stage of any can (see the module doc)."""
-    if method not in QUANTIZATIONS:
+    try:
+        chosen = quantization_method(method)
+    except ValueError:
         raise ConfigError("command line", "--quantization", f"unknown method {method!r}",
-                          f"Use one of {', '.join(QUANTIZATIONS)}")
+                          f"Use one of {', '.join(QUANTIZATIONS)}") from None
     stages = [s for p in pipelines for s in p.stages]
-    if method != "none" and not any(KINDS[s.engine].quantizes for s in stages):
+    if chosen is not None and not any(KINDS[s.engine].quantizes for s in stages):
         names = ", ".join(p.name for p in pipelines)
         kinds = ", ".join(f"{s.name} ({s.engine})" for s in stages)
         raise ConfigError("command line", "--quantization",

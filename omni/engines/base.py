@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -74,6 +74,8 @@ class StepOutput:
     error: set when the request failed at this stage; implies finished.
     error_kind: whose fault the error is: ENGINE_FAULT (the API answers 500) or
         INPUT_FAULT (the request's input, which the client must fix: a 400).
+    error_field: the input field at fault, named as the API's request names it (e.g.
+        ``messages[0].content[1]``; the 400's ``param``), when one is (InputFieldError).
     """
 
     request_id: str
@@ -81,14 +83,38 @@ class StepOutput:
     finished: bool = False
     error: str | None = None
     error_kind: str = "engine"
+    error_field: str | None = None
 
 
 ENGINE_FAULT, INPUT_FAULT = "engine", "input"
 
 
+class InputFieldError(ValueError):
+    """A request's input refused for one field of it (a content part the model cannot
+    use): ``field`` names it as the API's request does, ``messages[0].content[1]``, so the
+    client's 400 says which (OpenAI's ``param``), as the API's own checks do."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def naming_field(field: str, step: Callable[..., Any], *args: Any) -> Any:
+    """step(*args), a ValueError it raises becoming an InputFieldError naming ``field``."""
+    try:
+        return step(*args)
+    except InputFieldError:
+        raise
+    except ValueError as e:
+        raise InputFieldError(field, str(e)) from None
+
+
 def failed_output(request_id: str, exc: Exception) -> StepOutput:
     """The output of a request the engine could not take: a ValueError / TypeError while
     reading its inputs is the input's fault; any other exception is the engine's."""
+    if isinstance(exc, InputFieldError):  # its message names the field: no class name
+        return StepOutput(request_id, finished=True, error=str(exc), error_kind=INPUT_FAULT,
+                          error_field=exc.field)
     kind = INPUT_FAULT if isinstance(exc, ValueError | TypeError) else ENGINE_FAULT
     return StepOutput(request_id, finished=True, error=f"{type(exc).__name__}: {exc}",
                       error_kind=kind)

@@ -295,8 +295,8 @@ class PiperRunner:
             out.append((torch.from_numpy(audio), n_ids))
         return out
 
-    def pack(self, result: Any) -> dict[str, Any]:
-        audio, n_ids = result if isinstance(result, tuple) else (result, 0)
+    def pack(self, result: tuple[Any, int]) -> dict[str, Any]:
+        audio, n_ids = result
         hop = int(self.tts.voice.config.hop_length)
         return speech_output(audio, self.tts.sample_rate, n_ids, -(-int(audio.numel()) // hop))
 
@@ -314,8 +314,8 @@ class PiperPhonemizerRunner(PiperRunner):
     def run_items(self, units: list[list[str]], params: list[Mapping[str, Any]]) -> list[Any]:
         return units  # split() already produced each sentence's phonemes
 
-    def pack(self, result: Any) -> dict[str, Any]:
-        return {"phonemes": list(result) if isinstance(result, list) else []}
+    def pack(self, result: list[str]) -> dict[str, Any]:
+        return {"phonemes": list(result)}
 
     def info(self) -> dict[str, Any]:
         return {**self.tts.info(), "model": "piper_phonemizer"}

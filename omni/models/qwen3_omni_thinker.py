@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.base import EngineLoadError, PromptLayout
+from omni.engines.base import EngineLoadError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
@@ -86,10 +86,11 @@ class ThinkerMedia:
         # i-th video brings its track, interleaved with its frames by time)
         media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
         rendered = []
-        for m in messages:
+        for i, m in enumerate(messages):
             content = m.get("content")
-            if isinstance(content, list):
-                content = [self._part(p, media) for p in content]
+            if isinstance(content, list):  # a part's error names it (the 400's param)
+                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media)
+                           for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
         rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,

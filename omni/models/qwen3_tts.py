@@ -216,10 +216,8 @@ class Qwen3TTSRunner:
     def _text_tokens(self, text: str) -> int:
         return len(self.tts.processor.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def pack(self, result: Any) -> dict[str, Any]:
-        # a bare tensor: the engine's closing output (a streamed text ended right after
-        # its last sentence was voiced), no audio
-        audio, n_tokens = result if isinstance(result, tuple) else (result, 0)
+    def pack(self, result: tuple[torch.Tensor, int]) -> dict[str, Any]:
+        audio, n_tokens = result
         frames = -(-int(audio.numel()) // self.frame_samples)
         return speech_output(audio, self.sample_rate, n_tokens, frames)
 
@@ -257,9 +255,7 @@ class Qwen3TTSTalkerRunner(Qwen3TTSRunner):
     def _decoder(self) -> None:
         return None  # chunks are codes
 
-    def pack(self, result: Any) -> dict[str, Any]:
-        if not isinstance(result, tuple):  # the closing output (above): no codes
-            return {"input_tokens": 0}
+    def pack(self, result: tuple[torch.Tensor, int, torch.Tensor | None]) -> dict[str, Any]:
         codes, n_tokens, context = result
         return {"codes": codes, "input_tokens": int(n_tokens),
                 **({} if context is None else {"context": context})}

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError, PromptLayout
+from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, naming_field
 from omni.media.image import image_size
 from omni.models.causal_lm import (
     CausalLM,
@@ -139,8 +139,8 @@ class VisionMedia:
         self._check_tokens([files[d] for d in digests])
         for digest, (kind, data, where) in files.items():
             if digest not in unique:  # decoded once per batch, after the prompt's checks
-                unique[digest] = _named(where, decode_image, {"image": {"data": data}}) \
-                    if kind == "image" else _named(where, decode_video, self.video, data)
+                unique[digest] = naming_field(where, decode_image, {"image": {"data": data}}) \
+                    if kind == "image" else naming_field(where, decode_video, self.video, data)
         chat, extra = with_tools(chat, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
                                                   tokenize=False, **extra)
@@ -156,13 +156,13 @@ class VisionMedia:
               where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("image_url", "video_url"):
-            raise ValueError(f"{kind!r} content parts reach this model decoded by the API "
-                             "(as 'image' / 'video' parts)")
+            raise InputFieldError(where, f"{kind!r} content parts reach this model decoded by "
+                                  "the API (as 'image' / 'video' parts)")
         if kind not in IMAGE_KINDS + VIDEO_KINDS:
             return part
         data = (part.get(kind) or {}).get("data")
         if not isinstance(data, bytes):
-            raise ValueError(f"an {kind} part reached the engine undecoded")
+            raise InputFieldError(where, f"an {kind} part reached the engine undecoded")
         digest = f"{kind}:{hashlib.sha256(data).hexdigest()}"  # the kind: decoded as one
         files.setdefault(digest, (kind, data, where))
         digests.append(digest)
@@ -175,9 +175,9 @@ class VisionMedia:
         total = 0
         for kind, data, where in files:
             if kind == "video":
-                total += _named(where, video_token_count, self.video, data)
+                total += naming_field(where, video_token_count, self.video, data)
                 continue
-            total += _named(where, self._image_tokens, data)
+            total += naming_field(where, self._image_tokens, data)
         if total > self.max_image_tokens:
             raise ValueError(f"the prompt's {len(files)} images and videos take {total} "
                              f"tokens; the model's context holds {self.max_image_tokens}")
@@ -263,13 +263,6 @@ class VisionMedia:
             if videos else None, attention_mask=torch.ones_like(ids_t))
         return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
 
-
-def _named(where: str, step: Any, *args: Any) -> Any:
-    """step(*args), its ValueError naming the content part it was about."""
-    try:
-        return step(*args)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
 
 
 def _model_class(model_type: str) -> Any:

@@ -293,8 +293,8 @@ class VitsRunner:
                 results[i] = self.tts.synthesize([units[i]], speed, seed=int(p["seed"]))[0]
         return results
 
-    def pack(self, result: Any) -> dict[str, Any]:
-        audio, n_ids = result if isinstance(result, tuple) else (result, 0)
+    def pack(self, result: tuple[torch.Tensor, int]) -> dict[str, Any]:
+        audio, n_ids = result
         return speech_output(audio, self.tts.sample_rate, n_ids, int(audio.numel()) // self.tts.hop)
 
     def info(self) -> dict[str, Any]:

@@ -209,7 +209,7 @@ class Orchestrator:
                     state.transit.add_output(replica.stage, outputs.sent_at, now)
                     state.transit.add_inbound(replica.stage, inbound.get(engine_id))
                     self._on_stage_output(state, replica.stage, row.data, row.finished,
-                                          row.error)
+                                          row.error, row.error_field)
                 except Exception as exc:  # our bug, not the request's: it fails alone,
                     # saying why, instead of waiting forever for an output dropped here
                     log.exception("request %s: handling stage '%s' output raised",
@@ -220,14 +220,15 @@ class Orchestrator:
         self.leads.flush(self.engines.try_send)
 
     def _on_stage_output(self, state: RequestState, stage: str, data: dict | None,
-                         finished: bool, error: tuple[str, str] | None) -> None:
+                         finished: bool, error: tuple[str, str] | None,
+                         error_field: str | None = None) -> None:
         now = time.monotonic()
         state.times[stage].setdefault("first_output", now)
         if error is not None:
             kind, message = error
             if kind == INPUT_FAULT:
                 self._finish(state, RejectedInputError(
-                    f"stage '{stage}' cannot use this input: {message}", stage))
+                    f"stage '{stage}' cannot use this input: {message}", stage, error_field))
             else:
                 self._finish(state, RequestFailedError(f"stage '{stage}' failed: {message}",
                                                        stage))

@@ -44,7 +44,7 @@ Buffer = bytes | bytearray | memoryview
 # The control plane's version: +1 on any change to a message that an older peer would read
 # wrongly. An engine says it in its Ready; the orchestrator refuses an engine of another
 # version (a stage's own environment may hold another omni: omni/runtime/versions.py).
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: Row.error_field
 REF_MARKER = "\x00ref"  # first element of a wire PayloadRef (omni/connector/base.py)
 
 
@@ -119,6 +119,7 @@ class Row(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True)
     data: dict[str, Any] | None  # payload refs inside, as in Add.inputs
     finished: bool
     error: tuple[str, str] | None = None  # (ENGINE_FAULT | INPUT_FAULT, message)
+    error_field: str | None = None  # the input field at fault (StepOutput.error_field)
 
 
 class Outputs(_Message, tag=11):

@@ -77,9 +77,11 @@ def test_image_chat_answers_as_transformers_generate(served, name):
 
 def test_bad_image_parts_are_400s(served):
     server, _ = served
+    truncated = png(64, 48, 1)[:4000]  # its header passes the API's check: the engine refuses it
     cases = ((data_url(b"AAAA"), "not an image this server can read"),
              ("file:///etc/passwd", "file URLs are refused"),
-             (huge_png_header(), "10000x10000"))
+             (huge_png_header(), "10000x10000"),
+             (data_url(truncated), "messages[0].content[0]: not an image this server can read"))
 
     async def body():
         async with server.client(timeout=30) as client:
@@ -94,6 +96,15 @@ def test_bad_image_parts_are_400s(served):
                 await client.chat.completions.create(model="qwen3_vl", messages=[
                     {"role": "user", "content": [audio]}], **SEEDED)
             assert "does not take audio input" in info.value.message, info.value.message
+            # the Responses API names the engine's refusal as the input item
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.responses.create(model="qwen3_vl", max_output_tokens=4, input=[
+                    {"role": "user", "content": [
+                        {"type": "input_text", "text": QUESTION},
+                        {"type": "input_image", "image_url": data_url(truncated)}]}])
+            assert "input[0].content[1]: not an image this server can read" \
+                in info.value.message, info.value.message
+            assert info.value.body["param"] == "input[0].content[1]"
     run(body())
 
 
@@ -132,6 +143,7 @@ def test_bad_video_parts_are_400s(served, monkeypatch):
             assert "messages[0].content[0]: the video has 1 frame(s); at least 2 are needed" \
                 in info.value.message, info.value.message
             assert info.value.code == "invalid_input"
+            assert info.value.body["param"] == "messages[0].content[0]"  # as the API's checks
     run(body())
 
 

@@ -51,12 +51,13 @@ def reference_audio(model_dir: str, source: torch.Tensor) -> torch.Tensor:
         engine.append("r", "src", seq, {"codes": piece}, seq == len(pieces) - 1)
     chunks = []
     while engine.has_work():
-        chunks += [o.data["audio"] for o in engine.step() if o.data]
+        chunks += [o.data["audio"] for o in engine.step() if "audio" in (o.data or {})]
     return torch.cat(chunks)
 
 
 def _audio(outputs) -> torch.Tensor:
-    return torch.cat([o.data["audio"] for o in outputs if o.data and o.modality == "audio"])
+    return torch.cat([o.data["audio"] for o in outputs  # a closing output has no audio
+                      if o.modality == "audio" and "audio" in (o.data or {})])
 
 
 def _arenas(prefix: str) -> list[str]:

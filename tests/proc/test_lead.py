@@ -49,7 +49,8 @@ def text(outputs) -> str:
 
 
 def audio(outputs) -> torch.Tensor:
-    return torch.cat([o.data["audio"] for o in outputs if o.data and o.modality == "audio"])
+    return torch.cat([o.data["audio"] for o in outputs  # a closing output has no audio
+                      if o.modality == "audio" and "audio" in (o.data or {})])
 
 
 def codes(tap: Tap, rid: str) -> list:

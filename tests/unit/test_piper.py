@@ -253,3 +253,23 @@ def test_the_cuda_provider_is_asked_for_on_the_stage_s_gpu():
     (name, options), cpu = _providers(gpu, "cuda:1")
     assert (name, options["device_id"], cpu) == ("CUDAExecutionProvider", 1, "CPUExecutionProvider")
     assert _providers(gpu, "cuda")[0][1]["device_id"] == 0
+
+
+def test_the_closing_output_carries_no_audio(tts):
+    """Streamed text whose last chunk comes after its last sentence was voiced: the engine
+    closes the request with frames 0 and the next index, no audio fields."""
+    from omni.engines.base import EngineRequest
+    from omni.engines.generation.engine import GenerationEngine
+    from omni.models.piper import PiperRunner
+
+    engine = GenerationEngine(PiperRunner(tts))
+    engine.add(EngineRequest("s", {"stream": ["llm"]}, {}))
+    engine.append("s", "llm", 0, {"text": "Hello there. "}, False)
+    spoken, = engine.step()
+    assert _rms(spoken.data["audio"].numpy()) > 1e-3 and not spoken.finished
+    engine.append("s", "llm", 1, {"text": ""}, True)
+    outputs = {}
+    _drain(engine, outputs)
+    closing, = outputs["s"]
+    assert closing.finished and closing.error is None
+    assert closing.data == {"frames": 0, "index": 1}

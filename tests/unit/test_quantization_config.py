@@ -9,7 +9,10 @@ import argparse
 import pytest
 
 from omni.config.pipeline import ConfigError, parse_pipeline
-from omni.config.quantization import with_quantization
+from omni.config.presets import load_pipeline
+from omni.config.quantization import quantization_method, with_quantization
+from omni.engines.base import EngineLoadError
+from omni.engines.quantization import checked_choice
 from omni.runtime.metrics import Metrics
 from omni.server import parse_args, served_models
 
@@ -48,6 +51,30 @@ def test_a_pipeline_file_sets_it_per_stage():
     with pytest.raises(ConfigError, match=r"stages\[0\]\.options\.quantization: unknown method "
                                           r"'int4' on stage 'llm'\. Use one of none, fp8"):
         _pipeline({"quantization": "int4"})
+
+
+def test_null_in_a_pipeline_file_is_none(tmp_path):
+    """``quantization: null`` (YAML's empty value) is none, the default: on a stage that can
+    take a method and on one that cannot; the engine reads it the same way, through the same
+    check, which refuses what is no method on either side."""
+    path = tmp_path / "talk.yaml"
+    path.write_text("name: talk\nstages:\n"
+                    "  - {name: llm, engine: ar, model_dir: /models/llm, final_output: text,\n"
+                    "     options: {quantization: null}}\n"
+                    "  - {name: voc, engine: generation, model: vits, model_dir: /models/vits,\n"
+                    "     final_output: audio, options: {quantization: }}\n"
+                    "edges: [{from: llm, to: voc}]\n")
+    assert _options(load_pipeline(str(path))) == {"llm": {"quantization": None},
+                                                  "voc": {"quantization": None}}
+    assert [quantization_method(v) for v in (None, "none", "fp8")] == [None, None, "fp8"]
+    assert checked_choice(None) is None and checked_choice("fp8") == "fp8"
+    for bad in ("int4", 8, True, ["fp8"]):
+        with pytest.raises(ValueError, match="must be one of none, fp8"):
+            quantization_method(bad)
+        with pytest.raises(EngineLoadError, match="option quantization must be one of none"):
+            checked_choice(bad)
+        with pytest.raises(ConfigError, match=r"stages\[0\]\.options\.quantization: unknown"):
+            _pipeline({"quantization": bad})
 
 
 def test_the_flag_applies_to_every_stage_that_can_take_it():

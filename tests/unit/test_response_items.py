@@ -4,8 +4,11 @@ and the bounded store of kept responses (omni/api/response_store.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from omni.api import response_store
 from omni.api.errors import APIError
 from omni.api.response_items import called_ids, output_messages, to_messages
 from omni.api.response_output import OutputItems
@@ -160,3 +163,45 @@ def test_the_store_bounds_count_bytes_and_age():
     assert store.get("fat") is None and store.nbytes == 0  # expired
     store.put({"id": "r4"}, [])
     assert store.delete("r4") and not store.delete("r4")
+
+
+def _chain(store: ResponseStore, links: int) -> list[str]:
+    """A conversation of ``links`` responses, each continuing the one before it (kept or
+    evicted since), with a question and an answer of growing length."""
+    previous, ids = None, []
+    for i in range(links):
+        response = {"id": f"r{i}", "output": [{"type": "message", "content": f"a{i}"}]}
+        new = [{"role": "user", "content": f"question {i} " + "x" * i},
+               {"role": "assistant", "content": f"answer {i}"}]
+        store.put(response, new, previous)
+        previous = store.get(response["id"]) or previous
+        ids.append(response["id"])
+    return ids
+
+
+def test_a_long_chain_counts_only_its_new_messages(monkeypatch):
+    """Each link of a chain adds its new messages' JSON to its previous one's count: the
+    count is the whole conversation's JSON at every link, the work only the new messages'
+    (not the whole conversation again at each link, O(N^2) over a chain), and the byte
+    bound evicts the least recently used links as before."""
+    dumps, serialized = json.dumps, []
+    monkeypatch.setattr(response_store.json, "dumps",
+                        lambda obj: serialized.append(len(text := dumps(obj))) or text)
+    store = ResponseStore(max_responses=1_000, max_bytes=2**30)
+    ids = _chain(store, 300)
+    monkeypatch.undo()
+    entries = [store.entries[i] for i in ids]
+    assert len(entries[-1].messages) == 600 and entries[-1].messages[0]["content"] == "question 0 "
+    for entry in entries:
+        assert entry.nbytes == len(json.dumps(entry.response)) + len(json.dumps(entry.messages))
+    assert store.nbytes == sum(e.nbytes for e in entries)
+    assert sum(serialized) < 2 * entries[-1].nbytes  # recounting: ~150 times as much
+    bound = 3 * entries[-1].nbytes  # a few of the last links fit
+    bounded = ResponseStore(max_responses=1_000, max_bytes=bound)
+    ids = _chain(bounded, 300)
+    kept = list(bounded.entries)
+    assert 1 < len(kept) < 300 and kept == ids[-len(kept):]  # the oldest links went first
+    assert bounded.nbytes == sum(e.nbytes for e in bounded.entries.values()) <= bound
+    one_more = entries[-len(kept) - 1].nbytes  # the same chain's next older link
+    assert bounded.nbytes + one_more > bound
+    assert bounded.entries["r299"].messages == entries[-1].messages  # whole, though r0 is gone

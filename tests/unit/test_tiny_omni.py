@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def omni_dir(tmp_path_factory):
-    # session-wide cache dir: test_generation_engine.py reuses the same build
+    # session-wide cache dir: the test_generation_*.py modules reuse the same build
     return ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
 
 

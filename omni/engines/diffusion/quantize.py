@@ -21,21 +21,22 @@ from omni.engines.quantization import checked_choice, quantize
 
 def quantize_denoiser(denoiser: Any, choice: Any) -> dict[str, Any]:
     """Apply the stage's quantization to the denoiser's transformer blocks; READY's keys."""
-    if checked_choice(choice) is None:
+    method = checked_choice(choice)
+    if method is None:
         return {}
     transformers = denoising_transformers(denoiser)
     if not transformers:
-        raise EngineLoadError(f"option quantization {choice}: this denoiser exposes no "
+        raise EngineLoadError(f"option quantization {method}: this denoiser exposes no "
                               "transformer to store in fp8")
     converted = 0
     for name, transformer in transformers:
         blocks = transformer_blocks(transformer)
         if not blocks:
-            raise EngineLoadError(f"option quantization {choice}: the transformer '{name}' "
+            raise EngineLoadError(f"option quantization {method}: the transformer '{name}' "
                                   "has no block list to store in fp8")
-        done = quantize(transformer, blocks, choice, f"{name}, {len(blocks)} blocks")
+        done = quantize(transformer, blocks, method, f"{name}, {len(blocks)} blocks")
         converted += done["quantized_weights"]
-    return {"quantization": choice, "quantized_weights": converted}
+    return {"quantization": method, "quantized_weights": converted}
 
 
 def denoising_transformers(denoiser: Any) -> list[tuple[str, nn.Module]]:

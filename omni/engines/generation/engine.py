@@ -39,7 +39,9 @@ of all stuttering.
 
 Outputs, one per chunk: runner.pack(wav) fields (audio: "audio", "sample_rate", "samples") +
 "frames" (new frames) + "index" (0, 1, ...); finished=True on the last chunk once all input
-is in, or on a final empty chunk (frames 0) when a stream ends after it.
+is in, or on a closing output when a stream ends after its last chunk went out: the engine's
+own, only "frames" (0) and "index" (no runner fields: consumers of audio skip an output
+without "samples").
 
 A stage's engine is built in build.py (this one, or streams.py's for a runner that keeps
 per-request state); inputs become a request's frames or units in intake.py.
@@ -293,11 +295,11 @@ class GenerationEngine(Engine):
         start = req.done - ctx - req.base
         return frames[:, start:start + ctx + n]
 
-    def _output(self, req: GenRequest, result: torch.Tensor | None, n: int) -> StepOutput:
-        if result is None:
-            result = torch.zeros(0)
+    def _output(self, req: GenRequest, result: Any, n: int) -> StepOutput:
+        """One output of the request; result None: its closing output (the input ended
+        right after its last chunk), which has no model output, so no runner fields."""
         try:
-            packed = self.runner.pack(result)
+            packed = {} if result is None else self.runner.pack(result)
         except Exception as e:  # noqa: BLE001 - a runner's bug fails its request, not the replica
             log.exception("request %s: %s.pack failed", req.id, type(self.runner).__name__)
             self._reqs.pop(req.id, None)

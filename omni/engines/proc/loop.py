@@ -167,4 +167,4 @@ class EngineLoop:
             return Row(out.request_id, None, True,
                        (ENGINE_FAULT, f"cannot publish output: {exc}"))
         error = None if out.error is None else (out.error_kind, out.error)
-        return Row(out.request_id, data, out.finished, error)
+        return Row(out.request_id, data, out.finished, error, out.error_field)

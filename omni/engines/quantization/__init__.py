@@ -11,21 +11,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from omni.config.quantization import quantization_method
 from omni.engines.base import EngineLoadError
-from omni.engines.kinds import QUANTIZATIONS
 from omni.engines.quantization.fp8 import quantize_layers
 
 log = logging.getLogger("omni.engines.quantization")
 
 
 def checked_choice(choice: Any) -> str | None:
-    """The option's value -> 'fp8', or None for none / unset; EngineLoadError otherwise."""
-    if choice is None or choice == "none":
-        return None
-    if choice not in QUANTIZATIONS:
-        raise EngineLoadError(f"option quantization must be one of {', '.join(QUANTIZATIONS)}, "
-                              f"got {choice!r}")
-    return str(choice)
+    """The option's value -> 'fp8', or None for none / null / unset; EngineLoadError
+    otherwise. The config's check (omni/config/quantization.py), not a second one: a
+    pipeline file's value has passed it already, an engine built from options alone has not."""
+    try:
+        return quantization_method(choice)
+    except ValueError as e:
+        raise EngineLoadError(f"option quantization {e}") from None
 
 
 def quantize(model: nn.Module, blocks: list[nn.Module], choice: Any,
@@ -33,7 +33,8 @@ def quantize(model: nn.Module, blocks: list[nn.Module], choice: Any,
     """Store the linear weights of ``blocks`` (inside ``model``) as ``choice`` says; returns
     READY's keys: {} when unquantized, else the method and how many weights it converted
     (a stage card that says fp8 with 0 weights tells a user their widths did not fit)."""
-    if checked_choice(choice) is None:
+    method = checked_choice(choice)
+    if method is None:
         return {}
     before = weight_bytes(model)
     converted = quantize_layers(blocks)
@@ -45,7 +46,7 @@ def quantize(model: nn.Module, blocks: list[nn.Module], choice: Any,
     else:  # every width short of a multiple of 16, say: nothing fp8 will run
         log.warning("fp8 weights (%s): no linear weight could be converted (widths must be "
                     "multiples of 16)", what)
-    return {"quantization": str(choice), "quantized_weights": converted}
+    return {"quantization": method, "quantized_weights": converted}
 
 
 def weight_bytes(model: nn.Module) -> int:
