@@ -31,6 +31,9 @@ within each sentence (--chunk-frames, the stage's chunk_frames: 4 frames, then t
 --chunk-frames 0 sends each sentence whole from qwen-tts's own generate (TTFP = the
 sentence's synthesis). --clone: a Base release, every request cloning one 3 s reference
 clip (ref_audio + ref_text; the stage builds its voice-clone prompt once and caches it).
+Without --model: a random-weight fixture built by qwen-tts's own classes, --shape tiny (CPU
+tests' size) or release (Qwen3-TTS-12Hz-1.7B's shapes, built on cuda in bfloat16: what a
+GPU row times; omni/fixtures/qwen3_tts_release.py).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
@@ -53,8 +56,11 @@ stages:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="",
-                        help="a Qwen3-TTS CustomVoice release directory (default: the tiny "
-                        "random fixture, built with the qwen3-tts environment)")
+                        help="a Qwen3-TTS CustomVoice release directory (default: a random "
+                        "fixture of --shape, built with the qwen3-tts environment)")
+    parser.add_argument("--shape", default="tiny", choices=("tiny", "release"),
+                        help="the random fixture's shapes: tiny, or the 1.7B release's "
+                        "(built on cuda)")
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--bursts", default="2,1,1")
     parser.add_argument("--frames", type=int, default=100,
@@ -69,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", default="cpu")
 
 
-def _model_dir(arg: str, clone: bool) -> str:
+def _model_dir(arg: str, clone: bool, shape: str) -> str:
     if arg:
         return arg
     from omni.config.environments import env_python
@@ -77,7 +83,7 @@ def _model_dir(arg: str, clone: bool) -> str:
     from omni.models.cache import default_cache_dir
 
     return str(ensure_tiny_qwen3_tts(env_python("qwen3-tts"), default_cache_dir(),
-                                     "base" if clone else "custom_voice"))
+                                     "base" if clone else "custom_voice", shape))
 
 
 def _reference_clip() -> dict[str, str]:
@@ -150,7 +156,7 @@ def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, A
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    model_dir = _model_dir(args.model, args.clone)
+    model_dir = _model_dir(args.model, args.clone, args.shape)
     extra = _reference_clip() if args.clone else {}  # request fields beside the text
     levels = [int(c) for c in args.concurrency.split(",")]
     bursts = [int(b) for b in args.bursts.split(",")]
@@ -173,7 +179,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    report = {"model": model_dir, "frames": args.frames, "sample": args.sample,
+    report = {"model": model_dir, "shape": None if args.model else args.shape,
+              "frames": args.frames, "sample": args.sample,
               "chunk_frames": args.chunk_frames, "clone": args.clone,
               "text": TEXT, "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}

@@ -78,13 +78,17 @@
 #                                        # bench vlm per family at concurrency C (default 1,8,32)
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
-#   bash scripts/gpu_run.sh qwen3tts     # Qwen3-TTS (fused stage in the qwen3-tts environment,
-#                                        # built from ./.whl: qwen-tts, transformers 4.57.3 and
-#                                        # what scripts/qwen3_tts_env.txt lists): bench qwen3_tts
-#                                        # c=1,8,64, 100 frames a request; MODEL=DIR a release
-#                                        # (default: the tiny random fixture); then
-#                                        # sentences whole (--chunk-frames 0) and voice
-#                                        # clone (BASE_MODEL=DIR a Base release)
+#   bash scripts/gpu_run.sh qwen3tts [P] # Qwen3-TTS-12Hz-1.7B's shapes (random bf16, built on the
+#                                        # GPU; MODEL=DIR a CustomVoice release, BASE_MODEL=DIR a
+#                                        # Base one): fused stage in the qwen3-tts environment
+#                                        # over the box's python3, offline from .whl/qwen3-tts
+#                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl); parts P
+#                                        # (default stream,whole,clone): bench qwen3_tts c=1,8,64
+#                                        # streamed within sentences, c=1,8 sentences whole
+#                                        # (--chunk-frames 0), c=1,8 voice clone (Base); 100
+#                                        # frames (8 s) a request; a part that the call's time
+#                                        # cannot hold is skipped, saying so (run it alone);
+#                                        # TAG=... names the reports (default h200)
 #   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
 #                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
 #                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
@@ -168,24 +172,41 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     say "worlds done"
     ;;
   qwen3tts)
-    # the stage environment, offline from ./.whl (the box reaches no index)
-    timeout 300 bash scripts/make_stage_env.sh qwen3-tts scripts/qwen3_tts_env.txt .whl 2>&1 | tail -2
-    ~/.cache/omni/envs/qwen3-tts/bin/python -m pip install -q --no-index --find-links .whl \
-      --no-deps qwen-tts torchaudio 2>&1 | tail -2
-    timeout 400 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8,64 \
-      --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
-    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
-    # the same with each sentence sent whole (no streaming within it): TTFP and audio-s/s
-    timeout 200 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8 \
-      --bursts 3,1 --frames 100 --chunk-frames 0 --out "$OUT" --tag h200-whole \
-      > "$OUT/bench-qwen3-tts-whole.log" 2>&1
-    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts-whole.log"
-    # voice clone (Base, every request with one reference clip): BASE_MODEL=DIR a Base
-    # release, else the tiny random Base fixture
-    timeout 200 python3 -m bench qwen3_tts --clone ${BASE_MODEL:+--model "$BASE_MODEL"} \
-      --concurrency 1,8 --bursts 3,1 --frames 100 --out "$OUT" --tag h200-clone \
-      > "$OUT/bench-qwen3-tts-clone.log" 2>&1
-    grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts-clone.log"
+    only_model qwen3tts
+    # the stage environment: the box's python3 and its CUDA torch, plus the wheels it lacks
+    export OMNI_ENVS_DIR=/tmp/envs OMNI_CACHE_DIR=/tmp/m/qwen3tts
+    if ! timeout 120 bash scripts/install_qwen3_tts_gpu_env.sh .whl/qwen3-tts >/tmp/env.log 2>&1; then
+      tail -20 /tmp/env.log; say "no qwen3-tts environment (above)"; exit 1
+    fi
+    grep "^install_qwen3_tts_gpu_env" /tmp/env.log
+    say "environment ready"
+    parts=${2:-stream,whole,clone}
+    # each part: a server start (~40 s), a model build the first time (~40 s, guess) and
+    # 3-5 bursts of 100 frames (~15 s each at ~130 ms a frame, eager; guess)
+    qwen3tts_part() {  # PART NEED_S TAG BENCH_ARGS...
+      local part=$1 need=$2 tag=$3 left; shift 3
+      [[ ,$parts, == *,$part,* ]] || return 0
+      left=$(( 590 - $(date +%s) + t0 ))
+      if [ "$left" -lt "$need" ]; then
+        say "$part skipped: ${left} s left; run: bash scripts/gpu_run.sh qwen3tts $part"; return 0
+      fi
+      # the parts' logs in one file ($OUT brings back 8 files: 3 reports, 3 server logs)
+      timeout "$left" python3 -m bench qwen3_tts "$@" --frames 100 --out "$OUT" --tag "$tag" \
+        > "/tmp/bench-$part.log" 2>&1
+      { echo "== $part"; tail -40 "/tmp/bench-$part.log"; } >> "$OUT/bench-qwen3-tts.log"
+      grep -E "^\[qwen3_tts\]" "/tmp/bench-$part.log"
+      grep -E "Error|error" "/tmp/bench-$part.log" | tail -5
+      say "$part done"
+    }
+    # SHAPE=tiny: the tiny fixture (a dry run of this case on any machine)
+    custom=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && custom=(--model "$MODEL")
+    base=(--shape "${SHAPE:-release}"); [ -n "${BASE_MODEL:-}" ] && base=(--model "$BASE_MODEL")
+    qwen3tts_part stream 150 "${TAG:-h200}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
+    # each sentence sent whole (no streaming within it): TTFP and audio-s/s
+    qwen3tts_part whole 100 "${TAG:-h200}-whole" "${custom[@]}" --concurrency 1,8 --bursts 1,1 \
+      --chunk-frames 0
+    # voice clone (Base, every request with one reference clip)
+    qwen3tts_part clone 140 "${TAG:-h200}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1
     say "qwen3tts done"
     ;;
   flux|flux2)
