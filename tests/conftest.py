@@ -45,3 +45,24 @@ def preset_envs(tmp_path, monkeypatch):
         (envs / name / "bin").mkdir(parents=True)
         (envs / name / "bin" / "python").symlink_to(sys.executable)
     monkeypatch.setenv("OMNI_ENVS_DIR", str(envs))
+
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum each file's setup, call and teardown time (module fixtures count where they
+    start), for the summary below."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The 25 files that took longest, beside --durations' slowest tests (setup.cfg): CI
+    prints where its time goes on every run."""
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:25]
+    if not slowest:
+        return
+    terminalreporter.section("slowest files (setup + call + teardown)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.2f}s {path}")

@@ -82,8 +82,12 @@ def speech(voice_server: Server) -> dict[str, bytes]:
     return speak(voice_server, QUESTION, STORY)
 
 
-@pytest.fixture(scope="module")
-def ar_server(start_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The real AR engine on the tiny random Qwen3, served as "qwen3" (one per module)."""
-    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.mktemp("models"))
-    return start_server({"qwen3": str(model_dir)})
+@pytest.fixture(scope="session")
+def ar_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real AR engine on the tiny random Qwen3, served as "qwen3": one server for the
+    session (four modules only ask it; none kills, restarts or reconfigures it)."""
+    model_dir = ensure_tiny_model("qwen3", tmp_path_factory.getbasetemp() / "models")
+    server = Server({"qwen3": str(model_dir)})
+    server.start()
+    yield server
+    server.stop()

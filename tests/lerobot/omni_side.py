@@ -8,11 +8,19 @@ has no LeRobot. Inputs and outputs go through torch.save files.
   resize SIDE IN OUT       omni's resize_pad (policy_images.py) of uint8 (3, H, W) frames
   normalize DIR IN OUT     omni's reading of DIR's statistics (lerobot_layout.py): IN's
                            states normalised, its action chunks un-normalised
+  serve                    the commands above, one JSON list [COMMAND, *ARGS] per stdin
+                           line, each answered on stdout by {"error": null} or the
+                           failure's message: one interpreter start (torch and
+                           transformers imports, ~4 s each) for the whole test module
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import traceback
+from pathlib import Path
 
 import torch
 
@@ -64,7 +72,51 @@ def normalize(model_dir: str, inputs: str, outputs: str) -> None:
                 "actions": [release.actions.unnormalize(x) for x in data["actions"]]}, outputs)
 
 
+COMMANDS = {"build": build, "sample": sample, "resize": resize, "normalize": normalize}
+
+
+def serve() -> None:
+    """Answer commands until stdin closes; a failing one reports its message and the
+    traceback, and the next still runs."""
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        try:
+            COMMANDS[command](*args)
+            answer = {"error": None}
+        except Exception as err:  # noqa: BLE001 - the test reads the message
+            answer = {"error": f"{type(err).__name__}: {err}",
+                      "traceback": traceback.format_exc()}
+        print(json.dumps(answer), flush=True)
+
+
+class OmniSide:
+    """The test's end of ``serve`` (run in LeRobot's environment): this script started
+    once in omni's, each command a line to it and an answer back."""
+
+    def __init__(self, command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "w") as err:
+            self.process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, text=True)
+
+    def __call__(self, *args: str, check: bool = True) -> str | None:
+        """Run one command; its error message (None when it succeeded)."""
+        self.process.stdin.write(json.dumps(args) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith('{"error"'):  # anything else a library printed is skipped
+                answer = json.loads(line)
+                assert answer["error"] is None or not check, answer.get("traceback")
+                return answer["error"]
+        raise AssertionError(f"omni_side.py exited:\n{self.log.read_text()[-4000:]}")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     command, *args = sys.argv[1:]
-    {"build": build, "sample": sample, "resize": resize, "normalize": normalize}[command](*args)
+    serve() if command == "serve" else COMMANDS[command](*args)

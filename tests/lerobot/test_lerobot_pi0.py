@@ -61,6 +61,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omni_side import OmniSide
 from safetensors.torch import load_file, save_file
 
 HERE = Path(__file__).resolve().parent
@@ -78,14 +79,16 @@ NORMALIZER = "policy_preprocessor_step_5_normalizer_processor.safetensors"
 UNNORMALIZER = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
 
 torch.set_num_threads(1)
+omni_side: OmniSide  # set for the module's tests by the fixture below
 
 
-def omni_side(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run omni_side.py in omni's environment; its stderr in the failure."""
-    done = subprocess.run([OMNI_PYTHON, str(HERE / "omni_side.py"), *args], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True)
-    assert done.returncode == 0 or not check, done.stderr[-4000:]
-    return done
+@pytest.fixture(scope="module", autouse=True)
+def omni_side_process(tmp_path_factory):
+    global omni_side
+    omni_side = OmniSide([OMNI_PYTHON, str(HERE / "omni_side.py"), "serve"], ROOT, ENV,
+                         tmp_path_factory.mktemp("omni-side") / "stderr.log")
+    yield omni_side
+    omni_side.close()
 
 
 @dataclass
@@ -95,43 +98,49 @@ class Served:
     port: int
 
 
-def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, int]:
+def launch_server(model_dir: Path, log: Path) -> subprocess.Popen:
+    command = [OMNI_PYTHON, "-m", "omni.server", "--model", str(model_dir), "--port", "0",
+               "--policy-seed", str(SEED)]
     with open(log, "w") as out:
-        server = subprocess.Popen(
-            [OMNI_PYTHON, "-m", "omni.server", "--model", str(model_dir), "--port", "0",
-             "--policy-seed", str(SEED)], stdout=out, stderr=subprocess.STDOUT, env=ENV,
-            cwd=ROOT)
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+
+
+def listening_port(server: subprocess.Popen, log: Path) -> int:
     for _ in range(600):
         found = re.search(r"listening on http://[\d.]+:(\d+)", log.read_text())
         if found or server.poll() is not None:
             break
         time.sleep(0.5)
-    if not found:
-        server.kill()
-        pytest.fail(f"the server did not start:\n{log.read_text()[-4000:]}")
-    return server, int(found.group(1))
+    assert found, f"the server did not start:\n{log.read_text()[-4000:]}"
+    return int(found.group(1))
 
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory) -> dict[str, Path]:
     """A tiny π0 release per mode, built fresh (a cached one may predate the format)."""
-    out = {}
+    out = {mode: tmp_path_factory.mktemp(v) / "release" for mode, v in VARIANTS.items()}
     for mode, variant in VARIANTS.items():
-        out[mode] = tmp_path_factory.mktemp(variant) / "release"
         omni_side("build", variant, str(out[mode]))
     return out
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS), ids=str.lower)
-def served(request, releases):
-    mode = request.param
-    model_dir = releases[mode]
-    server, port = start_server(model_dir, model_dir.parent / "server.log")
+@pytest.fixture(scope="module")
+def servers(releases) -> dict[str, Served]:
+    """One server per mode, all started at once: their starts overlap on the cores."""
+    logs = {mode: model_dir.parent / "server.log" for mode, model_dir in releases.items()}
+    started = {mode: launch_server(releases[mode], logs[mode]) for mode in releases}
     try:
-        yield Served(mode, model_dir, port)
+        yield {mode: Served(mode, releases[mode], listening_port(started[mode], logs[mode]))
+               for mode in releases}
     finally:
-        server.terminate()
-        server.wait(30)
+        for server in started.values():  # each stops at once: no robot is left connected
+            server.terminate()
+            server.wait(30)
+
+
+@pytest.fixture(params=list(VARIANTS), ids=str.lower)
+def served(request, servers) -> Served:
+    return servers[request.param]
 
 
 def lerobot_config(model_dir: Path, tmp_path: Path):
@@ -223,7 +232,9 @@ def served_actions(port: int, obs: dict) -> np.ndarray:
     from openpi_client import websocket_client_policy as wcp
 
     # a new connection each time: its first call draws its noise from --policy-seed
-    result = wcp.WebsocketClientPolicy(host="127.0.0.1", port=port).infer(obs)
+    policy = wcp.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    result = policy.infer(obs)
+    policy._ws.close()  # it has no close(): hung up, the server's stop waits on no session
     assert result["seed"] == SEED
     return result["actions"]
 
@@ -274,10 +285,10 @@ def lerobot_normalized(model_dir: Path, tmp_path: Path, states: list, chunks: li
 def omni_normalized(model_dir: Path, tmp_path: Path, states: list, chunks: list,
                     check: bool = True):
     torch.save({"states": states, "actions": chunks}, tmp_path / "raw.pt")
-    done = omni_side("normalize", str(model_dir), str(tmp_path / "raw.pt"),
-                     str(tmp_path / "normalized.pt"), check=check)
+    error = omni_side("normalize", str(model_dir), str(tmp_path / "raw.pt"),
+                      str(tmp_path / "normalized.pt"), check=check)
     if not check:
-        return done
+        return error
     out = torch.load(tmp_path / "normalized.pt")
     return out["states"], out["actions"]
 
@@ -334,9 +345,8 @@ def test_a_mode_without_its_statistics_is_refused_as_in_lerobot(releases, tmp_pa
     states, chunks = random_inputs()
     with pytest.raises(ValueError, match="QUANTILES normalization mode requires q01"):
         lerobot_normalized(model_dir, tmp_path, states, chunks)
-    done = omni_normalized(model_dir, tmp_path, states, chunks, check=False)
-    assert done.returncode != 0
-    assert "has no observation.state.q01, observation.state.q99 for QUANTILES" in done.stderr
+    error = omni_normalized(model_dir, tmp_path, states, chunks, check=False)
+    assert error and "has no observation.state.q01, observation.state.q99 for QUANTILES" in error
 
 
 def prepared_frames(sizes: list[tuple[int, int]], tmp_path: Path, side: int = 224):

@@ -54,6 +54,21 @@ def port(tmp_path_factory):
     sys.stdout.write(log.read_text()[-2000:])
 
 
+@pytest.fixture
+def connect(port):
+    """connect() -> a robot's client; each hangs up when its test ends (the client has no
+    close()), so the server's stop at the module's end waits on no open session (~10 s)."""
+    robots = []
+
+    def connect_one() -> wcp.WebsocketClientPolicy:
+        robots.append(wcp.WebsocketClientPolicy(host="127.0.0.1", port=port, api_key=KEY))
+        return robots[-1]
+
+    yield connect_one
+    for robot in robots:
+        robot._ws.close()
+
+
 def observation(i: int, seed: int | None = None) -> dict:
     rng = np.random.default_rng(i)
     obs = {"observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
@@ -68,8 +83,8 @@ def metric(port: int, name: str) -> float:
     return max(float(v) for v in values)
 
 
-def test_the_client_gets_metadata_and_an_action_chunk(port):
-    policy = wcp.WebsocketClientPolicy(host="127.0.0.1", port=port, api_key=KEY)
+def test_the_client_gets_metadata_and_an_action_chunk(connect):
+    policy = connect()
     meta = policy.get_server_metadata()
     assert meta["action_horizon"] == 50 and meta["action_dim"] == 7
     result = policy.infer(observation(0))
@@ -79,9 +94,8 @@ def test_the_client_gets_metadata_and_an_action_chunk(port):
     assert result["seed"] == 3  # --policy-seed 3, the connection's first call
 
 
-def test_eight_robots_are_batched_and_each_equals_its_run_alone(port):
-    robots = [wcp.WebsocketClientPolicy(host="127.0.0.1", port=port, api_key=KEY)
-              for _ in range(8)]
+def test_eight_robots_are_batched_and_each_equals_its_run_alone(port, connect):
+    robots = [connect() for _ in range(8)]
     together: dict[int, np.ndarray] = {}
     barrier = threading.Barrier(8)
 
@@ -97,7 +111,7 @@ def test_eight_robots_are_batched_and_each_equals_its_run_alone(port):
         t.join(120)
     assert len(together) == 8
     assert metric(port, "omni_replica_max_batch_rows") >= 2  # shared forward passes
-    alone = wcp.WebsocketClientPolicy(host="127.0.0.1", port=port, api_key=KEY)
+    alone = connect()
     for i in range(8):
         expected = alone.infer(observation(i, seed=1000 + i))["actions"]
         np.testing.assert_allclose(together[i], expected, atol=1e-5)
@@ -105,8 +119,8 @@ def test_eight_robots_are_batched_and_each_equals_its_run_alone(port):
     assert np.abs(together[0] - together[1]).max() > 1e-2
 
 
-def test_an_error_frame_raises_and_the_connection_survives(port):
-    policy = wcp.WebsocketClientPolicy(host="127.0.0.1", port=port, api_key=KEY)
+def test_an_error_frame_raises_and_the_connection_survives(connect):
+    policy = connect()
     with pytest.raises(RuntimeError, match="bad observation"):
         policy.infer({"prompt": "no cameras here"})
     assert policy.infer(observation(1))["actions"].shape == (50, 7)
