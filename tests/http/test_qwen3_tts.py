@@ -43,6 +43,29 @@ for i, (text, speaker) in enumerate(jobs):
     wavs, sr = tts.generate_custom_voice(text, speaker=speaker, do_sample=False,
                                          subtalker_dosample=False, max_new_tokens=frames)
     np.save(f"{out}/{i}.npy", wavs[0].astype(np.float32))
+# continuous batching in the stage's engine: request 0 (jobs[1]) starts; once its first
+# chunk is out, request 1 (jobs[2]) joins its running call; each one's audio and the step
+# of each output are kept
+from omni.engines.base import EngineRequest
+from omni.engines.generation.engine import GenerationEngine
+from omni.models.qwen3_tts import Qwen3TTSRunner
+runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": False, "subtalker_dosample": False,
+                                     "max_new_tokens": frames})
+engine, audio, steps = GenerationEngine(runner, {}), {"0": [], "1": []}, {"0": [], "1": []}
+engine.add(EngineRequest("0", {"text": jobs[1][0]}, {"voice": jobs[1][1]}))
+for step in range(1000):
+    if not engine.has_work():
+        break
+    for o in engine.step():
+        assert o.error is None, o.error
+        if o.data.get("samples"):
+            audio[o.request_id].append(o.data["audio"].numpy())
+            steps[o.request_id].append(step)
+    if steps["0"] and step == steps["0"][0]:
+        engine.add(EngineRequest("1", {"text": jobs[2][0]}, {"voice": jobs[2][1]}))
+for rid in audio:
+    np.save(f"{out}/engine{rid}.npy", np.concatenate(audio[rid]))
+open(f"{out}/engine-steps.json", "w").write(json.dumps(steps))
 """
 JOBS = [(TEXTS[0], "vivian"), (TEXTS[1], "vivian"), (TEXTS[0], "ryan")]
 
@@ -57,12 +80,20 @@ def release():
 
 
 @pytest.fixture(scope="module")
-def reference(release, tmp_path_factory) -> list[np.ndarray]:
+def reference(release, reference_dir) -> list[np.ndarray]:
     """qwen-tts's own generate, in its environment, for each of JOBS."""
+    return [np.load(reference_dir / f"{i}.npy") for i in range(len(JOBS))]
+
+
+@pytest.fixture(scope="module")
+def reference_dir(release, tmp_path_factory):
+    """The reference script's output: qwen-tts's audio, the engine's continuous batch."""
     out = tmp_path_factory.mktemp("reference")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([PYTHON, "-c", REFERENCE, str(release), str(out), str(FRAMES),
-                    json.dumps(JOBS)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))]
+                    json.dumps(JOBS)], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +124,19 @@ def test_the_fixture_speaks_and_varies(reference):
     # the text and the voice change the audio
     assert not np.array_equal(pcm16(reference[0]), pcm16(reference[1]))
     assert not np.array_equal(pcm16(reference[0]), pcm16(reference[2]))
+
+
+def test_a_request_joins_a_running_sentence(reference_dir, reference):
+    """The stage's engine: a request that arrives once another's sentence has streamed its
+    first chunk joins that running call (its first audio comes before the other sentence
+    ends, not after), and both sentences equal qwen-tts's generate for each alone."""
+    steps = json.loads((reference_dir / "engine-steps.json").read_text())
+    assert steps["1"][0] < steps["0"][-1], steps  # joined, did not wait for the call's end
+    for rid, job in (("0", 1), ("1", 2)):
+        served = pcm16(np.load(reference_dir / f"engine{rid}.npy")).astype(np.int32)
+        expected = pcm16(reference[job]).astype(np.int32)
+        assert served.shape == expected.shape
+        assert np.abs(served - expected).max() <= 2
 
 
 def test_served_speech_equals_qwen_tts_generate(server, reference):
