@@ -13,12 +13,15 @@ talker forward, sentences prefilled since the last step join it, and ended ones 
   rope_deltas`` (its own attribute, set from the prefill's mask): here it is set before each
   step to each row's real length minus the cache's, so a row sees the positions it would
   alone;
+  The step's mask goes in 4D, as transformers would build it from the 2D one (a query
+  sees every unpadded column), which spares it building one a step;
 - the trailing text: the talker adds ``trailing_text_hidden[:, generation_step]`` (one step
   counter for the batch) or the pad embedding after its end; here each row keeps its own
   step, and the step's (B, 1, H) slice is handed over with generation_step 0;
-- sampling is per cohort (rows prefilled together share a token history length, which the
-  repetition penalty and the two-token minimum read), with transformers' processors in
-  generate's order (logits_processors). A request with a ``seed`` draws from its own
+- sampling is batched over all rows with transformers' processors in generate's order
+  (logits_processors): each row's token history is left-padded with a suppressed id
+  (penalized by the repetition penalty, then suppressed: no effect), and the two-token
+  minimum reads each row's own count. A request with a ``seed`` draws from its own
   generator, the talker's token and the code predictor's 15 codes alike (RowDraws), in the
   order qwen-tts's generate draws them, so its codes equal qwen-tts's for it alone after
   ``torch.manual_seed(seed)``, whatever the batch; other rows draw from the global RNG.
@@ -39,24 +42,28 @@ _STATE_KEYS = frozenset({"inputs_embeds", "position_ids", "attention_mask", "cac
                          "tts_pad_embed", "generation_step", "input_ids"})
 
 
-def logits_processors(gen: dict[str, Any], eos: int, vocab: int) -> Any:
-    """transformers' processors for the talker's generate, in generate's order."""
+def logits_processors(gen: dict[str, Any], eos: int, vocab: int) -> tuple[Any, Any]:
+    """transformers' processors for the talker's generate, in generate's order, as the
+    ones before and after its two-token minimum (qwen-tts's min_new_tokens=2), which
+    TalkerBatch applies per row (rows have histories of their own lengths)."""
     from transformers.generation.logits_process import (
         LogitsProcessorList,
-        MinNewTokensLengthLogitsProcessor,
         RepetitionPenaltyLogitsProcessor,
         SuppressTokensLogitsProcessor,
     )
 
-    out = LogitsProcessorList()
+    before, after = LogitsProcessorList(), LogitsProcessorList()
     if gen["repetition_penalty"] not in (None, 1.0):
-        out.append(RepetitionPenaltyLogitsProcessor(penalty=gen["repetition_penalty"]))
-    out.append(MinNewTokensLengthLogitsProcessor(0, 2, eos))  # qwen-tts: min_new_tokens=2
-    out.append(SuppressTokensLogitsProcessor(
-        [i for i in range(vocab - 1024, vocab) if i != eos]))
+        before.append(RepetitionPenaltyLogitsProcessor(penalty=gen["repetition_penalty"]))
+    after.append(SuppressTokensLogitsProcessor(suppressed(eos, vocab)))
     if gen["do_sample"]:
-        out.extend(warpers(gen["temperature"], gen["top_k"], gen["top_p"]))
-    return out
+        after.extend(warpers(gen["temperature"], gen["top_k"], gen["top_p"]))
+    return before, after
+
+
+def suppressed(eos: int, vocab: int) -> list[int]:
+    """The codec's special ids the talker never samples (all but end-of-speech)."""
+    return [i for i in range(vocab - 1024, vocab) if i != eos]
 
 
 def warpers(temperature: float | None, top_k: int | None, top_p: float | None) -> list[Any]:
@@ -137,21 +144,13 @@ class Row:
     ended: bool = False  # end of speech (or max_new_tokens) reached
 
 
-@dataclass
-class Cohort:
-    """Rows prefilled together: their sampled tokens so far, (rows, t)."""
-
-    rows: list[Row]
-    tokens: torch.Tensor
-
-
-def _pad_left(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+def _pad_left(t: torch.Tensor, dim: int, length: int, value: int = 0) -> torch.Tensor:
     missing = length - t.shape[dim]
     if missing <= 0:
         return t
     shape = list(t.shape)
     shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+    return torch.cat([t.new_full(shape, value), t], dim=dim)
 
 
 def _pad_trailing(t: torch.Tensor, width: int, pad: torch.Tensor) -> torch.Tensor:
@@ -171,19 +170,21 @@ class TalkerBatch:
         self.groups = int(cfg.num_code_groups)
         self.do_sample = bool(gen["do_sample"])
         self.max_new = int(gen["max_new_tokens"])
-        self.processors = logits_processors(gen, self.eos, int(cfg.vocab_size))
+        vocab = int(cfg.vocab_size)
+        self.before_min, self.after_min = logits_processors(gen, self.eos, vocab)
+        self.no_token = suppressed(self.eos, vocab)[0]  # pads a history: never sampled
         self.code_warps = warpers(gen["subtalker_temperature"], gen["subtalker_top_k"],
                                   gen["subtalker_top_p"])
         self.rows: list[Row] = []  # the active rows, in batch order
-        self.cohorts: list[Cohort] = []
         self.fixed: dict[str, Any] = {}  # the prefill's keywords that every step repeats
         self._clear()
 
     def _clear(self) -> None:
-        # cache (B, heads, T, dim) per layer, mask (B, T), past_hidden (B, 1, H), last
-        # sampled token (B,), trailing text (B, W, H; past a row's end the pad embedding),
-        # each row's step into it (B,), the pad embedding (1, 1, H)
-        self.cache = self.mask = self.past_hidden = self.last = None
+        # cache (B, heads, T, dim) per layer, mask (B, T), past_hidden (B, 1, H), sampled
+        # tokens (B, t; left-padded with no_token) and their count (B,), trailing text
+        # (B, W, H; past a row's end the pad embedding), each row's step into it (B,), the
+        # pad embedding (1, 1, H)
+        self.cache = self.mask = self.past_hidden = self.tokens = self.counts = None
         self.trailing = self.steps = self.pad = None
 
     @property
@@ -195,22 +196,24 @@ class TalkerBatch:
         with it from the next step on."""
         out = self.talker(**prefill)  # the prefill, as generate's first call
         self.fixed = self.fixed or {k: v for k, v in prefill.items() if k not in _STATE_KEYS}
-        cohort = Cohort(list(rows), torch.zeros(len(rows), 0, dtype=torch.long,
-                                                device=out.logits.device))
-        token = self._sample(cohort, out.logits[:, -1, :])
+        device = out.logits.device
+        tokens = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
+        counts = torch.zeros(len(rows), dtype=torch.long, device=device)
+        tokens, counts = self._sample(rows, out.logits[:, -1, :], tokens, counts)
         pad = prefill["tts_pad_embed"]
         trailing = prefill["trailing_text_hidden"]
         self._merge(rows, out.past_key_values, prefill["attention_mask"], out.past_hidden,
-                    _pad_trailing(trailing, trailing.shape[1] + 1, pad), token, pad)
-        self.cohorts.append(cohort)
+                    _pad_trailing(trailing, trailing.shape[1] + 1, pad), tokens, counts, pad)
         self._leave()
 
     def _merge(self, rows: list[Row], cache: Any, mask: torch.Tensor, past_hidden: torch.Tensor,
-               trailing: torch.Tensor, token: torch.Tensor, pad: torch.Tensor) -> None:
+               trailing: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor,
+               pad: torch.Tensor) -> None:
         steps = torch.zeros(len(rows), dtype=torch.long, device=mask.device)
         if not self.rows:
             self.cache, self.mask, self.past_hidden = cache, mask, past_hidden
-            self.trailing, self.last, self.steps, self.pad = trailing, token, steps, pad
+            self.trailing, self.tokens, self.counts = trailing, tokens, counts
+            self.steps, self.pad = steps, pad
             self.rows = list(rows)
             return
         length = max(self.mask.shape[1], mask.shape[1])
@@ -223,8 +226,11 @@ class TalkerBatch:
         width = max(self.trailing.shape[1], trailing.shape[1])
         self.trailing = torch.cat([_pad_trailing(self.trailing, width, pad),
                                    _pad_trailing(trailing, width, pad)])
+        width = max(self.tokens.shape[1], tokens.shape[1])
+        self.tokens = torch.cat([_pad_left(self.tokens, 1, width, self.no_token),
+                                 _pad_left(tokens, 1, width, self.no_token)])
+        self.counts = torch.cat([self.counts, counts])
         self.past_hidden = torch.cat([self.past_hidden, past_hidden])
-        self.last = torch.cat([self.last, token])
         self.steps = torch.cat([self.steps, steps])
         self.rows += rows
 
@@ -238,7 +244,8 @@ class TalkerBatch:
         mask = torch.cat([self.mask, self.mask.new_ones(batch, 1)], dim=-1)
         at = self.steps.clamp(max=self.trailing.shape[1] - 1)
         trailing = self.trailing[torch.arange(batch, device=at.device), at][:, None]
-        kwargs = {**self.fixed, "input_ids": self.last[:, None], "attention_mask": mask,
+        kwargs = {**self.fixed, "input_ids": self.tokens[:, -1:],
+                  "attention_mask": mask if self.padless else mask[:, None, None, :].bool(),
                   "cache_position": torch.tensor([length], device=mask.device),
                   "past_key_values": self.cache, "past_hidden": self.past_hidden,
                   "trailing_text_hidden": trailing, "generation_step": 0,
@@ -255,31 +262,33 @@ class TalkerBatch:
         codes = out.hidden_states[1]  # (B, groups): the previous token's frame
         for i, row in enumerate(self.rows):
             row.frames.append(codes[i])
-        self.last = self._sample_all(out.logits[:, -1, :])
+        self.tokens, self.counts = self._sample(self.rows, out.logits[:, -1, :], self.tokens,
+                                                self.counts)
         self._leave()
 
-    def _sample_all(self, logits: torch.Tensor) -> torch.Tensor:
-        at = {id(row): i for i, row in enumerate(self.rows)}
-        token = torch.empty(len(self.rows), dtype=torch.long, device=logits.device)
-        for cohort in self.cohorts:
-            index = torch.tensor([at[id(row)] for row in cohort.rows], device=logits.device)
-            token[index] = self._sample(cohort, logits[index])
-        return token
+    @property
+    def padless(self) -> bool:
+        """No row has padding: transformers skips the mask (a causal step sees all)."""
+        return bool(self.mask.all())
 
-    def _sample(self, cohort: Cohort, logits: torch.Tensor) -> torch.Tensor:
-        scores = self.processors(cohort.tokens, logits.to(copy=True, dtype=torch.float32))
+    def _sample(self, rows: list[Row], logits: torch.Tensor, tokens: torch.Tensor,
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next token after its history ``tokens`` (``counts`` real ones):
+        (the history with it, the counts)."""
+        scores = self.before_min(tokens, logits.to(copy=True, dtype=torch.float32))
+        scores[counts < 2, self.eos] = float("-inf")  # at least two tokens (qwen-tts)
+        scores = self.after_min(tokens, scores)
         if self.do_sample:
-            token = draw(scores, [row.generator for row in cohort.rows])
+            token = draw(scores, [row.generator for row in rows])
         else:
             token = torch.argmax(scores, dim=-1)
-        cohort.tokens = torch.cat([cohort.tokens, token[:, None]], dim=-1)
-        last = cohort.tokens.shape[1] >= self.max_new
-        hit = (token == self.eos).tolist()  # one device sync a cohort, not one a row
-        for row, eos in zip(cohort.rows, hit, strict=True):
+        counts = counts + 1
+        hit = ((token == self.eos) | (counts >= self.max_new)).tolist()  # one device sync
+        for row, end in zip(rows, hit, strict=True):
             # a row's frames end before its end-of-speech token; at max_new_tokens the
             # last token's frame is never completed (qwen-tts keeps the complete ones)
-            row.ended = row.ended or eos or last
-        return token
+            row.ended = row.ended or end
+        return torch.cat([tokens, token[:, None]], dim=-1), counts
 
     def drop(self, rows: list[Row]) -> None:
         """Rows whose requests are gone leave the batch."""
@@ -293,11 +302,6 @@ class TalkerBatch:
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in keep]
-        for cohort in self.cohorts:
-            alive = [i for i, row in enumerate(cohort.rows) if not row.ended]
-            cohort.rows = [cohort.rows[i] for i in alive]
-            cohort.tokens = cohort.tokens[alive]
-        self.cohorts = [c for c in self.cohorts if c.rows]
         if not keep:
             self._clear()
             return
@@ -305,8 +309,9 @@ class TalkerBatch:
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[index], layer.values[index]
         self.mask, self.past_hidden = self.mask[index], self.past_hidden[index]
-        self.trailing, self.last, self.steps = self.trailing[index], self.last[index], \
-            self.steps[index]
+        self.trailing, self.steps = self.trailing[index], self.steps[index]
+        self.counts = self.counts[index]
+        self.tokens = self.tokens[index, -int(self.counts.max()):]
         start = int(self.mask.any(0).long().argmax())  # the first column some row uses
         if start:
             self.mask = self.mask[:, start:]

@@ -71,20 +71,25 @@ def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
 
 
 def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
-    """Each chunk's new audio; chunks of one shape share a decoder call (the decoder is
-    causal and per row: a batch row's audio is its own)."""
+    """Each chunk's new audio. The decoder is causal and per row (a batch row's audio is
+    its own, and a frame's samples do not depend on later frames), so chunks of lengths
+    within one power of two share a call, padded on the right to the longest (at most
+    twice the frames; its padding's samples are cut)."""
     out: list[torch.Tensor | None] = [None] * len(chunks)
-    shapes: dict[tuple[int, int], list[int]] = {}
-    for i, (codes, context) in enumerate(chunks):
-        shapes.setdefault((len(codes), context), []).append(i)
-    for (_, context), rows in shapes.items():
-        codes = torch.stack([chunks[i][0] for i in rows]).transpose(1, 2)  # (B, groups, T)
+    buckets: dict[int, list[int]] = {}
+    for i, (codes, _) in enumerate(chunks):
+        buckets.setdefault((len(codes) - 1).bit_length(), []).append(i)
+    up = decoder.total_upsample
+    for rows in buckets.values():
+        longest = max(len(chunks[i][0]) for i in rows)
+        codes = torch.stack([torch.nn.functional.pad(chunks[i][0],
+                                                     (0, 0, 0, longest - len(chunks[i][0])))
+                             for i in rows]).transpose(1, 2)  # (B, groups, T)
         wavs = decoder(codes).reshape(len(rows), -1)
         for i, wav in zip(rows, wavs, strict=True):
-            out[i] = wav[context * decoder.total_upsample:]
+            codes_i, context = chunks[i]
+            out[i] = wav[context * up:len(codes_i) * up]
     return out
-
-
 
 
 class SentenceStream:
@@ -131,17 +136,27 @@ class SentenceStream:
         """Frames a chunk may take now (codes mode keeps one back until the end)."""
         return self._pending(row) - (self.decoder is None and not row.ended)
 
-    def _due(self, row: Row) -> bool:
+    def _want(self, row: Row) -> int:
         """A row's next chunk is due at first_frames, then twice that, ... up to
         chunk_frames: a short first wait, then chunks long enough that the left context
         decoded again with each (LEFT_CONTEXT frames) costs little."""
-        want = min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
-        return row.ended or self._ready(row) >= want
+        return min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
+
+    def _due(self) -> list[int]:
+        """The rows whose chunk goes out now: those due, and with audio, those at least
+        halfway to theirs when some row is due (sentences that joined at other steps fall
+        into step: their chunks share decoder calls instead of one call a step each)."""
+        due = [n for n, row in self.rows.items()
+               if row.ended or self._ready(row) >= self._want(row)]
+        if due and self.decoder is not None:
+            due += [n for n, row in self.rows.items() if n not in due
+                    and self._ready(row) and 2 * self._ready(row) >= self._want(row)]
+        return due
 
     def advance(self) -> dict[int, tuple[Any, bool]]:
         if self.talker.active:
             self.talker.step()
-        due = [n for n, row in self.rows.items() if self._due(row)]
+        due = self._due()
         out = self._codes(due) if self.decoder is None else self._audio(due)
         for n in due:
             if self.rows[n].ended:
