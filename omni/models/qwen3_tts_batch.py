@@ -186,6 +186,7 @@ class TalkerBatch:
         # pad embedding (1, 1, H)
         self.cache = self.mask = self.past_hidden = self.tokens = self.counts = None
         self.trailing = self.steps = self.pad = None
+        self.padded = False  # some row has padding (else transformers skips the mask)
 
     @property
     def active(self) -> bool:
@@ -215,6 +216,7 @@ class TalkerBatch:
             self.trailing, self.tokens, self.counts = trailing, tokens, counts
             self.steps, self.pad = steps, pad
             self.rows = list(rows)
+            self.padded = not bool(mask.all())
             return
         length = max(self.mask.shape[1], mask.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
@@ -233,6 +235,7 @@ class TalkerBatch:
         self.past_hidden = torch.cat([self.past_hidden, past_hidden])
         self.steps = torch.cat([self.steps, steps])
         self.rows += rows
+        self.padded = not bool(self.mask.all())
 
     def step(self) -> None:
         """One talker forward for every active row: the previous token's frame completes
@@ -245,7 +248,7 @@ class TalkerBatch:
         at = self.steps.clamp(max=self.trailing.shape[1] - 1)
         trailing = self.trailing[torch.arange(batch, device=at.device), at][:, None]
         kwargs = {**self.fixed, "input_ids": self.tokens[:, -1:],
-                  "attention_mask": mask if self.padless else mask[:, None, None, :].bool(),
+                  "attention_mask": mask[:, None, None, :].bool() if self.padded else mask,
                   "cache_position": torch.tensor([length], device=mask.device),
                   "past_key_values": self.cache, "past_hidden": self.past_hidden,
                   "trailing_text_hidden": trailing, "generation_step": 0,
@@ -265,11 +268,6 @@ class TalkerBatch:
         self.tokens, self.counts = self._sample(self.rows, out.logits[:, -1, :], self.tokens,
                                                 self.counts)
         self._leave()
-
-    @property
-    def padless(self) -> bool:
-        """No row has padding: transformers skips the mask (a causal step sees all)."""
-        return bool(self.mask.all())
 
     def _sample(self, rows: list[Row], logits: torch.Tensor, tokens: torch.Tensor,
                 counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,3 +315,4 @@ class TalkerBatch:
             self.mask = self.mask[:, start:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+        self.padded = not bool(self.mask.all())
