@@ -143,15 +143,11 @@ class SentenceStream:
         return min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
 
     def _due(self) -> list[int]:
-        """The rows whose chunk goes out now: those due, and with audio, those at least
-        halfway to theirs when some row is due (sentences that joined at other steps fall
-        into step: their chunks share decoder calls instead of one call a step each)."""
-        due = [n for n, row in self.rows.items()
-               if row.ended or self._ready(row) >= self._want(row)]
-        if due and self.decoder is not None:
-            due += [n for n, row in self.rows.items() if n not in due
-                    and self._ready(row) and 2 * self._ready(row) >= self._want(row)]
-        return due
+        """The rows whose chunk goes out now. (Letting rows halfway to theirs ride along
+        with a due one, to share its decoder call, cost more than it saved: smaller chunks
+        decode their left context more often; bench/probes/qwen3_tts_stagger.py.)"""
+        return [n for n, row in self.rows.items()
+                if row.ended or self._ready(row) >= self._want(row)]
 
     def advance(self) -> dict[int, tuple[Any, bool]]:
         if self.talker.active:
