@@ -111,9 +111,9 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
 
 
 async def _speak(client: openai.AsyncOpenAI, text: str, voice: str,
-                 model: str = "qwen3-tts") -> np.ndarray:
+                 model: str = "qwen3-tts", **extra: object) -> np.ndarray:
     audio = await client.audio.speech.create(model=model, voice=voice, input=text,
-                                             response_format="pcm")
+                                             response_format="pcm", extra_body=extra or None)
     return np.frombuffer(audio.content, dtype=np.int16)
 
 
@@ -142,8 +142,10 @@ def test_a_request_joins_a_running_sentence(reference_dir, reference):
 def test_served_speech_equals_qwen_tts_generate(server, reference):
     async def speak_all():
         async with server.client(timeout=120.0) as client:
-            # concurrent: the three share batched generate calls where they meet
-            return await asyncio.gather(*(_speak(client, t, v) for t, v in JOBS))
+            # concurrent: the three share batched generate calls where they meet; a seed
+            # (the API's extension) reaches the stage and changes nothing when greedy
+            return await asyncio.gather(*(_speak(client, t, v, seed=i)
+                                          for i, (t, v) in enumerate(JOBS)))
     for served, expected in zip(run(speak_all()), reference, strict=True):
         expected = pcm16(expected)
         assert served.shape == expected.shape
@@ -190,6 +192,8 @@ def test_voices_are_the_releases_speakers(server, model):
     ({"input": "Hi."}, "voice"),
     # a CustomVoice release speaks its own voices (Base clones: test_qwen3_tts_clone.py)
     ({"voice": "vivian", "input": "Hi.", "ref_audio": "UklGRg=="}, "ref_audio"),
+    ({"voice": "vivian", "input": "Hi.", "seed": -1}, "seed"),
+    ({"voice": "vivian", "input": "Hi.", "seed": "7"}, "seed"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server, body, param):
     async def post():
