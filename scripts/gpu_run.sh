@@ -82,7 +82,8 @@
 #                                        # built from ./.whl: qwen-tts, transformers 4.57.3 and
 #                                        # what scripts/qwen3_tts_env.txt lists): bench qwen3_tts
 #                                        # c=1,8,64, 100 frames a request; MODEL=DIR a release
-#                                        # (default: the tiny random fixture); then
+#                                        # (default: the tiny random fixture); then 64
+#                                        # staggered arrivals (bench/probes/qwen3_tts_stagger.py),
 #                                        # sentences whole (--chunk-frames 0) and voice
 #                                        # clone (BASE_MODEL=DIR a Base release)
 #   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
@@ -175,6 +176,9 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 400 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8,64 \
       --bursts 3,2,1 --frames 100 --out "$OUT" --tag h200 > "$OUT/bench-qwen3-tts.log" 2>&1
     grep -E "^\[qwen3_tts\]" "$OUT/bench-qwen3-tts.log"; grep -E "Error|error" "$OUT/bench-qwen3-tts.log" | tail -5
+    # staggered arrivals (continuous batching): 64 requests spread over one sentence's time
+    timeout 200 python3 bench/probes/qwen3_tts_stagger.py ${MODEL:+--model "$MODEL"} \
+      --concurrency 64 --frames 100 --out "$OUT/qwen3-tts-stagger.json" 2>&1 | tail -1
     # the same with each sentence sent whole (no streaming within it): TTFP and audio-s/s
     timeout 200 python3 -m bench qwen3_tts ${MODEL:+--model "$MODEL"} --concurrency 1,8 \
       --bursts 3,1 --frames 100 --chunk-frames 0 --out "$OUT" --tag h200-whole \
