@@ -11,7 +11,11 @@ Code2Wav decoder of ``speech_tokenizer/`` (codes -> 24 kHz audio, 1920 samples a
 The engine's items mode drives it: a request's text becomes sentences (units), each one
 output; ready sentences of every request, whatever their voice, are one call of qwen-tts's
 own batched ``generate`` (left-padded talker prompts, one decode of all rows), so a
-sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence.
+sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence. That is
+with ``chunk_frames: 0``; streamed (the default), sentences join and leave one running
+batch of the talker step by step (continuous batching: qwen3_tts_batch.py), and a
+sentence's audio still equals qwen-tts's for it alone (sampled: with the request's
+``seed``).
 
 Voices are the release's speakers (config.json ``talker_config.spk_id``); OpenAI's voice
 names map to the first one when the stage's ``openai_voices`` is true. A Base release has

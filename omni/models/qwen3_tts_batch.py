@@ -5,16 +5,16 @@ longest. Here each step advances every active sentence by one frame with one bat
 talker forward, sentences prefilled since the last step join it, and ended ones leave:
 
 - the batch is one left-padded KV cache (the layout qwen-tts's own batched generate uses):
-  a cohort of sentences is prefilled by the talker alone (qwen-tts's prompt, captured from
-  its generate: qwen3_tts_stream.capture_prefill), then its cache and the batch's are padded
+  sentences that join together are prefilled by the talker alone (qwen-tts's prompt, from
+  its generate: qwen3_tts_stream.capture_prefill), then their cache and the batch's are padded
   on the left to one length and concatenated; the attention mask hides the padding. Rows
   that leave are dropped, and columns that are padding in every row are cut;
 - positions: the talker takes a decode step's rotary position as ``cache_position +
   rope_deltas`` (its own attribute, set from the prefill's mask): here it is set before each
   step to each row's real length minus the cache's, so a row sees the positions it would
-  alone;
-  The step's mask goes in 4D, as transformers would build it from the 2D one (a query
-  sees every unpadded column), which spares it building one a step;
+  alone. While some row has padding, the step's mask goes in 4D, as transformers would
+  build it from the 2D one (the query sees every unpadded column), which spares it
+  building one each step;
 - the trailing text: the talker adds ``trailing_text_hidden[:, generation_step]`` (one step
   counter for the batch) or the pad embedding after its end; here each row keeps its own
   step, and the step's (B, 1, H) slice is handed over with generation_step 0;
