@@ -83,8 +83,9 @@
 #                                        # Base one): fused stage in the qwen3-tts environment
 #                                        # over the box's python3, offline from .whl/qwen3-tts
 #                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl); parts P
-#                                        # (default stream,whole,clone): bench qwen3_tts c=1,8,64
-#                                        # streamed within sentences, c=1,8 sentences whole
+#                                        # (default stream,stagger,whole,clone): bench qwen3_tts
+#                                        # c=1,8,64 streamed within sentences, 64 staggered
+#                                        # arrivals (bench/probes/qwen3_tts_stagger.py), c=1,8 sentences whole
 #                                        # (--chunk-frames 0), c=1,8 voice clone (Base); 100
 #                                        # frames (8 s) a request; a part that the call's time
 #                                        # cannot hold is skipped, saying so (run it alone);
@@ -180,7 +181,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     fi
     grep "^install_qwen3_tts_gpu_env" /tmp/env.log
     say "environment ready"
-    parts=${2:-stream,whole,clone}
+    parts=${2:-stream,stagger,whole,clone}
     # each part: a server start (~40 s), a model build the first time (~40 s, guess) and
     # 3-5 bursts of 100 frames (~15 s each at ~130 ms a frame, eager; guess)
     qwen3tts_part() {  # PART NEED_S TAG BENCH_ARGS...
@@ -202,6 +203,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     custom=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && custom=(--model "$MODEL")
     base=(--shape "${SHAPE:-release}"); [ -n "${BASE_MODEL:-}" ] && base=(--model "$BASE_MODEL")
     qwen3tts_part stream 150 "${TAG:-h200}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
+    # 64 staggered arrivals (continuous batching): late requests' first audio
+    left=$(( 590 - $(date +%s) + t0 ))
+    if [[ ,$parts, == *,stagger,* ]] && [ "$left" -gt 120 ]; then
+      stagger_model=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && stagger_model=(--model "$MODEL")
+      timeout 150 python3 bench/probes/qwen3_tts_stagger.py "${stagger_model[@]}" \
+        --concurrency 64 --frames 100 --out "$OUT/qwen3-tts-stagger.json" 2>&1 | tail -2
+      say "stagger done"
+    fi
     # each sentence sent whole (no streaming within it): TTFP and audio-s/s
     qwen3tts_part whole 100 "${TAG:-h200}-whole" "${custom[@]}" --concurrency 1,8 --bursts 1,1 \
       --chunk-frames 0

@@ -62,6 +62,7 @@ class SpeechCall:
     sample_rate: int
     instructions: str | None = None
     ref_text: str | None = None  # a voice-clone model's reference (omni/api/speech_reference.py)
+    seed: int | None = None  # a sampling model's draws
     inputs: dict[str, Any] = field(default_factory=dict)  # engine inputs beside the text
     id: str = field(default_factory=lambda: f"speech-{uuid.uuid4().hex}")
     usage: SpeechUsage = field(default_factory=SpeechUsage)
@@ -77,6 +78,8 @@ class SpeechCall:
             params["instructions"] = self.instructions
         if self.ref_text:
             params["ref_text"] = self.ref_text
+        if self.seed is not None:
+            params["seed"] = self.seed
         return self.model.omni.generate({"text": self.text, **self.inputs}, modalities=["audio"],
                                         params={"*": params}, request_id=self.id)
 
@@ -176,7 +179,7 @@ def parse_speech(request: web.Request, body: dict[str, Any]) -> SpeechCall:
     voice = "" if clone_spec(info) else resolve_voice(model, req.voice, info)
     return SpeechCall(request, model, text, voice, req.response_format or "mp3",
                       req.speed or 1.0, req.stream_format, int(info["sample_rate"]),
-                      req.instructions or None, req.ref_text)
+                      req.instructions or None, req.ref_text, req.seed)
 
 
 # -- responses ----------------------------------------------------------------------

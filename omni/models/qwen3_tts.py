@@ -11,7 +11,11 @@ Code2Wav decoder of ``speech_tokenizer/`` (codes -> 24 kHz audio, 1920 samples a
 The engine's items mode drives it: a request's text becomes sentences (units), each one
 output; ready sentences of every request, whatever their voice, are one call of qwen-tts's
 own batched ``generate`` (left-padded talker prompts, one decode of all rows), so a
-sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence.
+sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentence. That is
+with ``chunk_frames: 0``; streamed (the default), sentences join and leave one running
+batch of the talker step by step (continuous batching: qwen3_tts_batch.py), and a
+sentence's audio still equals qwen-tts's for it alone (sampled: with the request's
+``seed``).
 
 Voices are the release's speakers (config.json ``talker_config.spk_id``); OpenAI's voice
 names map to the first one when the stage's ``openai_voices`` is true. A Base release has
@@ -32,13 +36,14 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
+from omni.models.qwen3_tts_batch import Row, TalkerBatch
 from omni.models.qwen3_tts_clone import (
     DEFAULT_CAPACITY,
     MAX_REFERENCE_S,
     MIN_REFERENCE_S,
     VoiceClones,
 )
-from omni.models.qwen3_tts_stream import SentenceStream, TalkerStream, capture_prefill
+from omni.models.qwen3_tts_stream import SentenceStream, capture_prefill
 from omni.models.speech import (
     check_speed,
     ended_sentences,
@@ -87,6 +92,13 @@ def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -
     codec.model.to(device).eval()
     tts.device = codec.device = torch.device(device)
     return tts
+
+
+def check_seed(seed: Any) -> int:
+    """A request's seed: an integer a torch generator takes."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+    return seed
 
 
 def _chunking(opts: Mapping[str, Any]) -> tuple[int, int]:
@@ -150,6 +162,8 @@ class Qwen3TTSRunner:
         if check_speed(params.get("speed", 1.0)) != 1.0:
             raise ValueError("speed: Qwen3-TTS speaks at its own pace (only 1.0)")
         self.voice(params)  # ValueError for an unknown voice
+        if params.get("seed") is not None:
+            check_seed(params["seed"])
         if self.clones is not None:
             self.clones.prompt(params)  # a bad reference fails its request alone, at once
         units = [s for part in texts(value) for s in split_sentences(part, self.max_chars)]
@@ -181,23 +195,41 @@ class Qwen3TTSRunner:
 
     @torch.inference_mode()
     def start_items(self, units: list[str], params: list[Mapping[str, Any]]) -> SentenceStream:
-        """The sentences as one streamed call (omni/models/qwen3_tts_stream.py)."""
-        prefill = capture_prefill(self.tts.model.talker, self._generate(units, params))
-        contexts = [self._reference_codes(p) for p in params]
+        """A streamed call for these sentences, which later ones join (join_items)."""
         # the sampling arguments qwen-tts's generate_* pass on (the stage's options over
         # generation_config.json over its defaults), from its own helper
         sampling = self.tts._merge_generate_kwargs(**self.sampling)
-        talker = TalkerStream(self.tts.model, prefill, sampling, contexts)
-        return SentenceStream(talker, self._decoder(),
-                              self.stream_first_frames, self.stream_chunk_frames,
-                              [self._text_tokens(u) for u in units])
+        job = SentenceStream(TalkerBatch(self.tts.model, sampling), self._decoder(),
+                             self.stream_first_frames, self.stream_chunk_frames)
+        self.join_items(job, units, params)
+        return job
+
+    @torch.inference_mode()
+    def join_items(self, job: SentenceStream, units: list[str],
+                   params: list[Mapping[str, Any]]) -> None:
+        """Sentences prefilled (qwen-tts's prompt) and added to the running call: they
+        step with the others from the next advance on (omni/models/qwen3_tts_batch.py)."""
+        prefill = capture_prefill(self.tts.model.talker, self._generate(units, params))
+        rows = [Row(context=self._reference_codes(p), generator=self._generator(p))
+                for p in params]
+        job.join(prefill, rows, [self._text_tokens(u) for u in units])
+
+    def _generator(self, params: Mapping[str, Any]) -> torch.Generator | None:
+        """A seeded request's own random numbers (its audio is the same in any batch)."""
+        seed = params.get("seed")
+        if seed is None:
+            return None
+        return torch.Generator(self.device).manual_seed(check_seed(seed))
 
     def _decoder(self) -> Any:
         return self.tts.model.speech_tokenizer.model.decoder
 
     @torch.inference_mode()
-    def advance(self, job: SentenceStream) -> list[tuple[Any, bool]]:
+    def advance(self, job: SentenceStream) -> dict[int, tuple[Any, bool]]:
         return job.advance()
+
+    def drop_items(self, job: SentenceStream, rows: list[int]) -> None:
+        job.drop(rows)
 
     def _reference_codes(self, params: Mapping[str, Any]) -> torch.Tensor | None:
         """An in-context clone's reference codes: decoded before its sentence's frames."""

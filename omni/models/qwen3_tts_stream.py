@@ -9,14 +9,15 @@ chunks as they come:
   forward call (the prefill: prompt embeddings, mask, trailing text, empty KV cache) is
   taken from a forward pre-hook, which then stops the wrapper before anything runs. So
   speakers, languages, instructions and voice-clone prompts are built by qwen-tts;
-- each step is the talker's own forward (it runs the code predictor for the previous
-  token's residual codebooks) and then transformers' sampling with the logits
-  processors its ``generate`` would use for qwen-tts's arguments, in the same order
-  (repetition penalty, at least 2 tokens, the codec's special ids suppressed except
-  end-of-speech, then temperature / top-k / top-p when sampling). With the same seed the
-  codes equal qwen-tts's: every forward and every draw happen in the same order;
+- the talker runs as one batch that sentences join and leave step by step
+  (qwen3_tts_batch.TalkerBatch): each step is the talker's own forward for every active
+  sentence (it runs the code predictor for the previous token's residual codebooks), then
+  transformers' sampling with the processors its ``generate`` would use for qwen-tts's
+  arguments, in the same order. A sentence's codes equal qwen-tts's for it alone (greedy;
+  sampled with a request ``seed``: its own generator), whenever it joined;
 - a frame is complete one step after its first code (its residual codes come with the
-  next forward); a row ends at end-of-speech or ``max_new_tokens``, as qwen-tts cuts it;
+  next forward); a row ends at end-of-speech or ``max_new_tokens``, as qwen-tts cuts it,
+  and leaves the talker's batch;
 - frames are decoded by the codec's decoder in chunks with ``LEFT_CONTEXT`` earlier
   frames (25, as qwen-tts's own ``chunked_decode``), their samples dropped, rows of one
   shape in one decoder call: the decoder is
@@ -28,10 +29,11 @@ chunks as they come:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from omni.models.qwen3_tts_batch import Row, TalkerBatch
 
 LEFT_CONTEXT = 25  # frames, qwen-tts's chunked_decode default
 
@@ -55,108 +57,6 @@ def capture_prefill(talker: torch.nn.Module, call: Callable[[], Any]) -> dict[st
     raise RuntimeError("qwen-tts's generate returned without running the talker")
 
 
-def logits_processors(gen: dict[str, Any], eos: int, vocab: int) -> Any:
-    """transformers' processors for the talker's generate, in generate's order."""
-    from transformers.generation.logits_process import (
-        LogitsProcessorList,
-        MinNewTokensLengthLogitsProcessor,
-        RepetitionPenaltyLogitsProcessor,
-        SuppressTokensLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    out = LogitsProcessorList()
-    if gen["repetition_penalty"] not in (None, 1.0):
-        out.append(RepetitionPenaltyLogitsProcessor(penalty=gen["repetition_penalty"]))
-    out.append(MinNewTokensLengthLogitsProcessor(0, 2, eos))  # qwen-tts: min_new_tokens=2
-    out.append(SuppressTokensLogitsProcessor(
-        [i for i in range(vocab - 1024, vocab) if i != eos]))
-    if gen["do_sample"]:
-        if gen["temperature"] not in (None, 1.0):
-            out.append(TemperatureLogitsWarper(gen["temperature"]))
-        if gen["top_k"]:
-            out.append(TopKLogitsWarper(top_k=gen["top_k"]))
-        if gen["top_p"] is not None and gen["top_p"] < 1.0:
-            out.append(TopPLogitsWarper(top_p=gen["top_p"]))
-    return out
-
-
-@dataclass
-class Row:
-    """One sentence of a streamed call: its frames and how far they were decoded."""
-
-    frames: list[torch.Tensor] = field(default_factory=list)  # (groups,) codes each
-    context: torch.Tensor | None = None  # (T, groups) reference codes decoded before it
-    decoded: int = 0  # frames already sent as audio
-    chunks: int = 0  # chunks already sent
-    ended: bool = False  # end of speech (or max_new_tokens) reached
-
-
-class TalkerStream:
-    """One batched call of qwen-tts's talker, advanced a step at a time."""
-
-    def __init__(self, model: Any, prefill: dict[str, Any], gen: dict[str, Any],
-                 contexts: list[torch.Tensor | None]) -> None:
-        cfg = model.config.talker_config
-        self.talker = model.talker
-        self.eos = int(cfg.codec_eos_token_id)
-        self.groups = int(cfg.num_code_groups)
-        self.do_sample = bool(gen["do_sample"])
-        self.max_new = int(gen["max_new_tokens"])
-        self.processors = logits_processors(gen, self.eos, int(cfg.vocab_size))
-        self.kwargs = prefill
-        self.rows = [Row(context=c) for c in contexts]
-        batch = len(self.rows)
-        device = prefill["inputs_embeds"].device
-        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=device)
-        self.unfinished = torch.ones(batch, dtype=torch.long, device=device)
-        self.out = self.talker(**prefill)  # the prefill, as generate's first call
-        self._sample()
-
-    @property
-    def done(self) -> bool:
-        return all(r.ended for r in self.rows)
-
-    def step(self) -> None:
-        """One talker forward: the previous token's frame completes; the next token."""
-        out, kw = self.out, self.kwargs
-        mask = torch.cat([kw["attention_mask"], kw["attention_mask"].new_ones(len(self.rows), 1)],
-                         dim=-1)
-        self.kwargs = {**{k: v for k, v in kw.items() if k not in ("inputs_embeds",
-                                                                    "position_ids")},
-                       "input_ids": self.tokens[:, -1:], "attention_mask": mask,
-                       "cache_position": kw["cache_position"][-1:] + 1,
-                       "past_key_values": out.past_key_values, "past_hidden": out.past_hidden,
-                       "generation_step": out.generation_step,
-                       "trailing_text_hidden": out.trailing_text_hidden,
-                       "tts_pad_embed": out.tts_pad_embed}
-        self.out = self.talker(**self.kwargs)
-        codes = self.out.hidden_states[1]  # (B, groups): the previous token's frame
-        for i, row in enumerate(self.rows):
-            if not row.ended:
-                row.frames.append(codes[i])
-        self._sample()
-
-    def _sample(self) -> None:
-        logits = self.out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
-        scores = self.processors(self.tokens, logits)
-        if self.do_sample:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        else:
-            token = torch.argmax(scores, dim=-1)
-        token = token * self.unfinished + self.eos * (1 - self.unfinished)
-        self.tokens = torch.cat([self.tokens, token[:, None]], dim=-1)
-        self.unfinished = self.unfinished & (token != self.eos).long()
-        last = self.tokens.shape[1] >= self.max_new
-        hit = (token == self.eos).tolist()  # one device sync a step, not one a row
-        for row, eos in zip(self.rows, hit, strict=True):
-            # a row's frames end before its end-of-speech token; at max_new_tokens the
-            # last token's frame is never completed (qwen-tts keeps the complete ones)
-            row.ended = row.ended or eos or last
-
-
 def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
     """The codes that decode ``row``'s new frames: (T, groups), and how many of them are
     left context (their audio dropped); the new frames count as decoded."""
@@ -171,40 +71,63 @@ def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
 
 
 def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
-    """Each chunk's new audio; chunks of one shape share a decoder call (the decoder is
-    causal and per row: a batch row's audio is its own)."""
+    """Each chunk's new audio. The decoder is causal and per row (a batch row's audio is
+    its own, and a frame's samples do not depend on later frames), so chunks of lengths
+    within one power of two share a call, padded on the right to the longest (at most
+    twice the frames; its padding's samples are cut)."""
     out: list[torch.Tensor | None] = [None] * len(chunks)
-    shapes: dict[tuple[int, int], list[int]] = {}
-    for i, (codes, context) in enumerate(chunks):
-        shapes.setdefault((len(codes), context), []).append(i)
-    for (_, context), rows in shapes.items():
-        codes = torch.stack([chunks[i][0] for i in rows]).transpose(1, 2)  # (B, groups, T)
+    buckets: dict[int, list[int]] = {}
+    for i, (codes, _) in enumerate(chunks):
+        buckets.setdefault((len(codes) - 1).bit_length(), []).append(i)
+    up = decoder.total_upsample
+    for rows in buckets.values():
+        longest = max(len(chunks[i][0]) for i in rows)
+        codes = torch.stack([torch.nn.functional.pad(chunks[i][0],
+                                                     (0, 0, 0, longest - len(chunks[i][0])))
+                             for i in rows]).transpose(1, 2)  # (B, groups, T)
         wavs = decoder(codes).reshape(len(rows), -1)
         for i, wav in zip(rows, wavs, strict=True):
-            out[i] = wav[context * decoder.total_upsample:]
+            codes_i, context = chunks[i]
+            out[i] = wav[context * up:len(codes_i) * up]
     return out
 
 
 class SentenceStream:
-    """The sentences of one streamed call: talker steps until some row has a chunk due,
-    then each row's audio so far. ``advance`` gives per row ``(audio, tokens)`` or None
-    (nothing yet) and whether the row's sentence is complete with it. Without a decoder
-    (the split layout's talker stage) a chunk is its frames' codes, (groups, n), instead,
-    one frame held back until the row ends: a sentence's last chunk is never empty, as a
-    stream edge's chunks must not be; with them the tokens and, on an in-context clone's
-    first chunk of a sentence, its reference codes (None otherwise)."""
+    """The sentences of a running streamed call, numbered in the order they joined: each
+    ``advance`` steps the talker once (every active sentence one frame), then gives each
+    sentence with a chunk due ``(audio, tokens)`` and whether the sentence is complete with
+    it. Without a decoder (the split layout's talker stage) a chunk is its frames' codes,
+    (groups, n), instead, one frame held back until the row ends: a sentence's last chunk
+    is never empty, as a stream edge's chunks must not be; with them the tokens and, on an
+    in-context clone's first chunk of a sentence, its reference codes (None otherwise)."""
 
-    def __init__(self, talker: TalkerStream, decoder: Any, first_frames: int,
-                 chunk_frames: int, text_tokens: list[int]) -> None:
+    def __init__(self, talker: TalkerBatch, decoder: Any, first_frames: int,
+                 chunk_frames: int) -> None:
         self.talker = talker
         self.decoder = decoder
         self.first_frames, self.chunk_frames = first_frames, chunk_frames
-        self.tokens_left = list(text_tokens)  # usage: reported with a row's first chunk
-        self.closed = [False] * len(talker.rows)
+        self.rows: dict[int, Row] = {}  # open sentences by number
+        self.tokens_left: dict[int, int] = {}  # usage: reported with a row's first chunk
+        self.joined = 0  # sentences numbered so far
 
     @property
     def done(self) -> bool:
-        return all(self.closed)
+        return not self.rows
+
+    def join(self, prefill: dict[str, Any], rows: list[Row], text_tokens: list[int]) -> None:
+        """Sentences that step with the others from the next ``advance`` on."""
+        self.talker.join(prefill, rows)
+        for row, tokens in zip(rows, text_tokens, strict=True):
+            self.rows[self.joined] = row
+            self.tokens_left[self.joined] = tokens
+            self.joined += 1
+
+    def drop(self, numbers: list[int]) -> None:
+        """Sentences nobody waits for any more: they leave the talker's batch."""
+        rows = [self.rows.pop(n) for n in numbers if n in self.rows]
+        for n in numbers:
+            self.tokens_left.pop(n, None)
+        self.talker.drop(rows)
 
     def _pending(self, row: Row) -> int:
         return len(row.frames) - row.decoded
@@ -213,46 +136,54 @@ class SentenceStream:
         """Frames a chunk may take now (codes mode keeps one back until the end)."""
         return self._pending(row) - (self.decoder is None and not row.ended)
 
-    def _due(self, i: int) -> bool:
+    def _want(self, row: Row) -> int:
         """A row's next chunk is due at first_frames, then twice that, ... up to
         chunk_frames: a short first wait, then chunks long enough that the left context
         decoded again with each (LEFT_CONTEXT frames) costs little."""
-        row = self.talker.rows[i]
-        want = min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
-        return not self.closed[i] and (row.ended or self._ready(row) >= want)
+        return min(self.first_frames << min(row.chunks, 16), max(self.chunk_frames, 1))
 
-    def advance(self) -> list[tuple[tuple[torch.Tensor, int] | None, bool]]:
-        while not any(self._due(i) for i in range(len(self.closed))):
+    def _due(self) -> list[int]:
+        """The rows whose chunk goes out now. (Letting rows halfway to theirs ride along
+        with a due one, to share its decoder call, cost more than it saved: smaller chunks
+        decode their left context more often; bench/probes/qwen3_tts_stagger.py.)"""
+        return [n for n, row in self.rows.items()
+                if row.ended or self._ready(row) >= self._want(row)]
+
+    def advance(self) -> dict[int, tuple[Any, bool]]:
+        if self.talker.active:
             self.talker.step()
-        rows = self.talker.rows
-        due = [i for i in range(len(rows)) if self._due(i)]
-        if self.decoder is None:
-            return self._codes(due)
-        with_frames = [i for i in due if self._pending(rows[i])]
-        audio = dict(zip(with_frames, decode_chunks(
-            self.decoder, [chunk_codes(rows[i]) for i in with_frames]), strict=True))
-        out: list[tuple[tuple[torch.Tensor, int] | None, bool]] = [(None, False)] * len(rows)
-        for i in due:
-            rows[i].chunks += 1
-            tokens, self.tokens_left[i] = self.tokens_left[i], 0
-            self.closed[i] = rows[i].ended
-            wav = audio.get(i, torch.zeros(0)).float().reshape(-1).cpu()  # as qwen-tts's numpy
-            out[i] = ((wav, tokens), rows[i].ended)
+        due = self._due()
+        out = self._codes(due) if self.decoder is None else self._audio(due)
+        for n in due:
+            if self.rows[n].ended:
+                del self.rows[n], self.tokens_left[n]
         return out
 
-    def _codes(self, due: list[int]) -> list[tuple[tuple[torch.Tensor, int] | None, bool]]:
-        out: list[tuple[tuple[torch.Tensor, int] | None, bool]] = [(None, False)] * len(self.closed)
-        for i in due:
-            row = self.talker.rows[i]
+    def _audio(self, due: list[int]) -> dict[int, tuple[Any, bool]]:
+        with_frames = [n for n in due if self._pending(self.rows[n])]
+        audio = dict(zip(with_frames, decode_chunks(
+            self.decoder, [chunk_codes(self.rows[n]) for n in with_frames]), strict=True))
+        out = {}
+        for n in due:
+            row = self.rows[n]
+            row.chunks += 1
+            tokens, self.tokens_left[n] = self.tokens_left[n], 0
+            wav = audio.get(n, torch.zeros(0)).float().reshape(-1).cpu()  # as qwen-tts's numpy
+            out[n] = ((wav, tokens), row.ended)
+        return out
+
+    def _codes(self, due: list[int]) -> dict[int, tuple[Any, bool]]:
+        out = {}
+        for n in due:
+            row = self.rows[n]
             upto = row.decoded + self._ready(row)
             frames = row.frames[row.decoded:upto]
             codes = (torch.stack(frames).T.cpu() if frames  # (groups, n)
                      else torch.zeros(self.talker.groups, 0, dtype=torch.long))
             context = self._reference_context(row)
             row.decoded, row.chunks = upto, row.chunks + 1
-            tokens, self.tokens_left[i] = self.tokens_left[i], 0
-            self.closed[i] = row.ended
-            out[i] = ((codes, tokens, context), row.ended)
+            tokens, self.tokens_left[n] = self.tokens_left[n], 0
+            out[n] = ((codes, tokens, context), row.ended)
         return out
 
     @staticmethod

@@ -43,6 +43,29 @@ for i, (text, speaker) in enumerate(jobs):
     wavs, sr = tts.generate_custom_voice(text, speaker=speaker, do_sample=False,
                                          subtalker_dosample=False, max_new_tokens=frames)
     np.save(f"{out}/{i}.npy", wavs[0].astype(np.float32))
+# continuous batching in the stage's engine: request 0 (jobs[1]) starts; once its first
+# chunk is out, request 1 (jobs[2]) joins its running call; each one's audio and the step
+# of each output are kept
+from omni.engines.base import EngineRequest
+from omni.engines.generation.engine import GenerationEngine
+from omni.models.qwen3_tts import Qwen3TTSRunner
+runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": False, "subtalker_dosample": False,
+                                     "max_new_tokens": frames})
+engine, audio, steps = GenerationEngine(runner, {}), {"0": [], "1": []}, {"0": [], "1": []}
+engine.add(EngineRequest("0", {"text": jobs[1][0]}, {"voice": jobs[1][1]}))
+for step in range(1000):
+    if not engine.has_work():
+        break
+    for o in engine.step():
+        assert o.error is None, o.error
+        if o.data.get("samples"):
+            audio[o.request_id].append(o.data["audio"].numpy())
+            steps[o.request_id].append(step)
+    if steps["0"] and step == steps["0"][0]:
+        engine.add(EngineRequest("1", {"text": jobs[2][0]}, {"voice": jobs[2][1]}))
+for rid in audio:
+    np.save(f"{out}/engine{rid}.npy", np.concatenate(audio[rid]))
+open(f"{out}/engine-steps.json", "w").write(json.dumps(steps))
 """
 JOBS = [(TEXTS[0], "vivian"), (TEXTS[1], "vivian"), (TEXTS[0], "ryan")]
 
@@ -57,12 +80,20 @@ def release():
 
 
 @pytest.fixture(scope="module")
-def reference(release, tmp_path_factory) -> list[np.ndarray]:
+def reference(release, reference_dir) -> list[np.ndarray]:
     """qwen-tts's own generate, in its environment, for each of JOBS."""
+    return [np.load(reference_dir / f"{i}.npy") for i in range(len(JOBS))]
+
+
+@pytest.fixture(scope="module")
+def reference_dir(release, tmp_path_factory):
+    """The reference script's output: qwen-tts's audio, the engine's continuous batch."""
     out = tmp_path_factory.mktemp("reference")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([PYTHON, "-c", REFERENCE, str(release), str(out), str(FRAMES),
-                    json.dumps(JOBS)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return [np.load(out / f"{i}.npy") for i in range(len(JOBS))]
+                    json.dumps(JOBS)], check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +111,9 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
 
 
 async def _speak(client: openai.AsyncOpenAI, text: str, voice: str,
-                 model: str = "qwen3-tts") -> np.ndarray:
+                 model: str = "qwen3-tts", **extra: object) -> np.ndarray:
     audio = await client.audio.speech.create(model=model, voice=voice, input=text,
-                                             response_format="pcm")
+                                             response_format="pcm", extra_body=extra or None)
     return np.frombuffer(audio.content, dtype=np.int16)
 
 
@@ -95,11 +126,26 @@ def test_the_fixture_speaks_and_varies(reference):
     assert not np.array_equal(pcm16(reference[0]), pcm16(reference[2]))
 
 
+def test_a_request_joins_a_running_sentence(reference_dir, reference):
+    """The stage's engine: a request that arrives once another's sentence has streamed its
+    first chunk joins that running call (its first audio comes before the other sentence
+    ends, not after), and both sentences equal qwen-tts's generate for each alone."""
+    steps = json.loads((reference_dir / "engine-steps.json").read_text())
+    assert steps["1"][0] < steps["0"][-1], steps  # joined, did not wait for the call's end
+    for rid, job in (("0", 1), ("1", 2)):
+        served = pcm16(np.load(reference_dir / f"engine{rid}.npy")).astype(np.int32)
+        expected = pcm16(reference[job]).astype(np.int32)
+        assert served.shape == expected.shape
+        assert np.abs(served - expected).max() <= 2
+
+
 def test_served_speech_equals_qwen_tts_generate(server, reference):
     async def speak_all():
         async with server.client(timeout=120.0) as client:
-            # concurrent: the three share batched generate calls where they meet
-            return await asyncio.gather(*(_speak(client, t, v) for t, v in JOBS))
+            # concurrent: the three share batched generate calls where they meet; a seed
+            # (the API's extension) reaches the stage and changes nothing when greedy
+            return await asyncio.gather(*(_speak(client, t, v, seed=i)
+                                          for i, (t, v) in enumerate(JOBS)))
     for served, expected in zip(run(speak_all()), reference, strict=True):
         expected = pcm16(expected)
         assert served.shape == expected.shape
@@ -146,6 +192,8 @@ def test_voices_are_the_releases_speakers(server, model):
     ({"input": "Hi."}, "voice"),
     # a CustomVoice release speaks its own voices (Base clones: test_qwen3_tts_clone.py)
     ({"voice": "vivian", "input": "Hi.", "ref_audio": "UklGRg=="}, "ref_audio"),
+    ({"voice": "vivian", "input": "Hi.", "seed": -1}, "seed"),
+    ({"voice": "vivian", "input": "Hi.", "seed": "7"}, "seed"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server, body, param):
     async def post():

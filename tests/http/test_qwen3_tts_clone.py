@@ -67,28 +67,37 @@ item = clones.prompt({"ref_audio": {"pcm_f32le": clips[0][0].tobytes(), "sample_
 same = bool(torch.equal(own.ref_code, item.ref_code)
             and torch.equal(own.ref_spk_embedding, item.ref_spk_embedding))
 open(f"{out}/cache.json", "w").write(json.dumps({"built": built, "same": same}))
-# the stage's runner: its streamed call (many small chunks) against its whole sentences
-# (qwen-tts's generate), greedy and sampled with the same seed
+# the stage's runner: its streamed call (many small chunks), the third sentence joining
+# it after 3 steps, against each sentence alone in qwen-tts's generate (whole), greedy and
+# sampled with one seed per request
 from omni.models.qwen3_tts import Qwen3TTSRunner
 texts = [text, "Hi.", text + " And then some more words to say."]
 params = [{"ref_audio": {"pcm_f32le": clips[i][0].tobytes(), "sample_rate": 24000},
-           "ref_text": t} for i, t in ((0, "a"), (2, "a"), (3, None))]
+           "ref_text": t, "seed": seed} for i, t, seed in ((0, "a", 7), (2, "a", 8), (3, None, 9))]
 for mode, sampled in (("greedy", False), ("sampled", True)):
     runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": sampled, "subtalker_dosample": sampled,
                                          "max_new_tokens": 2 * frames, "first_chunk_frames": 2,
                                          "chunk_frames": 3})
-    torch.manual_seed(7)
-    whole = [audio.numpy() for audio, _ in runner.run_items(texts, params)]
-    torch.manual_seed(7)
-    job, pieces = runner.start_items(texts, params), [[] for _ in texts]
-    while not job.done:
-        for i, (piece, _) in enumerate(runner.advance(job)):
+    whole = []
+    for t, p in zip(texts, params):
+        torch.manual_seed(p["seed"])
+        whole.append(runner.run_items([t], [p])[0][0].numpy())
+    torch.manual_seed(0)  # the global RNG differs: seeded rows draw from their own
+    job, pieces, joined = runner.start_items(texts[:2], params[:2]), [[] for _ in texts], 0
+    for step in range(1000):
+        if job.done:
+            break
+        if step == 3:
+            runner.join_items(job, texts[2:], params[2:])
+            joined = len(job.talker.rows)  # it joined a running batch
+        for i, (piece, _) in runner.advance(job).items():
             if piece is not None:
                 pieces[i].append(piece[0].numpy())
     for i in range(len(texts)):
         np.save(f"{out}/{mode}-whole{i}.npy", whole[i])
         np.save(f"{out}/{mode}-streamed{i}.npy", np.concatenate(pieces[i]))
         json.dump([len(p) for p in pieces[i]], open(f"{out}/{mode}-chunks{i}.json", "w"))
+    json.dump(joined, open(f"{out}/{mode}-joined.json", "w"))
 """
 
 
@@ -179,9 +188,11 @@ def test_the_prompt_cache_builds_once_per_reference(reference):
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 def test_streamed_sentences_equal_whole_ones(reference, mode):
     """The runner's own decode loop (audio in chunks of 2, then 3 frames) against qwen-tts's
-    generate_voice_clone for the same sentences and seed: in-context and embedding-only
-    rows, one batch, rows ending at different steps."""
+    generate_voice_clone for each sentence alone, greedy and sampled with the request's
+    seed: in-context and embedding-only rows; the third joins the running batch after 3
+    steps (continuous batching), rows end at different steps and leave it."""
     out = reference[2]
+    assert json.loads((out / f"{mode}-joined.json").read_text()) == 3  # 2 running + 1 joining
     for i in range(3):
         whole, streamed = (np.load(out / f"{mode}-{kind}{i}.npy") for kind in ("whole", "streamed"))
         chunks = json.loads((out / f"{mode}-chunks{i}.json").read_text())

@@ -3,7 +3,8 @@
 The input's length limit is a server setting (--max-speech-chars) and the voice list is
 the model's, so the handler (omni/api/speech.py) checks those two. ``ref_audio`` and
 ``ref_text`` are this server's extension for models that clone a voice from a reference
-clip (omni/api/speech_reference.py decodes and checks the clip against the model).
+clip (omni/api/speech_reference.py decodes and checks the clip against the model); ``seed``
+(also an extension) seeds a sampling model's draws.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictStr, WithJsonSchema
 
-from omni.api.schemas import ModelRequest, checked, choice, number_in
+from omni.api.schemas import ModelRequest, checked, choice, int_in, number_in
 from omni.media.audio import FORMATS
 from omni.models.speech import SPEED_MAX, SPEED_MIN
 
@@ -41,3 +42,5 @@ class SpeechRequest(ModelRequest):
                       "must be a non-empty string (the words of ref_audio)") | None = Field(
         None, description="what ref_audio says; without it the voice is cloned from the "
         "speaker embedding alone")
+    seed: int_in(0, description="a sampling voice model's random draws: the same seed, the "
+                 "same audio (e.g. Qwen3-TTS, in any batch)") | None = None

@@ -32,7 +32,9 @@ until its first output, then that output's time + the seconds of media sent, fro
 ``samples`` / ``sample_rate``), with other ready requests of the same ``group_key(params)``
 in deadline order up to max_batch_size (alone when the runner says ``batches_units =
 False``); a runner with ``streams_units`` starts such a call and advances it over the next
-steps instead (partial outputs, streamed_items.py). Short steps let new requests join and
+steps instead (partial outputs, streamed_items.py); with ``join_items`` the next units of
+other requests join that running call between steps (continuous batching) instead of
+waiting for its end. Short steps let new requests join and
 outputs leave between units; a new request's first unit goes first unless a started one is
 within two calls of running dry: over capacity, clients queue for their first audio instead
 of all stuttering.
@@ -191,31 +193,44 @@ class GenerationEngine(Engine):
 
     def _step_items(self) -> list[StepOutput]:
         outputs, self._failed = self._failed, []
-        if self._job is not None:
+        job = self._job
+        if job is not None and not job.joins:
             return outputs + self._advance()
+        busy = job.requests if job is not None else set()
         ready = []
         for req in list(self._reqs.values()):
-            plan = self._plan(req)
+            plan = None if req.id in busy else self._plan(req)
             if plan is None:
                 continue
             if plan[1] == 0:  # stream input ended right after its last unit: close it
                 outputs.append(self._output(req, None, 0))
             else:
                 ready.append(req)
-        if ready:
-            hold_new = started_running_dry(self._reqs.values(), self._call_s)
-            ready.sort(key=lambda r: (hold_new and r.play_start is None, r.deadline()))
-            key = self.runner.group_key(ready[0].params)
-            limit = self.max_batch_size if self.batches_units else 1
-            group = [r for r in ready if self.runner.group_key(r.params) == key][:limit]
-            started = time.perf_counter()
-            if getattr(self.runner, "streams_units", False):
-                outputs += self._start(group)
-            else:
-                outputs += self._run([(req, 0, 1) for req in group])
-            took = time.perf_counter() - started
-            self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
+        group = self._pick(ready, job)
+        if not group and job is None:
+            return outputs
+        started = time.perf_counter()
+        if job is not None:  # continuous batching: the next units join the running call
+            outputs += self._join(group) + self._advance()
+        elif getattr(self.runner, "streams_units", False):
+            outputs += self._start(group)
+        else:
+            outputs += self._run([(req, 0, 1) for req in group])
+        took = time.perf_counter() - started
+        self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
         return outputs
+
+    def _pick(self, ready: list[GenRequest], job: StreamedItems | None) -> list[GenRequest]:
+        """The ready requests whose next unit runs now: the earliest deadline's group key
+        (a running call's own), in deadline order, up to the room left."""
+        if not ready:
+            return []
+        hold_new = started_running_dry(self._reqs.values(), self._call_s)
+        ready.sort(key=lambda r: (hold_new and r.play_start is None, r.deadline()))
+        key = job.key if job is not None else self.runner.group_key(ready[0].params)
+        limit = self.max_batch_size if self.batches_units else 1
+        room = limit - (len(job.rows) if job is not None else 0)
+        return [r for r in ready if self.runner.group_key(r.params) == key][:max(0, room)]
 
     def _start(self, group: list[GenRequest]) -> list[StepOutput]:
         """A streamed items call: started, then advanced once (the first audio soonest)."""
@@ -226,12 +241,25 @@ class GenerationEngine(Engine):
             return self._fail_group(group, e)
         return self._advance()
 
+    def _join(self, group: list[GenRequest]) -> list[StepOutput]:
+        """Units that join the running call (it stays up if their prefill fails)."""
+        if not group:
+            return []
+        try:
+            self._job.join(group)
+        except Exception as e:
+            return self._fail_group(group, e)
+        self.calls += 1
+        self.requests_run += len(group)
+        self.max_batch = max(self.max_batch, len(self._job.rows))
+        return []
+
     def _advance(self) -> list[StepOutput]:
         job, self._job = self._job, None
         try:
-            rows = job.advance(self.runner, self._reqs)
+            rows = job.advance(self._reqs)
         except Exception as e:
-            return self._fail_group(job.group, e)
+            return self._fail_group(list(job.rows.values()), e)
         self._job = None if job.done else job
         return [self._output(req, result, n) for req, result, n in rows]
 
