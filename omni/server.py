@@ -20,6 +20,7 @@ from aiohttp import web
 
 from omni.api import videos
 from omni.api.app import build_app
+from omni.api.sockets import SOCKETS_KEY
 from omni.api.state import ServedModel, ServerSettings
 from omni.config.control import parse_heartbeat
 from omni.config.pipeline import ConfigError, PipelineConfig
@@ -278,8 +279,10 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def _drain(app: web.Application, models: list[ServedModel], timeout_s: float) -> None:
     orchestrators = {id(m.omni.orchestrator): m.omni.orchestrator for m in models}  # views share
+    # WebSocket sessions close (1001) once their answer in flight is sent: before
+    # aiohttp's shutdown, which would cut them without a close frame
     await asyncio.gather(*(o.drain(timeout_s) for o in orchestrators.values()),
-                         videos.drain(app, timeout_s))
+                         videos.drain(app, timeout_s), app[SOCKETS_KEY].drain(timeout_s))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from omni.api import routes, ui
 from omni.api.errors import MAX_BYTES_KEY, APIError, error_middleware
+from omni.api.sockets import SOCKETS_KEY, OpenSockets
 from omni.api.state import (
     METRICS_KEY,
     MODELS_KEY,
@@ -80,6 +81,7 @@ def build_app(models: list[ServedModel], metrics: Metrics,
     app[METRICS_KEY] = metrics
     app[SETTINGS_KEY] = settings
     app[MAX_BYTES_KEY] = settings.max_request_bytes
+    app[SOCKETS_KEY] = OpenSockets()  # WebSocket sessions, closed 1001 by a drain
     app.cleanup_ctx.append(_engines_ctx)
     routes.add_routes(app)
     return app

@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from omni.api.errors import APIError
+from omni.api.sockets import SOCKETS_KEY, SocketWork
 from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.errors import InvalidInputError, OmniError, RejectedInputError
 from omni.media.image import MAX_IMAGE_PIXELS, check_image
@@ -69,12 +70,15 @@ class ClientError(Exception):
 
 async def world_socket(request: web.Request) -> web.WebSocketResponse:
     model = world_model(request)
+    sockets = request.app[SOCKETS_KEY]
+    sockets.admit()  # a draining server: 503 before the upgrade
     settings = request.app[SETTINGS_KEY]
     ws = web.WebSocketResponse(max_msg_size=settings.max_request_bytes, heartbeat=30.0)
     await ws.prepare(request)
     connection = WorldConnection(ws, model)
     try:
-        await connection.run()
+        async with sockets.hold(connection.work):
+            await connection.run()
     finally:
         connection.close()
     return ws
@@ -84,6 +88,7 @@ class WorldConnection:
     def __init__(self, ws: web.WebSocketResponse, model: ServedModel) -> None:
         self.ws, self.model = ws, model
         self.session: Session | None = None
+        self.work = SocketWork(ws)  # a drain lets the step in flight send its chunks
 
     async def send(self, kind: str, **fields: Any) -> None:
         await self.ws.send_json({"type": kind, **fields})
@@ -99,7 +104,8 @@ class WorldConnection:
                     continue
                 break
             try:
-                await self.handle(parse_event(message.data))
+                with self.work.busy():
+                    await self.handle(parse_event(message.data))
             except ClientError as exc:
                 await self.error(str(exc), exc.code)
             except (ValueError, InvalidInputError, RejectedInputError) as exc:

@@ -27,6 +27,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from omni.api.errors import APIError
 from omni.api.openpi import codec
+from omni.api.sockets import SOCKETS_KEY, SocketWork
 from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.errors import (
     AdmissionError,
@@ -77,6 +78,8 @@ async def policy_socket(request: web.Request) -> web.StreamResponse:
         raise APIError(426, f"ws://{request.host}{request.path} is the OpenPI policy "
                        f"WebSocket of '{model.id}': connect with openpi-client",
                        code="upgrade_required")
+    sockets = request.app[SOCKETS_KEY]
+    sockets.admit()  # a draining server: 503 before the upgrade (the client raises)
     settings = request.app[SETTINGS_KEY]
     ws = web.WebSocketResponse(max_msg_size=settings.max_observation_bytes, compress=False,
                                heartbeat=30.0)
@@ -96,11 +99,13 @@ async def policy_socket(request: web.Request) -> web.StreamResponse:
             else secrets.randbits(62)
         connection = PolicyConnection(ws, model, session, seed)
         log.info("session %s: robot %s connected to %s", session.id, request.remote, model.id)
-        await connection.run()
+        async with sockets.hold(connection.work):
+            await connection.run()
         log.info("session %s: robot left after %d calls (close code %s)", session.id,
                  connection.calls, ws.close_code)
     finally:
-        model.omni.close_session(session.id, "the robot disconnected")
+        model.omni.close_session(session.id, "the server shut down" if sockets.draining
+                                 else "the robot disconnected")
     return ws
 
 
@@ -117,6 +122,7 @@ class PolicyConnection:
     def __init__(self, ws: web.WebSocketResponse, model: ServedModel, session: Session,
                  seed: int) -> None:
         self.ws, self.model, self.session, self.seed = ws, model, session, seed
+        self.work = SocketWork(ws)  # a drain lets the observation in flight be answered
         self.calls = 0
         self.prev_total_ms: float | None = None
 
@@ -134,20 +140,24 @@ class PolicyConnection:
     async def run(self) -> None:
         await self.ws.send_bytes(codec.packb(self.metadata()))
         async for message in self.ws:
-            started = time.monotonic()
-            if message.type == WSMsgType.BINARY:
-                reply = await self.infer(message.data, started)
-            elif message.type == WSMsgType.TEXT:
-                reply = "send each observation as one binary msgpack frame (openpi-client)"
-            else:
+            if message.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
                 break
-            if isinstance(reply, bytes):
-                await self.ws.send_bytes(reply)
-                self.prev_total_ms = (time.monotonic() - started) * 1000
-            elif reply is not None:
-                await self.ws.send_str(reply)
+            with self.work.busy():
+                await self.answer(message.type, message.data)
             if self.ws.closed:
                 break
+
+    async def answer(self, kind: WSMsgType, data: Any) -> None:
+        started = time.monotonic()
+        if kind == WSMsgType.BINARY:
+            reply = await self.infer(data, started)
+        else:
+            reply = "send each observation as one binary msgpack frame (openpi-client)"
+        if isinstance(reply, bytes):
+            await self.ws.send_bytes(reply)
+            self.prev_total_ms = (time.monotonic() - started) * 1000
+        elif reply is not None:
+            await self.ws.send_str(reply)
 
     async def infer(self, frame: bytes, started: float) -> bytes | str | None:
         """The action dict for one frame, an error text (connection kept), or None after

@@ -16,6 +16,7 @@ from omni.api.realtime.transcription import (
     TranscriptionConnection,
     transcribing_model,
 )
+from omni.api.sockets import SOCKETS_KEY
 from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.session import Session, SessionCapacityError, SessionError
 
@@ -79,6 +80,8 @@ async def upgrade(request: web.Request,
                   connection_class: Callable[..., RealtimeConnection] = RealtimeConnection,
                   model: ServedModel | None = None) -> web.WebSocketResponse:
     model = model or realtime_model(request)
+    sockets = request.app[SOCKETS_KEY]
+    sockets.admit()  # a draining server: 503 before the upgrade (the SDK raises)
     settings = request.app[SETTINGS_KEY]
     ws = _socket(request)
     try:
@@ -92,7 +95,8 @@ async def upgrade(request: web.Request,
     log.info("session %s: %s connected (%s)", session.id, request.remote,
              "beta" if connection.beta else "GA")
     try:
-        await connection.run()
+        async with sockets.hold(connection.work):
+            await connection.run()
     finally:
         await connection.close()
         log.info("session %s: client left (close code %s)", session.id, ws.close_code)

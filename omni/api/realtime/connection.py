@@ -35,6 +35,7 @@ from omni.api.realtime.items import BETA_NAMES, EventIds, Item, Items, new_id
 from omni.api.realtime.response import Response, spec_from
 from omni.api.realtime.tools import has_tools, read_tools
 from omni.api.realtime.turns import VadTurns
+from omni.api.sockets import SocketWork
 from omni.errors import OmniError
 from omni.media.fetch import FetchPolicy
 from omni.session import Session, SessionError
@@ -66,6 +67,7 @@ class RealtimeConnection(ItemEvents):
         self.tasks: set[asyncio.Task] = set()
         self.turns = VadTurns(self, self.audio, self.listener, self._spawn)  # turns.py
         self._send_lock = asyncio.Lock()
+        self.work = SocketWork(ws)  # a drain lets the response in flight finish
 
     @property
     def handlers(self) -> dict[str, str]:
@@ -142,8 +144,9 @@ class RealtimeConnection(ItemEvents):
             await self.error(str(exc), "session_error", None, event_id, "server_error")
 
     async def close(self) -> None:
-        """The client left (or the session ended): stop its work. A normal close (1000)
-        ends the session; any other way out (1001 going away, a dropped connection)
+        """The client left (or the session ended, or the server closed the socket on
+        shutdown): stop its work. A normal close (1000) or the server's shutdown ends the
+        session; any other way out (the client's 1001 going away, a dropped connection)
         keeps it detached for a resume, until the grace period closes it."""
         if self.response is not None:
             self._cancel_response("client_disconnected")
@@ -153,7 +156,9 @@ class RealtimeConnection(ItemEvents):
             task.cancel()
         with contextlib.suppress(ValueError):
             self.session.on_end.remove(self._session_ended)
-        if self.ws.close_code == WSCloseCode.OK:
+        if self.work.going_away:
+            self.omni.close_session(self.session.id, "the server shut down")
+        elif self.ws.close_code == WSCloseCode.OK:
             self.omni.close_session(self.session.id, "the client closed the connection")
         else:
             self.omni.sessions.manager.detach(self.session.id)
@@ -311,6 +316,8 @@ class RealtimeConnection(ItemEvents):
                 if self.response is response:
                     self.response = None
         response.task = self._spawn(run())
+        self.work.begin()  # until its response.done is sent (or it is cancelled unstarted)
+        response.task.add_done_callback(lambda _: self.work.end())
 
     async def response_cancel(self, event: dict[str, Any]) -> None:
         if self.response is None or (event.get("response_id") not in (None, self.response.id)):
