@@ -14,6 +14,8 @@
 - Errors are text frames (the client raises RuntimeError with the text): bad input keeps
   the connection; a failure of the policy closes it with 1011, or 1013 while the policy
   has no live replica (reconnect later); a full server (``max_sessions``) closes with 1013.
+- A stopping server (SIGTERM) answers the observation in flight, then closes with 1001
+  (omni/api/sockets.py); an upgrade during its drain gets HTTP 503.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ socket stays open; a client that keeps sending bad events (MAX_BAD_EVENTS) is cl
 1008; a frame over the size limit with 1009 (aiohttp's reader). When the session ends
 under the connection (its replica died, its lease ran out) the client gets an ``error``
 event and a 1011 close, never a hang. The server VAD's replica dying is one ``error``
-event; the session stays and the VAD listens again (audio_input.ServerVad).
+event; the session stays and the VAD listens again (audio_input.ServerVad). A stopping
+server lets the response in flight finish, then closes with 1001 and ends the session
+(omni/api/sockets.py).
 """
 
 from __future__ import annotations
