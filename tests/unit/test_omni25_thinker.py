@@ -1,5 +1,5 @@
 """Qwen2.5-Omni's thinker through the AR engine (tiny random release-layout checkpoint):
-batched greedy answers to text, audio and image prompts equal transformers' own
+batched greedy answers to text, audio, image and video prompts equal transformers' own
 thinker.generate, and the exported rows are what its talker reads (the embedding and the
 last layer of every fed position)."""
 
@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from unit.omni25_reference import mp4_with_track, video_inputs
 
 from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
@@ -84,7 +85,7 @@ def _clip(seconds: float, hz: float) -> np.ndarray:
 
 
 def test_audio_input_matches_transformers(engine, reference):
-    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1, 220.0)}
+    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1037, 220.0)}  # b: not whole hops
     got, outs = _run(engine, {rid: {"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"pcm_f32le": c.tobytes(), "sample_rate": 16000}},
         {"type": "text", "text": "What is this?"}]}]} for rid, c in clips.items()})
@@ -128,13 +129,60 @@ def test_image_input_matches_transformers(engine, reference):
                **pixels)
 
 
-def test_video_is_refused_clearly(engine):
-    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
-        {"type": "video", "video": {"frames": []}}]}]}, dict(GREEDY)))
-    errors = [o.error for o in engine.step() if o.error]
+def _video_prompt(data: bytes, track: np.ndarray | None = None) -> dict:
+    video = {"data": data}
+    if track is not None:  # what the API adds for use_audio_in_video
+        video.update(pcm_f32le=track.tobytes(), sample_rate=16000)
+    return {"messages": [{"role": "user", "content": [
+        {"type": "video", "video": video}, {"type": "text", "text": "What is this?"}]}]}
+
+
+def test_video_input_matches_transformers(engine, reference, omni25_dir):
+    """Videos, seen alone and heard with their track (use_audio_in_video: frames and
+    audio interleaved in 2 s chunks, time-aligned rotary positions), batched: the same
+    prompt ids as the processor's layout, greedy answers equal to thinker.generate."""
+    from omni.media.audio import decode_audio
+
+    videos = {"one": mp4_with_track(1), "two": mp4_with_track(5)}
+    tracks = {rid: decode_audio(v, 16000, 600.0) for rid, v in videos.items()}
+    requests = {rid: _video_prompt(v) for rid, v in videos.items()}
+    requests.update({f"{rid}+track": _video_prompt(v, tracks[rid]) for rid, v in videos.items()})
+    got, outs = _run(engine, requests)
+    # the fixture varies: another video or its track heard, another answer
+    assert len(set(got["one"])) >= 3 and got["one"] != got["two"]
+    assert got["one+track"] != got["two+track"] and got["one"] != got["one+track"]
+    template = engine.lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text",
+                                                          "text": "What is this?"}]}],
+        add_generation_prompt=True, tokenize=False)
+    for rid in requests:
+        name = rid.split("+")[0]
+        pads, media = video_inputs(str(omni25_dir), videos[name],
+                                   tracks[name] if "+" in rid else None)
+        ids = engine.lm.tokenizer(template.replace("<|VIDEO|>", pads))["input_ids"]
+        assert outs[rid][0]["prompt_token_ids"] == ids, rid
+        _check(reference, ids, got[rid], outs[rid],
+               attention_mask=torch.ones(1, len(ids), dtype=torch.long), **media)
+
+
+def test_bad_videos_fail_their_request_naming_the_part(engine):
+    from omni.engines.base import INPUT_FAULT
+
+    one_frame = mp4_with_track(3, seconds=1, fps=1)
+    requests = {"junk": _video_prompt(b"not a video"), "short": _video_prompt(one_frame),
+                "good": _video_prompt(mp4_with_track(1))}
+    for rid, inputs in requests.items():
+        engine.add(EngineRequest(rid, inputs, dict(GREEDY)))
+    errors, done = {}, set()
     while engine.has_work():
-        errors += [o.error for o in engine.step() if o.error]
-    assert errors and "video" in str(errors[0])
+        for o in engine.step():
+            if o.error:
+                assert o.error_kind == INPUT_FAULT and o.error_field == "messages[0].content[0]"
+                errors[o.request_id] = o.error
+            done |= {o.request_id} if o.finished else set()
+    assert "not a video this server can read" in errors["junk"]
+    assert "at least 2 are needed" in errors["short"]
+    assert "good" in done and "good" not in errors
 
 
 def test_the_processors_chat_template_is_used_where_the_tokenizer_has_none(omni25_dir,
