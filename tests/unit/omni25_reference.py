@@ -30,20 +30,22 @@ def composite_generate(model, prompt_ids: list[int], *, words: int, frames: int,
     return seqs[0, len(prompt_ids) + 1:].tolist(), wav
 
 
-def mp4_with_track(seed: int, seconds: int = 3, fps: int = 8, width: int = 64,
+def mp4_with_track(seed: int, seconds: float = 3.5, fps: int = 8, width: int = 64,
                    height: int = 48) -> bytes:
     """An H.264 MP4 of random frames (blocks of 8 px, so they survive encoding) with an AAC
-    track (a tone and noise, per seed). The tiny fixture samples 2 frames a second: 3 s
-    give 3 temporal patches at rotary times 0, 25, 50, so heard with its track (75 audio
-    tokens) the layout interleaves over two 2 s chunks."""
+    track (a tone and noise, per seed). The tiny fixture's processor samples 6 of its 28
+    frames (2 a second, floored to whole temporal patches: 1.71 a second), so its
+    seconds per grid (temporal patch / fps 2 = 1.0, the Omni processor's) differs from
+    Qwen2.5-VL's sampled-rate one (1.17): 3 temporal patches at rotary times 0, 25, 50;
+    heard with its track (87 audio tokens) the layout interleaves over two 2 s chunks."""
     import numpy as np
 
     from omni.media.video import encode_mp4
 
     rng = np.random.default_rng(seed)
-    blocks = rng.random((seconds * fps, height // 8, width // 8, 3))
+    blocks = rng.random((int(seconds * fps), height // 8, width // 8, 3))
     pixels = (blocks * 255).astype("uint8").repeat(8, 1).repeat(8, 2)
-    t = np.arange(seconds * 16000) / 16000
+    t = np.arange(int(seconds * 16000)) / 16000
     tone = 0.3 * np.sin(2 * np.pi * (200 + 100 * seed) * t) + 0.05 * rng.standard_normal(len(t))
     return encode_mp4(pixels, fps, audio=tone.astype(np.float32), audio_rate=16000)
 
