@@ -6,6 +6,7 @@ last layer of every fed position)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,39 +130,63 @@ def test_image_input_matches_transformers(engine, reference):
                **pixels)
 
 
-def _video_prompt(data: bytes, track: np.ndarray | None = None) -> dict:
+def _video_prompt(data: bytes, track: np.ndarray | None = None,
+                  image: bytes | None = None) -> dict:
     video = {"data": data}
     if track is not None:  # what the API adds for use_audio_in_video
         video.update(pcm_f32le=track.tobytes(), sample_rate=16000)
-    return {"messages": [{"role": "user", "content": [
-        {"type": "video", "video": video}, {"type": "text", "text": "What is this?"}]}]}
+    content = [{"type": "video", "video": video}, {"type": "text", "text": "What is this?"}]
+    if image is not None:
+        content.insert(0, {"type": "image", "image": {"data": image}})
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def _expected_ids(engine: AREngine, pads: str, image: Any) -> list[int]:
+    """The processor's prompt: the template's placeholders grown as it grows them."""
+    kinds = ([{"type": "image"}] if image is not None else []) + [{"type": "video"}]
+    text = engine.lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [*kinds, {"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True, tokenize=False).replace("<|VIDEO|>", pads)
+    if image is not None:
+        text = text.replace("<|IMAGE|>", "<|IMAGE|>" * int(image["image_grid_thw"].prod() // 4))
+    return engine.lm.tokenizer(text)["input_ids"]
 
 
 def test_video_input_matches_transformers(engine, reference, omni25_dir):
-    """Videos, seen alone and heard with their track (use_audio_in_video: frames and
-    audio interleaved in 2 s chunks, time-aligned rotary positions), batched: the same
-    prompt ids as the processor's layout, greedy answers equal to thinker.generate."""
+    """Videos, seen alone, after an image (one tower call for both) and heard with their
+    track (use_audio_in_video: frames and audio interleaved in 2 s chunks, time-aligned
+    rotary positions), batched: the processor's prompt ids, and greedy answers equal to
+    thinker.generate."""
+    from PIL import Image
+
     from omni.media.audio import decode_audio
 
     videos = {"one": mp4_with_track(1), "two": mp4_with_track(5)}
     tracks = {rid: decode_audio(v, 16000, 600.0) for rid, v in videos.items()}
+    png = _png(56, 84, 4)
     requests = {rid: _video_prompt(v) for rid, v in videos.items()}
     requests.update({f"{rid}+track": _video_prompt(v, tracks[rid]) for rid, v in videos.items()})
-    got, outs = _run(engine, requests)
+    requests["one+image"] = _video_prompt(videos["one"], image=png)
+    tower, calls = engine.lm.media.thinker.get_image_features, []
+    engine.lm.media.thinker.get_image_features = lambda pixels, grid, **kw: calls.append(
+        len(grid)) or tower(pixels, grid, **kw)
+    try:
+        got, outs = _run(engine, requests)
+    finally:
+        del engine.lm.media.thinker.get_image_features
     # the fixture varies: another video or its track heard, another answer
     assert len(set(got["one"])) >= 3 and got["one"] != got["two"]
     assert got["one+track"] != got["two+track"] and got["one"] != got["one+track"]
-    template = engine.lm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": [{"type": "video"}, {"type": "text",
-                                                          "text": "What is this?"}]}],
-        add_generation_prompt=True, tokenize=False)
+    assert sorted(calls) == [1, 1, 1, 1, 2]  # the image and its prompt's video: one call
     for rid in requests:
-        name = rid.split("+")[0]
+        name, extra = rid.split("+")[0], rid.partition("+")[2]
         pads, media = video_inputs(str(omni25_dir), videos[name],
-                                   tracks[name] if "+" in rid else None)
-        ids = engine.lm.tokenizer(template.replace("<|VIDEO|>", pads))["input_ids"]
+                                   tracks[name] if extra == "track" else None)
+        image = engine.lm.media.images(images=[Image.open(io.BytesIO(png)).convert("RGB")],
+                                       return_tensors="pt") if extra == "image" else None
+        ids = _expected_ids(engine, pads, image)
         assert outs[rid][0]["prompt_token_ids"] == ids, rid
-        _check(reference, ids, got[rid], outs[rid],
+        _check(reference, ids, got[rid], outs[rid], **(dict(image) if image else {}),
                attention_mask=torch.ones(1, len(ids), dtype=torch.long), **media)
 
 
