@@ -96,9 +96,13 @@ class Omni25Media:
         for i, m in enumerate(messages):
             content = m.get("content")
             if isinstance(content, list):  # a part's error names it (the 400's param)
-                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media)
+                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
+                                        f"messages[{i}].content[{j}]")
                            for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
+        # every video's size was checked from its headers before any is decoded
+        media["video"] = [naming_field(where, decode_video, self.video, data)
+                          for where, data in media["video"]]
         rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                                   tokenize=False, **extra)
@@ -210,7 +214,7 @@ class Omni25Media:
             if clips else None)
         return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
 
-    def _part(self, part: Any, media: dict[str, list[Any]]) -> Any:
+    def _part(self, part: Any, media: dict[str, list[Any]], where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNDECODED_PARTS:
             raise ValueError(f"'{kind}' content parts reach this model decoded by the API")
@@ -220,15 +224,16 @@ class Omni25Media:
             if kind == "image":
                 media["image"].append(decode_image(part))
             else:
-                self._video(part, media)
+                self._video(part, media, where)
             return {"type": kind}
         if kind != "input_audio":
             return part
         media["audio"].append(_samples((part.get("input_audio") or {}).get("pcm_f32le")))
         return {"type": "audio"}
 
-    def _video(self, part: dict[str, Any], media: dict[str, list[Any]]) -> None:
-        """Decode a video part (its size checked from its headers first) and its track."""
+    def _video(self, part: dict[str, Any], media: dict[str, list[Any]], where: str) -> None:
+        """Take a video part, (where, file) for now, after checking from its headers that
+        the prompt's videos fit the context; and its track."""
         video = part.get("video") or {}
         if not isinstance(video.get("data"), bytes):
             raise ValueError("a video part reached the engine undecoded")
@@ -237,7 +242,7 @@ class Omni25Media:
         if sum(counts) > self.max_video_tokens:
             raise ValueError(f"the prompt's videos take {sum(counts)} tokens; the model's "
                              f"context holds {self.max_video_tokens}")
-        media["video"].append(decode_video(self.video, video["data"]))
+        media["video"].append((where, video["data"]))
         track = video.get("pcm_f32le")
         media["heard"].append(track is not None)
         if track is not None:

@@ -210,6 +210,35 @@ def test_bad_videos_fail_their_request_naming_the_part(engine):
     assert "good" in done and "good" not in errors
 
 
+def test_videos_beyond_the_context_are_refused_before_decoding(engine, monkeypatch):
+    from omni.models import qwen2_5_omni_thinker, qwen_vl_video
+
+    media, video = engine.lm.media, mp4_with_track(1)
+    per_video = qwen_vl_video.token_count(media.video, video)
+    monkeypatch.setattr(media, "max_video_tokens", 2 * per_video)
+    monkeypatch.setattr(qwen2_5_omni_thinker, "decode_video", lambda *a: pytest.fail("decoded"))
+    prompt = _video_prompt(video)
+    prompt["messages"][0]["content"][:0] = prompt["messages"][0]["content"][:1] * 2
+    engine.add(EngineRequest("many", prompt, dict(GREEDY)))
+    errors = [o for o in engine.step() if o.error]
+    while engine.has_work():
+        errors += [o for o in engine.step() if o.error]
+    assert errors[0].error_field == "messages[0].content[2]"
+    assert f"take {3 * per_video} tokens; the model's context holds" in errors[0].error
+
+
+@pytest.mark.parametrize("times,per_chunk", [([0, 0, 25, 25, 50], 50), ([0, 60, 130], 50),
+                                              ([], 50), ([10, 20], 50), (list(range(120)), 50)])
+def test_chunks_are_the_processors(times, per_chunk):
+    """The chunking of a heard video's layout is Qwen2_5OmniProcessor's get_chunked_index."""
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+
+    from omni.models.qwen2_5_omni_video import chunks
+
+    theirs = Qwen2_5OmniProcessor.get_chunked_index(None, np.array(times), per_chunk)
+    assert chunks(np.array(times), per_chunk) == theirs
+
+
 def test_the_processors_chat_template_is_used_where_the_tokenizer_has_none(omni25_dir,
                                                                          tmp_path):
     """Qwen's omni releases keep the template in chat_template.json, the processor's file."""
