@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni's thinker for the AR engine: text, audio and images in, text out.
+"""Qwen2.5-Omni's thinker for the AR engine: text, audio, images and videos in, text out.
 
 Quirks:
 - A release is one combined checkpoint (``thinker.*``, ``talker.*``, ``token2wav.*``).
@@ -13,9 +13,15 @@ Quirks:
   <|audio_bos|><|AUDIO|><|audio_eos|>, the <|AUDIO|> grown to the audio tower's output
   length ((L-1)//2+1 -> (n-2)//2+1 of the mel frames L); an image part is
   <|vision_bos|><|IMAGE|><|vision_eos|>, the <|IMAGE|> grown to one token per merged patch.
-  The towers' outputs replace those tokens' embeddings. Audio tokens take consecutive
-  positions (an audio-only prompt keeps 1-D positions); with images the prompt gets the
-  model's own 3-axis ``get_rope_index`` positions.
+  A video part is <|vision_bos|><|VIDEO|><|vision_eos|>, the <|VIDEO|> grown to its
+  merged patches, or, heard with its track (``use_audio_in_video``), to its patches and
+  its track's audio tokens interleaved by time (omni/models/qwen2_5_omni_video.py: how the
+  release's processor samples, sizes and lays out a video). The towers' outputs replace
+  those tokens' embeddings; images and videos go through the vision tower in one call
+  (a video's patches are cut like an image's: get_video_features is the same tower call).
+  Audio tokens take consecutive positions (an audio-only prompt keeps 1-D positions);
+  with images or videos the prompt gets the model's own 3-axis ``get_rope_index``
+  positions (a video's time axis: seconds per grid x position_id_per_seconds).
 - What the talker reads (omni/models/qwen2_5_omni_talker.py): for every position the
   thinker fed, the embedding (layer 0) and the LAST layer's hidden state; so this stage
   exports both for the prompt AND every decode step (unlike Qwen3-Omni's, which exports
@@ -32,13 +38,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.engines.base import EngineLoadError, PromptLayout
+from omni.engines.base import EngineLoadError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
+from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image
+from omni.models.qwen_vl_video import Clip, VideoRules
+from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
 
-MEDIA_PARTS = ("input_audio", "image")
-UNDECODED_PARTS = ("image_url", "audio_url", "video_url", "video")
+MEDIA_PARTS = ("input_audio", "image", "video")
+UNDECODED_PARTS = ("image_url", "audio_url", "video_url")
 
 
 def audio_tokens(mel_frames: torch.Tensor) -> torch.Tensor:
@@ -49,17 +58,26 @@ def audio_tokens(mel_frames: torch.Tensor) -> torch.Tensor:
 
 
 class Omni25Media:
-    """Builds (ids, embeddings, layout) of a chat prompt holding audio and image parts."""
+    """Builds (ids, embeddings, layout) of a chat prompt holding audio, image and video
+    parts."""
 
     def __init__(self, thinker: Any, tokenizer: Any, feature_extractor: Any,
-                 image_processor: Any) -> None:
+                 image_processor: Any, video: VideoRules | None) -> None:
         self.thinker, self.tokenizer, self.fe = thinker, tokenizer, feature_extractor
-        self.images = image_processor
+        self.images, self.video = image_processor, video
         cfg = thinker.config
         self.audio_id, self.image_id = int(cfg.audio_token_index), int(cfg.image_token_index)
+        self.video_id = int(cfg.video_token_index)
+        self.track = {"audio_start": int(cfg.audio_start_token_id), "audio": self.audio_id,
+                      "audio_end": int(cfg.audio_end_token_id), "video": self.video_id}
+        self.per_second = float(cfg.position_id_per_seconds)
+        self.seconds_per_chunk = float(cfg.seconds_per_chunk)
+        # no prompt's videos may take more tokens than the context (counted from headers)
+        self.max_video_tokens = int(cfg.text_config.max_position_embeddings)
 
     def info(self) -> dict[str, Any]:
-        parts = ["text", "input_audio", "audio_url"] + (["image_url"] if self.images else [])
+        parts = ["text", "input_audio", "audio_url"] + (
+            ["image_url", "video_url"] if self.images else [])
         return {"input_audio_rate": int(self.fe.sampling_rate), "input_parts": parts}
 
     @staticmethod
@@ -71,51 +89,84 @@ class Omni25Media:
 
     def encode(self, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        media: dict[str, list[Any]] = {"audio": [], "image": []}
+        # audio: every clip in prompt order, standalone or a video's track (heard[i]: the
+        # i-th video brings its track, interleaved with its frames by time)
+        media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
         rendered = []
-        for m in messages:
+        for i, m in enumerate(messages):
             content = m.get("content")
-            if isinstance(content, list):
-                content = [self._part(p, media) for p in content]
+            if isinstance(content, list):  # a part's error names it (the 400's param)
+                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
+                                        f"messages[{i}].content[{j}]")
+                           for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
+        # every video's size was checked from its headers before any is decoded
+        media["video"] = [naming_field(where, decode_video, self.video, data)
+                          for where, data in media["video"]]
         rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                                   tokenize=False, **extra)
         ids = self.tokenizer(text)["input_ids"]
         with torch.inference_mode():
             audio = self._audio(media["audio"]) if media["audio"] else None
-            images = self._images(media["image"]) if media["image"] else None
-            expanded = self._expand(ids, audio, images)
+            visual = self._visual(media["image"], media["video"])
+            expanded = self._expand(ids, media, audio, visual)
             ids_t = torch.tensor(expanded, device=self.thinker.device)
             embeds = self.thinker.get_input_embeddings()(ids_t)
-            for token, out in ((self.audio_id, audio), (self.image_id, images)):
+            for token, out in ((self.audio_id, audio and audio["embeds"]),
+                               (self.image_id, visual and visual["image"]),
+                               (self.video_id, visual and visual["video"])):
                 if out is not None:
-                    embeds[ids_t == token] = out["embeds"].to(embeds.dtype)
-            if images is None:
+                    embeds[ids_t == token] = out.to(embeds.dtype)
+            if visual is None:
                 return expanded, embeds, None
-            rope, delta = self._rope(expanded, images["grid"], audio)
+            rope, delta = self._rope(expanded, visual, media, audio)
         return expanded, embeds, PromptLayout(
             rope, delta, exports={"prompt_rope_positions": rope.tolist()})
 
-    def _expand(self, ids: list[int], audio: Any, images: Any) -> list[int]:
+    def _expand(self, ids: list[int], media: dict[str, list[Any]], audio: Any,
+                visual: Any) -> list[int]:
         """The template's ids with each media placeholder grown to its token count."""
-        counts = {self.audio_id: iter(audio["tokens"] if audio else []),
-                  self.image_id: iter(images["tokens"] if images else [])}
-        for token, out, kind in ((self.audio_id, audio, "audio"),
-                                 (self.image_id, images, "image")):
-            want = len(out["tokens"]) if out else 0
+        heard = media["heard"]
+        for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
+                                  (self.image_id, len(media["image"]), "image"),
+                                  (self.video_id, len(media["video"]), "video")):
             if ids.count(token) != want:
                 raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
                                  f"placeholders for {want} {kind} parts")
+        if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
+            raise ValueError("use_audio_in_video needs every video to have an audio track")
+        clips = iter(audio["tokens"] if audio else [])
+        images = iter(visual["tokens"][:len(media["image"])] if visual else [])
+        videos = iter(zip(media["video"], heard, visual["tokens"][len(media["image"]):],
+                          strict=True) if visual else [])
+        merge = self.video.merge if self.video else 0
         expanded: list[int] = []
         for t in ids:
-            expanded += [t] * int(next(counts[t])) if t in counts else [t]
+            if t == self.audio_id:
+                expanded += [t] * int(next(clips))
+            elif t == self.image_id:
+                expanded += [t] * int(next(images))
+            elif t == self.video_id:
+                clip, with_track, count = next(videos)
+                expanded += video_with_audio(clip, merge, int(next(clips)), self.track,
+                                             self.per_second, self.seconds_per_chunk) \
+                    if with_track else [t] * int(count)
+            else:
+                expanded.append(t)
         return expanded
 
     def _audio(self, clips: list[np.ndarray]) -> dict[str, Any]:
-        """The audio tower's embeddings of `clips` and each clip's token count."""
-        feats = self.fe(clips, sampling_rate=self.fe.sampling_rate, padding=True,
-                        truncation=False, return_attention_mask=True, return_tensors="pt")
+        """The audio tower's embeddings of `clips` and each clip's token count. The
+        release's processor pads every clip to the extractor's 30 s window ("max_length"):
+        a clip's last frames then see zeros past its end and it counts ceil(samples / hop)
+        frames. Padding to the longest clip + one FFT window gives those same features and
+        counts (tested) without computing 30 s of silence per clip."""
+        longest = max(len(c) for c in clips) + int(self.fe.n_fft)
+        hop = int(self.fe.hop_length)
+        feats = self.fe(clips, sampling_rate=self.fe.sampling_rate, padding="max_length",
+                        max_length=-(-longest // hop) * hop, truncation=False,
+                        return_attention_mask=True, return_tensors="pt")
         mask = feats["attention_mask"]
         dev = self.thinker.device
         out = self.thinker.get_audio_features(
@@ -124,43 +175,84 @@ class Omni25Media:
         return {"embeds": out.last_hidden_state, "lengths": lengths,
                 "tokens": audio_tokens(lengths).tolist()}
 
-    def _images(self, images: list[Any]) -> dict[str, Any]:
-        batch = self.images(images=images, return_tensors="pt")
-        grid = batch["image_grid_thw"]
+    def _visual(self, images: list[Any], clips: list[Clip]) -> dict[str, Any] | None:
+        """One vision tower call over the prompt's images, then its videos: grids (n, 3),
+        tokens per item, and the images' and videos' embeddings (None where there are
+        none)."""
+        if not images and not clips:
+            return None
+        pixels, grids = [], []
+        if images:
+            batch = self.images(images=images, return_tensors="pt")
+            pixels.append(batch["pixel_values"])
+            grids.append(batch["image_grid_thw"])
+        pixels += [c.patches for c in clips]
+        grids += [c.grid for c in clips]
+        grid = torch.cat(grids)
         dev = self.thinker.device
         out = self.thinker.get_image_features(
-            batch["pixel_values"].to(dev, self.thinker.dtype), grid.to(dev), return_dict=True)
+            torch.cat(pixels).to(dev, self.thinker.dtype), grid.to(dev), return_dict=True)
         embeds = out.pooler_output
         embeds = torch.cat(list(embeds)) if isinstance(embeds, list | tuple) else embeds
-        merge = int(self.images.merge_size)
-        return {"embeds": embeds, "grid": grid, "tokens": (grid.prod(-1) // merge**2).tolist()}
+        tokens = (grid.prod(-1) // int(self.images.merge_size) ** 2).tolist()
+        split = sum(tokens[:len(images)])
+        return {"grid": grid, "tokens": tokens, "images": len(images),
+                "image": embeds[:split] if images else None,
+                "video": embeds[split:] if clips else None}
 
-    def _rope(self, ids: list[int], grid: torch.Tensor, audio: Any) -> tuple[torch.Tensor, float]:
+    def _rope(self, ids: list[int], visual: dict[str, Any], media: dict[str, list[Any]],
+              audio: Any) -> tuple[torch.Tensor, float]:
         """(3, len(ids)) positions and the delta after them: the model's get_rope_index."""
         ids_t = torch.tensor([ids])
+        n, clips = visual["images"], media["video"]
         positions, delta = self.thinker.get_rope_index(
-            ids_t, image_grid_thw=grid, attention_mask=torch.ones_like(ids_t),
-            audio_seqlens=None if audio is None else audio["lengths"])
+            ids_t, image_grid_thw=visual["grid"][:n] if n else None,
+            video_grid_thw=visual["grid"][n:] if clips else None,
+            attention_mask=torch.ones_like(ids_t), use_audio_in_video=any(media["heard"]),
+            audio_seqlens=None if audio is None else audio["lengths"],
+            second_per_grids=torch.tensor([c.second_per_grid for c in clips])
+            if clips else None)
         return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
 
-    def _part(self, part: Any, media: dict[str, list[Any]]) -> Any:
+    def _part(self, part: Any, media: dict[str, list[Any]], where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNDECODED_PARTS:
-            if kind in ("video", "video_url"):
-                raise ValueError("this model serves text, audio and image parts (no video yet)")
             raise ValueError(f"'{kind}' content parts reach this model decoded by the API")
-        if kind == "image":
+        if kind in ("image", "video"):
             if self.images is None:
                 raise ValueError("this model directory has no image processor config")
-            media["image"].append(decode_image(part))
-            return {"type": "image"}
+            if kind == "image":
+                media["image"].append(decode_image(part))
+            else:
+                self._video(part, media, where)
+            return {"type": kind}
         if kind != "input_audio":
             return part
-        pcm = (part.get("input_audio") or {}).get("pcm_f32le")
-        if not isinstance(pcm, bytes):
-            raise ValueError("an audio part reached the engine undecoded")
-        media["audio"].append(np.frombuffer(pcm, dtype=np.float32))
+        media["audio"].append(_samples((part.get("input_audio") or {}).get("pcm_f32le")))
         return {"type": "audio"}
+
+    def _video(self, part: dict[str, Any], media: dict[str, list[Any]], where: str) -> None:
+        """Take a video part, (where, file) for now, after checking from its headers that
+        the prompt's videos fit the context; and its track."""
+        video = part.get("video") or {}
+        if not isinstance(video.get("data"), bytes):
+            raise ValueError("a video part reached the engine undecoded")
+        counts = media.setdefault("video_tokens", [])
+        counts.append(video_token_count(self.video, video["data"]))
+        if sum(counts) > self.max_video_tokens:
+            raise ValueError(f"the prompt's videos take {sum(counts)} tokens; the model's "
+                             f"context holds {self.max_video_tokens}")
+        media["video"].append((where, video["data"]))
+        track = video.get("pcm_f32le")
+        media["heard"].append(track is not None)
+        if track is not None:
+            media["audio"].append(_samples(track))
+
+
+def _samples(pcm: Any) -> np.ndarray:
+    if not isinstance(pcm, bytes):
+        raise ValueError("an audio part or track reached the engine undecoded")
+    return np.frombuffer(pcm, dtype=np.float32)
 
 
 def load_omni25_composite(path: Path, *, dtype: Any, audio_output: bool) -> Any:
@@ -206,7 +298,9 @@ def load_thinker(path: Path, *, dtype: str, device: str) -> CausalLM:
     if (path / "preprocessor_config.json").is_file():
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
         # its own tokenizer: it encodes on a worker thread (omni/engines/ar/encoder.py)
-        media = Omni25Media(thinker, copy.deepcopy(tokenizer), fe, _image_processor(path))
+        images = _image_processor(path)
+        media = Omni25Media(thinker, copy.deepcopy(tokenizer), fe, images,
+                            omni_video_rules(path) if images is not None else None)
     return CausalLM(model=thinker, tokenizer=tokenizer,
                     eos_token_ids=eos_ids(path, text_config, tokenizer), model_dir=str(path),
                     dtype=torch_dtype, device=dev, random_weights=_is_random(path),

@@ -43,6 +43,7 @@ STREAMED = PIPELINE.replace("name: omni25", "name: omni25-stream").replace(
 FRAMES, SEED = 30, 4
 ASK = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
+GREEDY_ONLY = {"max_tokens": 6, "temperature": 0}  # ignore_eos beside other extra_body
 
 
 @pytest.fixture(scope="module")
@@ -215,4 +216,72 @@ def test_unknown_voice_is_a_400_naming_the_voices(server):
             with pytest.raises(openai.BadRequestError) as e:
                 await client.chat.completions.create(**speak("pcm16", "nobody"), **GREEDY)
             assert "Chelsie" in str(e.value) and "Ethan" in str(e.value)
+    run(body())
+
+
+def _ask_about(video: bytes) -> list[dict]:
+    url = "data:video/mp4;base64," + base64.b64encode(video).decode()
+    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                         {"type": "text", "text": "What is this?"}]}]
+
+
+def _thinker_answer(reference, model_dir, video: bytes, heard: bool) -> str:
+    """transformers' thinker.generate on the processor's inputs for the video (and the
+    track the API decodes, when heard), as text."""
+    from transformers import AutoTokenizer
+    from unit.omni25_reference import video_inputs
+
+    from omni.media.audio import decode_audio
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    track = decode_audio(video, 16000, 600.0) if heard else None
+    pads, media = video_inputs(str(model_dir), video, track)
+    text = tok.apply_chat_template([{"role": "user", "content": [
+        {"type": "video"}, {"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True, tokenize=False).replace("<|VIDEO|>", pads)
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference["model"].thinker.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+            do_sample=False, eos_token_id=None, **media)
+    return tok.decode(out[0, ids.shape[1]:])
+
+
+def test_a_video_answer_equals_transformers_seen_and_heard(server, reference, model_dir):
+    from unit.omni25_reference import mp4_with_track
+
+    videos = [mp4_with_track(1), mp4_with_track(5)]
+    asks = [(v, heard) for v in videos for heard in (False, True)]
+
+    async def body() -> list[str]:
+        async with server.client(timeout=90) as client:
+            replies = [await client.chat.completions.create(
+                model="omni25", messages=_ask_about(v), **GREEDY_ONLY,
+                extra_body={"ignore_eos": True, "use_audio_in_video": heard})
+                for v, heard in asks]
+            return [r.choices[0].message.content for r in replies]
+    served = run(body())
+    assert len(set(served)) == len(asks)  # each video, seen or heard, answers differently
+    for (video, heard), answer in zip(asks, served, strict=True):
+        assert answer == _thinker_answer(reference, model_dir, video, heard), heard
+
+
+def test_bad_video_parts_are_400s_naming_the_part(server):
+    from unit.omni25_reference import mp4_with_track
+    from unit.vl_reference import mp4
+
+    one_frame = mp4_with_track(3, seconds=1, fps=1)  # readable; fewer frames than a patch
+    cases = ((b"not a video", "not a video this server can read", False),
+             (one_frame, "at least 2 are needed", False),  # the engine's refusal
+             (mp4(1), "use_audio_in_video", True))  # no track to hear
+
+    async def body():
+        async with server.client(timeout=60) as client:
+            for data, needle, heard in cases:
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.chat.completions.create(
+                        model="omni25", messages=_ask_about(data), **GREEDY_ONLY,
+                        extra_body={"use_audio_in_video": heard})
+                assert needle in info.value.message, info.value.message
+                assert info.value.body["param"] == "messages[0].content[0]"
     run(body())

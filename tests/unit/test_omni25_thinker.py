@@ -1,15 +1,17 @@
 """Qwen2.5-Omni's thinker through the AR engine (tiny random release-layout checkpoint):
-batched greedy answers to text, audio and image prompts equal transformers' own
+batched greedy answers to text, audio, image and video prompts equal transformers' own
 thinker.generate, and the exported rows are what its talker reads (the embedding and the
 last layer of every fed position)."""
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from unit.omni25_reference import mp4_with_track, video_inputs
 
 from omni.engines.ar.engine import AREngine
 from omni.engines.base import EngineRequest
@@ -84,7 +86,7 @@ def _clip(seconds: float, hz: float) -> np.ndarray:
 
 
 def test_audio_input_matches_transformers(engine, reference):
-    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1, 220.0)}
+    clips = {"a": _clip(0.6, 440.0), "b": _clip(1.1037, 220.0)}  # b: not whole hops
     got, outs = _run(engine, {rid: {"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"pcm_f32le": c.tobytes(), "sample_rate": 16000}},
         {"type": "text", "text": "What is this?"}]}]} for rid, c in clips.items()})
@@ -128,13 +130,113 @@ def test_image_input_matches_transformers(engine, reference):
                **pixels)
 
 
-def test_video_is_refused_clearly(engine):
-    engine.add(EngineRequest("v", {"messages": [{"role": "user", "content": [
-        {"type": "video", "video": {"frames": []}}]}]}, dict(GREEDY)))
-    errors = [o.error for o in engine.step() if o.error]
+def _video_prompt(data: bytes, track: np.ndarray | None = None,
+                  image: bytes | None = None) -> dict:
+    video = {"data": data}
+    if track is not None:  # what the API adds for use_audio_in_video
+        video.update(pcm_f32le=track.tobytes(), sample_rate=16000)
+    content = [{"type": "video", "video": video}, {"type": "text", "text": "What is this?"}]
+    if image is not None:
+        content.insert(0, {"type": "image", "image": {"data": image}})
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def _expected_ids(engine: AREngine, pads: str, image: Any) -> list[int]:
+    """The processor's prompt: the template's placeholders grown as it grows them."""
+    kinds = ([{"type": "image"}] if image is not None else []) + [{"type": "video"}]
+    text = engine.lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [*kinds, {"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True, tokenize=False).replace("<|VIDEO|>", pads)
+    if image is not None:
+        text = text.replace("<|IMAGE|>", "<|IMAGE|>" * int(image["image_grid_thw"].prod() // 4))
+    return engine.lm.tokenizer(text)["input_ids"]
+
+
+def test_video_input_matches_transformers(engine, reference, omni25_dir):
+    """Videos, seen alone, after an image (one tower call for both) and heard with their
+    track (use_audio_in_video: frames and audio interleaved in 2 s chunks, time-aligned
+    rotary positions), batched: the processor's prompt ids, and greedy answers equal to
+    thinker.generate."""
+    from PIL import Image
+
+    from omni.media.audio import decode_audio
+
+    videos = {"one": mp4_with_track(1), "two": mp4_with_track(5)}
+    tracks = {rid: decode_audio(v, 16000, 600.0) for rid, v in videos.items()}
+    png = _png(56, 84, 4)
+    requests = {rid: _video_prompt(v) for rid, v in videos.items()}
+    requests.update({f"{rid}+track": _video_prompt(v, tracks[rid]) for rid, v in videos.items()})
+    requests["one+image"] = _video_prompt(videos["one"], image=png)
+    tower, calls = engine.lm.media.thinker.get_image_features, []
+    engine.lm.media.thinker.get_image_features = lambda pixels, grid, **kw: calls.append(
+        len(grid)) or tower(pixels, grid, **kw)
+    try:
+        got, outs = _run(engine, requests)
+    finally:
+        del engine.lm.media.thinker.get_image_features
+    # the fixture varies: another video or its track heard, another answer
+    assert len(set(got["one"])) >= 3 and got["one"] != got["two"]
+    assert got["one+track"] != got["two+track"] and got["one"] != got["one+track"]
+    assert sorted(calls) == [1, 1, 1, 1, 2]  # the image and its prompt's video: one call
+    for rid in requests:
+        name, extra = rid.split("+")[0], rid.partition("+")[2]
+        pads, media = video_inputs(str(omni25_dir), videos[name],
+                                   tracks[name] if extra == "track" else None)
+        image = engine.lm.media.images(images=[Image.open(io.BytesIO(png)).convert("RGB")],
+                                       return_tensors="pt") if extra == "image" else None
+        ids = _expected_ids(engine, pads, image)
+        assert outs[rid][0]["prompt_token_ids"] == ids, rid
+        _check(reference, ids, got[rid], outs[rid], **(dict(image) if image else {}),
+               attention_mask=torch.ones(1, len(ids), dtype=torch.long), **media)
+
+
+def test_bad_videos_fail_their_request_naming_the_part(engine):
+    from omni.engines.base import INPUT_FAULT
+
+    one_frame = mp4_with_track(3, seconds=1, fps=1)
+    requests = {"junk": _video_prompt(b"not a video"), "short": _video_prompt(one_frame),
+                "good": _video_prompt(mp4_with_track(1))}
+    for rid, inputs in requests.items():
+        engine.add(EngineRequest(rid, inputs, dict(GREEDY)))
+    errors, done = {}, set()
     while engine.has_work():
-        errors += [o.error for o in engine.step() if o.error]
-    assert errors and "video" in str(errors[0])
+        for o in engine.step():
+            if o.error:
+                assert o.error_kind == INPUT_FAULT and o.error_field == "messages[0].content[0]"
+                errors[o.request_id] = o.error
+            done |= {o.request_id} if o.finished else set()
+    assert "not a video this server can read" in errors["junk"]
+    assert "at least 2 are needed" in errors["short"]
+    assert "good" in done and "good" not in errors
+
+
+def test_videos_beyond_the_context_are_refused_before_decoding(engine, monkeypatch):
+    from omni.models import qwen2_5_omni_thinker, qwen_vl_video
+
+    media, video = engine.lm.media, mp4_with_track(1)
+    per_video = qwen_vl_video.token_count(media.video, video)
+    monkeypatch.setattr(media, "max_video_tokens", 2 * per_video)
+    monkeypatch.setattr(qwen2_5_omni_thinker, "decode_video", lambda *a: pytest.fail("decoded"))
+    prompt = _video_prompt(video)
+    prompt["messages"][0]["content"][:0] = prompt["messages"][0]["content"][:1] * 2
+    engine.add(EngineRequest("many", prompt, dict(GREEDY)))
+    errors = [o for o in engine.step() if o.error]
+    while engine.has_work():
+        errors += [o for o in engine.step() if o.error]
+    assert errors[0].error_field == "messages[0].content[2]"
+    assert f"take {3 * per_video} tokens; the model's context holds" in errors[0].error
+
+
+@pytest.mark.parametrize("times,per_chunk", [([0, 0, 25, 25, 50], 50), ([0, 60, 130], 50),
+                                              ([], 50), ([10, 20], 50), (list(range(120)), 50)])
+def test_chunks_are_the_processors(times, per_chunk):
+    """The chunking of a heard video's layout is Qwen2_5OmniProcessor's get_chunked_index."""
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+
+    from omni.models.qwen2_5_omni_video import chunks
+
+    theirs = Qwen2_5OmniProcessor.get_chunked_index(None, np.array(times), per_chunk)
+    assert chunks(np.array(times), per_chunk) == theirs
 
 
 def test_the_processors_chat_template_is_used_where_the_tokenizer_has_none(omni25_dir,
