@@ -43,4 +43,4 @@ class SpeechRequest(ModelRequest):
         None, description="what ref_audio says; without it the voice is cloned from the "
         "speaker embedding alone")
     seed: int_in(0, description="a sampling voice model's random draws: the same seed, the "
-                 "same audio (e.g. Qwen3-TTS, in any batch)") | None = None
+                 "same audio, in any batch") | None = None
