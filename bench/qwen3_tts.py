@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tag", default="cpu")
 
 
-def _model_dir(arg: str, clone: bool, shape: str) -> str:
+def fixture_dir(arg: str, clone: bool, shape: str) -> str:
+    """--model, or the random fixture of that layout and shape (built once, cached)."""
     if arg:
         return arg
     from omni.config.environments import env_python
@@ -106,7 +107,7 @@ def _reference_clip() -> dict[str, str]:
 
 
 
-def _start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
+def start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", str(yaml_path),
                              "--port", "0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -156,7 +157,7 @@ def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, A
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    model_dir = _model_dir(args.model, args.clone, args.shape)
+    model_dir = fixture_dir(args.model, args.clone, args.shape)
     extra = _reference_clip() if args.clone else {}  # request fields beside the text
     levels = [int(c) for c in args.concurrency.split(",")]
     bursts = [int(b) for b in args.bursts.split(",")]
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     yaml_path.write_text(PIPELINE.format(model_dir=model_dir, frames=args.frames,
                                          sample=str(args.sample).lower(), batch=max(levels),
                                          chunk=args.chunk_frames))
-    proc, port = _start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
+    proc, port = start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
     try:
         asyncio.run(_burst(port, 1, extra))  # warm-up
         rows = []

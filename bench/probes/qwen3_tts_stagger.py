@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.qwen3_tts import fixture_dir, start_server  # noqa: E402 - after the path
 
 TEXT = "The ship sailed north across the cold sea, carrying wheat, wool, iron and passengers."
 PIPELINE = """\
@@ -40,32 +41,6 @@ stages:
     options: {{max_new_tokens: {frames}, do_sample: false, subtalker_dosample: false,
                max_batch_size: 64, openai_voices: true}}
 """
-
-
-def _model_dir(arg: str, shape: str) -> str:
-    if arg:
-        return arg
-    from omni.config.environments import env_python
-    from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
-    from omni.models.cache import default_cache_dir
-
-    return str(ensure_tiny_qwen3_tts(env_python("qwen3-tts"), default_cache_dir(),
-                                     "custom_voice", shape))
-
-
-def _start_server(yaml_path: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "omni.server", "--pipeline", str(yaml_path),
-                             "--port", "0"], stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        found = re.search(r"listening on http://[0-9.]+:(\d+)", log.read_text())
-        if found:
-            return proc, int(found.group(1))
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        time.sleep(0.5)
-    proc.terminate()
-    raise RuntimeError("server did not start in 600 s")
 
 
 async def _one(session: Any, url: str, delay: float) -> dict[str, float]:
@@ -112,8 +87,9 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="probe-qwen3-tts-"))
     yaml_path = work / "qwen3-tts.yaml"
-    yaml_path.write_text(PIPELINE.format(model_dir=_model_dir(args.model, args.shape), frames=args.frames))
-    proc, port = _start_server(yaml_path, work / "server.log")
+    yaml_path.write_text(PIPELINE.format(model_dir=fixture_dir(args.model, False, args.shape),
+                                         frames=args.frames))
+    proc, port = start_server(yaml_path, work / "server.log")
     try:
         report = asyncio.run(_run(port, args.concurrency, args.gap_s))
     finally:
