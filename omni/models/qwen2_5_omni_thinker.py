@@ -41,7 +41,7 @@ import torch
 from omni.engines.base import EngineLoadError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
-from omni.models.qwen3_omni_vision import TextFirstRope, decode_image
+from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
 from omni.models.qwen_vl_video import Clip, VideoRules
 from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
@@ -202,17 +202,14 @@ class Omni25Media:
 
     def _rope(self, ids: list[int], visual: dict[str, Any], media: dict[str, list[Any]],
               audio: Any) -> tuple[torch.Tensor, float]:
-        """(3, len(ids)) positions and the delta after them: the model's get_rope_index."""
-        ids_t = torch.tensor([ids])
+        """(3, len(ids)) positions and the delta after them: the model's get_rope_index
+        (qwen3_omni_vision.rope_index) over this prompt's images, then its videos."""
         n, clips = visual["images"], media["video"]
-        positions, delta = self.thinker.get_rope_index(
-            ids_t, image_grid_thw=visual["grid"][:n] if n else None,
-            video_grid_thw=visual["grid"][n:] if clips else None,
-            attention_mask=torch.ones_like(ids_t), use_audio_in_video=any(media["heard"]),
-            audio_seqlens=None if audio is None else audio["lengths"],
-            second_per_grids=torch.tensor([c.second_per_grid for c in clips])
-            if clips else None)
-        return positions[:, 0].float().cpu(), float(delta.reshape(-1)[0])
+        images = {"grid": visual["grid"][:n]} if n else None
+        videos = {"grid": visual["grid"][n:], "second_per_grid": torch.tensor(
+            [c.second_per_grid for c in clips])} if clips else None
+        return rope_index(self.thinker, ids, images, videos,
+                          None if audio is None else audio["lengths"], any(media["heard"]))
 
     def _part(self, part: Any, media: dict[str, list[Any]], where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
