@@ -23,6 +23,10 @@ def compare(kind: str, got: dict[str, Any], want: dict[str, Any], s: Settings,
     problems = []
     if kind in ("chat", "chat_audio", "transcription") and got["text"] != want["text"]:
         problems.append(f"text {got['text']!r} != reference {want['text']!r}")
+    if want.get("audio_sha") and got.get("audio_sha") != want["audio_sha"]:
+        # the runs alone were equal sample for sample (the voice without its noise)
+        problems.append(f"audio differs from the runs alone, which were equal sample for "
+                        f"sample ({_length(got)} vs {_length(want)})")
     for key in ("pcm_bytes", "duration_s"):
         if key not in want:
             continue
@@ -38,6 +42,10 @@ def compare(kind: str, got: dict[str, Any], want: dict[str, Any], s: Settings,
         problems.append(f"video {got['frames']} frames {got['size']}, asked "
                         f"{s.video_frames} frames {s.video_size}")
     return "; ".join(problems) or None
+
+
+def _length(answer: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {answer[k]}" for k in ("pcm_bytes", "duration_s") if k in answer)
 
 
 def explained_by_kill(record: dict[str, Any], kills: list[dict[str, Any]], end: float) -> bool:
@@ -217,8 +225,11 @@ def _audio_reference_lines(references: dict[str, Any]) -> list[str]:
             if key.endswith("_runs")]
     spread = [f"{name} {min(x) / statistics.median(x) - 1:+.1%}..."
               f"{max(x) / statistics.median(x) - 1:+.1%}" for name, x in runs]
+    exact = [name for name, ref in references.items() if ref.get("audio_sha")]
+    same = (f"; equal sample for sample, so answers under load must be too: "
+            f"{', '.join(exact)}" if exact else "")
     return [f"Spoken references: each the median of {len(runs[0][1])} runs alone; their "
-            f"spread around it: {'; '.join(spread)}", ""] if runs else []
+            f"spread around it: {'; '.join(spread)}{same}", ""] if runs else []
 
 
 def _exit_warnings(log_tail: list[str]) -> list[str]:

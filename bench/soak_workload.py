@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
 import time
@@ -133,15 +134,19 @@ async def chat(session: Any, base: str, prompt: str, s: Settings, audio: bool) -
         body.update(modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
     deadline = s.deadline("chat_audio" if audio else "chat")
     resp = await _post(session, f"{base}/v1/chat/completions", deadline, json=body)
-    text, pcm = [], 0
+    text, pcm = [], hashlib.sha256()
+    pcm_bytes = 0
     async with resp:
         async for event in _sse(resp, deadline):
             delta = (event.get("choices") or [{}])[0].get("delta") or {}
             text.append(delta.get("content") or "")
             sound = delta.get("audio") or {}
             text.append(sound.get("transcript") or "")
-            pcm += len(base64.b64decode(sound["data"])) if sound.get("data") else 0
-    return {"text": "".join(text), "pcm_bytes": pcm}
+            data = base64.b64decode(sound["data"]) if sound.get("data") else b""
+            pcm.update(data)
+            pcm_bytes += len(data)
+    result = {"text": "".join(text), "pcm_bytes": pcm_bytes}
+    return {**result, "audio_sha": pcm.hexdigest()} if audio else result
 
 
 async def speech(session: Any, base: str, sentence: str, s: Settings) -> dict:
@@ -150,7 +155,8 @@ async def speech(session: Any, base: str, sentence: str, s: Settings) -> dict:
     resp = await _post(session, f"{base}/v1/audio/speech", deadline, json=body)
     async with resp:
         wav = await _read_all(resp, deadline)
-    return {"duration_s": wav_duration(wav), "wav": wav}
+    return {"duration_s": wav_duration(wav), "wav": wav,
+            "audio_sha": hashlib.sha256(wav).hexdigest()}
 
 
 async def _read_all(resp: Any, deadline: float) -> bytes:

@@ -90,6 +90,18 @@ def test_speed_shortens_audio(tts):
     assert fast.size < 0.8 * normal.size
 
 
+def test_zero_noise_repeats_sample_for_sample_and_the_default_does_not(tts):
+    (ph,) = tts.sentences(SHORT)
+    plain = [tts.synthesize_sentence(ph)[0] for _ in range(6)]
+    assert len({a.tobytes() for a in plain}) > 1  # the voice's own noise: a draw per call
+    quiet = load_piper(options={"noise_scale": 0, "noise_w_scale": 0.0})
+    same = [quiet.synthesize_sentence(ph)[0] for _ in range(3)]
+    assert len({a.tobytes() for a in same}) == 1 and _rms(same[0]) > 0.05
+    for bad in (-0.1, "0", True, 5):
+        with pytest.raises(EngineLoadError, match="noise_w_scale must be a number"):
+            load_piper(options={"noise_w_scale": bad})
+
+
 def test_bad_input(tts):
     for bad in ("", "   ", [], ["", " "]):
         with pytest.raises(ValueError, match="nothing to synthesize"):

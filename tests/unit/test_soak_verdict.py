@@ -206,6 +206,23 @@ def test_answers_against_their_reference_at_the_default_audio_tolerance():
                                tolerance)
 
 
+def test_spoken_answers_must_equal_runs_alone_that_were_equal_sample_for_sample():
+    from bench.soak import _median_of
+
+    s, tolerance = Settings(), args().audio_tolerance
+    run = {"text": "Blue.", "pcm_bytes": 100_000, "audio_sha": "a"}
+    same = _median_of([run, dict(run), dict(run)])
+    assert same["audio_sha"] == "a"
+    assert soak_report.compare("chat_audio", dict(run), same, s, tolerance) is None
+    other = {**run, "audio_sha": "b"}  # the same length, other samples: wrong
+    assert "equal sample for sample" in soak_report.compare("chat_audio", other, same, s,
+                                                            tolerance)
+    # runs alone that differ (a voice with its noise): only the duration band is left
+    mixed = _median_of([run, {**run, "audio_sha": "c"}, dict(run)])
+    assert mixed["audio_sha"] is None
+    assert soak_report.compare("chat_audio", other, mixed, s, tolerance) is None
+
+
 def test_the_docs_state_the_default_audio_tolerance():
     percent = round(args().audio_tolerance * 100)
     row = next(line for line in DOC.read_text().splitlines()
