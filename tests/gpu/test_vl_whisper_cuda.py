@@ -21,12 +21,13 @@ from omni.models import build_runner
 def test_image_chat_on_cuda_matches_transformers(family, tmp_path_factory):
     model_dir = str(ensure_tiny_model(family, tmp_path_factory.getbasetemp() / "models"))
     engine = AREngine(model_dir, device="cuda", dtype="float32")
+    held = engine.stats()["kv_blocks_used"]  # the CUDA graphs' scratch block, for good
     got, errors = run(engine, [image_request(rid, files) for rid, files in IMAGES.items()])
     assert not errors and len(set(got["one"])) >= 4 and got["one"] != got["other"]
     assert engine._encoder.batches == [3]
     for rid, files in IMAGES.items():
         assert got[rid] == reference(model_dir, files, GREEDY["max_tokens"]), rid
-    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.stats()["kv_blocks_used"] == held  # on the H200: 1 before and after
     del engine
     torch.cuda.empty_cache()
 
