@@ -14,7 +14,7 @@ from bench.soak_workload import KINDS, ROUTES, Settings
 GROWTH_LIMIT = 0.05  # PSS, /dev/shm and fds: last samples vs first after warm-up
 KILL_GRACE_S = 5.0  # a request that began up to this long after its stage came back may
 # still have been placed while the restarted replica was connecting
-DRAIN_CODES = ("shutting_down", "aborted")
+DRAIN_CODES = ("shutting_down", "server_stopped", "aborted")
 
 
 def compare(kind: str, got: dict[str, Any], want: dict[str, Any], s: Settings,

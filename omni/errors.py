@@ -56,3 +56,7 @@ class DeadlineExceededError(OmniError):
 
 class RequestAbortedError(OmniError):
     """The request was aborted (by the caller, or because the server stopped)."""
+
+
+class ServerStoppedError(RequestAbortedError):
+    """The server stopped: the request was still running when its drain deadline passed."""

@@ -124,8 +124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--media-fetch-timeout", type=float, default=10.0,
                    help="seconds to fetch one media URL (default 10)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before "
-                   "aborting them (default 30)")
+                   help="on SIGTERM/SIGINT, seconds to let in-flight requests finish "
+                   "(default 30); one deadline for the whole drain: requests still running "
+                   "when it passes end with a 503 'server_stopped' error, then the engines "
+                   "stop, so the server exits about this long after the signal plus its "
+                   "engines' shutdown")
     p.add_argument("--cache-dir", default=None, help="where the default's models are "
                    "converted on first start (default: $OMNI_CACHE_DIR or "
                    "~/.cache/omni/models)")

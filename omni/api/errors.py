@@ -20,6 +20,7 @@ from omni.errors import (
     ReplicaDeadError,
     RequestAbortedError,
     RequestFailedError,
+    ServerStoppedError,
     ShuttingDownError,
     StageUnavailableError,
 )
@@ -54,6 +55,7 @@ _OMNI_ERRORS: list[tuple[type[Exception], int, str, str | None, dict[str, str]]]
     (RejectedInputError, 400, "invalid_request_error", "invalid_input", {}),
     (RequestFailedError, 500, "server_error", "request_failed", {"x-should-retry": "false"}),
     (DeadlineExceededError, 504, "server_error", "deadline_exceeded", {"x-should-retry": "false"}),
+    (ServerStoppedError, 503, "server_error", "server_stopped", {}),  # before its base
     (RequestAbortedError, 503, "server_error", "aborted", {}),
     (UnknownModalityError, 400, "invalid_request_error", None, {}),
     (UnsupportedInputError, 400, "invalid_request_error", "unsupported_input", {}),

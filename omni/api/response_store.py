@@ -13,6 +13,10 @@ does not extend it). A response whose JSON alone is over MAX_BYTES is not kept.
 An entry counts its whole conversation's JSON, but a response that continues another
 adds only its new messages' to the count its previous one kept: a chain of N responses
 is N serializations of new messages, not N of the whole conversation so far (O(N^2)).
+Nor does it copy the conversation: an entry holds its new messages and a link to the
+`History` of the response it continues (not to that entry, which may be evicted or
+deleted while the link keeps its messages), resolved on reading, so a chain of N
+responses holds O(N) message references, not one list of the whole conversation each.
 """
 
 from __future__ import annotations
@@ -34,13 +38,32 @@ MAX_BYTES = 64 * 2**20
 TTL_S = 3_600.0
 
 
+@dataclass(eq=False, repr=False)  # no comparisons or reprs walking a whole chain
+class History:
+    """A conversation shared along a chain: the one it continues, then its own messages."""
+
+    parent: History | None
+    own: list[dict[str, Any]]
+
+    def messages(self) -> list[dict[str, Any]]:
+        parts, node = [], self
+        while node is not None:  # a loop, not recursion: chains may be long
+            parts.append(node.own)
+            node = node.parent
+        return [message for part in reversed(parts) for message in part]
+
+
 @dataclass
 class Stored:
     response: dict[str, Any]
-    messages: list[dict[str, Any]]  # the conversation to it, instructions left out
+    history: History  # the conversation to it, instructions left out
     nbytes: int  # JSON text of the response and its messages: what the bound counts
     expires: float
     messages_nbytes: int  # of the messages: a response continuing this one adds to it
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.history.messages()
 
 
 def messages_nbytes(messages: list[dict[str, Any]]) -> int:
@@ -63,8 +86,8 @@ class ResponseStore:
         continues, kept or since gone) and then ``messages``. False when it alone is over
         the byte bound."""
         conversation = messages_nbytes(messages)
+        history = History(None if previous is None else previous.history, list(messages))
         if previous is not None:
-            messages = [*previous.messages, *messages]
             conversation += previous.messages_nbytes
         nbytes = len(json.dumps(response)) + conversation
         if nbytes > self.max_bytes:
@@ -72,7 +95,7 @@ class ResponseStore:
                         "kept", response["id"], nbytes, self.max_bytes)
             return False
         self.delete(response["id"])
-        self.entries[response["id"]] = Stored(response, messages, nbytes,
+        self.entries[response["id"]] = Stored(response, history, nbytes,
                                               self.clock() + self.ttl_s, conversation)
         self.nbytes += nbytes
         self._bound()

@@ -182,7 +182,10 @@ class ResponseRun:
 
 
 def _input_param(param: str | None, first: int, sources: list[int]) -> str | None:
-    """chat_media's ``messages[k]...`` as the input item it came from."""
+    """chat_media's ``messages[k]...`` as the input item it came from; ``messages`` (a
+    stage's refusal of the whole prompt) as ``input``."""
+    if param == "messages":
+        return "input"
     found = re.match(r"messages\[(\d+)\](.*)", param or "")
     if found is None:
         return param

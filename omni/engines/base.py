@@ -99,6 +99,13 @@ class InputFieldError(ValueError):
         self.field = field
 
 
+def input_error(field: str | None, message: str) -> ValueError:
+    """The error refusing a request's input: an InputFieldError naming ``field`` when the
+    input came in one the API knows (the 400's ``param``), else a plain ValueError (the
+    input's fault all the same: a 400, with no param)."""
+    return InputFieldError(field, message) if field else ValueError(message)
+
+
 def naming_field(field: str, step: Callable[..., Any], *args: Any) -> Any:
     """step(*args), a ValueError it raises becoming an InputFieldError naming ``field``."""
     try:

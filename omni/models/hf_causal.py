@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, InputFieldError
 from omni.models.causal_lm import (
     CausalLM,
     _is_random,
@@ -149,9 +149,10 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
     (omni/models/tool_calls.py)."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
-        raise ValueError("this model directory has no chat template; send a prompt instead")
+        raise InputFieldError("messages", "this model directory has no chat template; send "
+                              "a prompt instead")
     if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
+        raise InputFieldError("messages", "must be a non-empty list")
     norm = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.engines.base import EngineLoadError, PromptLayout, naming_field
+from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
@@ -132,10 +132,12 @@ class Omni25Media:
                                   (self.image_id, len(media["image"]), "image"),
                                   (self.video_id, len(media["video"]), "video")):
             if ids.count(token) != want:
-                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
-                                 f"placeholders for {want} {kind} parts")
+                raise InputFieldError("messages", f"the chat template placed "
+                                      f"{ids.count(token)} {kind} placeholders for {want} "
+                                      f"{kind} parts")
         if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
-            raise ValueError("use_audio_in_video needs every video to have an audio track")
+            raise InputFieldError("messages", "use_audio_in_video needs every video to "
+                                  "have an audio track")
         clips = iter(audio["tokens"] if audio else [])
         images = iter(visual["tokens"][:len(media["image"])] if visual else [])
         videos = iter(zip(media["video"], heard, visual["tokens"][len(media["image"]):],

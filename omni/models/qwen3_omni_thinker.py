@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.base import EngineLoadError, PromptLayout, naming_field
+from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
@@ -128,10 +128,12 @@ class ThinkerMedia:
                                   (self.image_id, len(media["image"]), "image"),
                                   (self.video_id, len(media["video"]), "video")):
             if ids.count(token) != want:
-                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
-                                 f"placeholders for {want} {kind} parts")
+                raise InputFieldError("messages", f"the chat template placed "
+                                      f"{ids.count(token)} {kind} placeholders for {want} "
+                                      f"{kind} parts")
         if any(heard) and not all(heard):
-            raise ValueError("use_audio_in_video needs every video to have an audio track")
+            raise InputFieldError("messages", "use_audio_in_video needs every video to "
+                                  "have an audio track")
         clips = iter(audio["tokens"] if audio else [])
         shots = iter(range(len(media["video"])))
         image_tokens = iter(images["tokens"] if images else [])

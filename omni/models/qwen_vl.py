@@ -125,7 +125,7 @@ class VisionMedia:
                 unique: dict[str, Any]) -> tuple[list[int], list[str]]:
         """The template's token ids and each image's / video's digest, in prompt order."""
         if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
+            raise InputFieldError("messages", "must be a non-empty list")
         digests: list[str] = []
         # digest -> (kind, file, where its part first is: errors name it), of this prompt
         files: dict[str, tuple[str, bytes, str]] = {}
@@ -148,8 +148,9 @@ class VisionMedia:
         for kind, token in (("image", self.image_id), ("video", self.video_id)):
             want = sum(files[d][0] == kind for d in digests)
             if ids.count(token) != want:
-                raise ValueError(f"the chat template placed {ids.count(token)} {kind} "
-                                 f"placeholders for {want} {kind} parts")
+                raise InputFieldError("messages", f"the chat template placed "
+                                      f"{ids.count(token)} {kind} placeholders for {want} "
+                                      f"{kind} parts")
         return ids, digests
 
     def _part(self, part: Any, files: dict[str, tuple[str, bytes, str]], digests: list[str],
@@ -179,8 +180,9 @@ class VisionMedia:
                 continue
             total += naming_field(where, self._image_tokens, data)
         if total > self.max_image_tokens:
-            raise ValueError(f"the prompt's {len(files)} images and videos take {total} "
-                             f"tokens; the model's context holds {self.max_image_tokens}")
+            raise InputFieldError("messages", f"the prompt's {len(files)} images and videos "
+                                  f"take {total} tokens; the model's context holds "
+                                  f"{self.max_image_tokens}")
 
     def _image_tokens(self, data: bytes) -> int:
         width, height = image_size(data)

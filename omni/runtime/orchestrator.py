@@ -30,6 +30,7 @@ from omni.errors import (
     ReplicaDeadError,
     RequestAbortedError,
     RequestFailedError,
+    ServerStoppedError,
     ShuttingDownError,
     StageUnavailableError,
 )
@@ -65,6 +66,7 @@ class Orchestrator:
         self._submits = itertools.count()
         self.accepting = False
         self._stopped = False
+        self._drain_deadline: float | None = None  # loop time; set by the first drain
         self._idle = asyncio.Event()
         self._idle.set()
         self.metrics.watch(lambda: pipeline_samples(self))
@@ -346,24 +348,35 @@ class Orchestrator:
         return {"healthy": healthy, "stages": stages, "in_flight": len(self.requests)}
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop admitting and wait (bounded) for in-flight requests to finish."""
+        """Stop admitting, wait for in-flight requests until the drain's deadline, then
+        abort those still running (ServerStoppedError). One deadline for every call: the
+        earliest asked for, so stop() after the server's own drain never waits again."""
         self.accepting = False
-        if self.requests:
-            log.info("pipeline '%s': draining %d requests (up to %g s)", self.pipeline.name,
-                     len(self.requests), timeout_s)
-            try:
-                await asyncio.wait_for(self._idle.wait(), timeout_s)
-            except TimeoutError:
-                log.warning("pipeline '%s': %d requests still running after %g s; aborting",
-                            self.pipeline.name, len(self.requests), timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self._drain_deadline is None or deadline < self._drain_deadline:
+            self._drain_deadline = deadline
+        if not self.requests:
+            return
+        left = max(0.0, self._drain_deadline - loop.time())
+        log.info("pipeline '%s': draining %d requests (up to %.3g s)", self.pipeline.name,
+                 len(self.requests), left)
+        try:
+            await asyncio.wait_for(self._idle.wait(), left)
+        except TimeoutError:
+            log.warning("pipeline '%s': %d requests still running at the drain deadline; "
+                        "aborting them", self.pipeline.name, len(self.requests))
+            for state in list(self.requests.values()):
+                self._finish(state, ServerStoppedError(
+                    "the server shut down before this request finished (its drain deadline "
+                    "passed); send it again"))
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
-        """Drain, abort what is left, then stop every engine process. Idempotent."""
+        """Drain (aborting what is left at the deadline), then stop every engine process.
+        Idempotent."""
         if self._stopped:
             return
         self._stopped = True
         await self.drain(drain_timeout_s)
-        for request_id in list(self.requests):
-            self.abort(request_id, "server shut down before the request finished")
         await self.engines.stop()
         self.media.close()

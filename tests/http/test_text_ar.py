@@ -1,8 +1,11 @@
 """The text APIs over the real AR engine (tiny random Qwen3) with the unmodified openai
-SDK: n choices, logprobs in both shapes, penalties, seeds, streaming with usage."""
+SDK: n choices, logprobs in both shapes, penalties, seeds, streaming with usage, a
+prompt beyond the context refused naming its field."""
 
 from __future__ import annotations
 
+import openai
+import pytest
 from httputil import run
 
 from omni.fixtures.tiny_models import ensure_tiny_model
@@ -133,3 +136,32 @@ def test_cached_tokens_of_a_shared_prefix(ar_server):
         # the system prompt's whole blocks, never the differing question
         assert first.usage.prompt_tokens // 2 < cached < second.usage.prompt_tokens
     run(body())
+
+
+def test_a_prompt_beyond_the_context_is_a_400_naming_its_field(ar_server):
+    """A refusal of the whole prompt (longer than the model's context) names the request
+    field it came in as the 400's param, as the API's own checks do: chat's ``messages``,
+    the completions API's ``prompt`` (text or token ids), the Responses API's ``input``."""
+    long_text = " ".join(f"w{i}" for i in range(2500))  # beyond the fixture's 2048 positions
+
+    async def refused(create, **kwargs) -> openai.BadRequestError:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await create(model="qwen3", **kwargs)
+        return caught.value
+
+    async def body():
+        async with ar_server.client() as client:
+            return [
+                await refused(client.chat.completions.create, max_tokens=4,
+                              messages=[{"role": "user", "content": long_text}]),
+                await refused(client.completions.create, max_tokens=4, prompt=long_text),
+                await refused(client.completions.create, max_tokens=4, prompt=[1] * 2500),
+                await refused(client.responses.create, max_output_tokens=16,
+                              input=long_text)]
+
+    chat, text, ids, response = run(body())
+    for error, param in ((chat, "messages"), (text, "prompt"), (ids, "prompt"),
+                         (response, "input")):
+        assert error.body["param"] == param, error.body
+        assert f"{param}: prompt has" in error.message and "limit is 2048" in error.message
+        assert error.code == "invalid_input"

@@ -92,6 +92,7 @@ def test_images_beyond_the_context_are_refused_before_decoding(vl_dir):
     many = image_request("many", [png(side, side, 5)] * (context // per_image + 1))
     _, errors = run(engine, [many])
     assert f"model's context holds {context}" in errors["many"], errors
+    assert errors["many"].startswith("messages: ")  # the 400's param: the whole prompt
     assert decoded == []  # refused from the headers: the tower never ran
 
 
@@ -101,4 +102,5 @@ def test_an_image_prompt_longer_than_max_model_len_is_refused(vl_dir):
     ids, _, _ = engine.lm.media.encode(request.inputs["messages"])
     short = AREngine(vl_dir, options={"max_model_len": len(ids)})
     _, errors = run(short, [request])
-    assert f"prompt has {len(ids)} tokens; the model's limit is {len(ids)}" in errors["long"]
+    assert errors["long"] == (f"messages: prompt has {len(ids)} tokens; the model's limit "
+                              f"is {len(ids)}")  # InputFieldError: its field, the 400's param

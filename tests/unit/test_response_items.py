@@ -4,6 +4,7 @@ and the bounded store of kept responses (omni/api/response_store.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -205,3 +206,48 @@ def test_a_long_chain_counts_only_its_new_messages(monkeypatch):
     one_more = entries[-len(kept) - 1].nbytes  # the same chain's next older link
     assert bounded.nbytes + one_more > bound
     assert bounded.entries["r299"].messages == entries[-1].messages  # whole, though r0 is gone
+
+
+def _message_slots(store: ResponseStore) -> int:
+    """The message references the store holds: the slots of every list reachable from its
+    entries (through their dicts and dataclasses; the messages' own contents aside)."""
+    seen, stack, slots = set(), [store.entries], 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        slots += len(obj) if isinstance(obj, list) else 0
+        if isinstance(obj, dict | list) or hasattr(obj, "__dataclass_fields__"):
+            stack.extend(gc.get_referents(obj))
+    return slots
+
+
+def _flat_chain(links: int, max_responses: int = 1_000) -> tuple[ResponseStore, list]:
+    """A chain of equal-sized links, and the whole conversation it makes."""
+    store, previous, whole = ResponseStore(max_responses=max_responses), None, []
+    for i in range(links):
+        new = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+        store.put({"id": f"r{i}"}, new, previous)
+        previous = store.get(f"r{i}") or previous
+        whole += new
+    return store, whole
+
+
+def test_a_chain_shares_its_conversation_and_keeps_it_whole_past_deletions():
+    """A response continuing another holds its new messages and a link, not a copy of the
+    conversation: a chain's references grow with its length, not its square (copied,
+    400 links held 160,400 slots, 200 links 40,200). The history stays exact when the
+    responses it continues are deleted or evicted."""
+    short, _ = _flat_chain(200)
+    long, whole = _flat_chain(400)
+    assert _message_slots(short) >= 400 and _message_slots(long) >= 800  # it sees them
+    assert _message_slots(long) < 2.2 * _message_slots(short)
+    assert long.get("r399").messages == whole and long.get("r199").messages == whole[:400]
+    for i in range(399):
+        long.delete(f"r{i}")
+    assert long.get("r399").messages == whole  # the links keep what the entries held
+    evicting, whole = _flat_chain(400, max_responses=3)
+    assert list(evicting.entries) == ["r397", "r398", "r399"]
+    assert evicting.get("r399").messages == whole
+    assert evicting.get("r398").messages == whole[:-2]

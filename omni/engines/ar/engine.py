@@ -48,6 +48,7 @@ from omni.engines.ar.inputs import (
     encode_prompt,
     encode_prompts,
     hidden_exports,
+    prompt_field,
     stream_producer,
     wants_media,
 )
@@ -190,15 +191,18 @@ class AREngine(Engine):
                 self._encoder.submit(rid, params, inputs)
                 return
             prompt = ([], None, None) if producer else encode_prompt(self.lm, inputs)
-            self._admit(rid, params, producer, *prompt, session=session)
+            self._admit(rid, params, producer, *prompt, session=session,
+                        field=prompt_field(inputs))
         except Exception as e:  # bad input fails this request only, at the next step
             self._failed.append(failed_output(rid, e))
 
     def _admit(self, rid: str, params: SamplingParams, producer: str | None, ids: list[int],
-               embeds: Any, media: Any, session: str | None = None) -> None:
+               embeds: Any, media: Any, session: str | None = None,
+               field: str | None = None) -> None:
+        """``field``: the request field the prompt came in (a refusal names it)."""
         capacity = self.cache.pool.num_blocks * self.cache.block_size
         seq = new_sequence(self.lm, self.grammars, capacity, rid, params, ids, embeds, media,
-                           producer=producer, session=session)
+                           producer=producer, session=session, field=field)
         if producer is None:
             self.session_kv.attach(seq)
         self._seqs[rid] = seq
@@ -211,7 +215,7 @@ class AREngine(Engine):
             try:
                 if error is not None:
                     raise error
-                self._admit(rid, params, None, *prompt)
+                self._admit(rid, params, None, *prompt, field="messages")  # media: a chat
             except Exception as e:
                 self._failed.append(failed_output(rid, e))
 

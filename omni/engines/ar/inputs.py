@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, input_error
 from omni.models.causal_lm import CausalLM
 from omni.models.hf_causal import apply_chat_template
 
@@ -15,24 +15,25 @@ from omni.models.hf_causal import apply_chat_template
 def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     """Token ids of {"prompt": str} | {"prompt_token_ids": [int]} | {"messages": [...]}
     | {upstream_stage: [{"text": ...}, ...]} (full delivery: the upstream text, joined);
-    ValueError naming what is wrong otherwise."""
-    tok = lm.tokenizer
+    ValueError naming what is wrong otherwise (an InputFieldError naming the request's
+    field, prompt_field, when the prompt came in one)."""
+    tok, field = lm.tokenizer, prompt_field(inputs)
     if "prompt_token_ids" in inputs:
         ids = inputs["prompt_token_ids"]
         if not isinstance(ids, list | tuple) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise ValueError("prompt_token_ids must be a list of integers")
+            raise input_error(field, "prompt_token_ids must be a list of integers")
         vocab = lm.vocab_size  # a config lookup: once, not per token (2,500-token prompts)
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
-            raise ValueError(f"prompt_token_ids out of range [0, {vocab}): {bad[:5]}")
+            raise input_error(field, f"prompt_token_ids out of range [0, {vocab}): {bad[:5]}")
         ids = list(ids)
     elif "messages" in inputs:
         ids = apply_chat_template(tok, with_transcripts(inputs["messages"], inputs),
                                   inputs.get("tools"))
     elif "prompt" in inputs:
         if not isinstance(inputs["prompt"], str):
-            raise ValueError("prompt must be a string")
+            raise input_error(field, "prompt must be a string")
         ids = tok(inputs["prompt"])["input_ids"]
     elif inputs and all(isinstance(v, list) for v in inputs.values()):
         text = "".join(c.get("text", "") for chunks in inputs.values() for c in chunks
@@ -41,11 +42,28 @@ def prompt_ids(lm: CausalLM, inputs: Mapping[str, Any]) -> list[int]:
     else:
         raise ValueError("inputs need one of 'prompt', 'prompt_token_ids' or 'messages'")
     if not ids:
-        raise ValueError("the prompt is empty")
-    limit = lm.max_positions
-    if limit is not None and len(ids) >= limit:
-        raise ValueError(f"prompt has {len(ids)} tokens; the model's limit is {limit}")
+        raise input_error(field, "the prompt is empty")
+    check_prompt_length(len(ids), None, lm.max_positions, field)
     return [int(i) for i in ids]
+
+
+def prompt_field(inputs: Mapping[str, Any]) -> str | None:
+    """The request field an entry stage's prompt came in, as the API names it: chat's
+    ``messages`` (the Responses API renames it ``input``), the completions API's
+    ``prompt`` (text or token ids); None for input from upstream stages."""
+    if "prompt_token_ids" in inputs or ("prompt" in inputs and "messages" not in inputs):
+        return "prompt"
+    return "messages" if "messages" in inputs else None
+
+
+def check_prompt_length(tokens: int, capacity: int | None, context: int | None,
+                        field: str | None) -> None:
+    """A prompt must leave room for one generated token in the KV cache's ``capacity``
+    and the model's ``context`` (both in tokens; None: no limit)."""
+    for limit, what in ((capacity, "this stage's KV cache holds"),
+                        (context, "the model's limit is")):
+        if limit is not None and tokens >= limit:
+            raise input_error(field, f"prompt has {tokens} tokens; {what} {limit}")
 
 
 NOT_UPSTREAM = ("messages", "tools")  # inputs keys the request itself carries

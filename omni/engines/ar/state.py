@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from omni.engines.ar.detokenizer import IncrementalDetokenizer
-from omni.engines.ar.inputs import logprobs_entry, take_chunk
+from omni.engines.ar.inputs import check_prompt_length, logprobs_entry, take_chunk
 from omni.engines.ar.sampling import SamplingParams, SequenceSampler
 from omni.engines.ar.scheduler import Sequence
 
@@ -51,15 +51,13 @@ class Flight:
 
 def new_sequence(lm: Any, grammars: Any, capacity: int, rid: str, params: SamplingParams,
                  ids: list[int], embeds: Any, media: Any, *, producer: str | None,
-                 session: str | None) -> Sequence:
+                 session: str | None, field: str | None = None) -> Sequence:
     """A request's Sequence, its prompt checked against the KV cache's ``capacity`` (in
     tokens) and the model's context; ``producer``: the stage streaming its prompt in (the
-    input stays open); ``grammars``: the engine's GrammarCompiler."""
+    input stays open); ``grammars``: the engine's GrammarCompiler; ``field``: the request
+    field the prompt came in, which a refusal names."""
     # the context too: media prompts grow (image tokens) after prompt_ids checked it
-    for limit, what in ((capacity, "this stage's KV cache holds"),
-                        (lm.max_positions, "the model's limit is")):
-        if limit is not None and len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens; {what} {limit}")
+    check_prompt_length(len(ids), capacity, lm.max_positions, field)
     penalized = ids if embeds is None else []  # placeholder ids are not the prompt
     sampler = SequenceSampler(params, penalized, lm.device, grammars.matcher(params))
     state = SequenceState(params, sampler, IncrementalDetokenizer(lm.tokenizer, params.stop),
