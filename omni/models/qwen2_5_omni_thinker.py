@@ -17,8 +17,10 @@ Quirks:
   merged patches, or, heard with its track (``use_audio_in_video``), to its patches and
   its track's audio tokens interleaved by time (omni/models/qwen2_5_omni_video.py: how the
   release's processor samples, sizes and lays out a video). The towers' outputs replace
-  those tokens' embeddings; images and videos go through the vision tower in one call
-  (a video's patches are cut like an image's: get_video_features is the same tower call).
+  those tokens' embeddings. The images and videos of every prompt in the engine's encoder
+  batch go through the vision tower in one call (a video's patches are cut like an
+  image's: get_video_features is the same tower call), their audio clips through the
+  audio tower in one call (`encode_batch`, omni/models/qwen_vision_batch.py).
   Audio tokens take consecutive positions (an audio-only prompt keeps 1-D positions);
   with images or videos the prompt gets the model's own 3-axis ``get_rope_index``
   positions (a video's time axis: seconds per grid x position_id_per_seconds).
