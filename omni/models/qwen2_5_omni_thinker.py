@@ -17,8 +17,10 @@ Quirks:
   merged patches, or, heard with its track (``use_audio_in_video``), to its patches and
   its track's audio tokens interleaved by time (omni/models/qwen2_5_omni_video.py: how the
   release's processor samples, sizes and lays out a video). The towers' outputs replace
-  those tokens' embeddings; images and videos go through the vision tower in one call
-  (a video's patches are cut like an image's: get_video_features is the same tower call).
+  those tokens' embeddings. The images and videos of every prompt in the engine's encoder
+  batch go through the vision tower in one call (a video's patches are cut like an
+  image's: get_video_features is the same tower call), their audio clips through the
+  audio tower in one call (`encode_batch`, omni/models/qwen_vision_batch.py).
   Audio tokens take consecutive positions (an audio-only prompt keeps 1-D positions);
   with images or videos the prompt gets the model's own 3-axis ``get_rope_index``
   positions (a video's time axis: seconds per grid x position_id_per_seconds).
@@ -31,6 +33,7 @@ Quirks:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,8 @@ from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, na
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
-from omni.models.qwen_vl_video import Clip, VideoRules
+from omni.models.qwen_vision_batch import encode_batch, tower_features
+from omni.models.qwen_vl_video import VideoRules
 from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
 
@@ -89,44 +93,43 @@ class Omni25Media:
 
     def encode(self, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        # audio: every clip in prompt order, standalone or a video's track (heard[i]: the
-        # i-th video brings its track, interleaved with its frames by time)
-        media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
+        result = self.encode_batch([(messages, tools)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
+        """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
+        prompt raised (a bad prompt fails alone): one vision tower call for the images and
+        videos of all of them, one audio tower call for their clips and heard tracks
+        (omni/models/qwen_vision_batch.py); a file sent twice is decoded and encoded once."""
+        return encode_batch(prompts, self._render, self._towers, self._prompt)
+
+    def _render(self, messages: Any, tools: Any,
+                unique: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
+        """The template's ids and the prompt's files as digests into `unique`, in prompt
+        order. Audio: every clip, standalone or a video's track (heard[i]: the i-th video
+        brings its track, interleaved with its frames by time)."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        media: dict[str, Any] = {"audio": [], "image": [], "video": [], "heard": [],
+                                 "videos": {}}
         rendered = []
         for i, m in enumerate(messages):
-            content = m.get("content")
+            content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):  # a part's error names it (the 400's param)
                 content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
-                                        f"messages[{i}].content[{j}]")
+                                        unique, f"messages[{i}].content[{j}]")
                            for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
         # every video's size was checked from its headers before any is decoded
-        media["video"] = [naming_field(where, decode_video, self.video, data)
-                          for where, data in media["video"]]
+        for digest, (where, data) in media.pop("videos").items():
+            if digest not in unique:
+                unique[digest] = naming_field(where, decode_video, self.video, data)
         rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                                   tokenize=False, **extra)
         ids = self.tokenizer(text)["input_ids"]
-        with torch.inference_mode():
-            audio = self._audio(media["audio"]) if media["audio"] else None
-            visual = self._visual(media["image"], media["video"])
-            expanded = self._expand(ids, media, audio, visual)
-            ids_t = torch.tensor(expanded, device=self.thinker.device)
-            embeds = self.thinker.get_input_embeddings()(ids_t)
-            for token, out in ((self.audio_id, audio and audio["embeds"]),
-                               (self.image_id, visual and visual["image"]),
-                               (self.video_id, visual and visual["video"])):
-                if out is not None:
-                    embeds[ids_t == token] = out.to(embeds.dtype)
-            if visual is None:
-                return expanded, embeds, None
-            rope, delta = self._rope(expanded, visual, media, audio)
-        return expanded, embeds, PromptLayout(
-            rope, delta, exports={"prompt_rope_positions": rope.tolist()})
-
-    def _expand(self, ids: list[int], media: dict[str, list[Any]], audio: Any,
-                visual: Any) -> list[int]:
-        """The template's ids with each media placeholder grown to its token count."""
         heard = media["heard"]
         for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
                                   (self.image_id, len(media["image"]), "image"),
@@ -138,32 +141,72 @@ class Omni25Media:
         if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
             raise InputFieldError("messages", "use_audio_in_video needs every video to "
                                   "have an audio track")
-        clips = iter(audio["tokens"] if audio else [])
-        images = iter(visual["tokens"][:len(media["image"])] if visual else [])
-        videos = iter(zip(media["video"], heard, visual["tokens"][len(media["image"]):],
-                          strict=True) if visual else [])
+        return ids, media
+
+    def _towers(self, files: list[Any]) -> list[dict[str, Any]]:
+        """Features of decoded files: images and videos through one vision tower call,
+        audio clips (arrays) through one audio tower call."""
+        found: list[dict[str, Any]] = [{}] * len(files)
+        for kind, run in ((False, self._vision), (True, self._audio)):
+            picked = [i for i, f in enumerate(files) if isinstance(f, np.ndarray) == kind]
+            if picked:
+                for i, features in zip(picked, run([files[i] for i in picked]), strict=True):
+                    found[i] = features
+        return found
+
+    def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
+        return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
+
+    def _prompt(self, rendered: tuple[list[int], dict[str, list[Any]]],
+                found: dict[str, Any]) -> tuple[list[int], Any, Any]:
+        ids, media = rendered
+        audio, images, videos = ([found[d] for d in media[kind]]
+                                 for kind in ("audio", "image", "video"))
+        with torch.inference_mode():
+            expanded = self._expand(ids, media["heard"], audio, images, videos)
+            ids_t = torch.tensor(expanded, device=self.thinker.device)
+            embeds = self.thinker.get_input_embeddings()(ids_t)
+            for token, items in ((self.audio_id, audio), (self.image_id, images),
+                                 (self.video_id, videos)):
+                if items:
+                    embeds[ids_t == token] = torch.cat([x["embeds"] for x in items]).to(
+                        embeds.device, embeds.dtype)
+            if not images and not videos:
+                return expanded, embeds, None
+            rope, delta = self._rope(expanded, images, videos, audio, any(media["heard"]))
+        return expanded, embeds, PromptLayout(
+            rope, delta, exports={"prompt_rope_positions": rope.tolist()})
+
+    def _expand(self, ids: list[int], heard: list[bool], audio: list[dict[str, Any]],
+                images: list[dict[str, Any]], videos: list[dict[str, Any]]) -> list[int]:
+        """The template's ids with each media placeholder grown to its token count."""
+        clips = iter(a["tokens"] for a in audio)
+        shots = iter(len(x["embeds"]) for x in images)
+        films = iter(zip(videos, heard, strict=True))
         merge = self.video.merge if self.video else 0
         expanded: list[int] = []
         for t in ids:
             if t == self.audio_id:
-                expanded += [t] * int(next(clips))
+                expanded += [t] * next(clips)
             elif t == self.image_id:
-                expanded += [t] * int(next(images))
+                expanded += [t] * next(shots)
             elif t == self.video_id:
-                clip, with_track, count = next(videos)
-                expanded += video_with_audio(clip, merge, int(next(clips)), self.track,
+                video, with_track = next(films)
+                expanded += video_with_audio(video["clip"], merge, next(clips), self.track,
                                              self.per_second, self.seconds_per_chunk) \
-                    if with_track else [t] * int(count)
+                    if with_track else [t] * len(video["embeds"])
             else:
                 expanded.append(t)
         return expanded
 
-    def _audio(self, clips: list[np.ndarray]) -> dict[str, Any]:
-        """The audio tower's embeddings of `clips` and each clip's token count. The
-        release's processor pads every clip to the extractor's 30 s window ("max_length"):
-        a clip's last frames then see zeros past its end and it counts ceil(samples / hop)
-        frames. Padding to the longest clip + one FFT window gives those same features and
-        counts (tested) without computing 30 s of silence per clip."""
+    def _audio(self, clips: list[np.ndarray]) -> list[dict[str, Any]]:
+        """The audio tower's embeddings of `clips`: per clip its embeddings, mel frames and
+        token count. The release's processor pads every clip to the extractor's 30 s
+        window ("max_length"): a clip's last frames then see zeros past its end and it
+        counts ceil(samples / hop) frames. Padding to the longest clip + one FFT window
+        gives those same features and counts (tested) without computing 30 s of silence
+        per clip; the tower packs clips by their lengths, so one call serves several
+        prompts' clips."""
         longest = max(len(c) for c in clips) + int(self.fe.n_fft)
         hop = int(self.fe.hop_length)
         feats = self.fe(clips, sampling_rate=self.fe.sampling_rate, padding="max_length",
@@ -174,46 +217,25 @@ class Omni25Media:
         out = self.thinker.get_audio_features(
             feats["input_features"].to(dev, self.thinker.dtype), mask.to(dev))
         lengths = mask.sum(-1)
-        return {"embeds": out.last_hidden_state, "lengths": lengths,
-                "tokens": audio_tokens(lengths).tolist()}
+        tokens = audio_tokens(lengths).tolist()
+        return [{"embeds": e, "length": int(n), "tokens": int(k)}
+                for e, n, k in zip(out.last_hidden_state.split(tokens), lengths, tokens,
+                                   strict=True)]
 
-    def _visual(self, images: list[Any], clips: list[Clip]) -> dict[str, Any] | None:
-        """One vision tower call over the prompt's images, then its videos: grids (n, 3),
-        tokens per item, and the images' and videos' embeddings (None where there are
-        none)."""
-        if not images and not clips:
-            return None
-        pixels, grids = [], []
-        if images:
-            batch = self.images(images=images, return_tensors="pt")
-            pixels.append(batch["pixel_values"])
-            grids.append(batch["image_grid_thw"])
-        pixels += [c.patches for c in clips]
-        grids += [c.grid for c in clips]
-        grid = torch.cat(grids)
-        dev = self.thinker.device
-        out = self.thinker.get_image_features(
-            torch.cat(pixels).to(dev, self.thinker.dtype), grid.to(dev), return_dict=True)
-        embeds = out.pooler_output
-        embeds = torch.cat(list(embeds)) if isinstance(embeds, list | tuple) else embeds
-        tokens = (grid.prod(-1) // int(self.images.merge_size) ** 2).tolist()
-        split = sum(tokens[:len(images)])
-        return {"grid": grid, "tokens": tokens, "images": len(images),
-                "image": embeds[:split] if images else None,
-                "video": embeds[split:] if clips else None}
-
-    def _rope(self, ids: list[int], visual: dict[str, Any], media: dict[str, list[Any]],
-              audio: Any) -> tuple[torch.Tensor, float]:
+    def _rope(self, ids: list[int], images: list[dict[str, Any]],
+              videos: list[dict[str, Any]], audio: list[dict[str, Any]],
+              heard: bool) -> tuple[torch.Tensor, float]:
         """(3, len(ids)) positions and the delta after them: the model's get_rope_index
         (qwen3_omni_vision.rope_index) over this prompt's images, then its videos."""
-        n, clips = visual["images"], media["video"]
-        images = {"grid": visual["grid"][:n]} if n else None
-        videos = {"grid": visual["grid"][n:], "second_per_grid": torch.tensor(
-            [c.second_per_grid for c in clips])} if clips else None
-        return rope_index(self.thinker, ids, images, videos,
-                          None if audio is None else audio["lengths"], any(media["heard"]))
+        grids = {"grid": torch.stack([x["grid"] for x in images]).cpu()} if images else None
+        films = {"grid": torch.stack([v["grid"] for v in videos]).cpu(),
+                 "second_per_grid": torch.tensor([v["clip"].second_per_grid for v in videos])
+                 } if videos else None
+        lengths = torch.tensor([a["length"] for a in audio]) if audio else None
+        return rope_index(self.thinker, ids, grids, films, lengths, heard)
 
-    def _part(self, part: Any, media: dict[str, list[Any]], where: str) -> Any:
+    def _part(self, part: Any, media: dict[str, Any], unique: dict[str, Any],
+              where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNDECODED_PARTS:
             raise ValueError(f"'{kind}' content parts reach this model decoded by the API")
@@ -221,16 +243,21 @@ class Omni25Media:
             if self.images is None:
                 raise ValueError("this model directory has no image processor config")
             if kind == "image":
-                media["image"].append(decode_image(part))
+                data = (part.get("image") or {}).get("data")
+                digest = _digest("image", data)
+                if digest not in unique:
+                    unique[digest] = decode_image(part)
+                media["image"].append(digest)
             else:
-                self._video(part, media, where)
+                self._video(part, media, unique, where)
             return {"type": kind}
         if kind != "input_audio":
             return part
-        media["audio"].append(_samples((part.get("input_audio") or {}).get("pcm_f32le")))
+        media["audio"].append(_clip(unique, (part.get("input_audio") or {}).get("pcm_f32le")))
         return {"type": "audio"}
 
-    def _video(self, part: dict[str, Any], media: dict[str, list[Any]], where: str) -> None:
+    def _video(self, part: dict[str, Any], media: dict[str, Any], unique: dict[str, Any],
+               where: str) -> None:
         """Take a video part, (where, file) for now, after checking from its headers that
         the prompt's videos fit the context; and its track."""
         video = part.get("video") or {}
@@ -241,17 +268,29 @@ class Omni25Media:
         if sum(counts) > self.max_video_tokens:
             raise ValueError(f"the prompt's videos take {sum(counts)} tokens; the model's "
                              f"context holds {self.max_video_tokens}")
-        media["video"].append((where, video["data"]))
+        digest = _digest("video", video["data"])
+        media["videos"].setdefault(digest, (where, video["data"]))
+        media["video"].append(digest)
         track = video.get("pcm_f32le")
         media["heard"].append(track is not None)
         if track is not None:
-            media["audio"].append(_samples(track))
+            media["audio"].append(_clip(unique, track))
 
 
-def _samples(pcm: Any) -> np.ndarray:
+def _digest(kind: str, data: Any) -> str:
+    """The key of a file in a batch (the kind: decoded as one); data unchecked here."""
+    raw = data if isinstance(data, bytes) else repr(data).encode()
+    return f"{kind}:{hashlib.sha256(raw).hexdigest()}"
+
+
+def _clip(unique: dict[str, Any], pcm: Any) -> str:
+    """The digest of an audio clip, its samples added to the batch's files."""
     if not isinstance(pcm, bytes):
         raise ValueError("an audio part or track reached the engine undecoded")
-    return np.frombuffer(pcm, dtype=np.float32)
+    digest = _digest("audio", pcm)
+    if digest not in unique:
+        unique[digest] = np.frombuffer(pcm, dtype=np.float32)
+    return digest
 
 
 def load_omni25_composite(path: Path, *, dtype: Any, audio_output: bool) -> Any:

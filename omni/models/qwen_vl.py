@@ -53,7 +53,8 @@ from omni.models.causal_lm import (
     sampling_defaults,
 )
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, install_deepstack
-from omni.models.qwen_vl_video import Clip, VideoRules, load_rules, video_tokens
+from omni.models.qwen_vision_batch import encode_batch, tower_features
+from omni.models.qwen_vl_video import VideoRules, load_rules, video_tokens
 from omni.models.qwen_vl_video import decode as decode_video
 from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
@@ -98,28 +99,10 @@ class VisionMedia:
     def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
         """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
         prompt raised (a bad prompt fails alone); one tower call for all their images and
-        videos."""
-        rendered: list[Any] = []
-        unique: dict[str, Any] = {}  # kind:sha256 of the file -> its PIL image or video Clip
-        for messages, tools in prompts:
-            try:
-                rendered.append(self._render(messages, tools, unique))
-            except (ValueError, TypeError) as e:
-                rendered.append(e)
-        with torch.inference_mode():
-            features = dict(zip(unique, self._tower(list(unique.values())), strict=True)) \
-                if unique else {}
-        out = []
-        for item in rendered:
-            if isinstance(item, Exception):
-                out.append(item)
-                continue
-            ids, digests = item
-            try:
-                out.append(self._prompt(ids, [features[d] for d in digests]))
-            except ValueError as e:
-                out.append(e)
-        return out
+        videos (omni/models/qwen_vision_batch.py)."""
+        return encode_batch(prompts, self._render, self._tower,
+                            lambda item, found: self._prompt(item[0],
+                                                             [found[d] for d in item[1]]))
 
     def _render(self, messages: Any, tools: Any,
                 unique: dict[str, Any]) -> tuple[list[int], list[str]]:
@@ -189,35 +172,7 @@ class VisionMedia:
         return self.patches(height, width) // self.merge**2
 
     def _tower(self, items: list[Any]) -> list[dict[str, Any]]:
-        """The vision tower over every image and video at once (videos are cut into the
-        same patches, so one call serves both, as transformers' get_video_features runs
-        the image path): per item its grid (3,), its embeddings (tokens, H), its deepstack
-        features (per layer (tokens, H)) and, for a video, its Clip."""
-        # images first (one processor call), then videos: `order` maps back to items
-        order = [i for i, x in enumerate(items) if not isinstance(x, Clip)]
-        clips = [i for i, x in enumerate(items) if isinstance(x, Clip)]
-        pixels, grids = [], []
-        if order:
-            batch = self.images(images=[items[i] for i in order], return_tensors="pt")
-            pixels.append(batch["pixel_values"])
-            grids.append(batch["image_grid_thw"])
-        pixels += [items[i].patches for i in clips]
-        grids += [items[i].grid for i in clips]
-        order += clips
-        grid = torch.cat(grids)
-        dev = self.model.device
-        out = self.model.get_image_features(
-            torch.cat(pixels).to(dev, self.model.dtype), grid.to(dev), return_dict=True)
-        counts = (grid.prod(-1) // self.merge**2).tolist()
-        embeds = torch.cat(list(out.pooler_output)).split(counts)
-        layers = [torch.cat(list(f)).split(counts)
-                  for f in getattr(out, "deepstack_features", None) or []]
-        found: list[dict[str, Any]] = [{}] * len(items)
-        for k, i in enumerate(order):
-            clip = items[i] if isinstance(items[i], Clip) else None
-            found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
-                        "deepstack": [layer[k] for layer in layers]}
-        return found
+        return tower_features(self.model, self.images, self.merge, items)
 
     def _prompt(self, ids: list[int], shots: list[dict[str, Any]]
                 ) -> tuple[list[int], Any, Any]:

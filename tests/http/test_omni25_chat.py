@@ -7,6 +7,7 @@ over that chunk's codes of the same generate, after its left context."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -285,3 +286,94 @@ def test_bad_video_parts_are_400s_naming_the_part(server):
                 assert needle in info.value.message, info.value.message
                 assert info.value.body["param"] == "messages[0].content[0]"
     run(body())
+
+
+def _ask_image(image: bytes) -> list[dict]:
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": "What is this?"}]}]
+
+
+def _image_answer(reference, model_dir, image: bytes) -> str:
+    """transformers' thinker.generate on the release processor's pixels, as text."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    pixels = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))(
+        images=[Image.open(io.BytesIO(image)).convert("RGB")], return_tensors="pt")
+    text = tok.apply_chat_template([{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True, tokenize=False)
+    pads = int(pixels["image_grid_thw"].prod()) // 4  # merged 2x2 patches
+    ids = tok(text.replace("<|IMAGE|>", "<|IMAGE|>" * pads), return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = reference["model"].thinker.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+            do_sample=False, eos_token_id=None, **pixels)
+    return tok.decode(out[0, ids.shape[1]:])
+
+
+def _images() -> list[bytes]:
+    """Three images the tiny fixture answers differently."""
+    from unit.vl_reference import png
+
+    return [png(56, 56, 1), png(84, 56, 2), png(56, 84, 5)]
+
+
+def _media_asks() -> list[list[dict]]:
+    """Three images and a video: what concurrent prompts share a tower call over."""
+    from unit.omni25_reference import mp4_with_track
+
+    return [*map(_ask_image, _images()), _ask_about(mp4_with_track(1))]
+
+
+async def _answer(client, messages: list[dict]):
+    reply = await client.chat.completions.create(
+        model="omni25", messages=messages, **GREEDY_ONLY, extra_body={"ignore_eos": True})
+    return reply.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def alone(server) -> list[str]:
+    """Each media prompt's answer asked alone, one after another."""
+    async def body() -> list[str]:
+        async with server.client(timeout=90) as client:
+            return [await _answer(client, m) for m in _media_asks()]
+    return run(body())
+
+
+def test_concurrent_media_prompts_answer_as_alone_and_as_generate(server, reference,
+                                                                  model_dir, alone):
+    """Prompts asked together are encoded in shared tower calls (the engine's encoder
+    batches what waits): each answer equals its prompt's answer alone and thinker.generate."""
+    from unit.omni25_reference import mp4_with_track
+
+    async def body() -> list[str]:
+        async with server.client(timeout=90) as client:
+            return await asyncio.gather(*(_answer(client, m) for m in _media_asks()))
+    together = run(body())
+    assert len(set(alone)) == len(alone)  # each image / the video answers differently
+    assert together == alone
+    for image, answer in zip(_images(), together, strict=False):
+        assert answer == _image_answer(reference, model_dir, image)
+    assert together[-1] == _thinker_answer(reference, model_dir, mp4_with_track(1), False)
+
+
+def test_a_bad_image_among_concurrent_prompts_is_its_own_400(server, alone):
+    from unit.vl_reference import png
+
+    truncated = png(64, 48, 1)[:4000]  # its header passes the API: the engine refuses it
+
+    async def body() -> list:
+        async with server.client(timeout=90) as client:
+            asks = [_ask_image(truncated), *_media_asks()]
+            return await asyncio.gather(*(_answer(client, m) for m in asks),
+                                        return_exceptions=True)
+    bad, *answers = run(body())
+    assert isinstance(bad, openai.BadRequestError), bad
+    assert "not an image this server can read" in bad.message
+    assert bad.body["param"] == "messages[0].content[0]"
+    assert answers == alone

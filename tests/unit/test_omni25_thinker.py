@@ -6,6 +6,7 @@ last layer of every fed position)."""
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import numpy as np
@@ -177,7 +178,9 @@ def test_video_input_matches_transformers(engine, reference, omni25_dir):
     # the fixture varies: another video or its track heard, another answer
     assert len(set(got["one"])) >= 3 and got["one"] != got["two"]
     assert got["one+track"] != got["two+track"] and got["one"] != got["one+track"]
-    assert sorted(calls) == [1, 1, 1, 1, 2]  # the image and its prompt's video: one call
+    # the five prompts wait together: one tower call for their 2 distinct videos and
+    # the image (a video asked about three times is decoded and encoded once)
+    assert calls == [3] and engine._encoder.batches[-1] == 5
     for rid in requests:
         name, extra = rid.split("+")[0], rid.partition("+")[2]
         pads, media = video_inputs(str(omni25_dir), videos[name],
@@ -188,6 +191,74 @@ def test_video_input_matches_transformers(engine, reference, omni25_dir):
         assert outs[rid][0]["prompt_token_ids"] == ids, rid
         _check(reference, ids, got[rid], outs[rid], **(dict(image) if image else {}),
                attention_mask=torch.ones(1, len(ids), dtype=torch.long), **media)
+
+
+def _image_prompt(*files: bytes, clip: np.ndarray | None = None) -> dict:
+    content: list[dict] = [{"type": "image", "image": {"data": f}} for f in files]
+    if clip is not None:
+        content.append({"type": "input_audio", "input_audio": {
+            "pcm_f32le": clip.tobytes(), "sample_rate": 16000}})
+    return {"messages": [{"role": "user", "content": content + [
+        {"type": "text", "text": "What is this?"}]}]}
+
+
+def _steps(engine: AREngine, requests: dict[str, dict]) -> tuple[dict, dict]:
+    """(tokens, error) per request, errors allowed."""
+    for rid, inputs in requests.items():
+        engine.add(EngineRequest(rid, inputs, dict(GREEDY)))
+    got: dict[str, list[int]] = {}
+    errors: dict[str, Any] = {}
+    while engine.has_work():
+        for o in engine.step():
+            if o.error:
+                errors[o.request_id] = o
+            else:
+                got.setdefault(o.request_id, []).extend(o.data["token_ids"])
+    return got, errors
+
+
+def test_prompts_waiting_together_share_one_tower_call(engine, reference):
+    """Images, a video and audio of five prompts that wait together go through ONE vision
+    tower call (its packed grids: 3 distinct images + 1 video) and ONE audio tower call
+    (forward hooks on the real modules); each answer equals the prompt's answer alone
+    and, for the image prompts, thinker.generate; a bad image fails its prompt alone."""
+    from PIL import Image
+
+    a, b, c = _png(56, 56, 1), _png(84, 28, 2), _png(28, 56, 3)
+    requests = {"one": _image_prompt(a), "two": _image_prompt(b, c),
+                "heard": _image_prompt(a, clip=_clip(0.6, 440.0)),
+                "video": _video_prompt(mp4_with_track(1)),
+                "bad": _image_prompt(b"not a picture")}
+    towers, grids, clips = engine.lm.media.thinker.model, [], []
+    hooks = [towers.visual.register_forward_hook(
+                 lambda m, args, kw, out: grids.append(len(kw["grid_thw"])), with_kwargs=True),
+             towers.audio_tower.register_forward_hook(lambda m, args, out: clips.append(1))]
+    try:
+        together, errors = _steps(engine, requests)
+        assert engine._encoder.batches[-1] == len(requests)
+        assert grids == [4] and clips == [1]  # one call each for all five prompts
+        alone = {rid: _steps(engine, {rid: requests[rid]})[0][rid] for rid in together}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert set(errors) == {"bad"} and errors["bad"].error_field == "messages[0].content[0]"
+    assert "not an image this server can read" in errors["bad"].error
+    assert len({tuple(v) for v in together.values()}) == 4  # the answers vary with the media
+    assert together == alone
+    for rid, files in (("one", [a]), ("two", [b, c])):
+        pil = [Image.open(io.BytesIO(f)).convert("RGB") for f in files]
+        pixels = engine.lm.media.images(images=pil, return_tensors="pt")
+        text = engine.lm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": [*[{"type": "image"}] * len(files),
+                                          {"type": "text", "text": "What is this?"}]}],
+            add_generation_prompt=True, tokenize=False)
+        pads = iter((pixels["image_grid_thw"].prod(-1) // 4).tolist())  # merged 2x2 patches
+        text = re.sub(re.escape("<|IMAGE|>"), lambda _, n=pads: "<|IMAGE|>" * next(n), text)
+        ids = torch.tensor([engine.lm.tokenizer(text)["input_ids"]])
+        out = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=6, do_sample=False, eos_token_id=None,
+                                 **pixels)
+        assert together[rid] == out[0, ids.shape[1]:].tolist(), rid
 
 
 def test_bad_videos_fail_their_request_naming_the_part(engine):

@@ -1,0 +1,90 @@
+"""One vision-tower call for the images and videos of several prompts: the Qwen vision
+towers (Qwen2.5-VL, Qwen3-VL, Qwen2.5-Omni's thinker) take packed patches with their
+(t, h, w) grids and attend within each image / video frame only (cu_seqlens, and for the
+windowed towers a window index built grid by grid), so packing several prompts' grids in
+one call gives each item the features its own call gives.
+
+The AR engine's prompt encoder hands every media prompt that waits to the model's
+``encode_batch`` (omni/engines/ar/encoder.py); `encode_batch` here is its shape for these
+models: each prompt is rendered (parts checked, files decoded once per distinct file,
+keyed by digest), one tower call runs over the distinct files of all prompts, then each
+prompt is built from its files' features. A prompt that fails rendering or building
+fails alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omni.models.qwen_vl_video import Clip
+
+# render(messages, tools, unique) -> a rendered prompt; it adds its decoded files to
+# `unique` (digest -> decoded file) and keeps their digests
+Render = Callable[[Any, Any, dict[str, Any]], Any]
+# tower(decoded files) -> their features, in order
+Tower = Callable[[list[Any]], list[Any]]
+# build(rendered prompt, digest -> features) -> (ids, embeddings, layout)
+Build = Callable[[Any, dict[str, Any]], Any]
+
+
+def encode_batch(prompts: list[tuple[Any, Any]], render: Render, tower: Tower,
+                 build: Build) -> list[Any]:
+    """Per (messages, tools) prompt its (ids, embeddings, layout), or the exception it
+    raised; one tower call for the distinct files of all of them."""
+    rendered: list[Any] = []
+    unique: dict[str, Any] = {}
+    for messages, tools in prompts:
+        try:
+            rendered.append(render(messages, tools, unique))
+        except (ValueError, TypeError) as e:
+            rendered.append(e)
+    with torch.inference_mode():
+        features = dict(zip(unique, tower(list(unique.values())), strict=True)) \
+            if unique else {}
+    out = []
+    for item in rendered:
+        if isinstance(item, Exception):
+            out.append(item)
+            continue
+        try:
+            out.append(build(item, features))
+        except ValueError as e:
+            out.append(e)
+    return out
+
+
+def tower_features(model: Any, image_processor: Any, merge: int,
+                   items: list[Any]) -> list[dict[str, Any]]:
+    """The vision tower over every image (PIL) and video (Clip) at once (videos are cut
+    into the same patches, so one call serves both, as transformers' get_video_features
+    runs the image path): per item its grid (3,), its embeddings (tokens, H), its
+    deepstack features (per layer (tokens, H); none where the tower has none) and, for a
+    video, its Clip."""
+    # images first (one processor call), then videos: `order` maps back to items
+    order = [i for i, x in enumerate(items) if not isinstance(x, Clip)]
+    clips = [i for i, x in enumerate(items) if isinstance(x, Clip)]
+    pixels, grids = [], []
+    if order:
+        batch = image_processor(images=[items[i] for i in order], return_tensors="pt")
+        pixels.append(batch["pixel_values"])
+        grids.append(batch["image_grid_thw"])
+    pixels += [items[i].patches for i in clips]
+    grids += [items[i].grid for i in clips]
+    order += clips
+    grid = torch.cat(grids)
+    dev = model.device
+    out = model.get_image_features(torch.cat(pixels).to(dev, model.dtype), grid.to(dev),
+                                   return_dict=True)
+    counts = (grid.prod(-1) // merge**2).tolist()
+    embeds = torch.cat(list(out.pooler_output)).split(counts)
+    layers = [torch.cat(list(f)).split(counts)
+              for f in getattr(out, "deepstack_features", None) or []]
+    found: list[dict[str, Any]] = [{}] * len(items)
+    for k, i in enumerate(order):
+        clip = items[i] if isinstance(items[i], Clip) else None
+        found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
+                    "deepstack": [layer[k] for layer in layers]}
+    return found
