@@ -1,7 +1,7 @@
 """Two hosts on one machine: the link, the control hop and payload transfer across them.
 
 ``python -m bench distributed`` makes host B as a network namespace joined to the root
-namespace (host A, this process) by a veth pair on a Linux bridge (bench/netns.py), starts
+namespace (host A, this process) by a veth pair on a Linux bridge (bench/netns/), starts
 peer processes (bench/distributed_peer.py) and measures, timing everything on host A:
 
   1. link      1-byte TCP ping-pong between a process on B and this one: the floor of any
@@ -66,7 +66,7 @@ DESCRIPTION = __doc__
 DEFAULT_SIZES = "64K,1M,8M,64M"
 # what this benchmark runs: a change here makes the report's commit "working tree on ..."
 CODE = ("bench/distributed.py", "bench/distributed_peer.py", "bench/distributed_sides.py",
-        "bench/distributed_report.py", "bench/netns.py", "bench/common.py", "omni/connector",
+        "bench/distributed_report.py", "bench/netns", "bench/common.py", "omni/connector",
         "omni/wire/curve.py", "omni/wire/protocol.py", "omni/runtime/control.py",
         "omni/engines/proc/channel.py")
 PINNED = "@cpu0"  # the rows again with both ends on one CPU: no cross-CPU wake-ups

@@ -147,7 +147,7 @@ def _head(r: dict[str, Any]) -> list[str]:
         f"CPU steal during the run {'n/a' if steal is None else f'{steal:.1%}'}. The VM is "
         "shared with other agents, whose work ran at the same time: the tails (p99) carry "
         "their noise.",
-        f"- Two \"hosts\" on one VM (bench/netns.py, `Hosts(1)`): host A = the root "
+        f"- Two \"hosts\" on one VM (bench/netns/, `Hosts(1)`): host A = the root "
         f"namespace ({r['hosts']['a']}, the bench process, which times everything), host B "
         f"= a network namespace ({r['hosts']['b']}, the peer processes). The link is a veth "
         "pair on a Linux bridge: no NIC, no wire. Its latency is two kernel network stacks "

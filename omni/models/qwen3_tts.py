@@ -15,7 +15,10 @@ sentence's audio equals ``Qwen3TTSModel.generate_custom_voice`` for that sentenc
 with ``chunk_frames: 0``; streamed (the default), sentences join and leave one running
 batch of the talker step by step (continuous batching: qwen3_tts_batch.py), and a
 sentence's audio still equals qwen-tts's for it alone (sampled: with the request's
-``seed``).
+``seed``). qwen-tts's ``generate`` draws every row's samples from the global RNG and
+takes no generator, so with ``chunk_frames: 0`` the sampled sentences of seeded requests
+run in that step loop instead, each drawing from its own generator, and leave whole
+(decoded in qwen-tts's chunks of 300 frames): the same audio alone and in any batch.
 
 Voices are the release's speakers (config.json ``talker_config.spk_id``); OpenAI's voice
 names map to the first one when the stage's ``openai_voices`` is true. A Base release has
@@ -62,6 +65,9 @@ DEFAULT_MAX_CHARS = 400  # longest sentence (characters) sent to the talker in o
 # audio within a sentence: the first chunk after 4 frames (320 ms of audio), then chunks
 # twice as long up to 25 frames (2 s; as long as the left context decoded with each)
 DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 25
+# a whole seeded sentence's frames decode in chunks of qwen-tts's chunked_decode (300, with
+# 25 of left context), so it sounds as that decode would
+WHOLE_CHUNK_FRAMES = 300
 SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -196,13 +202,19 @@ class Qwen3TTSRunner:
     @torch.inference_mode()
     def start_items(self, units: list[str], params: list[Mapping[str, Any]]) -> SentenceStream:
         """A streamed call for these sentences, which later ones join (join_items)."""
-        # the sampling arguments qwen-tts's generate_* pass on (the stage's options over
-        # generation_config.json over its defaults), from its own helper
-        sampling = self.tts._merge_generate_kwargs(**self.sampling)
-        job = SentenceStream(TalkerBatch(self.tts.model, sampling), self._decoder(),
-                             self.stream_first_frames, self.stream_chunk_frames)
+        return self._stream(units, params, self.stream_first_frames, self.stream_chunk_frames)
+
+    def _stream(self, units: list[str], params: list[Mapping[str, Any]], first_frames: int,
+                chunk_frames: int) -> SentenceStream:
+        job = SentenceStream(TalkerBatch(self.tts.model, self._merged_sampling()),
+                             self._decoder(), first_frames, chunk_frames)
         self.join_items(job, units, params)
         return job
+
+    def _merged_sampling(self) -> dict[str, Any]:
+        """The sampling arguments qwen-tts's generate_* pass on (the stage's options over
+        generation_config.json over its defaults), from its own helper."""
+        return self.tts._merge_generate_kwargs(**self.sampling)
 
     @torch.inference_mode()
     def join_items(self, job: SentenceStream, units: list[str],
@@ -238,12 +250,39 @@ class Qwen3TTSRunner:
     @torch.inference_mode()
     def run_items(self, units: list[str],
                   params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
+        """Whole sentences: qwen-tts's generate, but sampled ones of seeded requests in
+        the step loop, where each draws from its own generator (module docstring)."""
+        sampled = any(self._merged_sampling()[k] for k in ("do_sample", "subtalker_dosample"))
+        own = [i for i, p in enumerate(params) if sampled and p.get("seed") is not None]
+        shared = [i for i in range(len(units)) if i not in own]
+        out: dict[int, tuple[torch.Tensor, int]] = {}
+        for rows, run in ((shared, self._run_generate), (own, self._run_seeded)):
+            if rows:
+                results = run([units[i] for i in rows], [params[i] for i in rows])
+                out.update(zip(rows, results, strict=True))
+        return [out[i] for i in range(len(units))]
+
+    def _run_generate(self, units: list[str],
+                      params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
         wavs, _ = self._generate(units, params)()
         out = []
         for unit, wav in zip(units, wavs, strict=True):
             audio = torch.as_tensor(wav, dtype=torch.float32).reshape(-1)
             out.append((audio, self._text_tokens(unit)))
         return out
+
+    def _run_seeded(self, units: list[str],
+                    params: list[Mapping[str, Any]]) -> list[tuple[torch.Tensor, int]]:
+        """The sentences run to their ends in the step loop (qwen3_tts_batch.py), each
+        with its request's generator, their chunks joined."""
+        job = self._stream(units, params, WHOLE_CHUNK_FRAMES, WHOLE_CHUNK_FRAMES)
+        pieces: list[list[torch.Tensor]] = [[] for _ in units]
+        tokens = [0] * len(units)
+        while not job.done:
+            for n, ((wav, n_tokens), _) in job.advance().items():
+                pieces[n].append(wav)
+                tokens[n] += n_tokens
+        return [(torch.cat(p), n) for p, n in zip(pieces, tokens, strict=True)]
 
     def _text_tokens(self, text: str) -> int:
         return len(self.tts.processor.tokenizer(text, add_special_tokens=False)["input_ids"])

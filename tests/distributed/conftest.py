@@ -1,4 +1,4 @@
-"""tests/distributed: network namespaces as hosts (bench/netns.py). They skip where
+"""tests/distributed: network namespaces as hosts (bench/netns/). They skip where
 namespaces cannot be made (not root, no iproute2) or Ray is missing. With
 OMNI_REQUIRE_DISTRIBUTED=1 (.ci/run sets it: CI runs as root) such a skip is a failure,
 so a CI run in which these tests did not run cannot pass."""

@@ -1,4 +1,4 @@
-"""Replicas on other hosts, placed by Ray: hosts are network namespaces (bench/netns.py).
+"""Replicas on other hosts, placed by Ray: hosts are network namespaces (bench/netns/).
 
 Host A (the root namespace) runs the server and the Ray head; hosts b and c are
 namespaces with a Ray node each. The middle stage of a -> b -> c runs on another host:

@@ -66,6 +66,20 @@ for step in range(1000):
 for rid in audio:
     np.save(f"{out}/engine{rid}.npy", np.concatenate(audio[rid]))
 open(f"{out}/engine-steps.json", "w").write(json.dumps(steps))
+# chunk_frames 0 (whole sentences), sampled: a seeded sentence alone, then beside an
+# unseeded one and other seeds, the global RNG seeded differently each time
+whole = Qwen3TTSRunner(tts, "cpu", {"do_sample": True, "subtalker_dosample": True,
+                                    "max_new_tokens": frames, "chunk_frames": 0})
+text, seeded = jobs[0][0], {"voice": "vivian", "seed": 7}
+torch.manual_seed(1)
+np.save(f"{out}/seeded-alone.npy", whole.run_items([text], [seeded])[0][0].numpy())
+torch.manual_seed(7)  # qwen-tts's generate after torch.manual_seed(seed): run_items unseeded
+np.save(f"{out}/seeded-qwen-tts.npy", whole.run_items([text], [{"voice": "vivian"}])[0][0].numpy())
+torch.manual_seed(2)
+batch = whole.run_items([jobs[1][0], text, text, text], [
+    {"voice": "ryan", "seed": 8}, {"voice": "vivian"}, seeded, {**seeded, "seed": 9}])
+for i, (wav, _) in enumerate(batch):
+    np.save(f"{out}/seeded-batch{i}.npy", wav.numpy())
 """
 JOBS = [(TEXTS[0], "vivian"), (TEXTS[1], "vivian"), (TEXTS[0], "ryan")]
 
@@ -137,6 +151,24 @@ def test_a_request_joins_a_running_sentence(reference_dir, reference):
         expected = pcm16(reference[job]).astype(np.int32)
         assert served.shape == expected.shape
         assert np.abs(served - expected).max() <= 2
+
+
+def test_a_seeded_whole_sentence_is_the_same_alone_and_in_a_batch(reference_dir):
+    """chunk_frames 0 (whole sentences), sampled: a request's seed gives its sentence the
+    same audio alone and in a batch beside an unseeded sentence and other seeds (its own
+    generator, not the global RNG's draws for the batch), qwen-tts's for it alone after
+    torch.manual_seed(seed); another seed, other audio."""
+    alone = pcm16(np.load(reference_dir / "seeded-alone.npy")).astype(np.int32)
+    batch = [pcm16(np.load(reference_dir / f"seeded-batch{i}.npy")).astype(np.int32)
+             for i in range(4)]
+    assert np.abs(alone).max() > 1000  # not silence as pcm16
+    # its sentence is qwen-tts's generate alone after torch.manual_seed(seed), as streamed
+    expected = pcm16(np.load(reference_dir / "seeded-qwen-tts.npy")).astype(np.int32)
+    assert alone.shape == expected.shape and np.abs(alone - expected).max() <= 2
+    assert batch[2].shape == alone.shape
+    assert np.abs(batch[2] - alone).max() <= 2
+    other_seed = batch[3]
+    assert other_seed.shape != alone.shape or np.abs(other_seed - alone).max() > 1000
 
 
 def test_served_speech_equals_qwen_tts_generate(server, reference):
