@@ -33,7 +33,6 @@ Quirks:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,14 @@ from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, na
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
-from omni.models.qwen_vision_batch import encode_batch, tower_features
+from omni.models.qwen_vision_batch import (
+    by_kind,
+    clip_digest,
+    encode_batch,
+    file_digest,
+    padded_mels,
+    tower_features,
+)
 from omni.models.qwen_vl_video import VideoRules
 from omni.models.qwen_vl_video import token_count as video_token_count
 from omni.models.tool_calls import with_tools
@@ -146,13 +152,7 @@ class Omni25Media:
     def _towers(self, files: list[Any]) -> list[dict[str, Any]]:
         """Features of decoded files: images and videos through one vision tower call,
         audio clips (arrays) through one audio tower call."""
-        found: list[dict[str, Any]] = [{}] * len(files)
-        for kind, run in ((False, self._vision), (True, self._audio)):
-            picked = [i for i, f in enumerate(files) if isinstance(f, np.ndarray) == kind]
-            if picked:
-                for i, features in zip(picked, run([files[i] for i in picked]), strict=True):
-                    found[i] = features
-        return found
+        return by_kind(files, self._vision, self._audio)
 
     def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
         return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
@@ -201,17 +201,9 @@ class Omni25Media:
 
     def _audio(self, clips: list[np.ndarray]) -> list[dict[str, Any]]:
         """The audio tower's embeddings of `clips`: per clip its embeddings, mel frames and
-        token count. The release's processor pads every clip to the extractor's 30 s
-        window ("max_length"): a clip's last frames then see zeros past its end and it
-        counts ceil(samples / hop) frames. Padding to the longest clip + one FFT window
-        gives those same features and counts (tested) without computing 30 s of silence
-        per clip; the tower packs clips by their lengths, so one call serves several
-        prompts' clips."""
-        longest = max(len(c) for c in clips) + int(self.fe.n_fft)
-        hop = int(self.fe.hop_length)
-        feats = self.fe(clips, sampling_rate=self.fe.sampling_rate, padding="max_length",
-                        max_length=-(-longest // hop) * hop, truncation=False,
-                        return_attention_mask=True, return_tensors="pt")
+        token count (mels as the release's processor gives them: `padded_mels`); the
+        tower packs clips by their lengths, so one call serves several prompts' clips."""
+        feats = padded_mels(self.fe, clips)
         mask = feats["attention_mask"]
         dev = self.thinker.device
         out = self.thinker.get_audio_features(
@@ -244,7 +236,7 @@ class Omni25Media:
                 raise ValueError("this model directory has no image processor config")
             if kind == "image":
                 data = (part.get("image") or {}).get("data")
-                digest = _digest("image", data)
+                digest = file_digest("image", data)
                 if digest not in unique:
                     unique[digest] = decode_image(part)
                 media["image"].append(digest)
@@ -253,7 +245,8 @@ class Omni25Media:
             return {"type": kind}
         if kind != "input_audio":
             return part
-        media["audio"].append(_clip(unique, (part.get("input_audio") or {}).get("pcm_f32le")))
+        pcm = (part.get("input_audio") or {}).get("pcm_f32le")
+        media["audio"].append(clip_digest(unique, pcm))
         return {"type": "audio"}
 
     def _video(self, part: dict[str, Any], media: dict[str, Any], unique: dict[str, Any],
@@ -268,29 +261,13 @@ class Omni25Media:
         if sum(counts) > self.max_video_tokens:
             raise ValueError(f"the prompt's videos take {sum(counts)} tokens; the model's "
                              f"context holds {self.max_video_tokens}")
-        digest = _digest("video", video["data"])
+        digest = file_digest("video", video["data"])
         media["videos"].setdefault(digest, (where, video["data"]))
         media["video"].append(digest)
         track = video.get("pcm_f32le")
         media["heard"].append(track is not None)
         if track is not None:
-            media["audio"].append(_clip(unique, track))
-
-
-def _digest(kind: str, data: Any) -> str:
-    """The key of a file in a batch (the kind: decoded as one); data unchecked here."""
-    raw = data if isinstance(data, bytes) else repr(data).encode()
-    return f"{kind}:{hashlib.sha256(raw).hexdigest()}"
-
-
-def _clip(unique: dict[str, Any], pcm: Any) -> str:
-    """The digest of an audio clip, its samples added to the batch's files."""
-    if not isinstance(pcm, bytes):
-        raise ValueError("an audio part or track reached the engine undecoded")
-    digest = _digest("audio", pcm)
-    if digest not in unique:
-        unique[digest] = np.frombuffer(pcm, dtype=np.float32)
-    return digest
+            media["audio"].append(clip_digest(unique, track))
 
 
 def load_omni25_composite(path: Path, *, dtype: Any, audio_output: bool) -> Any:

@@ -37,14 +37,22 @@ from omni.models.qwen3_omni_vision import (
     TextFirstRope,
     decode_image,
     decode_video,
-    encode_images,
-    encode_videos,
     install_deepstack,
     interleaved_video,
     joint_deepstack,
     rope_index,
     video_audio_tokens,
+    video_patches,
 )
+from omni.models.qwen_vision_batch import (
+    by_kind,
+    clip_digest,
+    encode_batch,
+    file_digest,
+    padded_mels,
+    tower_features,
+)
+from omni.models.qwen_vl_video import Clip
 from omni.models.tool_calls import with_tools
 
 AUDIO_PARTS = ("input_audio",)
@@ -80,36 +88,72 @@ class ThinkerMedia:
 
     def encode(self, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        import torch
+        result = self.encode_batch([(messages, tools)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-        # audio: every clip in prompt order, standalone or a video's track (heard[i]: the
-        # i-th video brings its track, interleaved with its frames by time)
+    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
+        """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
+        prompt raised (a bad prompt fails alone): one vision tower call for the images and
+        videos of all of them, one audio tower call for their clips and heard tracks
+        (omni/models/qwen_vision_batch.py); a file sent twice is decoded and encoded once."""
+        return encode_batch(prompts, self._render, self._towers, self._prompt)
+
+    def _render(self, messages: Any, tools: Any,
+                unique: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
+        """The template's ids and the prompt's files as digests into `unique`, in prompt
+        order. Audio: every clip, standalone or a video's track (heard[i]: the i-th video
+        brings its track, interleaved with its frames by time)."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
         media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
         rendered = []
         for i, m in enumerate(messages):
-            content = m.get("content")
+            content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):  # a part's error names it (the 400's param)
-                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media)
-                           for j, p in enumerate(content)]
+                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
+                                        unique) for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
         rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
         text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                                   tokenize=False, **extra)
         ids = self.tokenizer(text)["input_ids"]
-        audio = self._audio(media["audio"]) if media["audio"] else None
-        with torch.inference_mode():
-            images = encode_images(self.thinker, self.images, media["image"]) \
-                if media["image"] else None
-            videos = encode_videos(self.thinker, self.images, media["video"]) \
-                if media["video"] else None
-        expanded = self._expand(ids, media, audio, images, videos)
+        heard = media["heard"]
+        for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
+                                  (self.image_id, len(media["image"]), "image"),
+                                  (self.video_id, len(media["video"]), "video")):
+            if ids.count(token) != want:
+                raise InputFieldError("messages", f"the chat template placed "
+                                      f"{ids.count(token)} {kind} placeholders for {want} "
+                                      f"{kind} parts")
+        if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
+            raise InputFieldError("messages", "use_audio_in_video needs every video to "
+                                  "have an audio track")
+        return ids, media
+
+    def _towers(self, files: list[Any]) -> list[dict[str, Any]]:
+        return by_kind(files, self._vision, self._audio)
+
+    def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
+        return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
+
+    def _prompt(self, rendered: tuple[list[int], dict[str, list[Any]]],
+                found: dict[str, Any]) -> tuple[list[int], Any, Any]:
+        ids, media = rendered
+        audio = joined([found[d] for d in media["audio"]])
+        images = joined([found[d] for d in media["image"]])
+        videos = joined([found[d] for d in media["video"]])
+        import torch
+
+        expanded = self._expand(ids, media["heard"], audio, images, videos)
         with torch.inference_mode():
             ids_t = torch.tensor(expanded, device=self.thinker.device)
             embeds = self.thinker.get_input_embeddings()(ids_t)
             for token, out in ((self.audio_id, audio), (self.image_id, images),
                                (self.video_id, videos)):
                 if out:
-                    embeds[ids_t == token] = out["embeds"].to(embeds.dtype)
+                    embeds[ids_t == token] = out["embeds"].to(embeds.device, embeds.dtype)
         if not images and not videos:
             return expanded, embeds, None
         rope, delta = rope_index(self.thinker, expanded, images, videos,
@@ -119,23 +163,11 @@ class ThinkerMedia:
             rope, delta, visual_mask=mask, deepstack=deepstack,
             exports={"prompt_rope_positions": rope.tolist()})
 
-    def _expand(self, ids: list[int], media: dict[str, list[Any]], audio: Any, images: Any,
+    def _expand(self, ids: list[int], heard: list[bool], audio: Any, images: Any,
                 videos: Any) -> list[int]:
         """The template's ids with each media placeholder grown to its token count."""
-        heard = media["heard"]
-        standalone = len(media["audio"]) - sum(heard)
-        for token, want, kind in ((self.audio_id, standalone, "audio"),
-                                  (self.image_id, len(media["image"]), "image"),
-                                  (self.video_id, len(media["video"]), "video")):
-            if ids.count(token) != want:
-                raise InputFieldError("messages", f"the chat template placed "
-                                      f"{ids.count(token)} {kind} placeholders for {want} "
-                                      f"{kind} parts")
-        if any(heard) and not all(heard):
-            raise InputFieldError("messages", "use_audio_in_video needs every video to "
-                                  "have an audio track")
         clips = iter(audio["tokens"] if audio else [])
-        shots = iter(range(len(media["video"])))
+        shots = iter(range(len(heard)))
         image_tokens = iter(images["tokens"] if images else [])
         expanded: list[int] = []
         for t in ids:
@@ -151,26 +183,39 @@ class ThinkerMedia:
                 expanded.append(t)
         return expanded
 
-    def _audio(self, clips: list[np.ndarray]) -> dict[str, Any]:
-        """The audio tower's embeddings of `clips` and each clip's token count."""
+    def _audio(self, clips: list[np.ndarray]) -> list[dict[str, Any]]:
+        """The audio tower's embeddings of `clips`: per clip its embeddings, mel frames and
+        token count. The tower cuts each clip into chunks of 2 x n_window frames, pads
+        every chunk to the longest chunk of the call and attends within each clip only;
+        its convolutions' edges see that padding (conv biases make it non-zero), so a clip
+        shorter than one chunk gets its own features only in a call whose longest chunk
+        is its own length. Clips are therefore grouped by min(frames, chunk): every clip
+        of a chunk or more (speech, as a rule) shares one call, shorter ones join clips of
+        their own length (tested against each clip alone)."""
         import torch
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             _get_feat_extract_output_lengths,
         )
 
-        feats = self.fe(clips, sampling_rate=self.fe.sampling_rate, padding=True,
-                        truncation=False, return_attention_mask=True, return_tensors="pt")
+        feats = padded_mels(self.fe, clips)
         mask = feats["attention_mask"]
         lengths = mask.sum(-1)
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths.tolist()):
+            groups.setdefault(min(n, 2 * self.n_window), []).append(i)
         dev = self.thinker.device
-        with torch.inference_mode():
-            embeds = self.thinker.get_audio_features(
-                feats["input_features"].to(dev, self.thinker.dtype),
-                mask.to(dev)).last_hidden_state
-        return {"embeds": embeds, "lengths": lengths,
-                "tokens": _get_feat_extract_output_lengths(lengths, self.n_window).tolist()}
+        found: list[dict[str, Any]] = [{}] * len(clips)
+        for picked in groups.values():
+            tokens = _get_feat_extract_output_lengths(lengths[picked], self.n_window).tolist()
+            with torch.inference_mode():
+                out = self.thinker.get_audio_features(
+                    feats["input_features"][picked].to(dev, self.thinker.dtype),
+                    mask[picked].to(dev)).last_hidden_state
+            for i, e, k in zip(picked, out.split(tokens), tokens, strict=True):
+                found[i] = {"embeds": e, "length": lengths[i], "tokens": int(k)}
+        return found
 
-    def _part(self, part: Any, media: dict[str, list[Any]]) -> Any:
+    def _part(self, part: Any, media: dict[str, list[Any]], unique: dict[str, Any]) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNSUPPORTED_PARTS:
             raise ValueError(f"'{kind}' content parts reach this model decoded by the API "
@@ -178,25 +223,51 @@ class ThinkerMedia:
         if kind in IMAGE_PARTS + VIDEO_PARTS:
             if self.images is None:
                 raise ValueError("this model directory has no image processor config")
-            if kind == "image":
-                media["image"].append(decode_image(part))
-                return {"type": kind}
-            media["video"].append(decode_video(part, self.images))
-            track = (part.get("video") or {}).get("pcm_f32le")
-            media["heard"].append(track is not None)
-            if track is not None:
-                media["audio"].append(_samples(track))
+            data = (part.get(kind) or {}).get("data")
+            digest = file_digest(kind, data)
+            if digest not in unique:
+                unique[digest] = decode_image(part) if kind == "image" else self._clip(part)
+            media[kind].append(digest)
+            if kind == "video":
+                track = (part.get("video") or {}).get("pcm_f32le")
+                media["heard"].append(track is not None)
+                if track is not None:
+                    media["audio"].append(clip_digest(unique, track))
             return {"type": kind}
         if kind != "input_audio":
             return part
-        media["audio"].append(_samples((part.get("input_audio") or {}).get("pcm_f32le")))
+        pcm = (part.get("input_audio") or {}).get("pcm_f32le")
+        media["audio"].append(clip_digest(unique, pcm))
         return {"type": "audio"}
 
+    def _clip(self, part: dict[str, Any]) -> Clip:
+        """A video part decoded and cut into the vision tower's patches."""
+        frames, rate = decode_video(part, self.images)
+        patches, grid = video_patches(self.images, frames)
+        tp = int(self.images.temporal_patch_size)
+        return Clip(patches=patches, grid=grid, second_per_grid=tp / rate, times=[])
 
-def _samples(pcm: Any) -> np.ndarray:
-    if not isinstance(pcm, bytes):
-        raise ValueError("an audio part or track reached the engine undecoded")
-    return np.frombuffer(pcm, dtype=np.float32)
+
+def joined(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A prompt's items of one kind (per-file features, in prompt order) as the layout
+    helpers take them: grids (n, 3), tokens per item, embeddings and deepstack layers
+    concatenated, mel lengths of clips, seconds per grid of videos; None for none."""
+    import torch
+
+    if not items:
+        return None
+    out: dict[str, Any] = {"tokens": [len(x["embeds"]) if "grid" in x else x["tokens"]
+                                      for x in items],
+                           "embeds": torch.cat([x["embeds"] for x in items])}
+    if "length" in items[0]:  # audio clips
+        out["lengths"] = torch.stack([torch.as_tensor(x["length"]) for x in items])
+        return out
+    out["grid"] = torch.stack([x["grid"] for x in items]).cpu()
+    out["deepstack"] = [torch.cat(layer) for layer in
+                       zip(*(x["deepstack"] for x in items), strict=True)]
+    if items[0]["clip"] is not None:
+        out["second_per_grid"] = torch.tensor([x["clip"].second_per_grid for x in items])
+    return out
 
 
 @contextlib.contextmanager

@@ -101,30 +101,6 @@ def decode_image(part: dict[str, Any]) -> Any:
         raise ValueError(f"not an image this server can read ({e})") from None
 
 
-def encode_images(thinker: Any, processor: Any, images: list[Any]) -> dict[str, Any]:
-    """Patches of `images` through the vision tower: grid (n, 3), tokens per image,
-    embeddings (tokens, H) and deepstack features (per layer: (tokens, H))."""
-    batch = processor(images=images, return_tensors="pt")
-    grid = batch["image_grid_thw"]
-    dev = thinker.device
-    out = thinker.get_image_features(batch["pixel_values"].to(dev, thinker.dtype),
-                                     grid.to(dev))
-    return _features(out, processor, grid)
-
-
-def _features(out: Any, processor: Any, grid: torch.Tensor) -> dict[str, Any]:
-    """A vision tower's output as grid, tokens per item, embeddings, deepstack layers."""
-    if isinstance(out, tuple):  # older transformers: (embeddings per image, deepstack)
-        embeds, deepstack = out
-    else:
-        embeds, deepstack = out.pooler_output, out.deepstack_features
-    per_layer = [torch.cat(list(f)) if isinstance(f, list | tuple) else f for f in deepstack]
-    merge = int(processor.merge_size)
-    return {"grid": grid, "tokens": (grid.prod(-1) // merge**2).tolist(),
-            "embeds": torch.cat(list(embeds)) if isinstance(embeds, list | tuple) else embeds,
-            "deepstack": per_layer}
-
-
 def rope_index(thinker: Any, ids: list[int], images: dict[str, Any] | None,
                videos: dict[str, Any] | None, audio_lengths: torch.Tensor | None,
                audio_in_video: bool = False) -> tuple[torch.Tensor, float]:
@@ -259,17 +235,3 @@ def video_patches(processor: Any, frames: list[Any]) -> tuple[torch.Tensor, torc
     gt, gh, gw, c = len(x) // tp, h // p, w // p, x.shape[1]
     x = x.view(gt, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return x.reshape(gt * gh * gw, c * tp * p * p), torch.tensor([[gt, gh, gw]])
-
-
-def encode_videos(thinker: Any, processor: Any, videos: list[tuple[list[Any], float]]
-                  ) -> dict[str, Any]:
-    """Like encode_images, for (frames, fps) videos; plus each one's seconds per grid."""
-    pieces = [video_patches(processor, frames) for frames, _ in videos]
-    grid = torch.cat([g for _, g in pieces])
-    dev = thinker.device
-    out = thinker.get_video_features(torch.cat([x for x, _ in pieces]).to(dev, thinker.dtype),
-                                     grid.to(dev))
-    features = _features(out, processor, grid)
-    tp = int(processor.temporal_patch_size)
-    features["second_per_grid"] = torch.tensor([tp / fps for _, fps in videos])
-    return features

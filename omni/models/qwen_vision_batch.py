@@ -9,14 +9,17 @@ The AR engine's prompt encoder hands every media prompt that waits to the model'
 models: each prompt is rendered (parts checked, files decoded once per distinct file,
 keyed by digest), one tower call runs over the distinct files of all prompts, then each
 prompt is built from its files' features. A prompt that fails rendering or building
-fails alone.
+fails alone. The audio helpers here (`clip_digest`, `padded_mels`, `by_kind`) serve the
+omni thinkers, whose audio towers pack clips the same way (each clip's own chunks).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni.models.qwen_vl_video import Clip
@@ -88,3 +91,47 @@ def tower_features(model: Any, image_processor: Any, merge: int,
         found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
                     "deepstack": [layer[k] for layer in layers]}
     return found
+
+
+def file_digest(kind: str, data: Any) -> str:
+    """The key of a file in a batch (the kind: decoded as one); data unchecked here."""
+    raw = data if isinstance(data, bytes) else repr(data).encode()
+    return f"{kind}:{hashlib.sha256(raw).hexdigest()}"
+
+
+def clip_digest(unique: dict[str, Any], pcm: Any) -> str:
+    """The digest of an audio clip (float32 PCM bytes), its samples added to the batch's
+    files."""
+    if not isinstance(pcm, bytes):
+        raise ValueError("an audio part or track reached the engine undecoded")
+    digest = file_digest("audio", pcm)
+    if digest not in unique:
+        unique[digest] = np.frombuffer(pcm, dtype=np.float32)
+    return digest
+
+
+def by_kind(files: list[Any], vision: Tower, audio: Tower) -> list[Any]:
+    """Features of decoded files: images and videos through `vision` in one call, audio
+    clips (arrays) through `audio` in one call."""
+    found: list[Any] = [{}] * len(files)
+    for kind, run in ((False, vision), (True, audio)):
+        picked = [i for i, f in enumerate(files) if isinstance(f, np.ndarray) == kind]
+        if picked:
+            for i, features in zip(picked, run([files[i] for i in picked]), strict=True):
+                found[i] = features
+    return found
+
+
+def padded_mels(feature_extractor: Any, clips: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """Log-mel features and frame mask of `clips` as a Whisper feature extractor gives them
+    under the releases' processors, which pad every clip to the 30 s window ("max_length"):
+    a clip's last frames then see zeros past its end and it counts ceil(samples / hop)
+    frames. Padding to the longest clip + one FFT window gives those same features and
+    counts (tested) without computing 30 s of silence per clip, whatever else is in the
+    batch."""
+    fe = feature_extractor
+    longest = max(len(c) for c in clips) + int(fe.n_fft)
+    hop = int(fe.hop_length)
+    return fe(clips, sampling_rate=fe.sampling_rate, padding="max_length",
+              max_length=-(-longest // hop) * hop, truncation=False,
+              return_attention_mask=True, return_tensors="pt")

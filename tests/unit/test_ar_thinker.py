@@ -355,13 +355,13 @@ def test_media_prompts_encode_off_the_step_loop(omni_dir):
 
     engine = AREngine(str(omni_dir))
     gate = threading.Event()
-    encode = engine.lm.media.encode
+    encode = engine.lm.media.encode_batch
 
-    def gated(messages, tools=None):  # the real encoder, once the test lets it run
+    def gated(prompts):  # the real encoder, once the test lets it run
         gate.wait(30)
-        return encode(messages, tools)
+        return encode(prompts)
 
-    engine.lm.media.encode = gated
+    engine.lm.media.encode_batch = gated
     image = {"type": "image", "image": {"data": _png(64, 64, 1)}}
     for rid in ("seen", "dropped"):
         engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": [image]}]},
