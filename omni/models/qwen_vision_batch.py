@@ -104,6 +104,9 @@ def clip_digest(unique: dict[str, Any], pcm: Any) -> str:
     files."""
     if not isinstance(pcm, bytes):
         raise ValueError("an audio part or track reached the engine undecoded")
+    if not pcm or len(pcm) % 4:  # caught here, it fails its prompt, not the tower call
+        raise ValueError(f"an audio clip must be float32 samples, at least one; got "
+                         f"{len(pcm)} bytes")
     digest = file_digest("audio", pcm)
     if digest not in unique:
         unique[digest] = np.frombuffer(pcm, dtype=np.float32)
