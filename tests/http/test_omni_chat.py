@@ -4,6 +4,7 @@ edges streaming; text-only requests run the thinker alone."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import struct
@@ -339,14 +340,20 @@ def test_bad_media_parts_get_clear_errors(server):
                         {"role": "user", "content": [part]}], **SEEDED)
                 assert needle in info.value.message, info.value.message
                 assert info.value.body["param"] == "messages[0].content[0]"
-            # readable, but one frame: the thinker refuses it, still a 400 naming the part
+            # readable, but one frame: the thinker refuses it, still a 400 naming the part;
+            # an image question sent with it (its media encoded alongside) is answered
             one_frame = encode_mp4(np.zeros((1, 48, 64, 3), dtype=np.uint8), 10)
-            with pytest.raises(openai.BadRequestError) as info:
-                await client.chat.completions.create(model="omni", messages=[
+            bad, good = await asyncio.gather(client.chat.completions.create(
+                model="omni", messages=[
                     {"role": "user", "content": [{"type": "text", "text": "and this?"}, {
                         "type": "video_url", "video_url": {
                             "url": "data:video/mp4;base64," + base64.b64encode(one_frame).decode()}}]}],
-                    **SEEDED)
+                **SEEDED), client.chat.completions.create(model="omni", messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {
+                        "url": png_url(48, 32)}}]}], **SEEDED), return_exceptions=True)
+            assert good.choices[0].message.content, good
+            with pytest.raises(openai.BadRequestError) as info:
+                raise bad
             assert "cannot use this input" in info.value.message
             assert "messages[0].content[1]: " in info.value.message
             assert "at least 2 are needed" in info.value.message
