@@ -40,21 +40,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, naming_field
+from omni.engines.base import EngineLoadError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video_with_audio
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
 from omni.models.qwen_vision_batch import (
+    OmniPromptMedia,
     by_kind,
     clip_digest,
-    encode_batch,
     file_digest,
     padded_mels,
     tower_features,
 )
 from omni.models.qwen_vl_video import VideoRules
 from omni.models.qwen_vl_video import token_count as video_token_count
-from omni.models.tool_calls import with_tools
 
 MEDIA_PARTS = ("input_audio", "image", "video")
 UNDECODED_PARTS = ("image_url", "audio_url", "video_url")
@@ -67,7 +66,7 @@ def audio_tokens(mel_frames: torch.Tensor) -> torch.Tensor:
     return (after_conv - 2) // 2 + 1
 
 
-class Omni25Media:
+class Omni25Media(OmniPromptMedia):
     """Builds (ids, embeddings, layout) of a chat prompt holding audio, image and video
     parts."""
 
@@ -97,20 +96,6 @@ class Omni25Media:
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
             for part in m["content"])
 
-    def encode(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        result = self.encode_batch([(messages, tools)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
-        """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
-        prompt raised (a bad prompt fails alone): one vision tower call for the images and
-        videos of all of them, one audio tower call for their clips and heard tracks
-        (omni/models/qwen_vision_batch.py); a file sent twice is decoded and encoded once."""
-        return encode_batch(prompts, self._render, self._towers, self._prompt)
-
     def _render(self, messages: Any, tools: Any,
                 unique: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
         """The template's ids and the prompt's files as digests into `unique`, in prompt
@@ -132,21 +117,7 @@ class Omni25Media:
         for digest, (where, data) in media.pop("videos").items():
             if digest not in unique:
                 unique[digest] = naming_field(where, decode_video, self.video, data)
-        rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
-        text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
-                                                  tokenize=False, **extra)
-        ids = self.tokenizer(text)["input_ids"]
-        heard = media["heard"]
-        for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
-                                  (self.image_id, len(media["image"]), "image"),
-                                  (self.video_id, len(media["video"]), "video")):
-            if ids.count(token) != want:
-                raise InputFieldError("messages", f"the chat template placed "
-                                      f"{ids.count(token)} {kind} placeholders for {want} "
-                                      f"{kind} parts")
-        if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
-            raise InputFieldError("messages", "use_audio_in_video needs every video to "
-                                  "have an audio track")
+        ids = self.template_ids(rendered, tools, media)
         return ids, media
 
     def _towers(self, files: list[Any]) -> list[dict[str, Any]]:

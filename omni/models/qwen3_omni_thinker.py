@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.base import EngineLoadError, InputFieldError, PromptLayout, naming_field
+from omni.engines.base import EngineLoadError, PromptLayout, naming_field
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
@@ -45,21 +45,20 @@ from omni.models.qwen3_omni_vision import (
     video_patches,
 )
 from omni.models.qwen_vision_batch import (
+    OmniPromptMedia,
     by_kind,
     clip_digest,
-    encode_batch,
     file_digest,
     padded_mels,
     tower_features,
 )
 from omni.models.qwen_vl_video import Clip
-from omni.models.tool_calls import with_tools
 
 AUDIO_PARTS = ("input_audio",)
 UNSUPPORTED_PARTS = ("video_url", "image_url")  # the API turns them into video / image
 
 
-class ThinkerMedia:
+class ThinkerMedia(OmniPromptMedia):
     """Builds (ids, embeddings, layout) of a chat prompt holding decoded media parts."""
 
     def __init__(self, thinker: Any, tokenizer: Any, feature_extractor: Any,
@@ -86,20 +85,6 @@ class ThinkerMedia:
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
             for part in m["content"])
 
-    def encode(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        result = self.encode_batch([(messages, tools)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
-        """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
-        prompt raised (a bad prompt fails alone): one vision tower call for the images and
-        videos of all of them, one audio tower call for their clips and heard tracks
-        (omni/models/qwen_vision_batch.py); a file sent twice is decoded and encoded once."""
-        return encode_batch(prompts, self._render, self._towers, self._prompt)
-
     def _render(self, messages: Any, tools: Any,
                 unique: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
         """The template's ids and the prompt's files as digests into `unique`, in prompt
@@ -115,21 +100,7 @@ class ThinkerMedia:
                 content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
                                         unique) for j, p in enumerate(content)]
             rendered.append({**m, "content": content})
-        rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
-        text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
-                                                  tokenize=False, **extra)
-        ids = self.tokenizer(text)["input_ids"]
-        heard = media["heard"]
-        for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
-                                  (self.image_id, len(media["image"]), "image"),
-                                  (self.video_id, len(media["video"]), "video")):
-            if ids.count(token) != want:
-                raise InputFieldError("messages", f"the chat template placed "
-                                      f"{ids.count(token)} {kind} placeholders for {want} "
-                                      f"{kind} parts")
-        if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
-            raise InputFieldError("messages", "use_audio_in_video needs every video to "
-                                  "have an audio track")
+        ids = self.template_ids(rendered, tools, media)
         return ids, media
 
     def _towers(self, files: list[Any]) -> list[dict[str, Any]]:

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni.engines.base import InputFieldError
 from omni.models.qwen_vl_video import Clip
+from omni.models.tool_calls import with_tools
 
 # render(messages, tools, unique) -> a rendered prompt; it adds its decoded files to
 # `unique` (digest -> decoded file) and keeps their digests
@@ -91,6 +93,61 @@ def tower_features(model: Any, image_processor: Any, merge: int,
         found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
                     "deepstack": [layer[k] for layer in layers]}
     return found
+
+
+class OmniPromptMedia:
+    """What the omni thinkers' media adapters share: encode / encode_batch over their own
+    _render, _towers and _prompt, and the template's ids checked against the prompt's parts.
+    Subclasses set tokenizer, audio_id, image_id and video_id."""
+
+    tokenizer: Any
+    audio_id: int
+    image_id: int
+    video_id: int
+
+    def encode(self, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
+        result = self.encode_batch([(messages, tools)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
+        """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
+        prompt raised (a bad prompt fails alone): one vision tower call for the images and
+        videos of all of them, one audio tower call for their clips and heard tracks; a
+        file sent twice is decoded and encoded once."""
+        return encode_batch(prompts, self._render, self._towers, self._prompt)
+
+    def _render(self, messages: Any, tools: Any, unique: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _towers(self, files: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _prompt(self, rendered: Any, found: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def template_ids(self, rendered: list[dict[str, Any]], tools: Any,
+                     media: dict[str, list[Any]]) -> list[int]:
+        """The chat template's token ids for the rendered messages, with one placeholder
+        per media part (a video that brings its track, heard, has no audio one of its own)."""
+        rendered, extra = with_tools(rendered, tools, self.tokenizer.chat_template)
+        text = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
+                                                  tokenize=False, **extra)
+        ids = self.tokenizer(text)["input_ids"]
+        heard = media["heard"]
+        for token, want, kind in ((self.audio_id, len(media["audio"]) - sum(heard), "audio"),
+                                  (self.image_id, len(media["image"]), "image"),
+                                  (self.video_id, len(media["video"]), "video")):
+            if ids.count(token) != want:
+                raise InputFieldError("messages", f"the chat template placed "
+                                      f"{ids.count(token)} {kind} placeholders for {want} "
+                                      f"{kind} parts")
+        if any(heard) and not all(heard):  # get_rope_index reads the flag per prompt
+            raise InputFieldError("messages", "use_audio_in_video needs every video to "
+                                  "have an audio track")
+        return ids
 
 
 def file_digest(kind: str, data: Any) -> str:
