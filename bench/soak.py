@@ -184,6 +184,7 @@ class Soak:
         self.watch = Watch(proc.pid, base)
         self.records: list[dict[str, Any]] = []
         self.references: dict[str, dict[str, Any]] = {}
+        self.reference_audio: dict[str, bytes] = {}
         self.t_term: float | None = None
 
     async def run(self) -> dict[str, Any]:
@@ -225,6 +226,8 @@ class Soak:
                 runs = [await wl.send(session, self.base, kind, variant, self.s)
                         for _ in range(AUDIO_REFERENCES if kind in AUDIO_KINDS else 1)]
                 self.references[f"{kind}:{variant}"] = reference = _median_of(runs)
+                if reference.get("audio_sha"):  # kept to say where a wrong answer parts
+                    self.reference_audio[f"{kind}:{variant}"] = runs[0]["audio"]
                 say(f"[soak] reference {kind}: {variant!r} -> {reference}")
 
     async def client(self, session: Any, index: int, stop: asyncio.Event) -> None:
@@ -244,8 +247,11 @@ class Soak:
         self.records.append(record)
         try:
             result = await wl.send(session, self.base, kind, variant, self.s)
-            problem = soak_report.compare(kind, result, self.references[f"{kind}:{variant}"],
-                                          self.s, self.args.audio_tolerance)
+            key = f"{kind}:{variant}"
+            problem = soak_report.compare(kind, result, self.references[key], self.s,
+                                          self.args.audio_tolerance)
+            if problem and key in self.reference_audio and "audio" in result:
+                problem += f"; {wl.first_difference(result['audio'], self.reference_audio[key])}"
             record.update(status="wrong" if problem else "ok", detail=problem)
         except wl.Failure as f:
             record.update(status=f.status, code=f.code, detail=f.detail)
@@ -288,7 +294,7 @@ def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One reference from runs alone: the first run's answer, its audio length the median
     (with --voice-noise Piper draws its durations at random: one draw is no reference),
     and its audio's digest where every run had the same audio."""
-    reference = {k: v for k, v in runs[0].items() if k != "wav"}
+    reference = {k: v for k, v in runs[0].items() if k not in ("wav", "audio")}
     for key in ("pcm_bytes", "duration_s"):
         if key in reference and len(runs) > 1:
             reference[key] = statistics.median(run[key] for run in runs)

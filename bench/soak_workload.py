@@ -134,19 +134,19 @@ async def chat(session: Any, base: str, prompt: str, s: Settings, audio: bool) -
         body.update(modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
     deadline = s.deadline("chat_audio" if audio else "chat")
     resp = await _post(session, f"{base}/v1/chat/completions", deadline, json=body)
-    text, pcm = [], hashlib.sha256()
-    pcm_bytes = 0
+    text, pcm = [], []
     async with resp:
         async for event in _sse(resp, deadline):
             delta = (event.get("choices") or [{}])[0].get("delta") or {}
             text.append(delta.get("content") or "")
             sound = delta.get("audio") or {}
             text.append(sound.get("transcript") or "")
-            data = base64.b64decode(sound["data"]) if sound.get("data") else b""
-            pcm.update(data)
-            pcm_bytes += len(data)
-    result = {"text": "".join(text), "pcm_bytes": pcm_bytes}
-    return {**result, "audio_sha": pcm.hexdigest()} if audio else result
+            pcm.append(base64.b64decode(sound["data"]) if sound.get("data") else b"")
+    data = b"".join(pcm)
+    result = {"text": "".join(text), "pcm_bytes": len(data)}
+    # the bytes themselves ("audio"): where a wrong answer first differs (soak.py)
+    return {**result, "audio": data, "audio_sha": hashlib.sha256(data).hexdigest()} \
+        if audio else result
 
 
 async def speech(session: Any, base: str, sentence: str, s: Settings) -> dict:
@@ -155,7 +155,7 @@ async def speech(session: Any, base: str, sentence: str, s: Settings) -> dict:
     resp = await _post(session, f"{base}/v1/audio/speech", deadline, json=body)
     async with resp:
         wav = await _read_all(resp, deadline)
-    return {"duration_s": wav_duration(wav), "wav": wav,
+    return {"duration_s": wav_duration(wav), "wav": wav, "audio": wav,
             "audio_sha": hashlib.sha256(wav).hexdigest()}
 
 
@@ -164,6 +164,17 @@ async def _read_all(resp: Any, deadline: float) -> bytes:
     while chunk := await _idle(resp.content.readany(), deadline, "reading the body"):
         parts.append(chunk)
     return b"".join(parts)
+
+
+def first_difference(got: bytes, want: bytes) -> str:
+    """Where two answers' audio bytes part: the first differing byte, or which is longer."""
+    if got == want:
+        return "audio bytes equal"
+    pairs = zip(got, want, strict=False)  # unequal lengths are one way to differ
+    at = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    if at is None:
+        return f"audio equal for {min(len(got), len(want))} bytes, then one ends"
+    return f"audio first differs at byte {at} of {len(want)}"
 
 
 def wav_duration(wav: bytes) -> float:

@@ -223,6 +223,14 @@ def test_spoken_answers_must_equal_runs_alone_that_were_equal_sample_for_sample(
     assert soak_report.compare("chat_audio", other, mixed, s, tolerance) is None
 
 
+def test_a_wrong_answer_says_where_its_audio_parts():
+    from bench.soak_workload import first_difference
+
+    assert first_difference(b"abcd", b"abcd") == "audio bytes equal"
+    assert first_difference(b"abXd", b"abcd") == "audio first differs at byte 2 of 4"
+    assert first_difference(b"abcdef", b"abcd") == "audio equal for 4 bytes, then one ends"
+
+
 def test_the_docs_state_the_default_audio_tolerance():
     percent = round(args().audio_tolerance * 100)
     row = next(line for line in DOC.read_text().splitlines()
