@@ -1,12 +1,13 @@
-"""Qwen3-Omni's thinker, C audio (+ image) prompts arriving together: their clips through
-one audio tower call and their images through one vision tower call (the encoder batch,
-now) vs one call per prompt (before).
+"""An omni thinker (Qwen3-Omni, Qwen2.5-Omni), C audio and/or image prompts arriving
+together: their clips through one audio tower call and their images through one vision
+tower call (the encoder batch, now) vs one call per prompt (before).
 
-`python bench/probes/omni3_tower_batch.py [MODEL_DIR] [--c 4] [--rounds 7] [--seconds 4]
-[--images] [--device cpu]`: an AREngine on MODEL_DIR (default: the tiny Qwen3-Omni
-fixture), then per round both modes, alternating which goes first, each on C fresh
-distinct clips (a tone per prompt, no dedupe; with --images a distinct 112x112 image
-too), a short question and 4 greedy tokens: the time from adding the C requests to the
+`python bench/probes/omni_tower_batch.py [MODEL_DIR] [--family qwen3_omni|qwen2_5_omni]
+[--c 4] [--rounds 7] [--seconds 4] [--images] [--device cpu]`: an AREngine on MODEL_DIR
+(default: the family's tiny fixture), then per round both modes, alternating which goes
+first, each on C fresh distinct clips of --seconds (a tone per prompt, no dedupe; 0: no
+clip) and with --images a distinct 112x112 image each, a short question and 4 greedy
+tokens: the time from adding the C requests to the
 last one's first token and to all finished, and the tower calls per burst (forward hooks
 on the real towers). "per-prompt" runs the same code one prompt per encode_batch call,
 which is what the thinker did before it batched. Prints medians.
@@ -46,12 +47,12 @@ def _png(seed: int, side: int = 112) -> bytes:
 
 
 def _request(rid: str, seed: int, seconds: float, image: bool) -> EngineRequest:
-    parts = [{"type": "input_audio", "input_audio": {"pcm_f32le": _clip(seed, seconds),
-                                                     "sample_rate": 16000}}]
+    parts = [{"type": "input_audio", "input_audio": {
+        "pcm_f32le": _clip(seed, seconds), "sample_rate": 16000}}] if seconds > 0 else []
     if image:
         parts.append({"type": "image", "image": {"data": _png(seed)}})
     return EngineRequest(rid, {"messages": [{"role": "user", "content": [
-        *parts, {"type": "text", "text": "What do you hear?"}]}]}, dict(PARAMS))
+        *parts, {"type": "text", "text": "What is in this?"}]}]}, dict(PARAMS))
 
 
 def _per_prompt(media):
@@ -81,6 +82,8 @@ def _hook(thinker, name: str, calls: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", nargs="?")
+    parser.add_argument("--family", default="qwen3_omni",
+                        help="the tiny fixture when no MODEL_DIR: qwen3_omni, qwen2_5_omni")
     parser.add_argument("--c", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -90,7 +93,9 @@ def main() -> None:
     if args.model_dir is None:
         from omni.fixtures.tiny_models import ensure_tiny_model
 
-        args.model_dir = str(ensure_tiny_model("qwen3_omni"))
+        args.model_dir = str(ensure_tiny_model(args.family))
+    if args.seconds <= 0 and not args.images:
+        parser.error("nothing to encode: --seconds 0 needs --images")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     engine = AREngine(args.model_dir, device=args.device)
     media, calls = engine.lm.media, []
