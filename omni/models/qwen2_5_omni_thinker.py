@@ -46,11 +46,9 @@ from omni.models.qwen2_5_omni_video import decode_video, omni_video_rules, video
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, rope_index
 from omni.models.qwen_vision_batch import (
     OmniPromptMedia,
-    by_kind,
     clip_digest,
     file_digest,
     padded_mels,
-    tower_features,
 )
 from omni.models.qwen_vl_video import VideoRules
 from omni.models.qwen_vl_video import token_count as video_token_count
@@ -101,32 +99,15 @@ class Omni25Media(OmniPromptMedia):
         """The template's ids and the prompt's files as digests into `unique`, in prompt
         order. Audio: every clip, standalone or a video's track (heard[i]: the i-th video
         brings its track, interleaved with its frames by time)."""
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
         media: dict[str, Any] = {"audio": [], "image": [], "video": [], "heard": [],
                                  "videos": {}}
-        rendered = []
-        for i, m in enumerate(messages):
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # a part's error names it (the 400's param)
-                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
-                                        unique, f"messages[{i}].content[{j}]")
-                           for j, p in enumerate(content)]
-            rendered.append({**m, "content": content})
+        rendered = self.rendered_messages(messages, media, unique)
         # every video's size was checked from its headers before any is decoded
         for digest, (where, data) in media.pop("videos").items():
             if digest not in unique:
                 unique[digest] = naming_field(where, decode_video, self.video, data)
         ids = self.template_ids(rendered, tools, media)
         return ids, media
-
-    def _towers(self, files: list[Any]) -> list[dict[str, Any]]:
-        """Features of decoded files: images and videos through one vision tower call,
-        audio clips (arrays) through one audio tower call."""
-        return by_kind(files, self._vision, self._audio)
-
-    def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
-        return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
 
     def _prompt(self, rendered: tuple[list[int], dict[str, list[Any]]],
                 found: dict[str, Any]) -> tuple[list[int], Any, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.base import EngineLoadError, PromptLayout, naming_field
+from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword, eos_ids
 from omni.models.qwen3_omni_vision import (
     IMAGE_PARTS,
@@ -46,11 +46,9 @@ from omni.models.qwen3_omni_vision import (
 )
 from omni.models.qwen_vision_batch import (
     OmniPromptMedia,
-    by_kind,
     clip_digest,
     file_digest,
     padded_mels,
-    tower_features,
 )
 from omni.models.qwen_vl_video import Clip
 
@@ -90,24 +88,9 @@ class ThinkerMedia(OmniPromptMedia):
         """The template's ids and the prompt's files as digests into `unique`, in prompt
         order. Audio: every clip, standalone or a video's track (heard[i]: the i-th video
         brings its track, interleaved with its frames by time)."""
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
         media: dict[str, list[Any]] = {"audio": [], "image": [], "video": [], "heard": []}
-        rendered = []
-        for i, m in enumerate(messages):
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # a part's error names it (the 400's param)
-                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
-                                        unique) for j, p in enumerate(content)]
-            rendered.append({**m, "content": content})
-        ids = self.template_ids(rendered, tools, media)
-        return ids, media
-
-    def _towers(self, files: list[Any]) -> list[dict[str, Any]]:
-        return by_kind(files, self._vision, self._audio)
-
-    def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
-        return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
+        rendered = self.rendered_messages(messages, media, unique)
+        return self.template_ids(rendered, tools, media), media
 
     def _prompt(self, rendered: tuple[list[int], dict[str, list[Any]]],
                 found: dict[str, Any]) -> tuple[list[int], Any, Any]:
@@ -186,7 +169,8 @@ class ThinkerMedia(OmniPromptMedia):
                 found[i] = {"embeds": e, "length": lengths[i], "tokens": int(k)}
         return found
 
-    def _part(self, part: Any, media: dict[str, list[Any]], unique: dict[str, Any]) -> Any:
+    def _part(self, part: Any, media: dict[str, list[Any]], unique: dict[str, Any],
+              where: str) -> Any:  # where: unused, each file is decoded where it is met
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNSUPPORTED_PARTS:
             raise ValueError(f"'{kind}' content parts reach this model decoded by the API "

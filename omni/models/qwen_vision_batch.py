@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni.engines.base import InputFieldError
+from omni.engines.base import InputFieldError, naming_field
 from omni.models.qwen_vl_video import Clip
 from omni.models.tool_calls import with_tools
 
@@ -98,8 +98,10 @@ def tower_features(model: Any, image_processor: Any, merge: int,
 class OmniPromptMedia:
     """What the omni thinkers' media adapters share: encode / encode_batch over their own
     _render, _towers and _prompt, and the template's ids checked against the prompt's parts.
-    Subclasses set tokenizer, audio_id, image_id and video_id."""
+    Subclasses set thinker, images, tokenizer, audio_id, image_id and video_id."""
 
+    thinker: Any
+    images: Any  # the image processor
     tokenizer: Any
     audio_id: int
     image_id: int
@@ -122,8 +124,36 @@ class OmniPromptMedia:
     def _render(self, messages: Any, tools: Any, unique: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def _towers(self, files: list[Any]) -> list[Any]:
+    def _part(self, part: Any, media: dict[str, Any], unique: dict[str, Any],
+              where: str) -> Any:
         raise NotImplementedError
+
+    def _audio(self, clips: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def rendered_messages(self, messages: Any, media: dict[str, Any],
+                          unique: dict[str, Any]) -> list[dict[str, Any]]:
+        """The messages with each content part rendered by `_part` (its files added to
+        `media` as digests into `unique`); a part's error names it (the 400's param)."""
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        rendered = []
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = [naming_field(f"messages[{i}].content[{j}]", self._part, p, media,
+                                        unique, f"messages[{i}].content[{j}]")
+                           for j, p in enumerate(content)]
+            rendered.append({**m, "content": content})
+        return rendered
+
+    def _towers(self, files: list[Any]) -> list[Any]:
+        """Images and videos through one vision tower call, audio clips (arrays) through
+        one audio tower call."""
+        return by_kind(files, self._vision, self._audio)
+
+    def _vision(self, items: list[Any]) -> list[dict[str, Any]]:
+        return tower_features(self.thinker, self.images, int(self.images.merge_size), items)
 
     def _prompt(self, rendered: Any, found: dict[str, Any]) -> Any:
         raise NotImplementedError
