@@ -95,17 +95,8 @@ def tower_features(model: Any, image_processor: Any, merge: int,
     return found
 
 
-class OmniPromptMedia:
-    """What the omni thinkers' media adapters share: encode / encode_batch over their own
-    _render, _towers and _prompt, and the template's ids checked against the prompt's parts.
-    Subclasses set thinker, images, tokenizer, audio_id, image_id and video_id."""
-
-    thinker: Any
-    images: Any  # the image processor
-    tokenizer: Any
-    audio_id: int
-    image_id: int
-    video_id: int
+class BatchedPromptMedia:
+    """A media adapter whose encode is its encode_batch of one prompt."""
 
     def encode(self, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
@@ -113,6 +104,23 @@ class OmniPromptMedia:
         if isinstance(result, Exception):
             raise result
         return result
+
+    def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
+        raise NotImplementedError
+
+
+class OmniPromptMedia(BatchedPromptMedia):
+    """What the omni thinkers' media adapters share: encode_batch over their own _render,
+    _part, _audio and _prompt, the message walk, the tower calls, and the template's ids
+    checked against the prompt's parts. Subclasses set thinker, images, tokenizer,
+    audio_id, image_id and video_id."""
+
+    thinker: Any
+    images: Any  # the image processor
+    tokenizer: Any
+    audio_id: int
+    image_id: int
+    video_id: int
 
     def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
         """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that

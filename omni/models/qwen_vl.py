@@ -53,7 +53,7 @@ from omni.models.causal_lm import (
     sampling_defaults,
 )
 from omni.models.qwen3_omni_vision import TextFirstRope, decode_image, install_deepstack
-from omni.models.qwen_vision_batch import encode_batch, tower_features
+from omni.models.qwen_vision_batch import BatchedPromptMedia, encode_batch, tower_features
 from omni.models.qwen_vl_video import VideoRules, load_rules, video_tokens
 from omni.models.qwen_vl_video import decode as decode_video
 from omni.models.qwen_vl_video import token_count as video_token_count
@@ -63,7 +63,7 @@ IMAGE_KINDS = ("image",)  # the API decodes image_url parts into {"type": "image
 VIDEO_KINDS = ("video",)  # and video_url parts into {"type": "video", ...}
 
 
-class VisionMedia:
+class VisionMedia(BatchedPromptMedia):
     """Builds (ids, embeddings, layout) of chat prompts holding image and video parts."""
 
     def __init__(self, model: Any, tokenizer: Any, image_processor: Any,
@@ -88,13 +88,6 @@ class VisionMedia:
             isinstance(part, dict) and part.get("type") in kinds
             for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
             for part in m["content"])
-
-    def encode(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> tuple[list[int], Any, Any]:
-        result = self.encode_batch([(messages, tools)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def encode_batch(self, prompts: list[tuple[Any, Any]]) -> list[Any]:
         """(ids, embeddings, layout) per (messages, tools) prompt, or the exception that
