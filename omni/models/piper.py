@@ -101,6 +101,7 @@ class PiperTTS:
         for name, v, low in (("intra_op_threads", threads, 0), ("max_phonemes", max_ph, 16)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise EngineLoadError(f"piper: option {name} must be an integer >= {low}, got {v!r}")
+        self.noise = _noise_options(opts)  # checked before the voice loads, as the above
         try:
             import onnxruntime
             from piper import PiperVoice
@@ -137,7 +138,6 @@ class PiperTTS:
         self.max_phonemes = max_ph
         self.sample_rate = int(self.voice.config.sample_rate)
         self.openai_voices = bool(opts.get("openai_voices", False))
-        self.noise = _noise_options(opts)
         self._voices = self._list_voices()
         self._speaker_ids = self._speaker_map()
 
