@@ -83,7 +83,9 @@
 #                                        # Base one): fused stage in the qwen3-tts environment
 #                                        # over the box's python3, offline from .whl/qwen3-tts
 #                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl); parts P
-#                                        # (default stream,stagger,whole,clone): bench qwen3_tts
+#                                        # (default step,stream,stagger,whole,clone): step: where
+#                                        # a streamed step's time goes, the predictor's graphs
+#                                        # off and on (bench/probes/qwen3_tts_step.py); bench qwen3_tts
 #                                        # c=1,8,64 streamed within sentences, 64 staggered
 #                                        # arrivals (bench/probes/qwen3_tts_stagger.py), c=1,8 sentences whole
 #                                        # (--chunk-frames 0), c=1,8 voice clone (Base); 100
@@ -181,7 +183,16 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     fi
     grep "^install_qwen3_tts_gpu_env" /tmp/env.log
     say "environment ready"
-    parts=${2:-stream,stagger,whole,clone}
+    parts=${2:-step,stream,stagger,whole,clone}
+    # where a streamed step's time goes, the code predictor's graphs off and on
+    if [[ ,$parts, == *,step,* ]]; then
+      model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
+      for how in "" --staggered; do
+        timeout 150 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_step.py --model "$model" \
+          --batch 1,8,64 $how 2>&1 | tee -a "$OUT/qwen3-tts-step.md" | grep "^|"
+      done
+      say "step done"
+    fi
     # each part: a server start (~40 s), a model build the first time (~40 s, guess) and
     # 3-5 bursts of 100 frames (~15 s each at ~130 ms a frame, eager; guess)
     qwen3tts_part() {  # PART NEED_S TAG BENCH_ARGS...

@@ -29,12 +29,16 @@ CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate()
 GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """One code per row: argmax where greedy, else top-k then top-p sampling by inverse
-    CDF with the row's uniform draw (transformers' generate() warpers). No host syncs."""
-    top = logits.topk(min(CODE_PREDICTOR_TOP_K, logits.shape[-1]), dim=-1)
-    probs = top.values.softmax(-1)
-    probs = probs * (probs.cumsum(-1) - probs < CODE_PREDICTOR_TOP_P)
+def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
+         top_k: int = CODE_PREDICTOR_TOP_K, top_p: float = CODE_PREDICTOR_TOP_P,
+         temperature: float = 1.0) -> torch.Tensor:
+    """One code per row: argmax where greedy, else temperature, top-k, then top-p sampling
+    by inverse CDF with the row's uniform draw (transformers' generate() warpers, in their
+    order). No host syncs."""
+    top = logits.topk(min(top_k or logits.shape[-1], logits.shape[-1]), dim=-1)
+    probs = (top.values / temperature).softmax(-1)
+    if top_p < 1.0:
+        probs = probs * (probs.cumsum(-1) - probs < top_p)
     cdf = probs.cumsum(-1)
     index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
     sampled = top.indices.gather(1, index[:, None])[:, 0]
@@ -58,13 +62,16 @@ def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.T
 
 
 def predict_uncached(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
-                     greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """predict_cached without a cache (see the module doc)."""
+                     greedy: torch.Tensor, project: Any = None,
+                     sampling: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """predict_cached without a cache (see the module doc). ``project`` maps the sequence
+    into the predictor's width first (Qwen3-TTS's small_to_mtp_projection), ``sampling``
+    overrides pick's top_k / top_p / temperature."""
     seq, codes, total = torch.stack((hidden, first), dim=1), [], first
     for group in range(draws.shape[1]):
-        out = cp.model(inputs_embeds=seq, use_cache=False)
+        out = cp.model(inputs_embeds=seq if project is None else project(seq), use_cache=False)
         logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
-        code = pick(logits, draws[:, group], greedy)
+        code = pick(logits, draws[:, group], greedy, **(sampling or {}))
         codes.append(code)
         embed = cp.model.get_input_embeddings()[group](code)
         total = total + embed
@@ -80,8 +87,10 @@ class PredictorGraphs:
     """
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
-                 device: torch.device, max_batch: int, capture: bool = True) -> None:
+                 device: torch.device, max_batch: int, capture: bool = True,
+                 **options: Any) -> None:
         self.cp, self.capture = cp, capture
+        self.options = options  # predict_uncached's project / sampling
         self.sizes = [b for b in GRAPH_BATCHES if b <= max_batch] or [1]
         top = self.sizes[-1]
         self.hidden = torch.zeros(top, hidden_size, dtype=dtype, device=device)
@@ -101,12 +110,12 @@ class PredictorGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: lazy inits must not happen in capture
             for b in self.sizes:
-                predict_uncached(self.cp, *self._inputs(b))
+                predict_uncached(self.cp, *self._inputs(b), **self.options)
         torch.cuda.current_stream().wait_stream(side)
         for b in reversed(self.sizes):  # largest first: the smaller ones reuse its pool
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = predict_uncached(self.cp, *self._inputs(b))
+                out = predict_uncached(self.cp, *self._inputs(b), **self.options)
             self.graphs[b] = (graph, out)
 
     def run(self, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
@@ -123,15 +132,15 @@ class PredictorGraphs:
             graph, (codes, total) = self.graphs[size]
             graph.replay()
         else:
-            codes, total = predict_uncached(self.cp, *self._inputs(size))
+            codes, total = predict_uncached(self.cp, *self._inputs(size), **self.options)
         return codes[:n].clone(), total[:n].clone()
 
 
 def make_graphs(cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
-                device: torch.device, max_batch: int) -> PredictorGraphs | None:
+                device: torch.device, max_batch: int, **options: Any) -> PredictorGraphs | None:
     """Captured graphs on CUDA, or None (with a warning) when capture fails."""
     try:
-        return PredictorGraphs(cp, hidden_size, groups, dtype, device, max_batch)
+        return PredictorGraphs(cp, hidden_size, groups, dtype, device, max_batch, **options)
     except Exception as e:  # e.g. an op in transformers' forward that syncs with the host
         log.warning("code-predictor CUDA graphs disabled: capture failed (%s: %s); the "
                     "predictor runs eagerly", type(e).__name__, e)

@@ -46,6 +46,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
+from omni.models.qwen3_tts_predictor import GraphedPredictor
 from omni.models.qwen3_tts_stream import SentenceStream, capture_prefill
 from omni.models.speech import (
     check_speed,
@@ -68,6 +69,9 @@ DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_CHUNK_FRAMES = 4, 25
 # a whole seeded sentence's frames decode in chunks of qwen-tts's chunked_decode (300, with
 # 25 of left context), so it sounds as that decode would
 WHOLE_CHUNK_FRAMES = 300
+# the largest talker batch whose code predictor runs as a graph (the engine's default
+# max_batch_size; larger batches run transformers' generate)
+GRAPH_MAX_BATCH = 64
 SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -125,7 +129,8 @@ class Qwen3TTSRunner:
     input_key = "text"
     side_inputs = ("ref_audio",)  # a Base release's reference clip (joins the params)
     OPTIONS = SAMPLING_OPTIONS | {"max_chars", "openai_voices", "language", "clone_cache_size",
-                                  "max_ref_seconds", "first_chunk_frames", "chunk_frames"}
+                                  "max_ref_seconds", "first_chunk_frames", "chunk_frames",
+                                  "predictor_graphs"}
 
     def __init__(self, tts: Any, device: str, options: Mapping[str, Any]) -> None:
         self.tts = tts
@@ -138,6 +143,7 @@ class Qwen3TTSRunner:
         self.max_ref_s = float(opts.pop("max_ref_seconds", MAX_REFERENCE_S))
         self.stream_first_frames, self.stream_chunk_frames = _chunking(opts)
         self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
+        self.graphed = self._graphed_predictor(bool(opts.pop("predictor_graphs", True)))
         capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
         self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
                        else None)
@@ -147,6 +153,13 @@ class Qwen3TTSRunner:
         # the speaker encoder's rate: a reference at it reaches both encoders unresampled
         self.reference_rate = int(tts.model.speaker_encoder_sample_rate)
         self._voices = self._list_voices()
+
+    def _graphed_predictor(self, wanted: bool) -> GraphedPredictor | None:
+        """The code predictor as CUDA graphs for the streamed talker (on a GPU, unless the
+        stage's ``predictor_graphs: false``; omni/models/qwen3_tts_predictor.py)."""
+        if not wanted or not str(self.device).startswith("cuda"):
+            return None
+        return GraphedPredictor(self.tts.model, self._merged_sampling(), GRAPH_MAX_BATCH)
 
     # -- voices -----------------------------------------------------------------------
     def _list_voices(self) -> list[dict[str, Any]]:
@@ -206,7 +219,7 @@ class Qwen3TTSRunner:
 
     def _stream(self, units: list[str], params: list[Mapping[str, Any]], first_frames: int,
                 chunk_frames: int) -> SentenceStream:
-        job = SentenceStream(TalkerBatch(self.tts.model, self._merged_sampling()),
+        job = SentenceStream(TalkerBatch(self.tts.model, self._merged_sampling(), self.graphed),
                              self._decoder(), first_frames, chunk_frames)
         self.join_items(job, units, params)
         return job

@@ -36,16 +36,21 @@ from typing import Any
 
 import torch
 
+from omni.models.qwen3_tts_predictor import predicting_with
+
 # the talker's prefill keywords that stay the same for every step (the rest is state)
 _STATE_KEYS = frozenset({"inputs_embeds", "position_ids", "attention_mask", "cache_position",
                          "past_key_values", "past_hidden", "trailing_text_hidden",
                          "tts_pad_embed", "generation_step", "input_ids"})
 
 
-def logits_processors(gen: dict[str, Any], eos: int, vocab: int) -> tuple[Any, Any]:
+def logits_processors(gen: dict[str, Any], eos: int, vocab: int,
+                      device: torch.device | str = "cpu") -> tuple[Any, Any]:
     """transformers' processors for the talker's generate, in generate's order, as the
     ones before and after its two-token minimum (qwen-tts's min_new_tokens=2), which
-    TalkerBatch applies per row (rows have histories of their own lengths)."""
+    TalkerBatch applies per row (rows have histories of their own lengths). ``device``
+    is the logits': the suppressed ids' tensor lives there (transformers' default, the
+    CPU, fails ``isin`` against CUDA logits)."""
     from transformers.generation.logits_process import (
         LogitsProcessorList,
         RepetitionPenaltyLogitsProcessor,
@@ -55,7 +60,7 @@ def logits_processors(gen: dict[str, Any], eos: int, vocab: int) -> tuple[Any, A
     before, after = LogitsProcessorList(), LogitsProcessorList()
     if gen["repetition_penalty"] not in (None, 1.0):
         before.append(RepetitionPenaltyLogitsProcessor(penalty=gen["repetition_penalty"]))
-    after.append(SuppressTokensLogitsProcessor(suppressed(eos, vocab)))
+    after.append(SuppressTokensLogitsProcessor(suppressed(eos, vocab), device=device))
     if gen["do_sample"]:
         after.extend(warpers(gen["temperature"], gen["top_k"], gen["top_p"]))
     return before, after
@@ -163,15 +168,17 @@ def _pad_trailing(t: torch.Tensor, width: int, pad: torch.Tensor) -> torch.Tenso
 class TalkerBatch:
     """qwen-tts's talker over a batch of sentences that join and leave (module docstring)."""
 
-    def __init__(self, model: Any, gen: dict[str, Any]) -> None:
+    def __init__(self, model: Any, gen: dict[str, Any], graphed: Any = None) -> None:
         cfg = model.config.talker_config
+        self.graphed = graphed  # qwen3_tts_predictor.GraphedPredictor, or None
         self.talker = model.talker
         self.eos = int(cfg.codec_eos_token_id)
         self.groups = int(cfg.num_code_groups)
         self.do_sample = bool(gen["do_sample"])
         self.max_new = int(gen["max_new_tokens"])
         vocab = int(cfg.vocab_size)
-        self.before_min, self.after_min = logits_processors(gen, self.eos, vocab)
+        device = next(model.talker.parameters()).device
+        self.before_min, self.after_min = logits_processors(gen, self.eos, vocab, device)
         self.no_token = suppressed(self.eos, vocab)[0]  # pads a history: never sampled
         self.code_warps = warpers(gen["subtalker_temperature"], gen["subtalker_top_k"],
                                   gen["subtalker_top_p"])
@@ -260,7 +267,8 @@ class TalkerBatch:
                                  RowDraws(self.code_warps, generators)):
                 out = self.talker(**kwargs)
         else:
-            out = self.talker(**kwargs)
+            with predicting_with(self.talker.code_predictor, self.graphed):
+                out = self.talker(**kwargs)
         self.mask, self.past_hidden, self.steps = mask, out.past_hidden, self.steps + 1
         codes = out.hidden_states[1]  # (B, groups): the previous token's frame
         for i, row in enumerate(self.rows):

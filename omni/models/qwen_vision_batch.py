@@ -84,15 +84,20 @@ def tower_features(model: Any, image_processor: Any, merge: int,
     out = model.get_image_features(torch.cat(pixels).to(dev, model.dtype), grid.to(dev),
                                    return_dict=True)
     counts = (grid.prod(-1) // merge**2).tolist()
-    embeds = torch.cat(list(out.pooler_output)).split(counts)
-    layers = [torch.cat(list(f)).split(counts)
-              for f in getattr(out, "deepstack_features", None) or []]
+    embeds = _rows(out.pooler_output).split(counts)
+    layers = [_rows(f).split(counts) for f in getattr(out, "deepstack_features", None) or []]
     found: list[dict[str, Any]] = [{}] * len(items)
     for k, i in enumerate(order):
         clip = items[i] if isinstance(items[i], Clip) else None
         found[i] = {"grid": grid[k], "embeds": embeds[k], "clip": clip,
                     "deepstack": [layer[k] for layer in layers]}
     return found
+
+
+def _rows(features: Any) -> torch.Tensor:
+    """The tower's output as one (tokens, H) tensor: transformers 5.24 returns one tensor
+    per item, earlier 5.x releases (5.17, on the GPU box) one tensor of all items' rows."""
+    return features if isinstance(features, torch.Tensor) else torch.cat(list(features))
 
 
 class BatchedPromptMedia:

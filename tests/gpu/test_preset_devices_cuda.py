@@ -24,7 +24,7 @@ from omni.engines.kinds import KINDS
 CPU_ENGINES = {name for name, kind in KINDS.items() if kind.default_device == "cpu"}
 
 
-def test_every_builtin_pipeline_puts_its_model_stages_on_the_gpu(tmp_path):
+def test_every_builtin_pipeline_puts_its_model_stages_on_the_gpu(tmp_path, preset_envs):
     assert torch.cuda.is_available()
     pipelines = [(p.stem, load_pipeline(p.stem)) for p in sorted(PRESET_DIR.glob("*.yaml"))]
     for file, key, presets in (("config.json", "model_type", PRESET_BY_MODEL_TYPE),

@@ -48,15 +48,19 @@ def test_varlen_equals_sdpa(name, window):
     seqs = STEPS[name]
     rng = random.Random(len(name))
     cache = PagedKVCache(1, KV_HEADS, DIM, 256, BLOCK, torch.bfloat16, torch.device("cuda"))
-    cache.k[0].normal_()
-    cache.v[0].normal_()
+    # a generator of its own: the test does not depend on the process's default CUDA
+    # generator, which an earlier test's graph capture can leave unusable outside capture
+    # ("Offset increment outside graph capture", seen after the whole tests/gpu run)
+    g = torch.Generator(device="cuda").manual_seed(len(name))
+    cache.k[0].normal_(generator=g)
+    cache.v[0].normal_(generator=g)
     free = list(range(256))
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-(p + n) // BLOCK))] for p, n in seqs]
     total = sum(n for _, n in seqs)
-    q = torch.randn(1, HEADS, total, DIM, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, KV_HEADS, total, DIM, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    q = torch.randn(1, HEADS, total, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, KV_HEADS, total, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(k.shape, device="cuda", dtype=torch.bfloat16, generator=g)
     want = _attend(cache, "sdpa", seqs, tables, q, k, v, window)
     got = _attend(cache, "varlen", seqs, tables, q, k, v, window)
     assert want.abs().mean() > 0.01  # attention over random rows: not all zeros

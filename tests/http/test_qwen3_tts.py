@@ -49,23 +49,29 @@ for i, (text, speaker) in enumerate(jobs):
 from omni.engines.base import EngineRequest
 from omni.engines.generation.engine import GenerationEngine
 from omni.models.qwen3_tts import Qwen3TTSRunner
-runner = Qwen3TTSRunner(tts, "cpu", {"do_sample": False, "subtalker_dosample": False,
-                                     "max_new_tokens": frames})
-engine, audio, steps = GenerationEngine(runner, {}), {"0": [], "1": []}, {"0": [], "1": []}
-engine.add(EngineRequest("0", {"text": jobs[1][0]}, {"voice": jobs[1][1]}))
-for step in range(1000):
-    if not engine.has_work():
-        break
-    for o in engine.step():
-        assert o.error is None, o.error
-        if o.data.get("samples"):
-            audio[o.request_id].append(o.data["audio"].numpy())
-            steps[o.request_id].append(step)
-    if steps["0"] and step == steps["0"][0]:
-        engine.add(EngineRequest("1", {"text": jobs[2][0]}, {"voice": jobs[2][1]}))
-for rid in audio:
-    np.save(f"{out}/engine{rid}.npy", np.concatenate(audio[rid]))
-open(f"{out}/engine-steps.json", "w").write(json.dumps(steps))
+from omni.models.qwen3_tts_predictor import GraphedPredictor
+def run_engine(runner, tag):
+    engine, audio, steps = GenerationEngine(runner, {}), {"0": [], "1": []}, {"0": [], "1": []}
+    engine.add(EngineRequest("0", {"text": jobs[1][0]}, {"voice": jobs[1][1]}))
+    for step in range(1000):
+        if not engine.has_work():
+            break
+        for o in engine.step():
+            assert o.error is None, o.error
+            if o.data.get("samples"):
+                audio[o.request_id].append(o.data["audio"].numpy())
+                steps[o.request_id].append(step)
+        if steps["0"] and step == steps["0"][0]:
+            engine.add(EngineRequest("1", {"text": jobs[2][0]}, {"voice": jobs[2][1]}))
+    for rid in audio:
+        np.save(f"{out}/{tag}{rid}.npy", np.concatenate(audio[rid]))
+    open(f"{out}/{tag}-steps.json", "w").write(json.dumps(steps))
+greedy = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": frames}
+runner = Qwen3TTSRunner(tts, "cpu", greedy)
+run_engine(runner, "engine")
+# the code predictor as on a GPU (its graphs' static buffers and loop, run eagerly here)
+runner.graphed = GraphedPredictor(tts.model, runner._merged_sampling(), 8, capture=False)
+run_engine(runner, "graphed")
 # chunk_frames 0 (whole sentences), sampled: a seeded sentence alone, then beside an
 # unseeded one and other seeds, the global RNG seeded differently each time
 whole = Qwen3TTSRunner(tts, "cpu", {"do_sample": True, "subtalker_dosample": True,
@@ -148,6 +154,19 @@ def test_a_request_joins_a_running_sentence(reference_dir, reference):
     assert steps["1"][0] < steps["0"][-1], steps  # joined, did not wait for the call's end
     for rid, job in (("0", 1), ("1", 2)):
         served = pcm16(np.load(reference_dir / f"engine{rid}.npy")).astype(np.int32)
+        expected = pcm16(reference[job]).astype(np.int32)
+        assert served.shape == expected.shape
+        assert np.abs(served - expected).max() <= 2
+
+
+def test_the_graphed_code_predictor_speaks_as_qwen_tts(reference_dir, reference):
+    """The code predictor a GPU stage runs as CUDA graphs (omni/models/qwen3_tts_predictor.py:
+    no KV cache, static buffers, the codes picked inside the loop), run eagerly here, in
+    the same continuous batch: greedy, both sentences equal qwen-tts's generate alone."""
+    steps = json.loads((reference_dir / "graphed-steps.json").read_text())
+    assert steps["1"][0] < steps["0"][-1], steps
+    for rid, job in (("0", 1), ("1", 2)):
+        served = pcm16(np.load(reference_dir / f"graphed{rid}.npy")).astype(np.int32)
         expected = pcm16(reference[job]).astype(np.int32)
         assert served.shape == expected.shape
         assert np.abs(served - expected).max() <= 2
