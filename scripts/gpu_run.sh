@@ -82,13 +82,18 @@
 #                                        # GPU; MODEL=DIR a CustomVoice release, BASE_MODEL=DIR a
 #                                        # Base one): fused stage in the qwen3-tts environment
 #                                        # over the box's python3, offline from .whl/qwen3-tts
-#                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl); parts P
+#                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl/server,
+#                                        # .whl/qwen3-tts, .whl/tools for spy); parts P
 #                                        # (default step,stream,stagger,whole,clone): step: where
 #                                        # a streamed step's time goes, the predictor's graphs
 #                                        # off and on (bench/probes/qwen3_tts_step.py); bench qwen3_tts
 #                                        # c=1,8,64 streamed within sentences, 64 staggered
 #                                        # arrivals (bench/probes/qwen3_tts_stagger.py), c=1,8 sentences whole
-#                                        # (--chunk-frames 0), c=1,8 voice clone (Base); 100
+#                                        # (--chunk-frames 0), c=1,8 voice clone (Base; needs
+#                                        # PyAV: .whl/media, fetch set media, and .whl/tools
+#                                        # left behind for the 64 MiB); spy (not in the
+#                                        # default): the c=8 burst with py-spy sampling the
+#                                        # stage's engine process (qwen3-tts-spy.txt); 100
 #                                        # frames (8 s) a request; a part that the call's time
 #                                        # cannot hold is skipped, saying so (run it alone);
 #                                        # TAG=... names the reports (default h200)
@@ -111,20 +116,24 @@
 #                                        # blocks (ours-fp8); default both, the diffusion half
 #                                        # with what is left of the call (short: run it alone;
 #                                        # its tests and the diffusion half need the diffusers
-#                                        # wheel in ./.whl, as flux)
+#                                        # wheel in .whl/server, as flux)
 #
-# Wheels the box lacks (pyzmq, msgspec, av, ...; structured output's
-# llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl) go in ./.whl and are installed to
-# /tmp/site. Models are built into /tmp/m (lost when the box is given back). Results go to
+# Wheels the box lacks (pyzmq, msgspec, pydantic, transformers 5.24, diffusers, llguidance:
+# scripts/gpu_wheels.txt) come from `bash scripts/fetch_gpu_wheels.sh` into .whl/server
+# (carry it) and are installed to /tmp/site, with PyAV from .whl/media where carried. Models are built into /tmp/m (lost when the box is given back). Results go to
 # $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in mixed|prefill|structured|tests|ar|fp8|ttft|step|moe|omni|omni25|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+wheels=$(ls .whl/server/*.whl .whl/media/*.whl 2>/dev/null || true)
+if [ -n "$wheels" ]; then
+  # shellcheck disable=SC2086  # one word per wheel
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site $wheels || exit 1
+else
+  echo "[gpu_run] no wheels in .whl/server: bash scripts/fetch_gpu_wheels.sh, carry .whl/server"
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 t0=$(date +%s)
@@ -225,6 +234,25 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # each sentence sent whole (no streaming within it): TTFP and audio-s/s
     qwen3tts_part whole 100 "${TAG:-h200}-whole" "${custom[@]}" --concurrency 1,8 --bursts 1,1 \
       --chunk-frames 0
+    # the c=8 burst with py-spy sampling the stage's engine process: where the served steps
+    # lose time against the probe's (bench/results/qwen3-tts-gpu.md)
+    if [[ ,$parts, == *,spy,* ]]; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/tools/py_spy-*.whl \
+        || say "spy: no py-spy wheel in .whl/tools (fetch set tools)"
+      spylog="$OUT/qwen3-tts-spy-server.log"
+      (
+        pid=""
+        for _ in $(seq 600); do
+          pid=$(grep -oE "replica tts/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
+          [ -n "$pid" ] && break; sleep 0.5
+        done
+        sleep 15  # past the warm-up request: into the c=8 bursts
+        /tmp/spy/bin/py-spy record --pid "$pid" --duration 30 --rate 100 --idle --format raw \
+          -o "$OUT/qwen3-tts-spy.txt" > /tmp/spy.log 2>&1 || tail -3 /tmp/spy.log
+      ) &
+      qwen3tts_part spy 150 spy "${custom[@]}" --concurrency 8 --bursts 3
+      wait
+    fi
     # voice clone (Base, every request with one reference clip)
     qwen3tts_part clone 140 "${TAG:-h200}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1
     say "qwen3tts done"
