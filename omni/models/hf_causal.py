@@ -128,18 +128,21 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
                     sampling_defaults=sampling_defaults(path))
 
 
-def _content_text(content: Any) -> str:
-    """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts."""
+def _content_text(content: Any, where: str) -> str:
+    """OpenAI message content: a string, or a list of {"type": "text", "text": ...} parts;
+    ``where`` names the message (``messages[2]``) in a refusal, as the API's 400 param."""
     if isinstance(content, str):
         return content
     if isinstance(content, Iterable) and not isinstance(content, bytes | Mapping):
         parts = []
-        for part in content:
+        for j, part in enumerate(content):
             if not isinstance(part, Mapping) or part.get("type") != "text":
-                raise ValueError(f"only text content parts are supported, got {part!r}")
+                raise InputFieldError(f"{where}.content[{j}]", "only text content parts are "
+                                      f"supported, got {part!r}")
             parts.append(str(part.get("text", "")))
         return "".join(parts)
-    raise ValueError(f"message content must be a string or a list of text parts, got {content!r}")
+    raise InputFieldError(f"{where}.content", "must be a string or a list of text parts, "
+                          f"got {content!r}")
 
 
 def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
@@ -156,9 +159,10 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
     norm = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+            raise InputFieldError(f"messages[{i}]", "must be an object with a string 'role'")
         content = m.get("content")  # None beside an assistant's tool_calls
-        norm.append({**m, "content": "" if content is None else _content_text(content)})
+        norm.append({**m, "content": "" if content is None else
+                     _content_text(content, f"messages[{i}]")})
     norm, extra = with_tools(norm, tools, template)
     ids = tokenizer.apply_chat_template(norm, add_generation_prompt=True, tokenize=True,
                                         return_dict=False, **extra)

@@ -150,6 +150,20 @@ def test_inputs_messages_and_token_ids(moe):
     assert bad[-1].finished and "out of range" in bad[-1].error
 
 
+@pytest.mark.parametrize("messages, field", [
+    ([{"content": "no role"}], "messages[0]"),
+    ([{"role": "user", "content": "hi"}, {"role": "user", "content": 7}], "messages[1].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}],
+     "messages[0].content[1]"),
+])
+def test_a_bad_message_is_refused_naming_it(moe, messages, field):
+    """A message the text model cannot render fails its request alone, the error naming
+    the message or part (the 400's param), as the API's own checks do."""
+    outs = run(moe, {"messages": messages}, max_tokens=4)
+    assert outs[-1].finished and outs[-1].error_field == field, outs[-1]
+    assert moe.stats()["kv_blocks_used"] == 0
+
+
 def test_stream_input_waits_then_matches_a_complete_prompt(moe):
     ids = moe.lm.tokenizer(PROMPTS[3])["input_ids"]
     expected = tokens(run(moe, {"prompt_token_ids": ids}, temperature=0, max_tokens=5,
