@@ -164,41 +164,87 @@ OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots,
   }
 }
 
+// e^x for x in [-87, 0] (scores less their maximum), L lanes at once: x = n ln2 + r with n
+// an integer and |r| <= ln2 / 2 (ln2 in two parts, so r keeps its low bits), e^r by its
+// Taylor series to r^6 (relative error below 2e-7 there), times 2^n built in the exponent
+// bits. glibc's expf one value at a time was most of a call's arithmetic: a softmax weight
+// per context position and query head (bench/results/cpu-decode-attention.md).
+template <int L>
+OMNI_INLINE typename Lanes<L>::Vec exp_lanes(typename Lanes<L>::Vec x) {
+  typedef typename Lanes<L>::Vec Vec;
+  typedef typename Lanes<L>::Index Index;
+  const Vec low = Vec{} - 87.0f;
+  x = x < low ? low : x;  // e^-87 ~ 1.6e-38: still a normal float
+  const Vec shift = Vec{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Vec n = (x * 1.44269504f + shift) - shift;
+  const Vec r = (x - n * 0.693145752f) - n * 1.42860677e-06f;
+  Vec e = Vec{} + (1.0f / 720);
+  e = e * r + (1.0f / 120);
+  e = e * r + (1.0f / 24);
+  e = e * r + (1.0f / 6);
+  e = e * r + 0.5f;
+  e = e * r + 1.0f;
+  e = e * r + 1.0f;
+  const Index bits = (__builtin_convertvector(n, Index) + 127) << 23;  // 2^n
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return e * scale;
+}
+
 // scores -> unnormalised softmax weights in place; returns their sum
-inline float exponentiate(float* scores, int64_t n) {
+template <int L>
+OMNI_INLINE float exponentiate(float* scores, int64_t n) {
+  typedef typename Lanes<L>::Vec Vec;
   const float top = *std::max_element(scores, scores + n);
+  Vec sums{};
+  int64_t p = 0;
+  for (; p + L <= n; p += L) {
+    const Vec e = exp_lanes<L>(load<L>(scores + p) - top);
+    std::memcpy(scores + p, &e, sizeof(e));
+    sums += e;
+  }
   float sum = 0.0f;
-  for (int64_t p = 0; p < n; ++p) {
+  for (int j = 0; j < L; ++j) sum += sums[j];
+  for (; p < n; ++p) {
     scores[p] = std::exp(scores[p] - top);
     sum += scores[p];
   }
   return sum;
 }
 
-// dst = sum_p weight[p] V[slots[p]] / total for one head; the accumulator is a local array
-// of D rounded up to whole vectors (with a compile-time head size, registers)
-template <int L, typename T, int64_t DIM>
+// dst[h] = sum_p weight[h][p] V[slots[p]] / total[h] for H query heads of one KV head at
+// once, so each V row is read once for all of them; the accumulators are local arrays of
+// D rounded up to whole vectors (with a compile-time head size, registers)
+template <int L, typename T, int64_t DIM, int H>
 OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
-                              const float* __restrict weight, int64_t n, int64_t g,
-                              float total, int64_t dim, T* __restrict dst) {
+                              const float* const* weight, int64_t n, int64_t g,
+                              const float* total, int64_t dim, T* const* dst) {
   typedef typename Lanes<L>::Vec Vec;
   const int64_t D = DIM ? DIM : dim, whole = D / L;
-  Vec sum[(DIM ? DIM : kMaxDim) / L + 1];
-  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
-  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % L values
+  Vec sum[H][(DIM ? DIM : kMaxDim) / L + 1];
+  for (int h = 0; h < H; ++h) {
+    for (int64_t c = 0; c <= whole; ++c) sum[h][c] = Vec{};
+  }
   const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   for (int64_t p = 0; p < n; ++p) {
     if (p + kAhead < n) prefetch_row(t.v + slots[p + kAhead] * t.v_slot + g * t.v_head, row_bytes);
     const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
-    const float wp = weight[p];
-    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
-    for (int64_t d = whole * L; d < D; ++d) {
-      tail[d - whole * L] += wp * static_cast<float>(row[d]);
+    for (int64_t c = 0; c < whole; ++c) {
+      const Vec values = load<L>(row + c * L);
+      for (int h = 0; h < H; ++h) sum[h][c] += weight[h][p] * values;
+    }
+    for (int h = 0; h < H; ++h) {
+      float* tail = reinterpret_cast<float*>(sum[h] + whole);  // the last D % L values
+      for (int64_t d = whole * L; d < D; ++d) {
+        tail[d - whole * L] += weight[h][p] * static_cast<float>(row[d]);
+      }
     }
   }
-  const float inv = 1.0f / total;
-  const float* values = reinterpret_cast<const float*>(sum);
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
+  for (int h = 0; h < H; ++h) {
+    const float inv = 1.0f / total[h];
+    const float* values = reinterpret_cast<const float*>(sum[h]);
+    for (int64_t d = 0; d < D; ++d) dst[h][d] = static_cast<T>(values[d] * inv);
+  }
 }
 
 template <int L, typename T, int64_t DIM>
@@ -214,11 +260,23 @@ OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64
   }
   const int64_t* slots = t.slots + b * t.slots_row + start;
   score<L, T, DIM>(t, s, slots, n, stride, g, w);
-  for (int64_t h = 0; h < G; ++h) {
-    float* weight = w.scores.data() + h * stride;
-    const float total = exponentiate(weight, n);
-    weigh_values<L, T, DIM>(t, slots, weight, n, g, total, D,
-                            t.out + (b * s.heads + g * G + h) * D);
+  float totals[2];
+  const float* weights[2];
+  T* dsts[2];
+  for (int64_t h = 0; h < G;) {  // query heads two at a time (each V row read once for both)
+    const int pair = h + 1 < G ? 2 : 1;
+    for (int i = 0; i < pair; ++i) {
+      float* weight = w.scores.data() + (h + i) * stride;
+      totals[i] = exponentiate<L>(weight, n);
+      weights[i] = weight;
+      dsts[i] = t.out + (b * s.heads + g * G + h + i) * D;
+    }
+    if (pair == 2) {
+      weigh_values<L, T, DIM, 2>(t, slots, weights, n, g, totals, D, dsts);
+    } else {
+      weigh_values<L, T, DIM, 1>(t, slots, weights, n, g, totals, D, dsts);
+    }
+    h += pair;
   }
 }
 
