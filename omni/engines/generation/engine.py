@@ -78,6 +78,7 @@ from omni.engines.generation.request import (
 from omni.engines.generation.streamed_items import StreamedItems
 
 log = logging.getLogger("omni.engines.generation")
+SLOW_STEP_S, SLOW_STEP_FACTOR = 0.25, 4.0  # a streamed step this long and this many usual ones
 
 class GenerationEngine(Engine):
     """Cross-request batched, chunked execution of a runner (see module docstring).
@@ -210,15 +211,30 @@ class GenerationEngine(Engine):
         if not group and job is None:
             return outputs
         started = time.perf_counter()
+        streamed = job is not None or getattr(self.runner, "streams_units", False)
         if job is not None:  # continuous batching: the next units join the running call
             outputs += self._join(group) + self._advance()
-        elif getattr(self.runner, "streams_units", False):
+        elif streamed:
             outputs += self._start(group)
         else:
             outputs += self._run([(req, 0, 1) for req in group])
         took = time.perf_counter() - started
+        if streamed:
+            self._check_step(took, len(group))
         self._call_s = took if self._call_s is None else 0.8 * self._call_s + 0.2 * took
         return outputs
+
+    def _check_step(self, took_s: float, joined: int) -> None:
+        """Say so when a streamed call's step took far longer than the usual ones: every
+        running request's audio waited for it (a first use of a shape, a join's prefill).
+        CUDA only, as the AR engine's (steps.py): a CPU step's length varies legitimately."""
+        usual = self._call_s
+        if usual and str(getattr(self.runner, "device", "cpu")).startswith("cuda") \
+                and took_s > max(SLOW_STEP_S, SLOW_STEP_FACTOR * usual):
+            rows = len(self._job.rows) if self._job is not None else 0
+            log.warning("slow step: %.0f ms with %d rows running, %d joining (usual %.1f ms); "
+                        "every running request waited for it", took_s * 1e3, rows, joined,
+                        usual * 1e3)
 
     def _pick(self, ready: list[GenRequest], job: StreamedItems | None) -> list[GenRequest]:
         """The ready requests whose next unit runs now: the earliest deadline's group key
