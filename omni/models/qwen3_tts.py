@@ -159,7 +159,7 @@ class Qwen3TTSRunner:
         stage's ``predictor_graphs: false``; omni/models/qwen3_tts_predictor.py)."""
         if not wanted or not str(self.device).startswith("cuda"):
             return None
-        return GraphedPredictor(self.tts.model, self._merged_sampling(), GRAPH_MAX_BATCH)
+        return GraphedPredictor.of(self.tts.model, self._merged_sampling(), GRAPH_MAX_BATCH)
 
     # -- voices -----------------------------------------------------------------------
     def _list_voices(self) -> list[dict[str, Any]]:

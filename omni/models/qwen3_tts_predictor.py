@@ -30,24 +30,31 @@ from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs
 
 
 class GraphedPredictor:
-    """The talker's code predictor, captured per padded batch size (capture=False: the
-    same static buffers run eagerly, for CPU tests of the arithmetic)."""
+    """A talker's code predictor ``cp`` (talker width ``hidden_size``, ``groups`` codes a
+    frame), captured per padded batch size (capture=False: the same static buffers run
+    eagerly, for CPU tests of the arithmetic)."""
 
-    def __init__(self, model: Any, gen: dict[str, Any], max_batch: int,
-                 capture: bool = True) -> None:
-        cfg = model.config.talker_config
-        cp = model.talker.code_predictor
-        weight = model.talker.codec_head.weight
-        self.groups = int(cfg.num_code_groups)
+    def __init__(self, cp: Any, hidden_size: int, groups: int, gen: dict[str, Any],
+                 max_batch: int, capture: bool = True) -> None:
+        weight = cp.lm_head[0].weight
+        self.groups = groups
         self.device = weight.device
         sampling = {"top_k": int(gen.get("subtalker_top_k") or 0),
                     "top_p": float(gen.get("subtalker_top_p") or 1.0),
                     "temperature": float(gen.get("subtalker_temperature") or 1.0)}
-        args = (cp, int(cfg.hidden_size), self.groups, weight.dtype, self.device, max_batch)
+        args = (cp, hidden_size, groups, weight.dtype, self.device, max_batch)
         options = {"project": cp.small_to_mtp_projection, "sampling": sampling}
         self.graphs: PredictorGraphs | None = (
             make_graphs(*args, **options) if capture
             else PredictorGraphs(*args, capture=False, **options))
+
+    @classmethod
+    def of(cls, model: Any, gen: dict[str, Any], max_batch: int,
+           capture: bool = True) -> GraphedPredictor:
+        """The graphed predictor of qwen-tts's model (its talker's)."""
+        cfg = model.config.talker_config
+        return cls(model.talker.code_predictor, int(cfg.hidden_size),
+                   int(cfg.num_code_groups), gen, max_batch, capture)
 
     def generate(self, inputs_embeds: torch.Tensor, do_sample: bool = False,
                  **_: Any) -> Any:
