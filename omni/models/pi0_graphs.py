@@ -32,6 +32,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
 from omni.engines.base import PolicyJob
+from omni.graph_capture import capturing
 from omni.models.causal_lm import cache_keyword
 
 log = logging.getLogger("omni.models.pi0")
@@ -92,7 +93,7 @@ def capture(body: Callable[[], Any], pool: Any) -> tuple[torch.cuda.CUDAGraph, A
             eager = body()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+    with capturing(graph, pool=pool, capture_error_mode="thread_local"):
         out = body()
     graph.replay()
     for a, b in zip(_tensors(out), _tensors(eager), strict=True):

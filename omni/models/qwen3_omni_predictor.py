@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from omni.graph_capture import capturing
+
 log = logging.getLogger("omni.models.qwen3_omni")
 
 CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
@@ -114,7 +116,7 @@ class PredictorGraphs:
         torch.cuda.current_stream().wait_stream(side)
         for b in reversed(self.sizes):  # largest first: the smaller ones reuse its pool
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capturing(graph, pool=pool):
                 out = predict_uncached(self.cp, *self._inputs(b), **self.options)
             self.graphs[b] = (graph, out)
 

@@ -28,6 +28,7 @@ import torch
 
 from omni.engines.ar.kv_cache import PagedKVCache
 from omni.engines.ar.paged_attention import BatchLayout, block_table, table_slots, token_slots
+from omni.graph_capture import capturing
 
 log = logging.getLogger("omni.engines.ar.decode_graphs")
 
@@ -206,7 +207,7 @@ class DecodeGraphs:
                 self._forward(b, length)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with capturing(graph, pool=self.pool):
             logits, hidden = self._forward(b, length)
         self.graphs[(b, length)] = (graph, logits, hidden)
         # a capture while serving stalls every running request of the stage: say how long
