@@ -49,8 +49,8 @@ def test_varlen_equals_sdpa(name, window):
     rng = random.Random(len(name))
     cache = PagedKVCache(1, KV_HEADS, DIM, 256, BLOCK, torch.bfloat16, torch.device("cuda"))
     # a generator of its own: the test does not depend on the process's default CUDA
-    # generator, which an earlier test's graph capture can leave unusable outside capture
-    # ("Offset increment outside graph capture", seen after the whole tests/gpu run)
+    # generator, which a failed capture in an earlier test left unusable before
+    # omni/graph_capture.py ("Offset increment outside graph capture")
     g = torch.Generator(device="cuda").manual_seed(len(name))
     cache.k[0].normal_(generator=g)
     cache.v[0].normal_(generator=g)
