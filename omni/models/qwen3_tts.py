@@ -47,7 +47,12 @@ from omni.models.qwen3_tts_clone import (
     VoiceClones,
 )
 from omni.models.qwen3_tts_predictor import GraphedPredictor
-from omni.models.qwen3_tts_stream import SentenceStream, capture_prefill
+from omni.models.qwen3_tts_stream import (
+    LEFT_CONTEXT,
+    SentenceStream,
+    capture_prefill,
+    warm_decoder,
+)
 from omni.models.speech import (
     check_speed,
     ended_sentences,
@@ -143,7 +148,12 @@ class Qwen3TTSRunner:
         self.max_ref_s = float(opts.pop("max_ref_seconds", MAX_REFERENCE_S))
         self.stream_first_frames, self.stream_chunk_frames = _chunking(opts)
         self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
+        self.cuda = str(device).startswith("cuda")
         self.graphed = self._graphed_predictor(bool(opts.pop("predictor_graphs", True)))
+        if self.cuda and self._decoder() is not None:  # the decoder's shapes met at load
+            warm_decoder(self._decoder(), int(tts.model.config.talker_config.num_code_groups),
+                         device, LEFT_CONTEXT + max(self.stream_chunk_frames, 1),
+                         GRAPH_MAX_BATCH)
         capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
         self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
                        else None)
@@ -157,7 +167,7 @@ class Qwen3TTSRunner:
     def _graphed_predictor(self, wanted: bool) -> GraphedPredictor | None:
         """The code predictor as CUDA graphs for the streamed talker (on a GPU, unless the
         stage's ``predictor_graphs: false``; omni/models/qwen3_tts_predictor.py)."""
-        if not wanted or not str(self.device).startswith("cuda"):
+        if not wanted or not self.cuda:
             return None
         return GraphedPredictor.of(self.tts.model, self._merged_sampling(), GRAPH_MAX_BATCH)
 
@@ -220,7 +230,7 @@ class Qwen3TTSRunner:
     def _stream(self, units: list[str], params: list[Mapping[str, Any]], first_frames: int,
                 chunk_frames: int) -> SentenceStream:
         job = SentenceStream(TalkerBatch(self.tts.model, self._merged_sampling(), self.graphed),
-                             self._decoder(), first_frames, chunk_frames)
+                             self._decoder(), first_frames, chunk_frames, self.cuda)
         self.join_items(job, units, params)
         return job
 

@@ -1,8 +1,32 @@
 """The Qwen3-TTS pipelines the tests serve (test_qwen3_tts.py, test_qwen3_tts_clone.py),
 written once: the fused layout (one stage) and the split one (a talker streaming codes to a
-code2wav stage), each optionally voicing a text stage's streamed answer."""
+code2wav stage), each optionally voicing a text stage's streamed answer; and the tiny
+release the qwen3-tts environment builds, which every Qwen3-TTS test uses."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from omni.config.environments import env_python
+from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
+from omni.models.cache import default_cache_dir
+
+PYTHON = env_python("qwen3-tts")
+REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
+
+
+def release_dir(tts_type: str = "custom_voice") -> Path:
+    """The tiny random release of ``tts_type``, built with qwen-tts in its environment;
+    without that environment the test skips, saying how to build it (fails under
+    OMNI_REQUIRE_QWEN3_TTS_ENV=1: .ci/run builds it)."""
+    if not os.access(PYTHON, os.X_OK):
+        reason = (f"no qwen3-tts environment at {PYTHON}: build it with "
+                  "`bash scripts/install_qwen3_tts_env.sh`")
+        (pytest.fail if REQUIRED else pytest.skip)(reason)
+    return ensure_tiny_qwen3_tts(PYTHON, default_cache_dir(), tts_type)
 
 # greedy talker and code predictor, so served audio equals qwen-tts's generate
 GREEDY = "do_sample: false, subtalker_dosample: false"

@@ -29,12 +29,7 @@ import pytest
 import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
 
-from omni.config.environments import env_python
-from omni.fixtures.tiny_qwen3_tts import ensure_tiny_qwen3_tts
-from omni.models.cache import default_cache_dir
-
-PYTHON = env_python("qwen3-tts")
-REQUIRED = os.environ.get("OMNI_REQUIRE_QWEN3_TTS_ENV") == "1"
+PYTHON = layouts.PYTHON
 FRAMES = 12  # max_new_tokens: codec frames per sentence
 TEXT = "The ship sailed north across the cold sea."
 REF_TEXT = "Hello, this is my voice."
@@ -124,11 +119,7 @@ def data_url(wav: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def release():
-    if not os.access(PYTHON, os.X_OK):
-        reason = (f"no qwen3-tts environment at {PYTHON}: build it with "
-                  "`bash scripts/install_qwen3_tts_env.sh`")
-        (pytest.fail if REQUIRED else pytest.skip)(reason)
-    return ensure_tiny_qwen3_tts(PYTHON, default_cache_dir(), "base")
+    return layouts.release_dir("base")
 
 
 @pytest.fixture(scope="module")

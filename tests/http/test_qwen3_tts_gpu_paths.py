@@ -1,0 +1,95 @@
+"""Qwen3-TTS's GPU-side paths, run eagerly on the CPU in the qwen3-tts environment (each
+script runs there; qwen-tts pins transformers 4.57.3): the graphed code predictor where
+the predictor is narrower than its talker (the 1.7B release: 1024 vs 2048, so qwen-tts
+projects its inputs; the tiny fixture's widths are equal), and the chunk decodes padded to
+a few fixed shapes (omni/models/qwen3_tts_stream.py's decode_chunks on a GPU).
+
+Without the qwen3-tts environment (bash scripts/install_qwen3_tts_env.sh) it skips,
+saying so; with OMNI_REQUIRE_QWEN3_TTS_ENV=1 (.ci/run, which builds it) it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import qwen3_tts_layouts as layouts
+
+PYTHON = layouts.PYTHON
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PREDICTOR = """\
+import json
+import torch
+from qwen_tts.core.models.configuration_qwen3_tts import (
+    Qwen3TTSTalkerCodePredictorConfig, Qwen3TTSTalkerConfig)
+from qwen_tts.core.models.modeling_qwen3_tts import (
+    Qwen3TTSTalkerCodePredictorModelForConditionalGeneration)
+from omni.models.qwen3_tts_predictor import GraphedPredictor
+torch.manual_seed(0)
+groups, width = 4, 48
+cfg = Qwen3TTSTalkerCodePredictorConfig(
+    vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_code_groups=groups,
+    initializer_range=0.5)
+cp = Qwen3TTSTalkerCodePredictorModelForConditionalGeneration(
+    cfg, Qwen3TTSTalkerConfig(hidden_size=width, num_code_groups=groups)).eval()
+embeds = torch.randn(3, 2, width)
+with torch.inference_mode():
+    theirs = cp.generate(inputs_embeds=embeds, max_new_tokens=groups - 1, do_sample=False,
+                         output_hidden_states=True, return_dict_in_generate=True).sequences
+    ours = GraphedPredictor(cp, width, groups, {}, 4, capture=False).generate(embeds).sequences
+print(json.dumps({"theirs": theirs.tolist(), "ours": ours.tolist(),
+                  "projected": not isinstance(cp.small_to_mtp_projection, torch.nn.Identity)}))
+"""
+DECODER = """\
+import json, sys
+import torch
+from qwen_tts import Qwen3TTSModel
+from omni.models.qwen3_tts_stream import decode_chunks, warm_decoder
+tts = Qwen3TTSModel.from_pretrained(sys.argv[1], dtype=torch.float32)
+decoder = tts.model.speech_tokenizer.model.decoder
+groups = tts.model.config.talker_config.num_code_groups
+torch.manual_seed(0)
+chunks = [(torch.randint(0, 64, (n, groups)), ctx) for n, ctx in ((5, 0), (7, 2), (12, 4))]
+with torch.inference_mode():
+    plain = decode_chunks(decoder, chunks)
+    fixed = decode_chunks(decoder, chunks, fixed_shapes=True)
+calls = warm_decoder(decoder, groups, "cpu", 6, 3)
+print(json.dumps({"lengths": [len(a) for a in plain], "fixed_lengths": [len(a) for a in fixed],
+                  "diff": max(float((a - b).abs().max()) for a, b in zip(plain, fixed)),
+                  "peak": max(float(a.abs().max()) for a in plain), "calls": calls}))
+"""
+
+
+@pytest.fixture(scope="module")
+def release():
+    return layouts.release_dir()
+
+
+def _run(script: str, *args: str) -> dict:
+    """The script's last line of output (JSON), run in the qwen3-tts environment."""
+    out = subprocess.run([PYTHON, "-c", script, *args], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                          "PYTHONPATH": ROOT})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_graphed_predictor_projects_into_its_own_width(release):
+    """A code predictor narrower than its talker (qwen-tts's small_to_mtp_projection):
+    the graphed loop's greedy codes equal the predictor's own generate, for a batch."""
+    got = _run(PREDICTOR)
+    assert got["projected"]
+    assert len({c for row in got["theirs"] for c in row}) > 3  # the codes vary
+    assert got["ours"] == got["theirs"]
+
+
+def test_fixed_shape_chunk_decodes_equal_the_unpadded_ones(release):
+    """Chunks of several lengths, with left context, decoded in calls padded to powers of
+    two of frames and rows: each chunk's audio equals its unpadded decode (float noise of
+    other batch shapes), and warm_decoder meets every such shape once."""
+    got = _run(DECODER, str(release))
+    assert got["peak"] > 0.01  # not silence
+    assert got["lengths"] == got["fixed_lengths"] == [9600, 9600, 15360]
+    assert got["diff"] < 1e-4
+    assert got["calls"] == 4 * 3  # frames 1, 2, 4, 8 (chunks up to 6) x rows 1, 2, 4
