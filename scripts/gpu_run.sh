@@ -90,8 +90,10 @@
 #                                        # c=1,8,64 streamed within sentences, 64 staggered
 #                                        # arrivals (bench/probes/qwen3_tts_stagger.py), c=1,8 sentences whole
 #                                        # (--chunk-frames 0), c=1,8 voice clone (Base; needs
-#                                        # PyAV: .whl/media, fetch set media, and .whl/tools
-#                                        # left behind for the 64 MiB); spy (not in the
+#                                        # PyAV, fetch set media: with it, .whl/server and
+#                                        # .whl/qwen3-tts pass the 64 MiB a call carries, so
+#                                        # move transformers, diffusers and llguidance out of
+#                                        # .whl/server for that run); spy (not in the
 #                                        # default): the c=8 burst with py-spy sampling the
 #                                        # stage's engine process (qwen3-tts-spy.txt); 100
 #                                        # frames (8 s) a request; a part that the call's time
