@@ -122,8 +122,9 @@
 #
 # Wheels the box lacks (pyzmq, msgspec, pydantic, transformers 5.24, diffusers, llguidance:
 # scripts/gpu_wheels.txt) come from `bash scripts/fetch_gpu_wheels.sh` into .whl/server
-# (carry it) and are installed to /tmp/site, with PyAV from .whl/media where carried. Models are built into /tmp/m (lost when the box is given back). Results go to
-# $OUT (or ./out).
+# (carry it) and are installed to /tmp/site, with PyAV from .whl/media where carried.
+# Models are built into /tmp/m (lost when the box is given back). Results go to $OUT (or
+# ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in mixed|prefill|structured|tests|ar|fp8|ttft|step|moe|omni|omni25|thinker|core|placement|robots|pi0probe|worlds|stop|vlm|videos|qwen3tts|flux|flux2|ltx2|hunyuan_image) ;; *) sed -n "2,/^set -uo/p" "$0" | grep "^#"; exit 2 ;; esac
@@ -242,18 +243,25 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/tools/py_spy-*.whl \
         || say "spy: no py-spy wheel in .whl/tools (fetch set tools)"
       spylog="$OUT/qwen3-tts-spy-server.log"
+      rm -f /tmp/spy.started
       (
         pid=""
         for _ in $(seq 600); do
           pid=$(grep -oE "replica tts/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
           [ -n "$pid" ] && break; sleep 0.5
         done
+        [ -n "$pid" ] || exit 0
         sleep 15  # past the warm-up request: into the c=8 bursts
-        /tmp/spy/bin/py-spy record --pid "$pid" --duration 30 --rate 100 --idle --format raw \
-          -o "$OUT/qwen3-tts-spy.txt" > /tmp/spy.log 2>&1 || tail -3 /tmp/spy.log
+        touch /tmp/spy.started
+        exec /tmp/spy/bin/py-spy record --pid "$pid" --duration 30 --rate 100 --idle \
+          --format raw -o "$OUT/qwen3-tts-spy.txt" > /tmp/spy.log 2>&1
       ) &
+      spy=$!
       qwen3tts_part spy 150 spy "${custom[@]}" --concurrency 8 --bursts 3
-      wait
+      # the bench is over: a waiter still looking for the engine stops here, so a server
+      # that never started costs no wait; a running py-spy ends with the engine by itself
+      [ -e /tmp/spy.started ] || kill "$spy" 2>/dev/null
+      wait "$spy" 2>/dev/null; tail -3 /tmp/spy.log 2>/dev/null
     fi
     # voice clone (Base, every request with one reference clip)
     qwen3tts_part clone 140 "${TAG:-h200}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1

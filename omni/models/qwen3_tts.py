@@ -51,6 +51,7 @@ from omni.models.qwen3_tts_stream import (
     LEFT_CONTEXT,
     SentenceStream,
     capture_prefill,
+    fixed_frames,
     warm_decoder,
 )
 from omni.models.speech import (
@@ -150,10 +151,12 @@ class Qwen3TTSRunner:
         self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
         self.cuda = str(device).startswith("cuda")
         self.graphed = self._graphed_predictor(bool(opts.pop("predictor_graphs", True)))
-        if self.cuda and self._decoder() is not None:  # the decoder's shapes met at load
+        # on a GPU, streamed chunk decodes take shapes met at load (qwen3_tts_stream.py)
+        self.fixed_upto = 0
+        if self.cuda and self._decoder() is not None:
+            self.fixed_upto = fixed_frames(LEFT_CONTEXT + max(self.stream_chunk_frames, 1))
             warm_decoder(self._decoder(), int(tts.model.config.talker_config.num_code_groups),
-                         device, LEFT_CONTEXT + max(self.stream_chunk_frames, 1),
-                         GRAPH_MAX_BATCH)
+                         device, self.fixed_upto, GRAPH_MAX_BATCH)
         capacity = int(opts.pop("clone_cache_size", DEFAULT_CAPACITY))
         self.clones = (VoiceClones(tts, capacity) if tts.model.tts_model_type == "base"
                        else None)
@@ -230,7 +233,7 @@ class Qwen3TTSRunner:
     def _stream(self, units: list[str], params: list[Mapping[str, Any]], first_frames: int,
                 chunk_frames: int) -> SentenceStream:
         job = SentenceStream(TalkerBatch(self.tts.model, self._merged_sampling(), self.graphed),
-                             self._decoder(), first_frames, chunk_frames, self.cuda)
+                             self._decoder(), first_frames, chunk_frames, self.fixed_upto)
         self.join_items(job, units, params)
         return job
 

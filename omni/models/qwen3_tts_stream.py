@@ -71,29 +71,30 @@ def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
 
 
 def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]],
-                  fixed_shapes: bool = False) -> list[torch.Tensor]:
+                  fixed_upto: int = 0) -> list[torch.Tensor]:
     """Each chunk's new audio. The decoder is causal and per row (a batch row's audio is
     its own, and a frame's samples do not depend on later frames), so chunks of lengths
     within one power of two share a call, padded on the right to the longest (at most
-    twice the frames; its padding's samples are cut). ``fixed_shapes`` (on a GPU) pads
-    each call to a power of two of frames and of rows (rows of code 0, their audio
-    dropped): a few shapes, met at load by warm_decoder, instead of a new one at nearly
-    every call, each of which costs the first time (cuDNN picks its convolutions' plans
-    per shape)."""
+    twice the frames; its padding's samples are cut). Calls of at most ``fixed_upto``
+    frames (on a GPU: the shapes warm_decoder met at load) are padded to that power of two
+    of frames and of rows (rows of code 0, their audio dropped): a few shapes instead of a
+    new one at nearly every call, each of which costs the first time (cuDNN picks its
+    convolutions' plans per shape). Longer calls (whole sentences) keep their lengths."""
     out: list[torch.Tensor | None] = [None] * len(chunks)
     buckets: dict[int, list[int]] = {}
     for i, (codes, _) in enumerate(chunks):
         buckets.setdefault((len(codes) - 1).bit_length(), []).append(i)
     up = decoder.total_upsample
     for bucket, rows in buckets.items():
-        longest = 1 << bucket if fixed_shapes else max(len(chunks[i][0]) for i in rows)
+        fixed = 1 << bucket <= fixed_upto
+        longest = 1 << bucket if fixed else max(len(chunks[i][0]) for i in rows)
         codes = torch.stack([torch.nn.functional.pad(chunks[i][0],
                                                      (0, 0, 0, longest - len(chunks[i][0])))
                              for i in rows]).transpose(1, 2)  # (B, groups, T)
-        if fixed_shapes and len(rows) & (len(rows) - 1):
+        if fixed:
             codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, _pow2(len(rows)) - len(rows)))
         wavs = decoder(codes).reshape(len(codes), -1)
-        for i, wav in zip(rows, wavs, strict=False):
+        for i, wav in zip(rows, wavs[:len(rows)], strict=True):
             codes_i, context = chunks[i]
             out[i] = wav[context * up:len(codes_i) * up]
     return out
@@ -103,14 +104,18 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def warm_decoder(decoder: Any, groups: int, device: Any, most_frames: int,
+def fixed_frames(most_frames: int) -> int:
+    """decode_chunks' fixed_upto for chunks of up to ``most_frames`` (context included)."""
+    return _pow2(most_frames)
+
+
+def warm_decoder(decoder: Any, groups: int, device: Any, fixed_upto: int,
                  most_rows: int) -> int:
-    """One decoder call of each shape decode_chunks(fixed_shapes=True) makes for chunks up
-    to ``most_frames`` (left context included) and ``most_rows`` rows: their first-use
-    costs paid at load. Returns the calls made."""
+    """One decoder call of each shape decode_chunks(fixed_upto=...) makes for up to
+    ``most_rows`` rows: their first-use costs paid at load. Returns the calls made."""
     calls, frames = 0, 1
     with torch.inference_mode():
-        while frames < 2 * most_frames:
+        while frames <= fixed_upto:
             rows = 1
             while rows <= _pow2(most_rows):
                 decoder(torch.zeros(rows, groups, frames, dtype=torch.long, device=device))
@@ -129,10 +134,10 @@ class SentenceStream:
     in-context clone's first chunk of a sentence, its reference codes (None otherwise)."""
 
     def __init__(self, talker: TalkerBatch, decoder: Any, first_frames: int,
-                 chunk_frames: int, fixed_shapes: bool = False) -> None:
+                 chunk_frames: int, fixed_upto: int = 0) -> None:
         self.talker = talker
         self.decoder = decoder
-        self.fixed_shapes = fixed_shapes  # decode_chunks' (a GPU's)
+        self.fixed_upto = fixed_upto  # decode_chunks' (a GPU's)
         self.first_frames, self.chunk_frames = first_frames, chunk_frames
         self.rows: dict[int, Row] = {}  # open sentences by number
         self.tokens_left: dict[int, int] = {}  # usage: reported with a row's first chunk
@@ -191,7 +196,7 @@ class SentenceStream:
         with_frames = [n for n in due if self._pending(self.rows[n])]
         audio = dict(zip(with_frames, decode_chunks(
             self.decoder, [chunk_codes(self.rows[n]) for n in with_frames],
-            self.fixed_shapes), strict=True))
+            self.fixed_upto), strict=True))
         out = {}
         for n in due:
             row = self.rows[n]

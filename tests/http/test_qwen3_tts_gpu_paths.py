@@ -46,7 +46,7 @@ DECODER = """\
 import json, sys
 import torch
 from qwen_tts import Qwen3TTSModel
-from omni.models.qwen3_tts_stream import decode_chunks, warm_decoder
+from omni.models.qwen3_tts_stream import decode_chunks, fixed_frames, warm_decoder
 tts = Qwen3TTSModel.from_pretrained(sys.argv[1], dtype=torch.float32)
 decoder = tts.model.speech_tokenizer.model.decoder
 groups = tts.model.config.talker_config.num_code_groups
@@ -54,10 +54,13 @@ torch.manual_seed(0)
 chunks = [(torch.randint(0, 64, (n, groups)), ctx) for n, ctx in ((5, 0), (7, 2), (12, 4))]
 with torch.inference_mode():
     plain = decode_chunks(decoder, chunks)
-    fixed = decode_chunks(decoder, chunks, fixed_shapes=True)
-calls = warm_decoder(decoder, groups, "cpu", 6, 3)
+    fixed = decode_chunks(decoder, chunks, fixed_upto=16)  # every call padded
+    part = decode_chunks(decoder, chunks, fixed_upto=8)  # the 12-frame call keeps its length
+calls = warm_decoder(decoder, groups, "cpu", fixed_frames(6), 3)
 print(json.dumps({"lengths": [len(a) for a in plain], "fixed_lengths": [len(a) for a in fixed],
-                  "diff": max(float((a - b).abs().max()) for a, b in zip(plain, fixed)),
+                  "part_lengths": [len(a) for a in part],
+                  "diff": max(float((a - b).abs().max())
+                              for a, b in zip(plain + plain, fixed + part)),
                   "peak": max(float(a.abs().max()) for a in plain), "calls": calls}))
 """
 
@@ -86,10 +89,10 @@ def test_the_graphed_predictor_projects_into_its_own_width(release):
 
 def test_fixed_shape_chunk_decodes_equal_the_unpadded_ones(release):
     """Chunks of several lengths, with left context, decoded in calls padded to powers of
-    two of frames and rows: each chunk's audio equals its unpadded decode (float noise of
+    two of frames and rows (all of them, or only those within fixed_upto): each chunk's audio equals its unpadded decode (float noise of
     other batch shapes), and warm_decoder meets every such shape once."""
     got = _run(DECODER, str(release))
     assert got["peak"] > 0.01  # not silence
-    assert got["lengths"] == got["fixed_lengths"] == [9600, 9600, 15360]
+    assert got["lengths"] == got["fixed_lengths"] == got["part_lengths"] == [9600, 9600, 15360]
     assert got["diff"] < 1e-4
     assert got["calls"] == 4 * 3  # frames 1, 2, 4, 8 (chunks up to 6) x rows 1, 2, 4

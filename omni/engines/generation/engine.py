@@ -80,6 +80,7 @@ from omni.engines.generation.streamed_items import StreamedItems
 log = logging.getLogger("omni.engines.generation")
 SLOW_STEP_S, SLOW_STEP_FACTOR = 0.25, 4.0  # a streamed step this long and this many usual ones
 
+
 class GenerationEngine(Engine):
     """Cross-request batched, chunked execution of a runner (see module docstring).
 
