@@ -212,39 +212,30 @@ OMNI_INLINE float exponentiate(float* scores, int64_t n) {
   return sum;
 }
 
-// dst[h] = sum_p weight[h][p] V[slots[p]] / total[h] for H query heads of one KV head at
-// once, so each V row is read once for all of them; the accumulators are local arrays of
-// D rounded up to whole vectors (with a compile-time head size, registers)
-template <int L, typename T, int64_t DIM, int H>
+// dst = sum_p weight[p] V[slots[p]] / total for one head; the accumulator is a local array
+// of D rounded up to whole vectors (with a compile-time head size, registers)
+template <int L, typename T, int64_t DIM>
 OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
-                              const float* const* weight, int64_t n, int64_t g,
-                              const float* total, int64_t dim, T* const* dst) {
+                              const float* __restrict weight, int64_t n, int64_t g,
+                              float total, int64_t dim, T* __restrict dst) {
   typedef typename Lanes<L>::Vec Vec;
   const int64_t D = DIM ? DIM : dim, whole = D / L;
-  Vec sum[H][(DIM ? DIM : kMaxDim) / L + 1];
-  for (int h = 0; h < H; ++h) {
-    for (int64_t c = 0; c <= whole; ++c) sum[h][c] = Vec{};
-  }
+  Vec sum[(DIM ? DIM : kMaxDim) / L + 1];
+  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
+  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % L values
   const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   for (int64_t p = 0; p < n; ++p) {
     if (p + kAhead < n) prefetch_row(t.v + slots[p + kAhead] * t.v_slot + g * t.v_head, row_bytes);
     const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
-    for (int64_t c = 0; c < whole; ++c) {
-      const Vec values = load<L>(row + c * L);
-      for (int h = 0; h < H; ++h) sum[h][c] += weight[h][p] * values;
-    }
-    for (int h = 0; h < H; ++h) {
-      float* tail = reinterpret_cast<float*>(sum[h] + whole);  // the last D % L values
-      for (int64_t d = whole * L; d < D; ++d) {
-        tail[d - whole * L] += weight[h][p] * static_cast<float>(row[d]);
-      }
+    const float wp = weight[p];
+    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
+    for (int64_t d = whole * L; d < D; ++d) {
+      tail[d - whole * L] += wp * static_cast<float>(row[d]);
     }
   }
-  for (int h = 0; h < H; ++h) {
-    const float inv = 1.0f / total[h];
-    const float* values = reinterpret_cast<const float*>(sum[h]);
-    for (int64_t d = 0; d < D; ++d) dst[h][d] = static_cast<T>(values[d] * inv);
-  }
+  const float inv = 1.0f / total;
+  const float* values = reinterpret_cast<const float*>(sum);
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
 }
 
 template <int L, typename T, int64_t DIM>
@@ -260,23 +251,11 @@ OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64
   }
   const int64_t* slots = t.slots + b * t.slots_row + start;
   score<L, T, DIM>(t, s, slots, n, stride, g, w);
-  float totals[2];
-  const float* weights[2];
-  T* dsts[2];
-  for (int64_t h = 0; h < G;) {  // query heads two at a time (each V row read once for both)
-    const int pair = h + 1 < G ? 2 : 1;
-    for (int i = 0; i < pair; ++i) {
-      float* weight = w.scores.data() + (h + i) * stride;
-      totals[i] = exponentiate<L>(weight, n);
-      weights[i] = weight;
-      dsts[i] = t.out + (b * s.heads + g * G + h + i) * D;
-    }
-    if (pair == 2) {
-      weigh_values<L, T, DIM, 2>(t, slots, weights, n, g, totals, D, dsts);
-    } else {
-      weigh_values<L, T, DIM, 1>(t, slots, weights, n, g, totals, D, dsts);
-    }
-    h += pair;
+  for (int64_t h = 0; h < G; ++h) {
+    float* weight = w.scores.data() + h * stride;
+    const float total = exponentiate<L>(weight, n);
+    weigh_values<L, T, DIM>(t, slots, weight, n, g, total, D,
+                            t.out + (b * s.heads + g * G + h) * D);
   }
 }
 
