@@ -52,6 +52,34 @@ stages:
     options: {{max_new_tokens: {frames}, do_sample: {sample}, subtalker_dosample: {sample},
                max_batch_size: {batch}, openai_voices: true, chunk_frames: {chunk}}}
 """
+# --layout ar: the talker as a feedback AR stage (paged KV, CUDA graphs; omni/models/
+# qwen3_tts_talker.py) streaming codes to a Code2Wav stage. max_tokens: the frames a
+# request gets (the fused stage's max_new_tokens N gives N - 1, as qwen-tts's generate)
+PIPELINE_AR = """\
+name: qwen3-tts
+default_modalities: [audio]
+max_inflight: {batch}
+stages:
+  - name: talker
+    engine: ar
+    model: qwen3_tts_ar_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+    memory: 40%
+    params: {{max_tokens: {frames}{greedy}}}
+    options: {{subtalker_dosample: {sample}, openai_voices: true, max_num_seqs: {batch}{talker}}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    memory: 20%
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: {chunk}, left_context: 25,
+               max_batch_size: {batch}}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clone", action="store_true",
                         help="a Base release (--model, or the tiny Base fixture): requests "
                         "carry a reference clip to clone")
+    parser.add_argument("--layout", default="fused", choices=("fused", "ar"),
+                        help="fused: one generation stage (qwen3_tts); ar: the talker on the "
+                             "AR engine streaming codes to a code2wav stage")
+    parser.add_argument("--talker-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="--layout ar: an option of the talker stage (YAML value), e.g. "
+                             "predictor_compile=true; repeatable")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="cpu")
 
@@ -165,9 +199,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-qwen3-tts-"))
     yaml_path = work / "qwen3-tts.yaml"
-    yaml_path.write_text(PIPELINE.format(model_dir=model_dir, frames=args.frames,
+    pipeline = PIPELINE if args.layout == "fused" else PIPELINE_AR
+    yaml_path.write_text(pipeline.format(model_dir=model_dir, frames=args.frames,
                                          sample=str(args.sample).lower(), batch=max(levels),
-                                         chunk=args.chunk_frames))
+                                         chunk=args.chunk_frames,
+                                         greedy="" if args.sample else ", temperature: 0",
+                                         talker="".join(", " + o.replace("=", ": ", 1)
+                                                        for o in args.talker_option)))
     proc, port = start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
     try:
         asyncio.run(_burst(port, 1, extra))  # warm-up
@@ -182,7 +220,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         proc.wait(timeout=60)
     report = {"model": model_dir, "shape": None if args.model else args.shape,
               "frames": args.frames, "sample": args.sample,
-              "chunk_frames": args.chunk_frames, "clone": args.clone,
+              "chunk_frames": args.chunk_frames, "clone": args.clone, "layout": args.layout,
+              "talker_options": args.talker_option,
               "text": TEXT, "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
     (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")

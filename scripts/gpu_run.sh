@@ -84,7 +84,11 @@
 #                                        # over the box's python3, offline from .whl/qwen3-tts
 #                                        # (bash scripts/fetch_gpu_wheels.sh; carry .whl/server,
 #                                        # .whl/qwen3-tts, .whl/tools for spy); parts P
-#                                        # (default step,stream,stagger,whole,clone): step: where
+#                                        # (default step,stream,stagger,whole,clone; ar: the
+#                                        # talker on the AR engine, c=1,8,64; arc: the same,
+#                                        # predictor_compile on; spy with SPY_LAYOUT=ar [SPY_C=N]
+#                                        # samples the AR talker; arstep: the AR talker's step
+#                                        # in-process, bench/probes/qwen3_tts_ar_step.py): step: where
 #                                        # a streamed step's time goes, the predictor's graphs
 #                                        # off and on (bench/probes/qwen3_tts_step.py); bench qwen3_tts
 #                                        # c=1,8,64 streamed within sentences, 64 staggered
@@ -205,6 +209,13 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       done
       say "step done"
     fi
+    # the AR talker's decode step in-process: the code predictor vs the rest
+    if [[ ,$parts, == *,arstep,* ]]; then
+      model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
+      timeout 300 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model "$model" \
+        --batch 1,8,64 2>&1 | tee -a "$OUT/qwen3-tts-ar-step.md" | grep -E "^\||Error"
+      say "arstep done"
+    fi
     # each part: a server start (~40 s), a model build the first time (~40 s, guess) and
     # 3-5 bursts of 100 frames (~15 s each at ~130 ms a frame, eager; guess)
     qwen3tts_part() {  # PART NEED_S TAG BENCH_ARGS...
@@ -226,6 +237,12 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     custom=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && custom=(--model "$MODEL")
     base=(--shape "${SHAPE:-release}"); [ -n "${BASE_MODEL:-}" ] && base=(--model "$BASE_MODEL")
     qwen3tts_part stream 150 "${TAG:-h200}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
+    # the talker on the AR engine (paged KV, decode graphs) -> a code2wav stage
+    qwen3tts_part ar 150 "${TAG:-h200}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
+      --bursts 2,1,1
+    # the same with the code predictor's layers compiled inside its graphs
+    qwen3tts_part arc 150 "${TAG:-h200}-ar-compiled" "${custom[@]}" --layout ar \
+      --talker-option predictor_compile=true --concurrency 1,8,64 --bursts 2,1,1
     # 64 staggered arrivals (continuous batching): late requests' first audio
     left=$(( 590 - $(date +%s) + t0 ))
     if [[ ,$parts, == *,stagger,* ]] && [ "$left" -gt 120 ]; then
@@ -243,11 +260,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/tools/py_spy-*.whl \
         || say "spy: no py-spy wheel in .whl/tools (fetch set tools)"
       spylog="$OUT/qwen3-tts-spy-server.log"
+      # SPY_LAYOUT=ar: the AR talker's engine process (SPY_C: the burst size, default 8)
+      spy_stage=tts; spy_args=()
+      [ "${SPY_LAYOUT:-fused}" = ar ] && spy_stage=talker && spy_args=(--layout ar)
       rm -f /tmp/spy.started
       (
         pid=""
         for _ in $(seq 600); do
-          pid=$(grep -oE "replica tts/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
+          pid=$(grep -oE "replica $spy_stage/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
           [ -n "$pid" ] && break; sleep 0.5
         done
         [ -n "$pid" ] || exit 0
@@ -257,7 +277,8 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
           --format raw -o "$OUT/qwen3-tts-spy.txt" > /tmp/spy.log 2>&1
       ) &
       spy=$!
-      qwen3tts_part spy 150 spy "${custom[@]}" --concurrency 8 --bursts 3
+      qwen3tts_part spy 150 spy "${custom[@]}" "${spy_args[@]}" --concurrency "${SPY_C:-8}" \
+        --bursts 3
       # the bench is over: a waiter still looking for the engine stops here, so a server
       # that never started costs no wait; a running py-spy ends with the engine by itself
       [ -e /tmp/spy.started ] || kill "$spy" 2>/dev/null

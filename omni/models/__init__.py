@@ -198,9 +198,17 @@ def _omni25_talker(*, model_dir: str | None, device: str, dtype: str,
     return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
 
 
+def _tts_talker(*, model_dir: str | None, device: str, dtype: str,
+                options: Mapping[str, Any]) -> Any:
+    from omni.models.qwen3_tts_talker import load_talker
+
+    return load_talker(model_dir=model_dir, device=device, dtype=dtype, options=options)
+
+
 # AR models whose next input is built from their last output (omni/engines/ar/feedback.py)
 AR_FEEDBACK_MODELS: dict[str, AdapterBuilder] = {"qwen3_omni_talker": _talker,
-                                                 "qwen2_5_omni_talker": _omni25_talker}
+                                                 "qwen2_5_omni_talker": _omni25_talker,
+                                                 "qwen3_tts_ar_talker": _tts_talker}
 
 
 def build_feedback_lm(model: str, *, model_dir: str, device: str, dtype: str,
@@ -249,6 +257,7 @@ _OPTION_HOLDERS = {
     "qwen3_tts": ("omni.models.qwen3_tts", "Qwen3TTSRunner"),
     "qwen3_tts_talker": ("omni.models.qwen3_tts", "Qwen3TTSTalkerRunner"),
     "qwen3_tts_code2wav": ("omni.models.qwen3_tts_codec", "Qwen3TTSCode2WavRunner"),
+    "qwen3_tts_ar_talker": ("omni.models.qwen3_tts_talker", "TTSFeed"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),

@@ -80,6 +80,34 @@ edges:
 {edges.removeprefix("edges:" + chr(10))}"""
 
 
+def ar(name: str, model_dir: str, frames: int, options: str = "",
+       voiced: bool = False) -> str:
+    """The talker on the AR engine (omni/models/qwen3_tts_talker.py): greedy, ``frames``
+    frames a request as qwen-tts's max_new_tokens gives them (its N - 1)."""
+    head, inputs, edges = _voiced(voiced, "talker")
+    return f"""\
+name: {name}
+default_modalities: [audio]
+stages:
+{head}  - name: talker
+    engine: ar
+    model: qwen3_tts_ar_talker
+    model_dir: {model_dir}
+    env: qwen3-tts
+{inputs}    params: {{temperature: 0, max_tokens: {frames - 1}}}
+    options: {{subtalker_dosample: false, kv_cache_mb: 16{options}}}
+  - name: code2wav
+    engine: generation
+    model: qwen3_tts_code2wav
+    model_dir: {model_dir}
+    env: qwen3-tts
+    final_output: audio
+    options: {{first_chunk_frames: 4, chunk_frames: 8, left_context: 25}}
+edges:
+  - {{from: talker, to: code2wav, delivery: stream}}
+{edges.removeprefix("edges:" + chr(10))}"""
+
+
 def _voiced(voiced: bool, first: str) -> tuple[str, str, str]:
     """(the echo stage, the first voice stage's inputs line, the edge from the echo)."""
     if not voiced:

@@ -56,3 +56,21 @@ def test_qwen2_5_omni_release_gets_thinker_talker_token2wav(tmp_path):
     assert {(e.src, e.dst, e.delivery) for e in pipeline.edges} == {
         ("thinker", "talker", "stream"), ("talker", "token2wav", "stream")}
     assert pipeline.route(["text"]).stages == ("thinker",)
+
+
+@pytest.mark.parametrize("tts_type, stages", [
+    ("custom_voice", [("talker", "ar", "qwen3_tts_ar_talker"),
+                      ("code2wav", "generation", "qwen3_tts_code2wav")]),
+    ("base", [("tts", "generation", "qwen3_tts")])])
+def test_a_qwen3_tts_release_gets_its_variants_pipeline(tmp_path, tts_type, stages):
+    """CustomVoice: the talker on the AR engine -> Code2Wav; Base (voice cloning): the
+    one-stage layout."""
+    d = tmp_path / "Qwen3-TTS"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_tts",
+                                               "tts_model_type": tts_type}))
+    pipeline = load_pipeline(d)
+    assert [(s.name, s.engine, s.model) for s in pipeline.stages] == stages
+    assert all("qwen3-tts" in str(s.python) and s.model_dir == str(d.resolve())
+               for s in pipeline.stages)
+    assert pipeline.modalities == ("audio",)

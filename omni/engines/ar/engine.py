@@ -97,7 +97,7 @@ class AREngine(Engine):
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str = "cpu",
                  options: Mapping[str, Any] | None = None, memory_bytes: int | None = None):
         self.options = dict(options or {})
-        check_options("ar engine", self.options, AR_OPTIONS)
+        check_options("ar engine", self.options, self._known_options())
         self.memory_bytes = memory_bytes  # the stage's `memory`: weights + KV cache
         self.lm = self._load(model_dir, dtype, device)
         if "max_model_len" in self.options:  # before the KV cache is sized from it
@@ -156,6 +156,10 @@ class AREngine(Engine):
 
     def _max_batched(self) -> int:
         return self._opt("max_batched_tokens", 8192 if self.lm.device.type == "cuda" else 512)
+
+    def _known_options(self) -> frozenset[str]:
+        """The stage options this engine reads (any other is a typo: a load error)."""
+        return AR_OPTIONS
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         return load_causal_lm(model_dir, dtype=dtype, device=device)

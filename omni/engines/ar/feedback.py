@@ -14,7 +14,10 @@ The batching, paged KV cache, scheduling and sampling are AREngine's; a model ad
 - may batch the work of turning received side input into decode inputs over each step's
   sequences (`prepare`), instead of doing it per message on arrival;
 - may capture its per-step work as CUDA graphs (`use_cuda_graphs`, option
-  feed_cuda_graphs).
+  feed_cuda_graphs);
+- may read the request itself, as a pipeline's first stage (`reads_request`: its inputs
+  are one chunk, e.g. a speech request's text) and check the request's params
+  (`configure`), and may read stage options of its own (the adapter's OPTIONS).
 Every fed embedding is kept, so a preempted sequence is recomputed exactly.
 """
 
@@ -25,9 +28,10 @@ from typing import Any
 
 import torch
 
-from omni.engines.ar.engine import AREngine
+from omni.engines.ar.defaults import request_sampling
+from omni.engines.ar.engine import AR_OPTIONS, AREngine
 from omni.engines.ar.inputs import stream_producer
-from omni.engines.ar.sampling import SamplingParams, SequenceSampler
+from omni.engines.ar.sampling import SequenceSampler
 from omni.engines.ar.scheduler import ScheduledBatch, Sequence
 from omni.engines.ar.state import SequenceState
 from omni.engines.base import EngineLoadError, EngineRequest, StepOutput, failed_output
@@ -55,6 +59,11 @@ class FeedbackAREngine(AREngine):
         self.model_name = model
         super().__init__(model_dir, **kwargs)
         self.runner.chain = False  # its decode input is the feed's embedding, not the token
+
+    def _known_options(self) -> frozenset[str]:
+        from omni.models import adapter_options
+
+        return AR_OPTIONS | adapter_options(self.model_name)
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         from omni.models import build_feedback_lm
@@ -89,28 +98,38 @@ class FeedbackAREngine(AREngine):
                 raise ValueError(f"request id {rid!r} is already running")
             params = dict(request.params or {})
             voice = self.feed.voice(params.pop("voice", None))
-            sampling = SamplingParams.from_dict(params)
+            sampling = request_sampling(self.defaults, params)
             if sampling.ignore_eos:  # an end token here would be a step with no frame:
                 sampling = replace(sampling, min_tokens=sampling.max_tokens)
             inputs = request.inputs or {}
             producer = stream_producer(inputs)
             full = {k: v for k, v in inputs.items() if k != "stream"}
-            if producer is None and (len(full) != 1 or not isinstance(next(iter(full.values())),
-                                                                     list)):
-                raise ValueError("this stage takes its input from one upstream stage")
+            chunks = self._input_chunks(full) if producer is None else []
+            feed = self.feed.new_state(sampling.seed, self.lm.device)
+            configure = getattr(self.feed, "configure", None)
+            if configure is not None:  # the request's own params, checked by the model
+                configure(feed, params)
         except Exception as e:  # bad input (e.g. an unknown voice) fails this request only
             self._failed.append(failed_output(rid, e))
             return
         state = _FeedState(sampling, SequenceSampler(sampling, (), self.lm.device),
-                           SilentDetokenizer(), stream_from=producer,
-                           feed=self.feed.new_state(sampling.seed, self.lm.device),
+                           SilentDetokenizer(), stream_from=producer, feed=feed,
                            voice=voice, fed=[])
         seq = Sequence(rid, [], state, input_open=True)
         self._seqs[rid] = seq
         self.scheduler.add(seq)
         if producer is None:  # full delivery: every chunk is here already, and the
             # prompt is built and the hold decided once for all of them
-            self._take(seq, next(iter(full.values())) or [{}], last=True)
+            self._take(seq, chunks, last=True)
+
+    def _input_chunks(self, full: dict[str, Any]) -> list[dict[str, Any]]:
+        """A request's chunks when none stream in: an upstream stage's whole output, or
+        the request's own inputs for a feed that reads them."""
+        if getattr(self.feed, "reads_request", False):
+            return [full]
+        if len(full) != 1 or not isinstance(next(iter(full.values())), list):
+            raise ValueError("this stage takes its input from one upstream stage")
+        return next(iter(full.values())) or [{}]
 
     def append(self, request_id: str, producer: str, seq_no: int, data: dict[str, Any] | None,
                last: bool) -> None:

@@ -124,6 +124,8 @@ class EngineLoop:
             self.inbound.drop(request_id)
         self.channel.send(encode(AbortAck(self.replica_id, abort.request_ids,
                                           time.monotonic())))
+        if not self.engine.has_work():  # no step will carry the freed KV blocks and
+            self._publish([], stats_only=True)  # queue to /metrics: say them now
 
     def _free(self, free: Free) -> None:
         for request_id in free.request_ids:
@@ -142,8 +144,8 @@ class EngineLoop:
     def _stop(self, shutdown: Shutdown) -> None:
         self.running = False
 
-    def _publish(self, outputs: list) -> None:
-        if not outputs:
+    def _publish(self, outputs: list, stats_only: bool = False) -> None:
+        if not outputs and not stats_only:
             return
         rows = []
         for out in outputs:

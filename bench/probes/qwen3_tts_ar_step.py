@@ -1,0 +1,105 @@
+"""Qwen3-TTS's talker on the AR engine, in-process: where a decode step's time goes.
+
+The feedback AR engine (omni/models/qwen3_tts_talker.py) on a model directory (a
+release-shape random build on a GPU box: bench/qwen3_tts.py's fixture), greedy, in the
+qwen3-tts environment. For each batch size B, B requests start together; once all are
+decoding the probe times --steps engine steps: the whole step (wall, the device synchronised
+after it), the feed's code-predictor call (TTSFeed.feedback, synchronised around it), and
+the rest (the talker's graphed forward, sampling, the engine's host work). The code
+predictor's layers compiled inside its graphs or not (--compile both: each in turn).
+
+    /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model DIR
+        [--batch 1,8,64] [--steps 30] [--compile both] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+TEXT = "The ship sailed north across the cold sea, carrying wheat, wool, iron and passengers."
+
+
+def run(engine: Any, batch: int, steps: int, sync: Any) -> dict[str, float]:
+    from omni.engines.base import EngineRequest
+
+    spent: dict[str, list[float]] = defaultdict(list)
+    feedback = engine.feed.feedback
+
+    def timed_feedback(*args: Any, **kwargs: Any) -> Any:
+        sync()
+        t0 = time.perf_counter()
+        out = feedback(*args, **kwargs)
+        sync()
+        spent["predictor"].append(time.perf_counter() - t0)
+        return out
+
+    engine.feed.feedback = timed_feedback
+    for i in range(batch):
+        engine.add(EngineRequest(f"b{batch}-{i}", {"text": TEXT},
+                                 {"temperature": 0, "max_tokens": steps + 40}))
+    while any(not seq.output for seq in engine._seqs.values()):  # every prompt prefilled
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    spent.clear()
+    sync()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        outs = engine.step()
+        sync()
+        spent["step"].append(time.perf_counter() - t0)
+        assert all(o.error is None for o in outs), [o.error for o in outs]
+    engine.abort(list(engine._seqs))
+    while engine.has_work():
+        engine.step()
+    engine.feed.feedback = feedback
+    step = statistics.mean(spent["step"]) * 1e3
+    predictor = statistics.mean(spent["predictor"]) * 1e3
+    return {"batch": batch, "step_ms": step, "predictor_ms": predictor,
+            "rest_ms": step - predictor, "frames_per_s": batch / step * 1e3}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", default="1,8,64")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--compile", default="both", choices=("both", "on", "off"))
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run (float32)")
+    args = parser.parse_args()
+    import torch
+
+    from omni.engines.ar.feedback import FeedbackAREngine
+
+    batches = [int(b) for b in args.batch.split(",")]
+    print("| predictor layers | B | step ms | code predictor ms | rest ms | frames/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for compiled in {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]:
+        engine = FeedbackAREngine(
+            "qwen3_tts_ar_talker", args.model, device=args.device,
+            dtype="bfloat16" if args.device == "cuda" else "float32",
+            options={"subtalker_dosample": False, "predictor_compile": compiled,
+                     "max_num_seqs": max(batches), "kv_cache_mb": 4096})
+        for batch in batches:
+            sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+            r = run(engine, batch, args.steps, sync)
+            print(f"| {'compiled' if compiled else 'eager'} | {batch} | {r['step_ms']:.1f} | "
+                  f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} |",
+                  flush=True)
+        del engine
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Qwen3-TTS's talker on the AR engine: paged KV cache, continuous batching, CUDA graphs.
+
+The generation-engine stage (qwen3_tts.py, qwen3_tts_batch.py) steps qwen-tts's own talker
+forward over one left-padded, concatenated KV cache: every step is transformers' eager
+forward plus a cache that grows by concatenation, a few hundred small kernels launched from
+Python per layer. This adapter runs the same talker as a feedback AR stage
+(omni/engines/ar/feedback.py), so its decode steps are the engine's: one packed forward
+over every running sentence, paged attention, decode steps replayed from CUDA graphs, and
+the code predictor's 15 passes as one more graph per step.
+
+What qwen-tts's generate does, as this feed does it:
+- Prompt: qwen-tts's own, taken from its ``generate_custom_voice`` (the talker's first
+  forward, qwen3_tts_stream.capture_prefill): the prompt embeddings, the trailing text
+  (one projected text token per frame) and the pad embedding after it.
+- Decode step g: the summed codec embeddings of frame g (the sampled first code + the code
+  predictor's 15) + trailing text g, or the pad embedding once the text is spent (the
+  talker's forward; here computed by the feed after each sampled code, as Qwen3-Omni's).
+- The first code: ``codec_head`` with the codec's 1024 special ids suppressed except
+  end-of-speech; repetition penalty, temperature, top-k and top-p as the engine samples any
+  AR stage (the release's generation_config.json gives the defaults); at least two codes
+  (qwen-tts's min_new_tokens=2): min_tokens 2.
+- Frames: qwen-tts keeps the frames completed before end-of-speech; with
+  ``max_new_tokens`` N and no end it keeps N - 1 (the last code's frame is never completed).
+  So the defaults' ``max_tokens`` is N - 1 and each sampled code's frame leaves at once.
+- Positions: a single row's rotary positions are 0, 1, 2, ... on all three axes (qwen-tts's
+  get_rope_index of an unpadded mask), the engine's own.
+
+Greedy codes equal qwen-tts's generate for the same text and speaker (tests/http/
+test_qwen3_tts_ar.py). Sampled ones follow the same warpers with the engine's draws (a
+request's ``seed``: the same audio alone and in any batch), not transformers'
+multinomial on the global RNG.
+
+Served: CustomVoice releases (voices: the release's speakers, ``instructions``). A Base
+release (voice cloning) stays on the generation-engine layouts: its prompt needs the
+reference clip's codes and speaker embedding (qwen3_tts_clone.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omni.engines.base import EngineLoadError
+from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
+from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
+from omni.models.qwen3_tts import check_seed, load_qwen3_tts
+from omni.models.qwen3_tts_batch import suppressed
+from omni.models.qwen3_tts_stream import capture_prefill
+from omni.models.speech import check_speed, voice_entry
+
+# stage options this adapter reads beside the AR engine's (the talker's own sampling is the
+# requests' params: temperature, top_k, top_p, repetition_penalty, max_tokens)
+OPTIONS = frozenset({"language", "openai_voices", "subtalker_dosample", "subtalker_top_k",
+                     "subtalker_top_p", "subtalker_temperature", "predictor_compile"})
+MIN_CODES = 2  # qwen-tts's min_new_tokens
+
+
+class TalkerLM(torch.nn.Module):
+    """The talker as the AR engine calls it: forward(inputs_embeds, position_ids, ...) ->
+    logits of the kept rows (first code group, special ids suppressed); the kept rows'
+    last hidden states stay in ``last_hidden`` (one buffer, so a decode step replayed from
+    a CUDA graph leaves them there too) for the code predictor."""
+
+    def __init__(self, talker: Any, eos: int) -> None:
+        super().__init__()
+        self.talker = talker
+        vocab = int(talker.config.vocab_size)
+        mask = torch.zeros(vocab, dtype=torch.bool, device=talker.codec_head.weight.device)
+        mask[suppressed(eos, vocab)] = True
+        self.register_buffer("suppressed", mask, persistent=False)
+        self.last_hidden: torch.Tensor | None = None  # (rows, H), kept rows first
+
+    def reserve(self, rows: int) -> None:
+        weight = self.talker.codec_head.weight
+        self.last_hidden = torch.zeros(rows, weight.shape[1], dtype=weight.dtype,
+                                       device=weight.device)
+
+    def get_input_embeddings(self) -> Any:
+        return self.talker.get_input_embeddings()
+
+    def set_attn_implementation(self, name: str) -> None:
+        """The engine's attention for the talker; the code predictor keeps its own
+        (transformers 4.57 hands a config's attention down to its sub-configs, and the
+        predictor's config is one of the talker's)."""
+        predictor = self.talker.code_predictor
+        own = predictor.config._attn_implementation
+        self.talker.model.config._attn_implementation = name
+        for config in {id(c): c for c in (predictor.config, predictor.model.config)}.values():
+            config._attn_implementation = own
+
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
+                logits_to_keep: torch.Tensor, **kwargs: Any) -> Any:
+        kwargs.pop("input_ids", None)
+        kwargs.pop("output_hidden_states", None)
+        out = self.talker.model(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
+        kept = out.last_hidden_state[0, logits_to_keep]
+        if self.last_hidden is None or len(self.last_hidden) < len(kept):
+            self.last_hidden = torch.empty_like(kept)  # eager only: graphs reserve first
+        self.last_hidden[:len(kept)].copy_(kept)
+        logits = self.talker.codec_head(kept)
+        return _Out(logits.masked_fill(self.suppressed, float("-inf"))[None])  # (1, k, V)
+
+
+@dataclass
+class _Out:
+    logits: torch.Tensor
+
+
+@dataclass
+class FeedState:
+    """One request: its text and voice, then qwen-tts's prompt, then the last frame."""
+
+    text: str = ""
+    instructions: str = ""
+    trailing: torch.Tensor | None = None  # (W, H): one projected text token per frame
+    pad: torch.Tensor | None = None  # (H,): the text input once the trailing text is spent
+    closed: bool = False
+    next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
+    codes: list[int] | None = None  # the last frame's codes, one per code group
+    generator: torch.Generator | None = None
+
+
+class TTSFeed:
+    """Builds the talker's inputs and runs its code predictor (the module doc)."""
+
+    OPTIONS = OPTIONS  # the stage options it reads (the engine checks them before loading)
+    reads_request = True  # a first stage: its input is the request's text, not a stage's
+
+    def __init__(self, tts: Any, options: Mapping[str, Any]) -> None:
+        self.tts, self.model = tts, tts.model
+        self.lm = TalkerLM(self.model.talker, int(self.model.config.talker_config.codec_eos_token_id))
+        self.cfg = self.model.config.talker_config
+        self.groups = int(self.cfg.num_code_groups)
+        self.language = str(options.get("language", "auto"))
+        self.openai_voices = bool(options.get("openai_voices", False))
+        self.sampling = tts._merge_generate_kwargs(**{k: v for k, v in options.items()
+                                                     if k.startswith("subtalker_")})
+        self.predictor_greedy = not self.sampling["subtalker_dosample"]
+        self.pick = {"top_k": int(self.sampling["subtalker_top_k"] or 0),
+                     "top_p": float(self.sampling["subtalker_top_p"] or 1.0),
+                     "temperature": float(self.sampling["subtalker_temperature"] or 1.0)}
+        self.graphs: PredictorGraphs | None = None  # use_cuda_graphs
+        # the predictor's layers compiled inside its graphs (qwen3_omni_predictor.py; H100,
+        # in-process: its share of a step at B=8 12.7 -> 5.5 ms, bench/results/
+        # qwen3-tts-ar-step-h100.md)
+        self.predictor_compile = bool(options.get("predictor_compile", True))
+        codec = self.model.speech_tokenizer
+        self.sample_rate = int(codec.get_output_sample_rate())
+        self.speakers = sorted(self.model.get_supported_speakers() or ())
+
+    # -- the engine's contract --------------------------------------------------------
+    def voice(self, name: Any) -> str:
+        if name is None:
+            return self.speakers[0]
+        if not isinstance(name, str) or name not in self.speakers:
+            raise ValueError(f"unknown voice {name!r} (valid: {', '.join(self.speakers)})")
+        return name
+
+    def new_state(self, seed: int | None, device: torch.device) -> FeedState:
+        generator = None if seed is None else torch.Generator(device).manual_seed(
+            check_seed(seed) + 1)  # +1: not the talker sampler's own stream
+        return FeedState(generator=generator)
+
+    def configure(self, st: FeedState, params: Mapping[str, Any]) -> None:
+        """A request's speech params, checked: ValueError fails it alone."""
+        if check_speed(params.get("speed", 1.0)) != 1.0:
+            raise ValueError("speed: Qwen3-TTS speaks at its own pace (only 1.0)")
+        if params.get("ref_audio") is not None:
+            raise ValueError("ref_audio: this Qwen3-TTS release speaks its own voices")
+        st.instructions = str(params.get("instructions") or "")
+
+    def info(self) -> dict[str, Any]:
+        voices = [voice_entry(s, s.capitalize(), self.language, self.sample_rate)
+                  for s in self.speakers]
+        return {"voices": voices, "sample_rate": self.sample_rate,
+                "openai_voice_alias": voices[0]["id"] if self.openai_voices and voices else None,
+                "num_code_groups": self.groups, "tts_model_type": self.model.tts_model_type,
+                "subtalker_sampling": {"dosample": not self.predictor_greedy, **self.pick}}
+
+    @staticmethod
+    def frame_output(codes: list[int]) -> dict[str, Any]:
+        """One frame as the code2wav stage takes it: (groups, 1)."""
+        return {"codes": [[c] for c in codes]}
+
+    # -- input ------------------------------------------------------------------------
+    def take(self, st: FeedState, data: Mapping[str, Any]) -> None:
+        """The request's text, or a piece of an upstream stage's streamed text."""
+        text = data.get("text", "")
+        if isinstance(text, list):  # the speech API's parts
+            text = "".join(str(t) for t in text)
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        st.text += text
+
+    def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, None] | None:
+        """qwen-tts's prompt for the whole text once it is all here (its trailing text is
+        the rest of the text, one token a frame)."""
+        if not st.closed:
+            return None
+        if not st.text.strip():
+            raise ValueError("text has nothing to synthesize")
+        def call() -> Any:
+            return self.tts.generate_custom_voice(
+                [st.text], speaker=[speaker], language=[self.language],
+                instruct=[st.instructions], **self.sampling)
+
+        with torch.inference_mode():
+            prompt = capture_prefill(self.model.talker, call)
+        st.trailing = prompt["trailing_text_hidden"][0]
+        st.pad = prompt["tts_pad_embed"].reshape(-1)
+        return prompt["inputs_embeds"][0], None
+
+    def ready(self, st: FeedState, step: int) -> bool:
+        return True  # the whole text is in the prompt and trailing text
+
+    def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
+        text = st.trailing[step] if step < len(st.trailing) else st.pad
+        return st.next_codec + text
+
+    # -- after sampling ---------------------------------------------------------------
+    @torch.inference_mode()
+    def feedback(self, states: list[FeedState], tokens: list[int], rows: list[int],
+                 greedy: list[bool]) -> None:
+        """The residual codes of each sampled first code, and the next step's input."""
+        if not states:
+            return
+        dev = self.lm.suppressed.device
+        first = torch.tensor(tokens, device=dev)
+        first_embed = self.lm.get_input_embeddings()(first)
+        hidden = self.lm.last_hidden[torch.tensor(rows, dtype=torch.long, device=dev)]
+        draws = torch.stack([torch.rand(self.groups - 1, device=dev, generator=st.generator)
+                             for st in states])
+        is_greedy = torch.tensor([g or self.predictor_greedy for g in greedy], device=dev)
+        done = None if self.graphs is None else self.graphs.run(hidden, first_embed, draws,
+                                                                is_greedy)
+        cp = self.model.talker.code_predictor
+        residual, total = done or predict_uncached(
+            cp, hidden, first_embed, draws, is_greedy, project=cp.small_to_mtp_projection,
+            sampling=self.pick)
+        frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync a step
+        for i, st in enumerate(states):
+            st.codes, st.next_codec = frame[i], total[i]
+
+    def reserve(self, rows: int) -> None:
+        self.lm.reserve(rows)
+
+    def use_cuda_graphs(self, max_batch: int) -> bool:
+        """The code predictor's loop as one CUDA graph per padded batch size."""
+        emb = self.lm.get_input_embeddings().weight
+        if emb.device.type != "cuda":
+            return False
+        cp = self.model.talker.code_predictor
+        self.graphs = make_graphs(cp, emb.shape[1], self.groups, emb.dtype, emb.device,
+                                  max_batch, compiled=self.predictor_compile,
+                                  project=cp.small_to_mtp_projection, sampling=self.pick)
+        return self.graphs is not None
+
+
+def sampling_defaults(sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """qwen-tts's merged generate arguments as the engine's request params (module doc:
+    max_tokens is max_new_tokens - 1 frames)."""
+    return {"temperature": float(sampling["temperature"]) if sampling["do_sample"] else 0.0,
+            "top_k": int(sampling["top_k"] or 0), "top_p": float(sampling["top_p"]),
+            "repetition_penalty": float(sampling["repetition_penalty"]),
+            "max_tokens": max(1, int(sampling["max_new_tokens"]) - 1), "min_tokens": MIN_CODES}
+
+
+def load_talker(*, model_dir: str, device: str, dtype: str,
+                options: Mapping[str, Any]) -> tuple[CausalLM, TTSFeed]:
+    """A CustomVoice release's talker as (CausalLM for the engine, feed)."""
+    from pathlib import Path
+
+    tts = load_qwen3_tts(model_dir, device, dtype)
+    if tts.model.tts_model_type != "custom_voice":
+        raise EngineLoadError(f"qwen3_tts_ar_talker: {model_dir} is a "
+                              f"{tts.model.tts_model_type!r} release; this stage serves "
+                              "CustomVoice releases (Base: the generation-engine layouts)")
+    tts.model.requires_grad_(False)  # inference only (and torch.compile traces no backward)
+    feed = TTSFeed(tts, {k: v for k, v in options.items() if k in OPTIONS})
+    talker = tts.model.talker
+    cfg = talker.config
+    lm = CausalLM(model=feed.lm, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
+                  model_dir=str(model_dir), dtype=talker.codec_head.weight.dtype,
+                  device=torch.device(device), random_weights=_is_random(Path(model_dir)),
+                  config=cfg, cache_kwarg=cache_keyword(talker.model.forward),
+                  sampling_defaults=sampling_defaults(tts._merge_generate_kwargs()))
+    return lm, feed
