@@ -28,18 +28,11 @@ PRESET_BY_MODEL_TYPE = {
     "whisper": "whisper_hf.yaml",
     # a robot policy (LeRobot's release layout: config.json "type": "pi0")
     "pi0": "pi0.yaml",
-    # a Qwen3-TTS Base release (voice cloning): talker + code predictor + Code2Wav in one
-    # stage, in the qwen3-tts environment (qwen-tts pins its own transformers); a
-    # CustomVoice release: PRESET_BY_VARIANT
-    "qwen3_tts": "qwen3_tts.yaml",
-}
-
-# config.json model_type -> (another config.json field, {its value: preset file}): the
-# releases of one family that a different pipeline serves better
-PRESET_BY_VARIANT = {
-    # the talker on the AR engine streaming codes to a Code2Wav stage (3-10x the one-stage
-    # layout's audio-s/s on an H100; Base releases' voice cloning stays on qwen3_tts.yaml)
-    "qwen3_tts": ("tts_model_type", {"custom_voice": "qwen3_tts_ar.yaml"}),
+    # a Qwen3-TTS release (CustomVoice or Base): the talker on the AR engine streaming codes
+    # to a Code2Wav stage, in the qwen3-tts environment (qwen-tts pins its own
+    # transformers); the one-stage layout (qwen3_tts.yaml) gave 3-9x fewer audio-s/s on an
+    # H100 (bench/results/qwen3-tts-gpu.md)
+    "qwen3_tts": "qwen3_tts_ar.yaml",
 }
 
 # model_index.json _class_name -> preset file (diffusers pipeline directories)

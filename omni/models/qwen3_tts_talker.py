@@ -30,9 +30,12 @@ test_qwen3_tts_ar.py). Sampled ones follow the same warpers with the engine's dr
 request's ``seed``: the same audio alone and in any batch), not transformers'
 multinomial on the global RNG.
 
-Served: CustomVoice releases (voices: the release's speakers, ``instructions``). A Base
-release (voice cloning) stays on the generation-engine layouts: its prompt needs the
-reference clip's codes and speaker embedding (qwen3_tts_clone.py).
+CustomVoice releases speak their speakers (``voice``; ``instructions``). A Base release
+clones the voice of each request's reference clip (``ref_audio`` input, ``ref_text``
+param): the prompt is qwen-tts's ``generate_voice_clone``'s, built from the prompt item
+qwen3_tts_clone.VoiceClones keeps per distinct reference, and an in-context clone's first
+frame carries the reference's last codes (``"context"``), which the code2wav stage decodes
+as left context before it, as qwen-tts decodes reference + new codes.
 """
 
 from __future__ import annotations
@@ -46,15 +49,22 @@ import torch
 from omni.engines.base import EngineLoadError
 from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
-from omni.models.qwen3_tts import check_seed, load_qwen3_tts
+from omni.models.qwen3_tts import SERVED_TYPES, check_seed, load_qwen3_tts
 from omni.models.qwen3_tts_batch import suppressed
-from omni.models.qwen3_tts_stream import capture_prefill
+from omni.models.qwen3_tts_clone import (
+    DEFAULT_CAPACITY,
+    MAX_REFERENCE_S,
+    MIN_REFERENCE_S,
+    VoiceClones,
+)
+from omni.models.qwen3_tts_stream import LEFT_CONTEXT, capture_prefill
 from omni.models.speech import check_speed, voice_entry
 
 # stage options this adapter reads beside the AR engine's (the talker's own sampling is the
 # requests' params: temperature, top_k, top_p, repetition_penalty, max_tokens)
 OPTIONS = frozenset({"language", "openai_voices", "subtalker_dosample", "subtalker_top_k",
-                     "subtalker_top_p", "subtalker_temperature", "predictor_compile"})
+                     "subtalker_top_p", "subtalker_temperature", "predictor_compile",
+                     "clone_cache_size", "max_ref_seconds"})
 MIN_CODES = 2  # qwen-tts's min_new_tokens
 
 
@@ -115,6 +125,9 @@ class FeedState:
 
     text: str = ""
     instructions: str = ""
+    reference: Any = None  # a Base release's reference clip ({pcm_f32le, sample_rate})
+    ref_text: str | None = None  # its transcript (in-context clone) or None (embedding only)
+    context: torch.Tensor | None = None  # (groups, t) reference codes, sent with frame 0
     trailing: torch.Tensor | None = None  # (W, H): one projected text token per frame
     pad: torch.Tensor | None = None  # (H,): the text input once the trailing text is spent
     closed: bool = False
@@ -150,9 +163,14 @@ class TTSFeed:
         codec = self.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.speakers = sorted(self.model.get_supported_speakers() or ())
+        self.clones = (VoiceClones(tts, int(options.get("clone_cache_size", DEFAULT_CAPACITY)))
+                       if self.model.tts_model_type == "base" else None)
+        self.max_ref_s = float(options.get("max_ref_seconds", MAX_REFERENCE_S))
 
     # -- the engine's contract --------------------------------------------------------
     def voice(self, name: Any) -> str:
+        if self.clones is not None:
+            return ""  # the reference's voice (the SDK always sends a name: not checked)
         if name is None:
             return self.speakers[0]
         if not isinstance(name, str) or name not in self.speakers:
@@ -168,22 +186,32 @@ class TTSFeed:
         """A request's speech params, checked: ValueError fails it alone."""
         if check_speed(params.get("speed", 1.0)) != 1.0:
             raise ValueError("speed: Qwen3-TTS speaks at its own pace (only 1.0)")
-        if params.get("ref_audio") is not None:
-            raise ValueError("ref_audio: this Qwen3-TTS release speaks its own voices")
         st.instructions = str(params.get("instructions") or "")
+        st.ref_text = str(params["ref_text"]) if params.get("ref_text") else None
 
     def info(self) -> dict[str, Any]:
         voices = [voice_entry(s, s.capitalize(), self.language, self.sample_rate)
                   for s in self.speakers]
+        clone = {} if self.clones is None else {"voice_clone": {
+            "sample_rate": int(self.model.speaker_encoder_sample_rate),
+            "min_seconds": MIN_REFERENCE_S, "max_seconds": self.max_ref_s,
+            "cached": self.clones.capacity}}
         return {"voices": voices, "sample_rate": self.sample_rate,
                 "openai_voice_alias": voices[0]["id"] if self.openai_voices and voices else None,
                 "num_code_groups": self.groups, "tts_model_type": self.model.tts_model_type,
-                "subtalker_sampling": {"dosample": not self.predictor_greedy, **self.pick}}
+                "subtalker_sampling": {"dosample": not self.predictor_greedy, **self.pick},
+                **clone}
 
     @staticmethod
     def frame_output(codes: list[int]) -> dict[str, Any]:
         """One frame as the code2wav stage takes it: (groups, 1)."""
         return {"codes": [[c] for c in codes]}
+
+    @staticmethod
+    def frame_extra(st: FeedState) -> dict[str, Any]:
+        """An in-context clone's reference codes, with its first frame only."""
+        context, st.context = st.context, None
+        return {} if context is None else {"context": context}
 
     # -- input ------------------------------------------------------------------------
     def take(self, st: FeedState, data: Mapping[str, Any]) -> None:
@@ -194,6 +222,10 @@ class TTSFeed:
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, got {type(text).__name__}")
         st.text += text
+        if data.get("ref_audio") is not None:
+            if self.clones is None:
+                raise ValueError("ref_audio: this Qwen3-TTS release speaks its own voices")
+            st.reference = data["ref_audio"]
 
     def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, None] | None:
         """qwen-tts's prompt for the whole text once it is all here (its trailing text is
@@ -202,16 +234,23 @@ class TTSFeed:
             return None
         if not st.text.strip():
             raise ValueError("text has nothing to synthesize")
-        def call() -> Any:
-            return self.tts.generate_custom_voice(
-                [st.text], speaker=[speaker], language=[self.language],
-                instruct=[st.instructions], **self.sampling)
-
         with torch.inference_mode():
-            prompt = capture_prefill(self.model.talker, call)
+            prompt = capture_prefill(self.model.talker, self._generate(st, speaker))
         st.trailing = prompt["trailing_text_hidden"][0]
         st.pad = prompt["tts_pad_embed"].reshape(-1)
         return prompt["inputs_embeds"][0], None
+
+    def _generate(self, st: FeedState, speaker: str) -> Any:
+        """qwen-tts's own generate call for this request, not yet run."""
+        if self.clones is None:
+            return lambda: self.tts.generate_custom_voice(
+                [st.text], speaker=[speaker], language=[self.language],
+                instruct=[st.instructions], **self.sampling)
+        item = self.clones.prompt({"ref_audio": st.reference, "ref_text": st.ref_text})
+        if item.ref_code is not None:  # in-context: decoded before the first frame
+            st.context = item.ref_code[-LEFT_CONTEXT:].T.contiguous().cpu().clamp(min=0)
+        return lambda: self.tts.generate_voice_clone(
+            [st.text], language=[self.language], voice_clone_prompt=[item], **self.sampling)
 
     def ready(self, st: FeedState, step: int) -> bool:
         return True  # the whole text is in the prompt and trailing text
@@ -270,14 +309,14 @@ def sampling_defaults(sampling: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_talker(*, model_dir: str, device: str, dtype: str,
                 options: Mapping[str, Any]) -> tuple[CausalLM, TTSFeed]:
-    """A CustomVoice release's talker as (CausalLM for the engine, feed)."""
+    """A CustomVoice or Base release's talker as (CausalLM for the engine, feed)."""
     from pathlib import Path
 
     tts = load_qwen3_tts(model_dir, device, dtype)
-    if tts.model.tts_model_type != "custom_voice":
+    if tts.model.tts_model_type not in SERVED_TYPES:
         raise EngineLoadError(f"qwen3_tts_ar_talker: {model_dir} is a "
                               f"{tts.model.tts_model_type!r} release; this stage serves "
-                              "CustomVoice releases (Base: the generation-engine layouts)")
+                              "CustomVoice and Base releases")
     tts.model.requires_grad_(False)  # inference only (and torch.compile traces no backward)
     feed = TTSFeed(tts, {k: v for k, v in options.items() if k in OPTIONS})
     talker = tts.model.talker

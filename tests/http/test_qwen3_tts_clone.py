@@ -144,7 +144,8 @@ def server(release, start_server):
     return start_server({"qwen3-tts-base": layouts.fused("qwen3-tts-base", release, FRAMES,
                                                          ", clone_cache_size: 2"),
                          "qwen3-tts-base-split": layouts.split("qwen3-tts-base-split", release,
-                                                               FRAMES)},
+                                                               FRAMES),
+                         "qwen3-tts-base-ar": layouts.ar("qwen3-tts-base-ar", release, FRAMES)},
                         start_timeout_s=300.0)
 
 
@@ -222,6 +223,21 @@ def test_the_split_layout_clones_as_qwen_tts(server, reference):
         assert diff <= 2, f"split-layout clone differs from qwen-tts's by {diff} LSB"
 
 
+def test_the_ar_layout_clones_as_qwen_tts(server, reference):
+    """The talker on the AR engine (omni/models/qwen3_tts_talker.py) -> code2wav: each
+    clone, batched, equals qwen-tts's generate_voice_clone, in-context (the reference's
+    codes sent with the first frame, decoded as its left context) and embedding-only."""
+    async def speak_all():
+        async with server.client(timeout=120.0) as client:
+            return await asyncio.gather(*(_clone(client, r, t, "qwen3-tts-base-ar")
+                                          for r, t in JOBS))
+    for served, expected in zip(run(speak_all()), reference[0], strict=True):
+        expected = pcm16(expected)
+        assert served.shape == expected.shape
+        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
+        assert diff <= 2, f"AR-layout clone differs from qwen-tts's by {diff} LSB"
+
+
 def test_the_split_layout_decodes_each_sentence_after_the_reference(server):
     """Two sentences of an in-context clone: the code2wav stage decodes the second one's
     first frames after the reference's codes (not the first sentence's last frames), so the
@@ -255,9 +271,10 @@ BAD_REFERENCES = [
     ({"ref_audio": "__ok__", "ref_text": ""}, "ref_text"),
     ({"ref_audio": "__ok__", "ref_text": 3}, "ref_text"),
 ]
-# the split layout's limits come from its talker stage: a few of the cases suffice there
+# the split and AR layouts' limits come from their talker stage: a few cases suffice there
 CASES = [(*case, "qwen3-tts-base") for case in BAD_REFERENCES] + [
-    (*BAD_REFERENCES[i], "qwen3-tts-base-split") for i in (0, 3, 7, 9)]
+    (*BAD_REFERENCES[i], model) for i in (0, 3, 7, 9)
+    for model in ("qwen3-tts-base-split", "qwen3-tts-base-ar")]
 
 
 @pytest.mark.parametrize("extra, param, model", CASES)

@@ -18,7 +18,6 @@ from omni.models.catalog import (  # re-exported: callers pick presets through t
     DEFAULT_PIPELINES,
     PRESET_BY_MODEL_TYPE,
     PRESET_BY_PIPELINE_CLASS,
-    PRESET_BY_VARIANT,
 )
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -101,18 +100,12 @@ def _preset_file_for(model_dir: Path) -> str:
         # LeRobot's policy releases name their family "type", not "model_type"
         value = config.get(key) or (config.get("type") if file == "config.json" else None)
         if value in presets:
-            return _variant(value, config) if key == "model_type" else presets[value]
+            return presets[value]
         raise ConfigError(str(path), key, f"'{value}' has no built-in pipeline",
                           f"Supported: {', '.join(sorted(presets))}; or pass "
                           "--pipeline FILE describing its stages")
     raise ConfigError(str(model_dir), "directory",
                       "not a model directory (no config.json or model_index.json)")
-
-
-def _variant(model_type: str, config: dict[str, Any]) -> str:
-    """The preset for a release of ``model_type`` (PRESET_BY_VARIANT, else the family's)."""
-    field, files = PRESET_BY_VARIANT.get(model_type, ("", {}))
-    return files.get(config.get(field), PRESET_BY_MODEL_TYPE[model_type])
 
 
 def renamed(config: PipelineConfig, name: str | None) -> PipelineConfig:

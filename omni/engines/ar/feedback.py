@@ -207,6 +207,9 @@ class FeedbackAREngine(AREngine):
         out = super()._emit(seq, result)
         if codes is not None:
             out.data.update(self.feed.frame_output(codes))
+            extra = getattr(self.feed, "frame_extra", None)  # the model's per-request data
+            if extra is not None:
+                out.data.update(extra(seq.state.feed))
         return out
 
 
