@@ -88,7 +88,9 @@
 #                                        # talker on the AR engine, c=1,8,64; arc: the same,
 #                                        # predictor_compile on; spy with SPY_LAYOUT=ar [SPY_C=N]
 #                                        # samples the AR talker; arstep: the AR talker's step
-#                                        # in-process, bench/probes/qwen3_tts_ar_step.py): step: where
+#                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
+#                                        # its greedy codes vs qwen-tts's, float32, tiny release,
+#                                        # bench/probes/qwen3_tts_ar_equal.py): step: where
 #                                        # a streamed step's time goes, the predictor's graphs
 #                                        # off and on (bench/probes/qwen3_tts_step.py); bench qwen3_tts
 #                                        # c=1,8,64 streamed within sentences, 64 staggered
@@ -208,6 +210,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
           --batch 1,8,64 $how 2>&1 | tee -a "$OUT/qwen3-tts-step.md" | grep "^|"
       done
       say "step done"
+    fi
+    # the AR talker's fast path (graphs, compiled predictor layers) against qwen-tts's own
+    # greedy codes, float32, on the tiny release
+    if [[ ,$parts, == *,arequal,* ]]; then
+      model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, 'tiny'))" | tail -1)
+      timeout 240 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_equal.py --model "$model" \
+        --device cuda 2>&1 | tee "$OUT/qwen3-tts-ar-equal.log" | grep -E "qwen3_tts_ar_equal|Error"
+      say "arequal done"
     fi
     # the AR talker's decode step in-process: the code predictor vs the rest
     if [[ ,$parts, == *,arstep,* ]]; then

@@ -40,6 +40,7 @@ import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
+from omni.models.codec_talker import CodecTalkerLM
 from omni.models.qwen3_omni import fuse_experts, prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
@@ -67,57 +68,23 @@ def talker_layout(thinker_rope: torch.Tensor, keep: list[int], tail: int) -> Pro
     return PromptLayout(rope, rope_delta=next_pos - len(keep))
 
 
-class TalkerLM(torch.nn.Module):
-    """The talker as the AR engine calls it: forward(inputs_embeds, position_ids, ...) ->
-    logits of the kept rows (first code group, extra ids suppressed); the kept rows'
-    last hidden states stay in `last_hidden` for the code predictor: rows of one buffer,
-    so a decode step replayed from a CUDA graph (which runs no Python) leaves them there
-    too."""
+class TalkerLM(CodecTalkerLM):
+    """Qwen3-Omni's talker as the AR engine calls it (codec_talker.py), with the thinker's
+    embedding table its feed reads the answer's tokens through."""
 
     def __init__(self, talker: Any, thinker_embed: torch.Tensor) -> None:
-        super().__init__()
-        self.talker = talker
+        vocab = talker.config.text_config.vocab_size
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[max(0, vocab - 1024):] = True  # generate() suppresses these, except codec_eos
+        mask[talker.config.codec_eos_token_id] = False
+        super().__init__(talker, mask)
         # the thinker's embedding table (its layer-0 hidden state of any text token);
         # a module of the stage's model, so its memory counts among the weights
         self.thinker_embed = torch.nn.Embedding.from_pretrained(thinker_embed, freeze=True)
-        cfg = talker.config
-        vocab = cfg.text_config.vocab_size
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[max(0, vocab - 1024):] = True  # generate() suppresses these, except codec_eos
-        mask[cfg.codec_eos_token_id] = False
-        self.register_buffer("suppressed", mask, persistent=False)
-        self.last_hidden: torch.Tensor | None = None  # (rows, H), kept rows first
-
-    def reserve(self, rows: int) -> None:
-        """Size the kept-rows buffer once (graphs captured later write into it)."""
-        cfg = self.talker.config.text_config
-        weight = self.talker.codec_head.weight
-        self.last_hidden = torch.zeros(rows, cfg.hidden_size, dtype=weight.dtype,
-                                       device=weight.device)
-
-    def get_input_embeddings(self) -> Any:
-        return self.talker.get_input_embeddings()
 
     def set_attn_implementation(self, name: str) -> None:
         """The engine's attention for the talker LM; the code predictor keeps its own."""
         self.talker.model.set_attn_implementation(name)
-
-    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
-                logits_to_keep: torch.Tensor, **kwargs: Any) -> Any:
-        kwargs.pop("input_ids", None)
-        kwargs.pop("output_hidden_states", None)
-        out = self.talker.model(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
-        kept = out.last_hidden_state[0, logits_to_keep]
-        if self.last_hidden is None or len(self.last_hidden) < len(kept):
-            self.last_hidden = torch.empty_like(kept)  # eager only: graphs reserve first
-        self.last_hidden[:len(kept)].copy_(kept)
-        logits = self.talker.codec_head(kept)
-        return _Out(logits.masked_fill(self.suppressed, float("-inf"))[None])  # (1, k, V)
-
-
-@dataclass
-class _Out:
-    logits: torch.Tensor
 
 
 @dataclass

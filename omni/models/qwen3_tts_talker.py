@@ -48,6 +48,7 @@ import torch
 
 from omni.engines.base import EngineLoadError
 from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
+from omni.models.codec_talker import CodecTalkerLM
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
 from omni.models.qwen3_tts import SERVED_TYPES, check_seed, load_qwen3_tts
 from omni.models.qwen3_tts_batch import suppressed
@@ -68,28 +69,15 @@ OPTIONS = frozenset({"language", "openai_voices", "subtalker_dosample", "subtalk
 MIN_CODES = 2  # qwen-tts's min_new_tokens
 
 
-class TalkerLM(torch.nn.Module):
-    """The talker as the AR engine calls it: forward(inputs_embeds, position_ids, ...) ->
-    logits of the kept rows (first code group, special ids suppressed); the kept rows'
-    last hidden states stay in ``last_hidden`` (one buffer, so a decode step replayed from
-    a CUDA graph leaves them there too) for the code predictor."""
+class TalkerLM(CodecTalkerLM):
+    """qwen-tts's talker as the AR engine calls it (codec_talker.py), the codec's special
+    ids suppressed but end-of-speech."""
 
     def __init__(self, talker: Any, eos: int) -> None:
-        super().__init__()
-        self.talker = talker
         vocab = int(talker.config.vocab_size)
         mask = torch.zeros(vocab, dtype=torch.bool, device=talker.codec_head.weight.device)
         mask[suppressed(eos, vocab)] = True
-        self.register_buffer("suppressed", mask, persistent=False)
-        self.last_hidden: torch.Tensor | None = None  # (rows, H), kept rows first
-
-    def reserve(self, rows: int) -> None:
-        weight = self.talker.codec_head.weight
-        self.last_hidden = torch.zeros(rows, weight.shape[1], dtype=weight.dtype,
-                                       device=weight.device)
-
-    def get_input_embeddings(self) -> Any:
-        return self.talker.get_input_embeddings()
+        super().__init__(talker, mask)
 
     def set_attn_implementation(self, name: str) -> None:
         """The engine's attention for the talker; the code predictor keeps its own
@@ -100,23 +88,6 @@ class TalkerLM(torch.nn.Module):
         self.talker.model.config._attn_implementation = name
         for config in {id(c): c for c in (predictor.config, predictor.model.config)}.values():
             config._attn_implementation = own
-
-    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor,
-                logits_to_keep: torch.Tensor, **kwargs: Any) -> Any:
-        kwargs.pop("input_ids", None)
-        kwargs.pop("output_hidden_states", None)
-        out = self.talker.model(inputs_embeds=inputs_embeds, position_ids=position_ids, **kwargs)
-        kept = out.last_hidden_state[0, logits_to_keep]
-        if self.last_hidden is None or len(self.last_hidden) < len(kept):
-            self.last_hidden = torch.empty_like(kept)  # eager only: graphs reserve first
-        self.last_hidden[:len(kept)].copy_(kept)
-        logits = self.talker.codec_head(kept)
-        return _Out(logits.masked_fill(self.suppressed, float("-inf"))[None])  # (1, k, V)
-
-
-@dataclass
-class _Out:
-    logits: torch.Tensor
 
 
 @dataclass

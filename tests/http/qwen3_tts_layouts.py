@@ -81,10 +81,12 @@ edges:
 
 
 def ar(name: str, model_dir: str, frames: int, options: str = "",
-       voiced: bool = False) -> str:
-    """The talker on the AR engine (omni/models/qwen3_tts_talker.py): greedy, ``frames``
-    frames a request as qwen-tts's max_new_tokens gives them (its N - 1)."""
+       voiced: bool = False, greedy: bool = True) -> str:
+    """The talker on the AR engine (omni/models/qwen3_tts_talker.py): greedy (else the
+    release's sampling), ``frames`` frames a request as qwen-tts's max_new_tokens gives
+    them (its N - 1)."""
     head, inputs, edges = _voiced(voiced, "talker")
+    params, sampling = ("temperature: 0, ", "subtalker_dosample: false, ") if greedy else ("", "")
     return f"""\
 name: {name}
 default_modalities: [audio]
@@ -94,8 +96,8 @@ stages:
     model: qwen3_tts_ar_talker
     model_dir: {model_dir}
     env: qwen3-tts
-{inputs}    params: {{temperature: 0, max_tokens: {frames - 1}}}
-    options: {{subtalker_dosample: false, kv_cache_mb: 16{options}}}
+{inputs}    params: {{{params}max_tokens: {frames - 1}}}
+    options: {{{sampling}kv_cache_mb: 16{options}}}
   - name: code2wav
     engine: generation
     model: qwen3_tts_code2wav

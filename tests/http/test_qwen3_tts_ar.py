@@ -39,26 +39,6 @@ for i, (text, speaker) in enumerate(jobs):
                                          subtalker_dosample=False, max_new_tokens=frames)
     np.save(f"{out}/{i}.npy", wavs[0].astype(np.float32))
 """
-SAMPLED = """\
-name: qwen3-tts-ar-sampled
-default_modalities: [audio]
-stages:
-  - name: talker
-    engine: ar
-    model: qwen3_tts_ar_talker
-    model_dir: {model_dir}
-    env: qwen3-tts
-    params: {{max_tokens: {frames}}}
-    options: {{kv_cache_mb: 16}}
-  - name: code2wav
-    engine: generation
-    model: qwen3_tts_code2wav
-    model_dir: {model_dir}
-    env: qwen3-tts
-    final_output: audio
-edges:
-  - {{from: talker, to: code2wav, delivery: stream}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +59,7 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 def server(release, start_server):
     return start_server({
         "qwen3-tts-ar": layouts.ar("qwen3-tts-ar", release, FRAMES, ", openai_voices: true"),
-        "qwen3-tts-ar-sampled": SAMPLED.format(model_dir=release, frames=40),
+        "qwen3-tts-ar-sampled": layouts.ar("qwen3-tts-ar-sampled", release, 41, greedy=False),
         "preset": str(release),  # `--model DIR`: the preset its config picks
         "voiced-ar": layouts.ar("voiced-ar", release, FRAMES, ", openai_voices: true",
                                 voiced=True)}, start_timeout_s=300.0)
