@@ -62,7 +62,11 @@ def server(release, start_server):
         "qwen3-tts-ar-sampled": layouts.ar("qwen3-tts-ar-sampled", release, 41, greedy=False),
         "preset": str(release),  # `--model DIR`: the preset its config picks
         "voiced-ar": layouts.ar("voiced-ar", release, FRAMES, ", openai_voices: true",
-                                voiced=True)}, start_timeout_s=300.0)
+                                voiced=True),
+        "voiced-ar-full": layouts.ar("voiced-ar-full", release, FRAMES, ", openai_voices: true",
+                                     voiced=True).replace(
+            "{from: echo, to: talker, delivery: stream}",
+            "{from: echo, to: talker, delivery: full}")}, start_timeout_s=300.0)
 
 
 def pcm16(audio: np.ndarray) -> np.ndarray:
@@ -199,14 +203,15 @@ def test_a_client_leaving_mid_stream_frees_its_sequence(server, reference):
     assert _lsb(served, pcm16(reference[0])) <= 2
 
 
-def test_a_text_stages_answer_is_voiced(server):
-    """A text stage's streamed answer spoken by the AR talker: it waits for the whole
-    answer (qwen-tts's prompt holds the whole text), then speaks it as the speech API
-    speaks that text."""
+@pytest.mark.parametrize("model", ["voiced-ar", "voiced-ar-full"])
+def test_a_text_stages_answer_is_voiced(server, model):
+    """A text stage's answer spoken by the AR talker, streamed to it or delivered whole: it
+    waits for the whole answer (qwen-tts's prompt holds the whole text), then speaks it as
+    the speech API speaks that text."""
     async def body():
         async with server.client(timeout=120.0) as client:
             reply = await client.chat.completions.create(
-                model="voiced-ar", messages=[{"role": "user", "content": TEXTS[0]}],
+                model=model, messages=[{"role": "user", "content": TEXTS[0]}],
                 modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
             return reply, await _speak(client, TEXTS[0], "alloy")
     reply, spoken = run(body())

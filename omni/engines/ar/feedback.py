@@ -125,8 +125,8 @@ class FeedbackAREngine(AREngine):
     def _input_chunks(self, full: dict[str, Any]) -> list[dict[str, Any]]:
         """A request's chunks when none stream in: an upstream stage's whole output, or
         the request's own inputs for a feed that reads them."""
-        if getattr(self.feed, "reads_request", False):
-            return [full]
+        if getattr(self.feed, "reads_request", False) and "text" in full:
+            return [full]  # the request's own text (else an upstream stage's output)
         if len(full) != 1 or not isinstance(next(iter(full.values())), list):
             raise ValueError("this stage takes its input from one upstream stage")
         return next(iter(full.values())) or [{}]
