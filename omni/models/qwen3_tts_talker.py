@@ -11,7 +11,11 @@ the code predictor's 15 passes as one more graph per step.
 What qwen-tts's generate does, as this feed does it:
 - Prompt: qwen-tts's own, taken from its ``generate_custom_voice`` (the talker's first
   forward, qwen3_tts_stream.capture_prefill): the prompt embeddings, the trailing text
-  (one projected text token per frame) and the pad embedding after it.
+  (projected text tokens fed one a frame) and the pad embedding after it. With qwen-tts's
+  defaults a CustomVoice prompt holds the whole text (``non_streaming_mode=True``: the
+  trailing text is the pad embedding alone); a voice clone's holds the first text token
+  and trails the rest. Either way the whole text is needed before the prefill, so a text
+  stage's stream is spoken once it ends.
 - Decode step g: the summed codec embeddings of frame g (the sampled first code + the code
   predictor's 15) + trailing text g, or the pad embedding once the text is spent (the
   talker's forward; here computed by the feed after each sampled code, as Qwen3-Omni's).
@@ -199,8 +203,7 @@ class TTSFeed:
             st.reference = data["ref_audio"]
 
     def prefill(self, st: FeedState, speaker: str) -> tuple[torch.Tensor, None] | None:
-        """qwen-tts's prompt for the whole text once it is all here (its trailing text is
-        the rest of the text, one token a frame)."""
+        """qwen-tts's prompt for the whole text, once it is all here (module doc)."""
         if not st.closed:
             return None
         if not st.text.strip():
@@ -224,7 +227,7 @@ class TTSFeed:
             [st.text], language=[self.language], voice_clone_prompt=[item], **self.sampling)
 
     def ready(self, st: FeedState, step: int) -> bool:
-        return True  # the whole text is in the prompt and trailing text
+        return True  # the whole text was known at the prefill
 
     def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
         text = st.trailing[step] if step < len(st.trailing) else st.pad
