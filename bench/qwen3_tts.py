@@ -34,6 +34,9 @@ clip (ref_audio + ref_text; the stage builds its voice-clone prompt once and cac
 Without --model: a random-weight fixture built by qwen-tts's own classes, --shape tiny (CPU
 tests' size) or release (Qwen3-TTS-12Hz-1.7B's shapes, built on cuda in bfloat16: what a
 GPU row times; omni/fixtures/qwen3_tts_release.py).
+--layout ar: the preset's layout instead (the talker on the AR engine streaming codes to a
+Code2Wav stage, omni/models/qwen3_tts_talker.py; max_tokens = --frames frames a request;
+--talker-option KEY=VALUE sets its stage options).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
