@@ -244,9 +244,9 @@ class TTSFeed:
         first = torch.tensor(tokens, device=dev)
         first_embed = self.lm.get_input_embeddings()(first)
         hidden = self.lm.last_hidden[torch.tensor(rows, dtype=torch.long, device=dev)]
-        draws = torch.stack([torch.rand(self.groups - 1, device=dev, generator=st.generator)
-                             for st in states])
-        is_greedy = torch.tensor([g or self.predictor_greedy for g in greedy], device=dev)
+        is_greedy = [g or self.predictor_greedy for g in greedy]
+        draws = self._uniforms(states, is_greedy, dev)
+        is_greedy = torch.tensor(is_greedy, device=dev)
         done = None if self.graphs is None else self.graphs.run(hidden, first_embed, draws,
                                                                 is_greedy)
         cp = self.model.talker.code_predictor
@@ -256,6 +256,20 @@ class TTSFeed:
         frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync a step
         for i, st in enumerate(states):
             st.codes, st.next_codec = frame[i], total[i]
+
+    def _uniforms(self, states: list[FeedState], greedy: list[bool],
+                  dev: torch.device) -> torch.Tensor:
+        """(B, groups-1) uniform draws for the predictor's picks: a seeded request's from its
+        own generator (the same codes in any batch), the others' in one call on the global
+        RNG (a call per row cost a launch each at 64 rows); none where every pick is greedy."""
+        n = self.groups - 1
+        if all(greedy):
+            return torch.zeros(len(states), n, device=dev)
+        draws = torch.rand(len(states), n, device=dev)
+        for i, st in enumerate(states):
+            if st.generator is not None and not greedy[i]:
+                draws[i] = torch.rand(n, device=dev, generator=st.generator)
+        return draws
 
     def reserve(self, rows: int) -> None:
         self.lm.reserve(rows)
