@@ -188,7 +188,7 @@ def _talker(*, model_dir: str | None, device: str, dtype: str,
             options: Mapping[str, Any]) -> Any:
     from omni.models.qwen3_omni_talker import load_talker
 
-    return load_talker(model_dir=model_dir, device=device, dtype=dtype)  # reads no options
+    return load_talker(model_dir=model_dir, device=device, dtype=dtype, options=options)
 
 
 def _omni25_talker(*, model_dir: str | None, device: str, dtype: str,
@@ -258,6 +258,7 @@ _OPTION_HOLDERS = {
     "qwen3_tts_talker": ("omni.models.qwen3_tts", "Qwen3TTSTalkerRunner"),
     "qwen3_tts_code2wav": ("omni.models.qwen3_tts_codec", "Qwen3TTSCode2WavRunner"),
     "qwen3_tts_ar_talker": ("omni.models.qwen3_tts_talker", "TTSFeed"),
+    "qwen3_omni_talker": ("omni.models.qwen3_omni_talker", "TalkerFeed"),
     "qwen_image": ("omni.models.qwen_image", "QwenImageDenoiser"),
     "wan": ("omni.models.wan", "WanDenoiser"),
     "ltx_video": ("omni.models.ltx_video", "LTXVideoDenoiser"),

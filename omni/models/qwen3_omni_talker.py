@@ -31,7 +31,7 @@ tts_pad), which the talker projects.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,13 @@ class FeedState:
 
 class TalkerFeed:
     """Builds the talker's inputs from the thinker stream (see the module doc)."""
+
+    # stage options beside the AR engine's: predictor_compile (false) compiles the code
+    # predictor's layers inside its CUDA graphs, as Qwen3-TTS's talker does by default
+    # (there its share of a step at batch 8 went 12.7 -> 5.5 ms on an H100,
+    # bench/results/qwen3-tts-ar-step-h100.md); not yet measured on this talker
+    OPTIONS = frozenset({"predictor_compile"})
+    predictor_compile = False
 
     def __init__(self, lm: TalkerLM, special: torch.Tensor, speaker_ids: dict[str, int],
                  top: Any, piece: Callable[[int], str]) -> None:
@@ -300,7 +307,8 @@ class TalkerFeed:
         if emb.device.type != "cuda":
             return False
         self.graphs = make_graphs(self.lm.talker.code_predictor, emb.shape[1],
-                                  self.num_groups, emb.dtype, emb.device, max_batch)
+                                  self.num_groups, emb.dtype, emb.device, max_batch,
+                                  compiled=self.predictor_compile)
         return self.graphs is not None
 
     def _uniforms(self, states: list[FeedState], dev: torch.device) -> torch.Tensor:
@@ -310,8 +318,10 @@ class TalkerFeed:
         return torch.stack([torch.rand(n, device=dev, generator=st.generator) for st in states])
 
 
-def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, TalkerFeed]:
-    """The talker of a combined Qwen3-Omni directory as (CausalLM for the engine, feed)."""
+def load_talker(*, model_dir: str, device: str, dtype: str,
+                options: Mapping[str, Any] | None = None) -> tuple[CausalLM, TalkerFeed]:
+    """The talker of a combined Qwen3-Omni directory as (CausalLM for the engine, feed);
+    ``options``: the stage's (TalkerFeed.OPTIONS are read)."""
     from transformers import AutoConfig
     from transformers.initialization import no_init_weights
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -342,6 +352,7 @@ def load_talker(*, model_dir: str, device: str, dtype: str) -> tuple[CausalLM, T
     feed = TalkerFeed(lm_module, special,
                       {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top,
                       token_text(path))
+    feed.predictor_compile = bool((options or {}).get("predictor_compile", False))
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,
                   random_weights=_is_random(path), config=cfg.text_config,

@@ -44,3 +44,6 @@ def test_every_adapter_declares_its_options():
     for model in [*GENERATION_RUNNERS, *DIFFUSION_DENOISERS]:
         assert adapter_options(model), model
     assert adapter_options("no-such-model") == frozenset()
+    # feedback AR models with options of their own: the AR engine adds them to its own
+    for model in ("qwen3_omni_talker", "qwen3_tts_ar_talker"):
+        assert "predictor_compile" in adapter_options(model), model
