@@ -141,7 +141,7 @@ class TalkerFeed:
                 "codebook_size": int(self.talker.config.vocab_size)}
 
     @staticmethod
-    def frame_output(codes: list[list[int]]) -> dict[str, Any]:
+    def frame_output(st: FeedState, codes: list[list[int]]) -> dict[str, Any]:
         return {"codes": codes}
 
     def _project(self, rows: torch.Tensor) -> torch.Tensor:

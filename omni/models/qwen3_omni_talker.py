@@ -151,7 +151,7 @@ class TalkerFeed:
                 "codebook_size": int(self.cfg.code_predictor_config.vocab_size)}
 
     @staticmethod
-    def frame_output(codes: list[int]) -> dict[str, Any]:
+    def frame_output(st: FeedState, codes: list[int]) -> dict[str, Any]:
         """One frame as the code2wav stage takes it: (num_code_groups, 1)."""
         return {"codes": [[c] for c in codes]}
 

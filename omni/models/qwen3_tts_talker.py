@@ -115,7 +115,8 @@ class TTSFeed:
     """Builds the talker's inputs and runs its code predictor (the module doc)."""
 
     OPTIONS = OPTIONS  # the stage options it reads (the engine checks them before loading)
-    reads_request = True  # a first stage: its input is the request's text, not a stage's
+    # a first stage: it reads the request's text (and a clone's reference), not a stage's
+    request_inputs = frozenset({"text"})
 
     def __init__(self, tts: Any, options: Mapping[str, Any]) -> None:
         self.tts, self.model = tts, tts.model
@@ -178,15 +179,11 @@ class TTSFeed:
                 **clone}
 
     @staticmethod
-    def frame_output(codes: list[int]) -> dict[str, Any]:
-        """One frame as the code2wav stage takes it: (groups, 1)."""
-        return {"codes": [[c] for c in codes]}
-
-    @staticmethod
-    def frame_extra(st: FeedState) -> dict[str, Any]:
-        """An in-context clone's reference codes, with its first frame only."""
+    def frame_output(st: FeedState, codes: list[int]) -> dict[str, Any]:
+        """One frame as the code2wav stage takes it: (groups, 1); an in-context clone's
+        first frame with its reference codes (the code2wav stage's left context)."""
         context, st.context = st.context, None
-        return {} if context is None else {"context": context}
+        return {"codes": [[c] for c in codes], **({} if context is None else {"context": context})}
 
     # -- input ------------------------------------------------------------------------
     def take(self, st: FeedState, data: Mapping[str, Any]) -> None:

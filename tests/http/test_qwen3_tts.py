@@ -23,6 +23,7 @@ import openai
 import pytest
 import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
+from qwen3_tts_layouts import pcm16
 
 PYTHON = layouts.PYTHON
 FRAMES = 12  # max_new_tokens: codec frames per sentence (1920 samples each)
@@ -115,10 +116,6 @@ def server(release, start_server):
         "voiced": layouts.fused("voiced", release, FRAMES, OPENAI_VOICES, voiced=True),
         "voiced-split": layouts.split("voiced-split", release, FRAMES, OPENAI_VOICES,
                                       voiced=True)}, start_timeout_s=300.0)
-
-
-def pcm16(audio: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
 
 
 async def _speak(client: openai.AsyncOpenAI, text: str, voice: str,
@@ -251,17 +248,7 @@ def test_bad_requests_are_400s_naming_the_field(server, body, param):
 def test_a_sentence_streams_in_chunks_before_it_ends(server, reference):
     """One sentence, SSE: its audio comes in several deltas (the stage decodes frames as
     the talker makes them: 4, then 8), which together are qwen-tts's audio."""
-    async def sse() -> list[bytes]:
-        async with server.session() as session:
-            async with session.post("/v1/audio/speech", json={
-                    "model": "qwen3-tts", "voice": "vivian", "input": TEXTS[0],
-                    "response_format": "pcm", "stream_format": "sse"}) as resp:
-                assert resp.status == 200
-                events = [json.loads(line[6:]) async for line in resp.content
-                          if line.startswith(b"data: ")]
-        assert events[-1]["type"] == "speech.audio.done"
-        return [base64.b64decode(e["audio"]) for e in events[:-1]]
-    deltas = run(sse())
+    deltas = layouts.sse_deltas(server, "qwen3-tts", TEXTS[0])
     assert len(deltas) >= 2, "the sentence's audio came whole"
     assert len(deltas[0]) == 4 * 1920 * 2  # the first chunk: 4 frames of pcm16
     served = np.frombuffer(b"".join(deltas), dtype=np.int16).astype(np.int32)

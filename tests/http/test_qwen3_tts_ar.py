@@ -23,6 +23,7 @@ import openai
 import pytest
 import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
+from qwen3_tts_layouts import pcm16
 
 FRAMES = 12  # qwen-tts's max_new_tokens: 11 frames a request
 TEXTS = ("Hello there, how are you today?", "The ship sailed north across the cold sea.")
@@ -69,10 +70,6 @@ def server(release, start_server):
             "{from: echo, to: talker, delivery: full}")}, start_timeout_s=300.0)
 
 
-def pcm16(audio: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
-
-
 def _lsb(served: np.ndarray, expected: np.ndarray) -> int:
     assert served.shape == expected.shape
     return int(np.abs(served.astype(np.int32) - expected.astype(np.int32)).max())
@@ -105,17 +102,7 @@ def test_served_speech_equals_qwen_tts_generate(server, reference):
 
 def test_speech_streams_in_chunks_before_it_ends(server, reference):
     """SSE: the code2wav stage decodes frames as the talker makes them (4, then 8)."""
-    async def sse() -> list[bytes]:
-        async with server.session() as session:
-            async with session.post("/v1/audio/speech", json={
-                    "model": "qwen3-tts-ar", "voice": "vivian", "input": TEXTS[0],
-                    "response_format": "pcm", "stream_format": "sse"}) as resp:
-                assert resp.status == 200
-                events = [json.loads(line[6:]) async for line in resp.content
-                          if line.startswith(b"data: ")]
-        assert events[-1]["type"] == "speech.audio.done"
-        return [base64.b64decode(e["audio"]) for e in events[:-1]]
-    deltas = run(sse())
+    deltas = layouts.sse_deltas(server, "qwen3-tts-ar", TEXTS[0])
     assert len(deltas) >= 2, "the audio came whole"
     assert len(deltas[0]) == 4 * 1920 * 2  # the first chunk: 4 frames of pcm16
     assert _lsb(np.frombuffer(b"".join(deltas), dtype=np.int16), pcm16(reference[0])) <= 2

@@ -28,6 +28,7 @@ import openai
 import pytest
 import qwen3_tts_layouts as layouts
 from httputil import assert_error_object, run
+from qwen3_tts_layouts import pcm16
 
 PYTHON = layouts.PYTHON
 FRAMES = 12  # max_new_tokens: codec frames per sentence
@@ -149,10 +150,6 @@ def server(release, start_server):
                         start_timeout_s=300.0)
 
 
-def pcm16(audio: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
-
-
 async def _clone(client: openai.AsyncOpenAI, ref: int, ref_text: str | None,
                  model: str = "qwen3-tts-base", text: str = TEXT) -> np.ndarray:
     # one clip as plain base64, the other as a data: URL: both forms are accepted
@@ -196,46 +193,22 @@ def test_streamed_sentences_equal_whole_ones(reference, mode):
         assert np.abs(streamed - whole).max() < 1e-4
 
 
-def test_served_clone_equals_qwen_tts_generate_voice_clone(server, reference):
-    expected_audio = reference[0]
-
+@pytest.mark.parametrize("model", ["qwen3-tts-base", "qwen3-tts-base-split",
+                                   "qwen3-tts-base-ar"])
+def test_served_clones_equal_qwen_tts_generate_voice_clone(server, reference, model):
+    """Each clone, batched, equals qwen-tts's generate_voice_clone, in-context and
+    embedding-only, in every layout: the one stage; talker stage -> codes (an in-context
+    clone's reference codes first) -> code2wav stage; and the talker on the AR engine
+    (omni/models/qwen3_tts_talker.py), its first frame carrying the reference codes that
+    code2wav decodes as left context."""
     async def speak_all():
         async with server.client(timeout=120.0) as client:
-            return await asyncio.gather(*(_clone(client, r, t) for r, t in JOBS))
-    for served, expected in zip(run(speak_all()), expected_audio, strict=True):
-        expected = pcm16(expected)
-        assert served.shape == expected.shape
-        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
-        assert diff <= 2, f"served audio differs from qwen-tts's by {diff} LSB"
-
-
-def test_the_split_layout_clones_as_qwen_tts(server, reference):
-    """talker stage -> codes (an in-context clone's reference codes first) -> code2wav
-    stage: each clone equals qwen-tts's generate_voice_clone, in-context and embedding-only."""
-    async def speak_all():
-        async with server.client(timeout=120.0) as client:
-            return await asyncio.gather(*(_clone(client, r, t, "qwen3-tts-base-split")
-                                          for r, t in JOBS))
+            return await asyncio.gather(*(_clone(client, r, t, model) for r, t in JOBS))
     for served, expected in zip(run(speak_all()), reference[0], strict=True):
         expected = pcm16(expected)
         assert served.shape == expected.shape
         diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
-        assert diff <= 2, f"split-layout clone differs from qwen-tts's by {diff} LSB"
-
-
-def test_the_ar_layout_clones_as_qwen_tts(server, reference):
-    """The talker on the AR engine (omni/models/qwen3_tts_talker.py) -> code2wav: each
-    clone, batched, equals qwen-tts's generate_voice_clone, in-context (the reference's
-    codes sent with the first frame, decoded as its left context) and embedding-only."""
-    async def speak_all():
-        async with server.client(timeout=120.0) as client:
-            return await asyncio.gather(*(_clone(client, r, t, "qwen3-tts-base-ar")
-                                          for r, t in JOBS))
-    for served, expected in zip(run(speak_all()), reference[0], strict=True):
-        expected = pcm16(expected)
-        assert served.shape == expected.shape
-        diff = np.abs(served.astype(np.int32) - expected.astype(np.int32)).max()
-        assert diff <= 2, f"AR-layout clone differs from qwen-tts's by {diff} LSB"
+        assert diff <= 2, f"{model}'s clone differs from qwen-tts's by {diff} LSB"
 
 
 def test_the_split_layout_decodes_each_sentence_after_the_reference(server):

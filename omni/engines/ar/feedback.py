@@ -15,9 +15,12 @@ The batching, paged KV cache, scheduling and sampling are AREngine's; a model ad
   sequences (`prepare`), instead of doing it per message on arrival;
 - may capture its per-step work as CUDA graphs (`use_cuda_graphs`, option
   feed_cuda_graphs);
-- may read the request itself, as a pipeline's first stage (`reads_request`: its inputs
-  are one chunk, e.g. a speech request's text) and check the request's params
-  (`configure`), and may read stage options of its own (the adapter's OPTIONS).
+- may read the request itself, as a pipeline's first stage (`request_inputs`: the input
+  keys it reads there, e.g. a speech request's text; the inputs are then its one chunk),
+  check the request's params (`configure`), and read stage options of its own (the
+  adapter's OPTIONS);
+- turns each frame into its output (`frame_output(state, codes)`: per-request data may go
+  with it, e.g. a voice clone's reference codes with the first frame).
 Every fed embedding is kept, so a preempted sequence is recomputed exactly.
 """
 
@@ -125,8 +128,8 @@ class FeedbackAREngine(AREngine):
     def _input_chunks(self, full: dict[str, Any]) -> list[dict[str, Any]]:
         """A request's chunks when none stream in: an upstream stage's whole output, or
         the request's own inputs for a feed that reads them."""
-        if getattr(self.feed, "reads_request", False) and "text" in full:
-            return [full]  # the request's own text (else an upstream stage's output)
+        if full.keys() & getattr(self.feed, "request_inputs", frozenset()):
+            return [full]  # the request's own inputs (else an upstream stage's output)
         if len(full) != 1 or not isinstance(next(iter(full.values())), list):
             raise ValueError("this stage takes its input from one upstream stage")
         return next(iter(full.values())) or [{}]
@@ -206,10 +209,7 @@ class FeedbackAREngine(AREngine):
         codes = None if result.token in self.lm.eos_token_ids else seq.state.feed.codes
         out = super()._emit(seq, result)
         if codes is not None:
-            out.data.update(self.feed.frame_output(codes))
-            extra = getattr(self.feed, "frame_extra", None)  # the model's per-request data
-            if extra is not None:
-                out.data.update(extra(seq.state.feed))
+            out.data.update(self.feed.frame_output(seq.state.feed, codes))
         return out
 
 
