@@ -36,7 +36,7 @@ tests' size) or release (Qwen3-TTS-12Hz-1.7B's shapes, built on cuda in bfloat16
 GPU row times; omni/fixtures/qwen3_tts_release.py).
 --layout ar: the preset's layout instead (the talker on the AR engine streaming codes to a
 Code2Wav stage, omni/models/qwen3_tts_talker.py; max_tokens = --frames frames a request;
---talker-option KEY=VALUE sets its stage options).
+--talker-option / --code2wav-option KEY=VALUE set its stages' options).
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
@@ -79,7 +79,7 @@ stages:
     memory: 20%
     final_output: audio
     options: {{first_chunk_frames: 4, chunk_frames: {chunk}, left_context: 25,
-               max_batch_size: {batch}}}
+               max_batch_size: {batch}{code2wav}}}
 edges:
   - {{from: talker, to: code2wav, delivery: stream}}
 """
@@ -107,7 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "AR engine streaming codes to a code2wav stage")
     parser.add_argument("--talker-option", action="append", default=[], metavar="KEY=VALUE",
                         help="--layout ar: an option of the talker stage (YAML value), e.g. "
-                             "predictor_compile=true; repeatable")
+                             "predictor_compile=false; repeatable")
+    parser.add_argument("--code2wav-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="--layout ar: an option of the code2wav stage (YAML value), e.g. "
+                             "fixed_shapes=false; repeatable")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="cpu")
 
@@ -193,6 +196,11 @@ def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, A
             "audio_s_per_request": audio / (c * bursts)}
 
 
+def _yaml_options(pairs: list[str]) -> str:
+    """KEY=VALUE pairs as more entries of a YAML flow mapping."""
+    return "".join(", " + pair.replace("=", ": ", 1) for pair in pairs)
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     model_dir = fixture_dir(args.model, args.clone, args.shape)
     extra = _reference_clip() if args.clone else {}  # request fields beside the text
@@ -207,8 +215,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                                          sample=str(args.sample).lower(), batch=max(levels),
                                          chunk=args.chunk_frames,
                                          greedy="" if args.sample else ", temperature: 0",
-                                         talker="".join(", " + o.replace("=", ": ", 1)
-                                                        for o in args.talker_option)))
+                                         talker=_yaml_options(args.talker_option),
+                                         code2wav=_yaml_options(args.code2wav_option)))
     proc, port = start_server(yaml_path, out / f"qwen3-tts-{args.tag}-server.log")
     try:
         asyncio.run(_burst(port, 1, extra))  # warm-up
@@ -225,6 +233,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
               "frames": args.frames, "sample": args.sample,
               "chunk_frames": args.chunk_frames, "clone": args.clone, "layout": args.layout,
               "talker_options": args.talker_option,
+              "code2wav_options": args.code2wav_option,
               "text": TEXT, "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
     (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")

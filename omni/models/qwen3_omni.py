@@ -29,6 +29,7 @@ import torch
 
 from omni.engines.base import EngineLoadError
 from omni.fixtures.release_files import FIXTURE_MARKER
+from omni.models.code2wav_shapes import CallShapes, decode_padded, prepare_shapes
 
 # Not in the config: Qwen3-Omni's codec runs at 12.5 frames/s and the vocoder emits 24 kHz
 # (models.md 2a, from OpenVINO's Qwen3-Omni docs); 1920 samples/frame * 12.5 = 24000.
@@ -288,7 +289,7 @@ class Code2WavRunner:
 
     input_key = "codes"
     OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
-                         "complete_chunk_frames", "left_context"})
+                         "complete_chunk_frames", "left_context", "fixed_shapes"})
 
     def __init__(self, code2wav: Code2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -300,20 +301,27 @@ class Code2WavRunner:
         self.left_context = _pos_int(opts, "left_context", 25, allow_zero=True)
         self.sample_rate = code2wav.sample_rate
         # frames per decode call (GenerationEngine max_batch_frames). On CPU a big batch
-        # is slower per frame: the activations (1920 samples x decoder_dim per frame)
-        # outgrow the caches. Tiny model, 2-core VM, 48-frame rows: 1582 frames/s at 1
-        # row, 1503 at 2, 1338 at 4, 740 at 16, 413 at 32. 64 frames is one full chunk
-        # with its left context: short calls, so a request's next input waits less behind
-        # a running one. Against 128 in one run (bench/results/archive/omni-cpu-code2wav-
-        # batch-frames.md, stream c=8): queues on the last-output chain 3.9% vs 7.5% of E2EL,
-        # TTFP and E2EL within the run's noise. On a GPU, 4096: with no limit, 32 complete
-        # answers (32 rows of 300 + 25 frames) made one 2.88 GiB activation of a call that
-        # grew the stage to 13.9 GiB and ran the shared H200 out of memory (bench/results/
-        # archive/server-full-h200-c32-code2wav-oom.log); 4096 frames still take c=32's streamed
-        # chunks (32 x (25 + 25)) in one call.
-        # With a memory budget on a GPU the engine sizes it instead (generation/memory.py).
+        # is slower per frame (tiny model, 2-core VM, 48-frame rows: 1582 frames/s at 1 row,
+        # 413 at 32); 64 frames is one full chunk with its context, so a request's next input
+        # waits less behind a running call (against 128: bench/results/archive/omni-cpu-
+        # code2wav-batch-frames.md). On a GPU 4096: unlimited, 32 complete answers made one
+        # 2.88 GiB call that ran the shared H200 out of memory (bench/results/archive/
+        # server-full-h200-c32-code2wav-oom.log); 4096 still takes c=32's streamed chunks in
+        # one call. With a memory budget on a GPU the engine sizes it (generation/memory.py).
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
         self.device = code2wav.device
+        # fixed_shapes (default: on a GPU): calls padded to a few shapes (prepare_calls)
+        self.fixed_shapes = opts.get("fixed_shapes", self.device.type == "cuda")
+        if not isinstance(self.fixed_shapes, bool):
+            raise EngineLoadError(f"option fixed_shapes must be true or false, got "
+                                  f"{self.fixed_shapes!r}")
+        self.shapes: CallShapes | None = None
+
+    def prepare_calls(self, max_rows: int, max_frames: int) -> None:
+        """The engine's limits per call, once it knows them: with fixed_shapes, calls are
+        padded to a few shapes, each decoded once here (omni/models/code2wav_shapes.py)."""
+        if self.fixed_shapes:
+            self.shapes = prepare_shapes(self, max_rows, max_frames)
 
     def probe_batch(self, rows: int, frames: int) -> torch.Tensor:
         """A (rows, NQ, frames) batch of valid codes, to measure a call's memory."""
@@ -356,7 +364,10 @@ class Code2WavRunner:
 
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """batch (B, NQ, T) -> per row the float32 samples after its left context."""
-        wav = self.c2w.decode(batch).cpu()
+        if self.shapes is None:
+            wav = self.c2w.decode(batch).cpu()
+        else:
+            wav = decode_padded(self.c2w.decode, batch, self.shapes, self.c2w.output_samples).cpu()
         return [wav[i, self.c2w.context_start(c):] for i, c in enumerate(contexts)]
 
     def pack(self, wav: torch.Tensor) -> dict[str, Any]:

@@ -57,11 +57,24 @@ with torch.inference_mode():
     fixed = decode_chunks(decoder, chunks, fixed_upto=16)  # every call padded
     part = decode_chunks(decoder, chunks, fixed_upto=8)  # the 12-frame call keeps its length
 calls = warm_decoder(decoder, groups, "cpu", fixed_frames(6), 3)
+# the split layouts' Code2Wav stage: rows and (a causal decoder) frames padded
+from omni.models.qwen3_tts_codec import Qwen3TTSCode2Wav, Qwen3TTSCode2WavRunner
+c2w = Qwen3TTSCode2Wav(tts.model.speech_tokenizer, "cpu", sys.argv[1])
+opts = {"first_chunk_frames": 4, "chunk_frames": 25, "left_context": 25}
+runners = [Qwen3TTSCode2WavRunner(c2w, {**opts, "fixed_shapes": fixed})
+           for fixed in (False, True)]
+runners[1].prepare_calls(4, 0)
+batch = torch.randint(0, 64, (3, groups, 9))
+stage = [r.run(batch, [0, 2, 4]) for r in runners]
 print(json.dumps({"lengths": [len(a) for a in plain], "fixed_lengths": [len(a) for a in fixed],
                   "part_lengths": [len(a) for a in part],
                   "diff": max(float((a - b).abs().max())
                               for a, b in zip(plain + plain, fixed + part)),
-                  "peak": max(float(a.abs().max()) for a in plain), "calls": calls}))
+                  "peak": max(float(a.abs().max()) for a in plain), "calls": calls,
+                  "stage_shape": runners[1].shapes.padded(3, 9),
+                  "stage_lengths": [[len(a) for a in wavs] for wavs in stage],
+                  "stage_diff": max(float((a - b).abs().max()) for a, b in zip(*stage)),
+                  "stage_peak": max(float(a.abs().max()) for a in stage[0])}))
 """
 
 
@@ -90,9 +103,16 @@ def test_the_graphed_predictor_projects_into_its_own_width(release):
 def test_fixed_shape_chunk_decodes_equal_the_unpadded_ones(release):
     """Chunks of several lengths, with left context, decoded in calls padded to powers of
     two of frames and rows (all of them, or only those within fixed_upto): each chunk's audio equals its unpadded decode (float noise of
-    other batch shapes), and warm_decoder meets every such shape once."""
+    other batch shapes), and warm_decoder meets every such shape once; so do the split
+    layouts' Code2Wav stage's padded calls (omni/models/code2wav_shapes.py)."""
     got = _run(DECODER, str(release))
     assert got["peak"] > 0.01  # not silence
     assert got["lengths"] == got["fixed_lengths"] == got["part_lengths"] == [9600, 9600, 15360]
     assert got["diff"] < 1e-4
     assert got["calls"] == 4 * 3  # frames 1, 2, 4, 8 (chunks up to 6) x rows 1, 2, 4
+    # the Code2Wav stage's runner: 3 rows of 9 frames decoded as 4 of 12 (its windows are
+    # 4, 12, 28, 50), each row's audio after its context as decoded unpadded
+    assert got["stage_shape"] == [4, 12]
+    assert got["stage_peak"] > 0.01
+    assert got["stage_lengths"] == [[1920 * (9 - c) for c in (0, 2, 4)]] * 2
+    assert got["stage_diff"] < 1e-4

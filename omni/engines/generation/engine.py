@@ -113,6 +113,11 @@ class GenerationEngine(Engine):
         if self.max_batch_size < 1 or self.max_batch_frames < 0:
             raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
                                   f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
+        prepare = getattr(runner, "prepare_calls", None)
+        if prepare is not None:  # the runner's calls keep within these limits from now on
+            prepare(self.max_batch_size, self.max_batch_frames)
+            if self._trim_above is not None:  # its warm-up calls too
+                trim_cache(self.runner.device, self._trim_above)
         self._reqs: dict[str, GenRequest] = {}
         self._job: StreamedItems | None = None  # a streamed items call in progress
         self._failed: list[StepOutput] = []
