@@ -6,9 +6,11 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -114,8 +116,9 @@ def _gone_within(pids: set[int], timeout: float) -> bool:
 def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
     slow = tmp_path / "slow.yaml"
     slow.write_text(SLOW)
-    runtime = tmp_path / "runtime"  # the server's TMPDIR: its IPC socket dirs go here
-    runtime.mkdir()
+    # the server's TMPDIR: its IPC socket dirs go here. A short path: a socket's path may
+    # not pass 107 characters, which pytest's tmp_path under xdist workers (.ci/run) did
+    runtime = Path(tempfile.mkdtemp(prefix="omni-rt-"))
     server = Server("--pipeline", "echo", "--pipeline", str(slow), "--drain-timeout", "20",
                     env={"TMPDIR": str(runtime)})
     try:
@@ -148,6 +151,7 @@ def test_sigterm_drains_in_flight_and_leaves_nothing(tmp_path: Path) -> None:
         assert not list(runtime.iterdir()), "IPC socket dirs left behind"
     finally:
         server.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_stage_that_fails_to_load_fails_start_with_its_message(tmp_path: Path) -> None:
