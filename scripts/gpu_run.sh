@@ -87,7 +87,8 @@
 #                                        # (default step,stream,stagger,whole,clone; ar: the
 #                                        # talker on the AR engine, c=1,8,64; arplain: the same,
 #                                        # the code2wav stage's calls unpadded (fixed_shapes
-#                                        # off); spy with SPY_LAYOUT=ar [SPY_C=N]
+#                                        # off; AR_BURSTS=2,2,2: bursts a level); spy with
+#                                        # SPY_LAYOUT=ar [SPY_C=N]
 #                                        # samples the AR talker; arstep: the AR talker's step
 #                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
 #                                        # its greedy codes vs qwen-tts's, float32, tiny release,
@@ -250,10 +251,10 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     qwen3tts_part stream 150 "${TAG:-h200}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
     # the talker on the AR engine (paged KV, decode graphs) -> a code2wav stage
     qwen3tts_part ar 150 "${TAG:-h200}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
-      --bursts 2,1,1
+      --bursts "${AR_BURSTS:-2,1,1}"
     # the same with the code2wav stage's calls unpadded (each new shape met while serving)
     qwen3tts_part arplain 150 "${TAG:-h200}-ar-plain" "${custom[@]}" --layout ar \
-      --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts 2,1,1
+      --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
     # 64 staggered arrivals (continuous batching): late requests' first audio
     left=$(( 590 - $(date +%s) + t0 ))
     if [[ ,$parts, == *,stagger,* ]] && [ "$left" -gt 120 ]; then

@@ -104,6 +104,11 @@ def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -
     except (OSError, ValueError, TypeError) as e:
         raise EngineLoadError(f"qwen3_tts: cannot load {model_dir}: {e}") from e
     tts.model.to(device).eval()
+    # its talker's generate ends at the codec's eos (qwen-tts's default) and transformers
+    # pads finished rows with it: set here, not logged ("Setting pad_token_id ...") per request
+    talker_generation = tts.model.talker.generation_config
+    if talker_generation.pad_token_id is None:
+        talker_generation.pad_token_id = tts.model.config.talker_config.codec_eos_token_id
     codec = tts.model.speech_tokenizer
     codec.model.to(device).eval()
     tts.device = codec.device = torch.device(device)

@@ -67,7 +67,12 @@ from omni.engines.base import (
     StepOutput,
 )
 from omni.engines.generation.intake import RequestIntake
-from omni.engines.generation.memory import longest_row, stage_batch_frames, trim_cache
+from omni.engines.generation.memory import (
+    longest_row,
+    reserve_peak,
+    stage_batch_frames,
+    trim_cache,
+)
 from omni.engines.generation.request import (
     GenRequest,
     Runner,
@@ -116,8 +121,8 @@ class GenerationEngine(Engine):
         prepare = getattr(runner, "prepare_calls", None)
         if prepare is not None:  # the runner's calls keep within these limits from now on
             prepare(self.max_batch_size, self.max_batch_frames)
-            if self._trim_above is not None:  # its warm-up calls too
-                trim_cache(self.runner.device, self._trim_above)
+            if self._trim_above is not None:  # its warm-up calls cut the cache up
+                reserve_peak(runner, self.max_batch_frames, self.longest_row)
         self._reqs: dict[str, GenRequest] = {}
         self._job: StreamedItems | None = None  # a streamed items call in progress
         self._failed: list[StepOutput] = []

@@ -119,6 +119,17 @@ def size_batch_frames(runner: Any, budget: int, need: int, most: int) -> int:
     return frames
 
 
+def reserve_peak(runner: Any, frames: int, row: int) -> None:
+    """The cache emptied, then the largest call made again: what the stage holds is that
+    call's peak, as size_batch_frames left it, after other calls (a runner's warm-up of its
+    call shapes) cut the cache up."""
+    torch.cuda.empty_cache()
+    rows = max(1, frames // row)
+    runner.run(runner.probe_batch(rows, row), [0] * rows)
+    log.info("reserved after the warm-up calls: %.2f GiB",
+             torch.cuda.memory_reserved(torch.device(runner.device)) / GiB)
+
+
 def trim_cache(device: Any, budget: int) -> bool:
     """After a call: give cached blocks back when the stage holds more than its budget
     (calls of other shapes than the warm-up's can fragment the cache past it). True when
