@@ -26,6 +26,10 @@ prompts, in one run:
   ours-server         the same engine behind the serving path without HTTP: AsyncOmni
                       (orchestrator, engine process, shared-memory payloads); only with a
                       model directory (--model or the tiny fixture)
+  ours-http           `python -m omni.server --model DIR` (the preset the directory picks,
+                      its own options and defaults; a real-size --shape is saved to a temp
+                      directory first) and HTTP clients on POST /v1/images/generations:
+                      latency to the PNG's last byte. Not in the default sides
   ours-cache          ours-engine with the step cache on at its default threshold
                       (transformer calls are counted; random weights cannot judge quality)
   diffusers-seq       the pipeline's __call__ once per request, one at a time
@@ -63,6 +67,7 @@ guided: two rows per image).
 WARMUP_STEPS = 2
 SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers-batched",
          "transformer", "ours-fp8")
+EXTRA_SIDES = ("ours-http",)  # known, not in the default
 LAST_SIDES = ("ours-fp8",)  # they change the model: after the others
 
 
@@ -103,9 +108,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "cuda" if torch.cuda.is_available() else "cpu")
     width, height = (int(v) for v in args.size.split("x"))
     wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
-    unknown = set(wanted) - set(SIDES)
+    unknown = set(wanted) - set(SIDES + EXTRA_SIDES)
     if unknown:
-        raise SystemExit(f"unknown sides {sorted(unknown)}; known: {', '.join(SIDES)}")
+        raise SystemExit(f"unknown sides {sorted(unknown)}; known: "
+                         f"{', '.join(SIDES + EXTRA_SIDES)}")
     say(f"diffusion bench: loading {args.model or args.shape} on {device} ...")
     family, pipe, model_dir = load(args.shape, args.model, device, args.layers)
     params = {"size": args.size, "steps": args.steps}
@@ -117,9 +123,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     micro_fp8: dict[str, float] = {}
     if "transformer" in wanted:
         micro = _bare_transformer(family, pipe, height, width, device, "")
+    server = None
+    if "ours-http" in wanted:
+        from bench.media_http import MediaServer
+
+        server = MediaServer(pipe, model_dir, args.out / f"diffusion-{args.tag or 'run'}"
+                             "-server.log")
     serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,
-                    options=options, args=args, params=params, call=call)
-    rows = serve([s for s in wanted if s not in LAST_SIDES])
+                    options=options, args=args, params=params, call=call, server=server)
+    try:
+        rows = serve([s for s in wanted if s not in LAST_SIDES])
+    finally:
+        if server is not None:
+            server.close()
     if "ours-fp8" in wanted:
         _quantize(family, pipe, device)
         if "transformer" in wanted:
@@ -151,7 +167,7 @@ def _bare_transformer(family: str, pipe: Any, height: int, width: int, device: s
 
 def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, device: str,
            options: dict[str, Any], args: argparse.Namespace, params: dict[str, Any],
-           call: dict[str, Any]) -> list[dict[str, Any]]:
+           call: dict[str, Any], server: Any) -> list[dict[str, Any]]:
     """One row per serving side and concurrency, concurrency by concurrency."""
     rows = []
     for c in (int(v) for v in args.concurrency.split(",")):
@@ -159,11 +175,21 @@ def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, 
             if side == "transformer" or (side == "ours-server" and model_dir is None):
                 continue
             say(f"  {side} c={c} ...")
-            record = _side(side, model, model_dir, device, options, c, args, params, call)
+            if side == "ours-http":
+                record = _http_side(server, c, args.per_client, params)
+            else:
+                record = _side(side, model, model_dir, device, options, c, args, params, call)
             rows.append(_summary(side, c, record, args))
             say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
                 f"p99 {rows[-1]['p99_s']:.2f} s")
     return rows
+
+
+def _http_side(server: Any, c: int, per_client: int, params: dict[str, Any]) -> dict:
+    from bench.media_http import http_side
+
+    http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as the other sides warm
+    return http_side(server, c, per_client, params)
 
 
 def _quantize(family: str, pipe: Any, device: str) -> None:

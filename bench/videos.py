@@ -24,6 +24,11 @@ prompts, in one run:
                   steps share one transformer call (Wan 2.2 A14B: per expert, so requests
                   on the two sides of the boundary run in separate calls)
   diffusers-seq   the release's pipeline __call__ once per request, one at a time
+  ours-http       `python -m omni.server --model DIR` (the preset the directory picks, its
+                  own options; --shape real saves the random pipeline to a temp directory
+                  first) and HTTP clients on POST /v1/videos/sync: latency to the MP4's
+                  last byte (VAE decode and MP4 encode included). Not in the default
+                  sides; the server's log goes beside the report
 
 Clients are closed-loop: c clients each send their next request when the previous one
 returns, --per-client requests each. Guidance is off (guidance_scale 1: one row per
@@ -41,7 +46,7 @@ device (A14B: ~57 GB of weights, an H200; TI2V-5B, LTX-Video, LTX-2 (~40 GB) and
 HunyuanVideo 1.5 fit an H100). --model DIR serves a local release.
 """
 
-SIDES = ("ours-engine", "diffusers-seq")
+SIDES = ("ours-engine", "diffusers-seq")  # the default; ours-http also known
 GUIDANCE = {"ltx2": 3.0}  # the pipeline's default (the others: off, see DESCRIPTION)
 # what each family's __call__ needs besides the common arguments
 CALL_EXTRAS = {"ltx2": {"frame_rate": 24.0}}
@@ -78,16 +83,24 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "cuda" if torch.cuda.is_available() else "cpu")
     say(f"videos bench: {args.family} ({args.model or args.shape}) on {device} ...")
     pipe = load_video_pipeline(args.family, args.shape, args.model, device, args.layers)
+    wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
+    server = _server(pipe, args) if "ours-http" in wanted else None
+    if wanted == ["ours-http"]:  # nothing else runs in this process: free its copy
+        pipe = _free(pipe)
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
               "guidance_scale": GUIDANCE.get(args.family, 1.0)}
     rows = []
-    for c in (int(v) for v in args.concurrency.split(",")):
-        for side in (s.strip() for s in args.sides.split(",") if s.strip()):
-            say(f"  {side} c={c} ...")
-            record = _side(side, pipe, args, device, c, params)
-            rows.append(_summary(side, c, record, args))
-            say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
-                f"p99 {rows[-1]['p99_s']:.2f} s")
+    try:
+        for c in (int(v) for v in args.concurrency.split(",")):
+            for side in wanted:
+                say(f"  {side} c={c} ...")
+                record = _side(side, pipe, server, args, device, c, params)
+                rows.append(_summary(side, c, record, args))
+                say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} "
+                    f"s, p99 {rows[-1]['p99_s']:.2f} s")
+    finally:
+        if server is not None:
+            server.close()
     result = {"command": "python -m bench " + " ".join(argv), "family": args.family,
               "shape": args.model or args.shape, "layers": args.layers, "size": args.size,
               "frames": args.frames, "steps": args.steps, "device": _device(device),
@@ -110,9 +123,42 @@ def _denoiser(pipe: Any, family: str, device: str) -> Any:
                               "max_frames": 257})
 
 
-def _side(side: str, pipe: Any, args: argparse.Namespace, device: str, c: int,
+def _server(pipe: Any, args: argparse.Namespace) -> Any:
+    from bench.media_http import MediaServer
+
+    model_dir = args.model if args.model or args.shape == "real" else str(
+        _tiny_dir(args.family))
+    log_path = Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    return MediaServer(pipe, model_dir, log_path)
+
+
+def _tiny_dir(family: str) -> Path:
+    from bench.video_models import FIXTURES
+    from omni.fixtures.tiny_models import ensure_tiny_model
+
+    return ensure_tiny_model(FIXTURES[family])
+
+
+def _free(pipe: Any) -> None:
+    import gc
+
+    import torch
+
+    del pipe
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _side(side: str, pipe: Any, server: Any, args: argparse.Namespace, device: str, c: int,
           params: dict[str, Any]) -> dict[str, Any]:
     warm = {**params, "steps": WARMUP_STEPS}
+    if side == "ours-http":
+        from bench.media_http import http_side
+
+        http_side(server, c, 1, warm)
+        return http_side(server, c, args.per_client, params)
     if side == "ours-engine":
         denoiser = _denoiser(pipe, args.family, device)
         options = {"max_batch_rows": args.max_batch_rows}
@@ -122,7 +168,7 @@ def _side(side: str, pipe: Any, args: argparse.Namespace, device: str, c: int,
         extras = CALL_EXTRAS.get(args.family, {})
         _pipeline_calls(pipe, 1, warm, extras)
         return _pipeline_calls(pipe, c * args.per_client, params, extras)
-    raise SystemExit(f"unknown side {side!r}; known: {', '.join(SIDES)}")
+    raise SystemExit(f"unknown side {side!r}; known: {', '.join(SIDES)}, ours-http")
 
 
 def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any],

@@ -57,7 +57,11 @@
 #                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
 #                                        # three, in that order (each within its own timeout);
 #                                        # F=hunyuan_video: HunyuanVideo 1.5 T2V 480p (8.3 B,
-#                                        # an H100 fits; not in the default list)
+#                                        # an H100 fits; not in the default list);
+#                                        # SIDES=ours-http,ours-engine,diffusers-seq adds the
+#                                        # server through HTTP (the random release saved to
+#                                        # /tmp and loaded by `python -m omni.server --model`:
+#                                        # give it VIDEO_TIMEOUT=560 and one family a call)
 #   bash scripts/gpu_run.sh mixed        # Qwen3-8B shape through `python -m omni.server`: 8 streams
 #                                        # decode alone, then beside 4 clients sending 8,000-token
 #                                        # prompts (bench/probes/mixed_load.py, 30 s each); with
@@ -111,6 +115,9 @@
 #                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
 #                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
 #                                        # diffusers sequential / batched, bare transformer
+#                                        # (SIDES=... picks bench diffusion's sides, e.g.
+#                                        # ours-http,ours-engine,diffusers-seq: the server
+#                                        # through HTTP too; same for flux2, hunyuan_image)
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
 #                                        # ~70 GB: an H200; LAYERS=4 on an H100)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
@@ -304,7 +311,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
     timeout 480 python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
       ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
-      --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
+      --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-$1-h200}" > "$OUT/bench-$1.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
     say "$1 done"
@@ -312,7 +319,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
   hunyuan_image)
     timeout 540 python3 -m bench diffusion --shape hunyuan-image-2.1 --size "${SIZE:-1024x1024}" \
       ${LAYERS:+--layers $LAYERS} --steps "${STEPS:-16}" --concurrency 1,4,8 --per-client 2 \
-      --sides ours-engine,diffusers-seq,diffusers-batched,transformer \
+      --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-hunyuan-image-gpu}" > "$OUT/bench-hunyuan-image.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-hunyuan-image.log"
     grep -E "Error|error" "$OUT/bench-hunyuan-image.log" | tail -5
@@ -507,8 +514,9 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   videos)
     for family in ${2:-ltx_video wan22_ti2v wan22_t2v}; do
-      timeout 280 python3 -m bench videos --family "$family" --shape real --size 832x480 \
-        --frames 33 --steps 8 --concurrency 1,4 --tag "${TAG:-h200}" --out "$OUT" \
+      timeout "${VIDEO_TIMEOUT:-280}" python3 -m bench videos --family "$family" --shape real \
+        --size 832x480 --frames 33 --steps 8 --concurrency 1,4 ${SIDES:+--sides "$SIDES"} \
+        --tag "${TAG:-h200}" --out "$OUT" \
         > "$OUT/bench-videos-$family.log" 2>&1
       grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
       say "videos $family done"

@@ -1,0 +1,104 @@
+"""bench videos' and bench diffusion's ours-http side: `python -m omni.server --model DIR`
+as users run it (the preset picked from the directory's model_index.json, its own
+options), and closed-loop HTTP clients on POST /v1/videos/sync (answered with the MP4) or
+POST /v1/images/generations (answered with the PNG, base64 in JSON).
+
+A request's latency is its POST to its last byte: the denoising, the VAE decode and the
+MP4 / PNG encode, as a user waits for them (the in-process sides stop at the decoded
+pixels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import diffusion_sides as sides
+from bench.ar_ours import start_server
+from bench.common import say
+
+START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or more
+
+
+class MediaServer:
+    """The server on a model directory; for an in-memory pipeline (--shape real), the
+    directory it is saved to first (random weights: nothing to download), removed after."""
+
+    def __init__(self, pipe: Any, model_dir: str | None, log_path: Path) -> None:
+        self.saved: str | None = None
+        if model_dir is None:
+            self.saved = tempfile.mkdtemp(prefix="bench-media-")
+            started = time.perf_counter()
+            pipe.save_pretrained(self.saved)
+            say(f"  saved the pipeline to {self.saved} in {time.perf_counter() - started:.0f} s")
+            model_dir = self.saved
+        self.proc, self.url = start_server(("--model", model_dir), "auto", START_TIMEOUT_S,
+                                           log_path)
+        self.model = asyncio.run(_served_id(self.url))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+        if self.saved:
+            shutil.rmtree(self.saved, ignore_errors=True)
+
+
+def http_side(server: MediaServer, c: int, per_client: int,
+              params: dict[str, Any]) -> dict[str, Any]:
+    """c clients, per_client requests each, one at a time each; latencies and wall time.
+    params: size, steps, and for a video frames and guidance_scale."""
+    return asyncio.run(_clients(server, c, per_client, params))
+
+
+async def _clients(server: MediaServer, c: int, per_client: int,
+                   params: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    texts = iter(sides.prompts(c * per_client))
+    latencies: list[float] = []
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def client() -> None:
+            for _ in range(per_client):
+                sent = time.perf_counter()
+                await _one(session, server, next(texts), params, len(latencies))
+                latencies.append(time.perf_counter() - sent)
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(c)))
+        return {"wall_s": time.perf_counter() - start, "latencies_s": latencies}
+
+
+async def _one(session: Any, server: MediaServer, prompt: str, params: dict[str, Any],
+               seed: int) -> None:
+    body = {"model": server.model, "prompt": prompt, "size": params["size"],
+            "num_inference_steps": params["steps"], "seed": seed}
+    if "frames" in params:
+        body.update(num_frames=params["frames"], guidance_scale=params["guidance_scale"])
+        route, magic = "/v1/videos/sync", lambda data: data[4:8] == b"ftyp"  # MP4's box
+    else:
+        route, magic = "/v1/images/generations", _png
+    async with session.post(f"{server.url}{route}", json=body) as resp:
+        data = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST {route}: {resp.status} {data[:300]!r}")
+    if not magic(data):
+        raise RuntimeError(f"POST {route} answered {len(data)} bytes, not its media")
+
+
+def _png(data: bytes) -> bool:
+    return base64.b64decode(json.loads(data)["data"][0]["b64_json"])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def _served_id(url: str) -> str:
+    import aiohttp
+
+    from bench.ar_ours import served_id
+
+    async with aiohttp.ClientSession() as session:
+        return await served_id(session, url)
