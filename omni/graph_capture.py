@@ -11,7 +11,8 @@ failed under transformers 5.17, and every later draw in that process raised.
 
 ``capturing`` is torch.cuda.graph that, when the capture fails, captures one tiny graph
 that ends well (its start and end reset every generator registered with it, the default
-one always) before the error goes on.
+one always) before the error goes on. ``forwards_replaced`` swaps modules' forwards for
+compiled ones while a capture records them (the AR decode graphs, the code predictor's).
 """
 
 from __future__ import annotations
@@ -50,3 +51,16 @@ def heal_generators() -> bool:
         log.warning("after a failed CUDA graph capture, the random generator could not be "
                     "reset (%s: %s): eager random draws in this process may fail", type(e).__name__, e)
         return False
+
+
+@contextlib.contextmanager
+def forwards_replaced(modules: list[torch.nn.Module], forwards: list[Any]) -> Iterator[None]:
+    """Within the block, each module's forward is the matching callable (e.g. its
+    torch.compile'd forward, what a capture should record); the class's after."""
+    for module, forward in zip(modules, forwards, strict=True):
+        module.forward = forward  # an instance attribute shadows the class's forward
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module.forward

@@ -18,14 +18,12 @@ scripts/profile_talker_step.py --graphs).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from omni.graph_capture import capturing
+from omni.graph_capture import capturing, forwards_replaced
 
 log = logging.getLogger("omni.models.qwen3_omni")
 
@@ -113,19 +111,11 @@ class PredictorGraphs:
         return self.hidden[:b], self.first[:b], self.draws[:b], self.greedy[:b]
 
     def _capture_all(self) -> None:
-        with self._compiled_layers():
-            self._capture_sizes()
-
-    @contextlib.contextmanager
-    def _compiled_layers(self) -> Iterator[None]:
         layers = list(self.cp.model.layers) if self.compiled else []
-        for layer in layers:  # an instance attribute shadows the class's forward
-            layer.forward = torch.compile(type(layer).forward.__get__(layer), dynamic=True)
-        try:
-            yield
-        finally:
-            for layer in layers:
-                del layer.forward
+        compiled = [torch.compile(type(layer).forward.__get__(layer), dynamic=True)
+                    for layer in layers]
+        with forwards_replaced(layers, compiled):
+            self._capture_sizes()
 
     def _capture_sizes(self) -> None:
         pool = torch.cuda.graph_pool_handle()

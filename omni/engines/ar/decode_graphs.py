@@ -17,18 +17,16 @@ an H200, the first capture of a new context bucket took 10 to 11 s mid-benchmark
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from omni.engines.ar.kv_cache import PagedKVCache
 from omni.engines.ar.paged_attention import BatchLayout, block_table, table_slots, token_slots
-from omni.graph_capture import capturing
+from omni.graph_capture import capturing, forwards_replaced
 
 log = logging.getLogger("omni.engines.ar.decode_graphs")
 
@@ -177,7 +175,7 @@ class DecodeGraphs:
         keep = {"logits_to_keep": self.keep[:b]} if self.keeps_logits else {}
         inputs = ({"input_ids": self.ids[:, :b]} if self.embeds is None
                   else {"inputs_embeds": self.embeds[:, :b]})
-        with self._compiled_blocks():
+        with forwards_replaced(self.blocks, self.compiled):
             out = self.model(**inputs, position_ids=self.positions[:, :b],
                              use_cache=False, omni_batch=self._layout(b, length),
                              output_hidden_states=self.export_layers is not None, **keep)
@@ -185,16 +183,6 @@ class DecodeGraphs:
             return out.logits[0], None
         return out.logits[0], torch.stack([out.hidden_states[i][0] for i in self.export_layers],
                                           dim=1)
-
-    @contextlib.contextmanager
-    def _compiled_blocks(self) -> Iterator[None]:
-        for block, forward in zip(self.blocks, self.compiled, strict=True):
-            block.forward = forward  # an instance attribute shadows the class's forward
-        try:
-            yield
-        finally:
-            for block in self.blocks:
-                del block.forward
 
     def _capture(self, b: int, length: int) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
         started = time.perf_counter()
