@@ -281,11 +281,10 @@ class Code2WavRunner:
     Input: {"codes": (NQ, t) nested list of ints}; a chunk of n new frames is decoded with
     up to `left_context` earlier frames; its output is the samples after the context plus
     the previous chunk's missing tail (`Code2Wav.context_start`), so chunks join without
-    gaps (left_context >= 1 is needed for that). Options: chunk_frames (25), left_context (25),
-    first_chunk_frames (= chunk_frames), chunk_growth (2: streamed chunks grow from the
-    first to chunk_frames, e.g. 4, 8, 16, 25, ...), complete_chunk_frames (300,
-    chunked_decode's default chunk for requests whose codes arrive complete).
-    """
+    gaps (left_context >= 1 is needed). Options: chunk_frames (25), left_context (25),
+    first_chunk_frames (= chunk_frames), chunk_growth (2: streamed chunks grow 4, 8, 16,
+    25, ...), complete_chunk_frames (300: chunks of codes that arrive complete),
+    fixed_shapes (on a GPU: calls padded to a few shapes, prepare_calls)."""
 
     input_key = "codes"
     OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
