@@ -60,8 +60,12 @@ class CallShapes:
     max_frames: int
 
     def padded(self, rows: int, frames: int) -> tuple[int, int]:
+        """The shape of a call of (rows, frames); never more frames in all than the
+        engine's limit, when the call itself keeps within it."""
         if self.causal:
-            frames = next((w for w in sorted(self.windows) if w >= frames), frames)
+            window = next((w for w in sorted(self.windows) if w >= frames), frames)
+            if not self.max_frames or rows * window <= self.max_frames:
+                frames = window
         padded_rows, limit = _pow2(rows), self._row_limit(frames)
         if limit and padded_rows > limit:
             padded_rows = max(rows, limit)

@@ -316,11 +316,12 @@ class Code2WavRunner:
                                   f"{self.fixed_shapes!r}")
         self.shapes: CallShapes | None = None
 
-    def prepare_calls(self, max_rows: int, max_frames: int) -> None:
-        """The engine's limits per call, once it knows them: with fixed_shapes, calls are
-        padded to a few shapes, each decoded once here (omni/models/code2wav_shapes.py)."""
+    def prepare_calls(self, max_rows: int, max_frames: int) -> bool:
+        """The engine's limits per call: with fixed_shapes, calls padded to a few shapes,
+        each decoded once here (omni/models/code2wav_shapes.py); True if it made calls."""
         if self.fixed_shapes:
             self.shapes = prepare_shapes(self, max_rows, max_frames)
+        return self.fixed_shapes
 
     def probe_batch(self, rows: int, frames: int) -> torch.Tensor:
         """A (rows, NQ, frames) batch of valid codes, to measure a call's memory."""

@@ -43,6 +43,7 @@ def test_calls_are_padded_to_powers_of_two_of_rows_and_to_windows_when_causal():
     # the engine's frames per call bound the padding: 20 rows of 50 fit 1000, 32 do not
     capped = CallShapes((50,), causal=True, max_rows=64, max_frames=1000)
     assert capped.padded(17, 50) == (20, 50)
+    assert capped.padded(30, 30) == (32, 30)  # 30 rows of 50 frames would not fit 1000
     assert capped.warm_shapes() == [(1, 50), (2, 50), (4, 50), (8, 50), (16, 50), (20, 50)]
 
 

@@ -118,11 +118,12 @@ class GenerationEngine(Engine):
         if self.max_batch_size < 1 or self.max_batch_frames < 0:
             raise EngineLoadError("max_batch_size must be >= 1 and max_batch_frames >= 0 (0: no "
                                   f"limit), got {self.max_batch_size} and {self.max_batch_frames}")
+        # a runner may prepare its calls for these limits (warm its call shapes up); that
+        # cuts the cache up, so the sized peak is reserved again after it
         prepare = getattr(runner, "prepare_calls", None)
-        if prepare is not None:  # the runner's calls keep within these limits from now on
-            prepare(self.max_batch_size, self.max_batch_frames)
-            if self._trim_above is not None:  # its warm-up calls cut the cache up
-                reserve_peak(runner, self.max_batch_frames, self.longest_row)
+        warmed = prepare is not None and prepare(self.max_batch_size, self.max_batch_frames)
+        if warmed and self._trim_above is not None:
+            reserve_peak(runner, self.max_batch_frames, self.longest_row)
         self._reqs: dict[str, GenRequest] = {}
         self._job: StreamedItems | None = None  # a streamed items call in progress
         self._failed: list[StepOutput] = []
