@@ -276,17 +276,15 @@ def load_code2wav(model_dir: str, *, dtype: str = "auto", device: str = "cpu") -
 
 
 class Code2WavRunner:
-    """The generation-engine runner of Qwen3-Omni's code2wav stage.
-
-    Input: {"codes": (NQ, t) nested list of ints}; a chunk of n new frames is decoded with
-    up to `left_context` earlier frames; its output is the samples after the context plus
-    the previous chunk's missing tail (`Code2Wav.context_start`), so chunks join without
-    gaps (left_context >= 1 is needed). Options: chunk_frames (25), left_context (25),
-    first_chunk_frames (= chunk_frames), chunk_growth (2: streamed chunks grow 4, 8, 16,
-    25, ...), complete_chunk_frames (300: chunks of codes that arrive complete),
-    fixed_shapes (on a GPU: calls padded to a few shapes, prepare_calls)."""
+    """Qwen3-Omni's code2wav stage: {"codes": (NQ, t) ints}; a chunk of n new frames is
+    decoded with up to `left_context` earlier ones, its output the samples after them plus
+    the previous chunk's missing tail (`Code2Wav.context_start`): chunks join without gaps.
+    Options: chunk_frames (25), left_context (25, >= 1 for that), first_chunk_frames,
+    chunk_growth (2: chunks grow 4, 8, 16, 25, ...), complete_chunk_frames (300: codes that
+    arrive complete), fixed_shapes (calls padded to a few shapes: prepare_calls)."""
 
     input_key = "codes"
+    FIXED_SHAPES_ON_GPU = False  # unmeasured on this decoder (Qwen3-TTS's: qwen3_tts_codec)
     OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
                          "complete_chunk_frames", "left_context", "fixed_shapes"})
 
@@ -309,8 +307,9 @@ class Code2WavRunner:
         # one call. With a memory budget on a GPU the engine sizes it (generation/memory.py).
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
         self.device = code2wav.device
-        # fixed_shapes (default: on a GPU): calls padded to a few shapes (prepare_calls)
-        self.fixed_shapes = opts.get("fixed_shapes", self.device.type == "cuda")
+        # fixed_shapes: calls padded to a few shapes (prepare_calls); default per model
+        self.fixed_shapes = opts.get("fixed_shapes", self.FIXED_SHAPES_ON_GPU
+                                     and self.device.type == "cuda")
         if not isinstance(self.fixed_shapes, bool):
             raise EngineLoadError(f"option fixed_shapes must be true or false, got "
                                   f"{self.fixed_shapes!r}")

@@ -78,5 +78,9 @@ def build_qwen3_tts_code2wav_runner(*, model_dir: str, device: str, dtype: str,
 class Qwen3TTSCode2WavRunner(Code2WavRunner):
     """Qwen3-Omni's code2wav runner over Qwen3-TTS's decoder."""
 
+    # padded calls on a GPU: first audio p50 at c=8 0.142 vs 0.168 s and 0.192 vs 0.274 s
+    # unpadded, audio-s/s within the runs' spread (two H100s, bench/results/qwen3-tts-gpu.md)
+    FIXED_SHAPES_ON_GPU = True
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "model": "qwen3_tts_code2wav"}
