@@ -125,10 +125,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         micro = _bare_transformer(family, pipe, height, width, device, "")
     server = None
     if "ours-http" in wanted:
-        from bench.media_http import MediaServer
+        from bench.media_http import MediaServer, save_pipeline
 
-        server = MediaServer(pipe, model_dir, args.out / f"diffusion-{args.tag or 'run'}"
-                             "-server.log")
+        saved = model_dir is None
+        server = MediaServer(model_dir or save_pipeline(pipe),
+                             args.out / f"diffusion-{args.tag or 'run'}-server.log", saved)
     serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,
                     options=options, args=args, params=params, call=call, server=server)
     try:

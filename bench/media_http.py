@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,26 +28,49 @@ START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or m
 
 
 class MediaServer:
-    """The server on a model directory; for an in-memory pipeline (--shape real), the
-    directory it is saved to first (random weights: nothing to download), removed after."""
+    """The server on a model directory; ``saved``: a temp directory of save_pipeline's,
+    removed with the server. A failed start leaves neither behind."""
 
-    def __init__(self, pipe: Any, model_dir: str | None, log_path: Path) -> None:
-        self.saved: str | None = None
-        if model_dir is None:
-            self.saved = tempfile.mkdtemp(prefix="bench-media-")
-            started = time.perf_counter()
-            pipe.save_pretrained(self.saved)
-            say(f"  saved the pipeline to {self.saved} in {time.perf_counter() - started:.0f} s")
-            model_dir = self.saved
-        self.proc, self.url = start_server(("--model", model_dir), "auto", START_TIMEOUT_S,
-                                           log_path)
-        self.model = asyncio.run(_served_id(self.url))
+    def __init__(self, model_dir: str, log_path: Path, saved: bool = False) -> None:
+        self.saved = model_dir if saved else None
+        try:
+            self.proc, self.url = start_server(("--model", model_dir), "auto",
+                                               START_TIMEOUT_S, log_path)
+        except BaseException:
+            self._remove_saved()
+            raise
+        try:
+            self.model = asyncio.run(_served_id(self.url))
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=120)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._remove_saved()
+
+    def _remove_saved(self) -> None:
         if self.saved:
             shutil.rmtree(self.saved, ignore_errors=True)
+
+
+def save_pipeline(pipe: Any) -> str:
+    """An in-memory pipeline (--shape real, random weights) in a temp directory, for the
+    server to load; MediaServer(..., saved=True) removes it."""
+    saved = tempfile.mkdtemp(prefix="bench-media-")
+    started = time.perf_counter()
+    try:
+        pipe.save_pretrained(saved)
+    except BaseException:
+        shutil.rmtree(saved, ignore_errors=True)
+        raise
+    say(f"  saved the pipeline to {saved} in {time.perf_counter() - started:.0f} s")
+    return saved
 
 
 def http_side(server: MediaServer, c: int, per_client: int,

@@ -84,9 +84,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     say(f"videos bench: {args.family} ({args.model or args.shape}) on {device} ...")
     pipe = load_video_pipeline(args.family, args.shape, args.model, device, args.layers)
     wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
-    server = _server(pipe, args) if "ours-http" in wanted else None
-    if wanted == ["ours-http"]:  # nothing else runs in this process: free its copy
-        pipe = _free(pipe)
+    model_dir = args.model or (None if args.shape == "real" else str(_tiny_dir(args.family)))
+    saved = None
+    if "ours-http" in wanted and model_dir is None:
+        from bench.media_http import save_pipeline
+
+        model_dir = saved = save_pipeline(pipe)
+    if wanted == ["ours-http"]:  # nothing else runs here: free this copy before the server's
+        pipe = None
+        _free_device_memory()
+    server = _server(model_dir, saved is not None, args) if "ours-http" in wanted else None
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
               "guidance_scale": GUIDANCE.get(args.family, 1.0)}
     rows = []
@@ -123,14 +130,12 @@ def _denoiser(pipe: Any, family: str, device: str) -> Any:
                               "max_frames": 257})
 
 
-def _server(pipe: Any, args: argparse.Namespace) -> Any:
+def _server(model_dir: str, saved: bool, args: argparse.Namespace) -> Any:
     from bench.media_http import MediaServer
 
-    model_dir = args.model if args.model or args.shape == "real" else str(
-        _tiny_dir(args.family))
     log_path = Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    return MediaServer(pipe, model_dir, log_path)
+    return MediaServer(model_dir, log_path, saved)
 
 
 def _tiny_dir(family: str) -> Path:
@@ -140,12 +145,12 @@ def _tiny_dir(family: str) -> Path:
     return ensure_tiny_model(FIXTURES[family])
 
 
-def _free(pipe: Any) -> None:
+def _free_device_memory() -> None:
+    """What the dropped pipeline held, given back (the caller dropped its last reference)."""
     import gc
 
     import torch
 
-    del pipe
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

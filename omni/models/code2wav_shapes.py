@@ -9,7 +9,8 @@ went from 3.37 to 5.08 audio-s/s at c=8 on an H100 once its chunk decodes were p
 layouts' Code2Wav stage (Qwen3-TTS, Qwen3-Omni) the same:
 
 - rows are padded to a power of two (rows of code 0, their audio dropped): the decoders
-  are per row (convolutions and attention within a row, no batch statistics);
+  are per row (convolutions and attention within a row, no batch statistics); only calls
+  of a warmed length (a window): a longer call (codes that came complete) keeps its rows;
 - for a causal decoder (no look-ahead: ``tail_samples == 0``), frames are padded on the
   right to the next window a stream's chunks take (first chunk, its growth, the full chunk
   with its left context); a frame's samples do not depend on later frames, so the padding's
@@ -44,7 +45,8 @@ def stream_windows(first: int, growth: int, chunk: int, left_context: int) -> li
         done, index = done + size, index + 1
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The least power of two >= n (>= 1)."""
     return 1 << (max(n, 1) - 1).bit_length()
 
 
@@ -66,7 +68,9 @@ class CallShapes:
             window = next((w for w in sorted(self.windows) if w >= frames), frames)
             if not self.max_frames or rows * window <= self.max_frames:
                 frames = window
-        padded_rows, limit = _pow2(rows), self._row_limit(frames)
+        if frames not in self.windows:  # a shape never warmed: padding it would only cost
+            return rows, frames
+        padded_rows, limit = pow2(rows), self._row_limit(frames)
         if limit and padded_rows > limit:
             padded_rows = max(rows, limit)
         return padded_rows, frames

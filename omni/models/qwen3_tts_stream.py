@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from omni.models.code2wav_shapes import pow2
 from omni.models.qwen3_tts_batch import Row, TalkerBatch
 
 LEFT_CONTEXT = 25  # frames, qwen-tts's chunked_decode default
@@ -92,7 +93,7 @@ def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]],
                                                      (0, 0, 0, longest - len(chunks[i][0])))
                              for i in rows]).transpose(1, 2)  # (B, groups, T)
         if fixed:
-            codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, _pow2(len(rows)) - len(rows)))
+            codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, pow2(len(rows)) - len(rows)))
         wavs = decoder(codes).reshape(len(codes), -1)
         for i, wav in zip(rows, wavs[:len(rows)], strict=True):
             codes_i, context = chunks[i]
@@ -100,13 +101,9 @@ def decode_chunks(decoder: Any, chunks: list[tuple[torch.Tensor, int]],
     return out
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def fixed_frames(most_frames: int) -> int:
     """decode_chunks' fixed_upto for chunks of up to ``most_frames`` (context included)."""
-    return _pow2(most_frames)
+    return pow2(most_frames)
 
 
 def warm_decoder(decoder: Any, groups: int, device: Any, fixed_upto: int,
@@ -117,7 +114,7 @@ def warm_decoder(decoder: Any, groups: int, device: Any, fixed_upto: int,
     with torch.inference_mode():
         while frames <= fixed_upto:
             rows = 1
-            while rows <= _pow2(most_rows):
+            while rows <= pow2(most_rows):
                 decoder(torch.zeros(rows, groups, frames, dtype=torch.long, device=device))
                 calls, rows = calls + 1, rows * 2
             frames *= 2

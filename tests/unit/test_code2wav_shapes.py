@@ -37,13 +37,15 @@ def test_calls_are_padded_to_powers_of_two_of_rows_and_to_windows_when_causal():
     causal = CallShapes((4, 12, 28, 50), causal=True, max_rows=64, max_frames=0)
     assert causal.padded(3, 12) == (4, 12)
     assert causal.padded(5, 30) == (8, 50)  # a last chunk: a window's length
-    assert causal.padded(2, 325) == (2, 325)  # longer than every window: kept
+    assert causal.padded(3, 325) == (3, 325)  # longer than every window: kept whole
     looks_ahead = CallShapes((4, 12, 28, 50), causal=False, max_rows=64, max_frames=0)
-    assert looks_ahead.padded(3, 30) == (4, 30)  # frames kept: padding would change them
+    assert looks_ahead.padded(3, 28) == (4, 28)  # a window's length: rows padded
+    assert looks_ahead.padded(3, 30) == (3, 30)  # frames kept (padding would change them),
+    # so not a warmed shape: left as it is
     # the engine's frames per call bound the padding: 20 rows of 50 fit 1000, 32 do not
     capped = CallShapes((50,), causal=True, max_rows=64, max_frames=1000)
     assert capped.padded(17, 50) == (20, 50)
-    assert capped.padded(30, 30) == (32, 30)  # 30 rows of 50 frames would not fit 1000
+    assert capped.padded(30, 30) == (30, 30)  # 30 rows of 50 frames would not fit 1000
     assert capped.warm_shapes() == [(1, 50), (2, 50), (4, 50), (8, 50), (16, 50), (20, 50)]
 
 
@@ -53,9 +55,9 @@ def c2w(tmp_path_factory):
 
 
 def test_padded_calls_give_each_chunk_the_audio_it_has_alone(c2w, monkeypatch):
-    """Three streams through an engine whose runner pads its calls: every call's rows a
-    power of two, every call shape met at load, and each chunk's audio what decoding that
-    chunk by itself gives."""
+    """Three streams through an engine whose runner pads its calls: every window-length
+    call's rows a power of two and its shape met at load, and each chunk's audio what
+    decoding that chunk by itself gives."""
     runner = Code2WavRunner(c2w, {"chunk_frames": 8, "left_context": 6,
                                   "first_chunk_frames": 2, "fixed_shapes": True})
     shapes: list[tuple[int, int]] = []
@@ -75,8 +77,9 @@ def test_padded_calls_give_each_chunk_the_audio_it_has_alone(c2w, monkeypatch):
         feed_stream(engine, rid, c, rng, outs)
     drain(engine, outs)
     served = shapes[len(warmed):]
-    assert all(rows & (rows - 1) == 0 for rows, _ in served), served
-    assert {s for s in served if s[1] in (2, 6, 14)} <= warmed
+    windowed = [s for s in served if s[1] in (2, 6, 14)]  # others: last chunks, unpadded
+    assert windowed and all(rows & (rows - 1) == 0 for rows, _ in windowed), served
+    assert set(windowed) <= warmed
     for rid, c in codes.items():
         pieces = [audio_of(o.data) for o in outs[rid] if o.data["frames"]]
         start = 0
