@@ -246,8 +246,10 @@ class LTX2Denoiser:
             spatio_temporal_guidance_blocks=self.options["stg_blocks"] if any(perturbed)
             else None,
             # 0 = skip self-attention in the STG blocks (that row's perturbed pass)
+            # in the transformer's dtype: its blocks lerp bf16 values by this weight
             perturbation_mask=torch.tensor([0.0 if p else 1.0 for p in perturbed],
-                                           device=self.device) if any(perturbed) else None,
+                                           device=self.device, dtype=self.dtype)
+            if any(perturbed) else None,
             use_cross_timestep=self.options["use_cross_timestep"], return_dict=False)
         return list(zip(video.float().split(1), audio.float().split(1), strict=True))
 

@@ -162,3 +162,17 @@ def test_a_bad_image_crf_fails_the_load_naming_it(eng, crf):
     with pytest.raises(EngineLoadError, match="'image_crf'"):
         FirstFrame(eng.denoiser.pipe, {"image_crf": crf})
     assert FirstFrame(eng.denoiser.pipe, {}).crf == 33  # the pipeline's, for Gemma-3
+
+
+def test_stg_rows_beside_others_run_in_bfloat16(tmp_path_factory):
+    """The release's dtype: a call holding STG rows with other rows lerps bf16 values by
+    the perturbation mask, which must be bf16 too (float32 failed every such call on the
+    GPU; the float32 tests above could not see it)."""
+    model_dir = ensure_tiny_model("ltx2", tmp_path_factory.getbasetemp() / "models")
+    denoiser = build_denoiser("ltx2", model_dir=str(model_dir), device="cpu",
+                              dtype="bfloat16", options=OPTIONS)
+    results = run(DiffusionEngine(denoiser, OPTIONS), [
+        ("a", {"prompt": "a red fox barks"}, {"size": "64x64", "steps": 2, "seed": 1,
+                                              "frames": 9})])
+    assert results["a"]["video"].float().std() > 2
+    assert torch.isfinite(results["a"]["audio"]).all()
