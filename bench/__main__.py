@@ -33,8 +33,8 @@ BENCHMARKS = {
                "omni's server vs the diffusers pipeline per step"),
     "asr": ("asr", "speech recognition: Whisper real-time factor, omni's server vs "
             "faster-whisper direct"),
-    "vlm": ("vlm", "image chat (Qwen2.5-VL / Qwen3-VL) and Whisper in the HF layout, "
-            "in-process: batched vision encoder / generate() vs one request at a time"),
+    "vlm": ("vlm", "image chat (Qwen2.5-VL / Qwen3-VL) and Whisper in the HF layout, tiny or "
+            "at the release's shapes: omni's server and engine vs transformers generate()"),
     "ar": ("ar", "text generation: tokens/s, TTFT and decode step vs the HBM roofline, omni "
            "(HTTP, in-process) vs transformers generate (sequential, batched)"),
     "diffusion": ("diffusion", "images: denoising steps/s and latency, omni's step-level "

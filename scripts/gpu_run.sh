@@ -78,8 +78,18 @@
 #                                        # every line after "stopping:" is printed (only
 #                                        # "stopped" may follow)
 #   bash scripts/gpu_run.sh vlm [C]      # tiny Qwen2.5-VL, Qwen3-VL and HF-layout Whisper on cuda:
-#                                        # tests/unit/test_ar_vl.py + test_whisper_hf.py, then
-#                                        # bench vlm per family at concurrency C (default 1,8,32)
+#                                        # tests/unit/test_ar_vl.py + test_whisper_hf.py (+
+#                                        # test_vl_release.py), then per family at the release's
+#                                        # shapes (Qwen2.5-VL-7B, Qwen3-VL-8B, whisper-large-v3;
+#                                        # random bf16, built on the GPU into /tmp/m/vlm-F and
+#                                        # removed after its run): bench vlm --shape release,
+#                                        # sides ours-http, hf-generate, ours-inproc, concurrency
+#                                        # C (default 1,8), 448 px images / 5 s clips, 64 new
+#                                        # tokens; a family the call's time left cannot hold is
+#                                        # skipped, saying so (FAMILIES="qwen3_vl" runs only it;
+#                                        # SIDES=..., LAYERS=N for a dry run, TAG=... names the
+#                                        # reports, default h200); whisper's ours-http needs
+#                                        # PyAV (.whl/media), else it is skipped
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #   bash scripts/gpu_run.sh qwen3tts [P] # Qwen3-TTS-12Hz-1.7B's shapes (random bf16, built on the
@@ -504,12 +514,29 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out "$OUT" 2>&1 | grep -E "^\[omni\]|Error" | tail -14
     ;;
   vlm)
+    only_model tiny  # the disk holds one real-size model at a time: each family's in turn
     OMNI_CACHE_DIR=/tmp/m/tiny timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/unit/test_ar_vl.py tests/unit/test_whisper_hf.py 2>&1 | tail -3
-    for family in qwen2_5_vl qwen3_vl whisper_hf; do
-      OMNI_CACHE_DIR=/tmp/m/tiny timeout 120 python3 -m bench vlm --family "$family" \
-        --device cuda --concurrency "${2:-1,8,32}" --tag h200 --out "$OUT" 2>&1 \
-        | grep -E "^\[vlm\]|Error" | tail -4
+      tests/unit/test_ar_vl.py tests/unit/test_whisper_hf.py tests/unit/test_vl_release.py 2>&1 | tail -3
+    say "tests done"
+    # a 7-8 B family: build + save ~60-90 s, the server's load, transformers' load, the
+    # engine's load, two bursts a level a side (~200-280 s, guesses); whisper-large-v3 ~90 s
+    for family in ${FAMILIES:-qwen2_5_vl qwen3_vl whisper_hf}; do
+      if [ "$family" = whisper_hf ]; then need=90 most=150; else need=200 most=280; fi
+      left=$(( 590 - $(date +%s) + t0 ))
+      if [ "$left" -lt "$need" ]; then
+        say "vlm $family skipped: ${left} s left; run: FAMILIES=$family bash scripts/gpu_run.sh vlm ${2:-}"
+        continue
+      fi
+      timeout $(( left < most ? left : most )) python3 -m bench vlm --family "$family" \
+        --shape release --device cuda --concurrency "${2:-1,8}" \
+        --sides "${SIDES:-ours-http,ours-inproc,hf-generate}" ${LAYERS:+--layers "$LAYERS"} \
+        --model-dir-out "/tmp/m/vlm-$family" --tag "${TAG:-h200}" --out "$OUT" \
+        > "$OUT/bench-vlm-$family.log" 2>&1
+      echo "bench vlm $family: exit $?"
+      grep -E "^\[vlm\]|Error|error" "$OUT/bench-vlm-$family.log" | tail -16
+      # a build cut short leaves its .building- directory beside the target
+      rm -rf "/tmp/m/vlm-$family" /tmp/m/.vlm-"$family".*
+      say "vlm $family done"
     done
     ;;
   videos)

@@ -1,0 +1,135 @@
+"""The ours-http side of `python -m bench vlm`: `python -m omni.server --model DIR --port 0`
+as users run it (bench.ar_ours.start_server: the log to --out, the port from its
+"listening on" line; SIGTERM at the end), and c concurrent aiohttp clients per burst.
+
+  image chat  POST /v1/chat/completions: one user message of an image_url part (a data:
+              PNG URL) and a text part, temperature 0, max_tokens --new-tokens,
+              ignore_eos (every answer that long), stream with include_usage; TTFT is
+              the first SSE chunk carrying a choice (the server sends it with the
+              engine's first token), as bench ar counts it
+  whisper     POST /v1/audio/transcriptions, one WAV file a request, language en,
+              response_format verbose_json (its segments carry the token ids: the
+              lengths are checked). The preset takes no per-request length, so the
+              server runs a copy of whisper_hf.yaml with option max_new_tokens
+              (`--pipeline`, bench.ar_ours.target_for); the transcript comes whole, so
+              no TTFT. The server decodes the upload with PyAV: without it the side is
+              skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ar_ours import served_id, start_server, target_for
+from bench.ar_report import summarize
+from bench.common import say, sse_events
+from bench.vlm_sides import LANGUAGE, QUESTION, say_row, wav, whisper_summary
+
+
+class Skipped(Exception):
+    """A side that cannot run here, and why (the report says so)."""
+
+
+def http_side(family: str, model_dir: str, work: dict[int, dict[str, list[Any]]], args: Any,
+              log_path: Path) -> dict[str, Any]:
+    whisper = family == "whisper_hf"
+    if whisper and importlib.util.find_spec("av") is None:
+        raise Skipped("no PyAV here: the server cannot decode the uploaded WAV")
+    options = {"max_new_tokens": args.new_tokens} if whisper else None
+    with tempfile.TemporaryDirectory() as tmp:
+        target = target_for(model_dir, args.device, Path(tmp), options)
+        started = time.perf_counter()
+        proc, url = start_server(target, "auto", args.server_timeout, log_path)
+        say(f"[vlm] ours-http: {' '.join(target)} listening at {url} after "
+            f"{time.perf_counter() - started:.0f} s")
+        try:
+            return asyncio.run(_levels(whisper, url, work, args))
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()  # SIGTERM: the server drains and stops its engine processes
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def _levels(whisper: bool, url: str, work: dict[int, dict[str, list[Any]]],
+                  args: Any) -> dict[str, Any]:
+    import aiohttp
+
+    most = max(work)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                     connector=aiohttp.TCPConnector(limit=most + 8)) as session:
+        model = await served_id(session, url)
+        send = _transcribe if whisper else _chat
+        rows = {}
+        for n, items in work.items():
+            start = time.perf_counter()  # warm-up: a full burst of other inputs
+            await asyncio.gather(*(send(session, url, model, x, args, start)
+                                   for x in items["warm"]))
+            start = time.perf_counter()
+            runs = await asyncio.gather(*(send(session, url, model, x, args, start)
+                                          for x in items["run"]))
+            wall = time.perf_counter() - start
+            rows[str(n)] = whisper_summary(runs, wall, args.clip_seconds, args.new_tokens) \
+                if whisper else summarize(runs, wall, args.new_tokens)
+            say_row("ours-http", n, rows[str(n)])
+        return rows
+
+
+async def _chat(session: Any, url: str, model: str, image: bytes, args: Any,
+                start: float) -> dict[str, Any]:
+    import base64
+
+    data_url = "data:image/png;base64," + base64.b64encode(image).decode()
+    body = {"model": model, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url}},
+        {"type": "text", "text": QUESTION}]}],
+        "max_tokens": args.new_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}
+    first = last = tokens = None
+    text_times: list[float] = []  # arrivals of chunks that carry text
+    async for now, event in sse_events(session, f"{url}/v1/chat/completions", body):
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices") or ():
+            first = first or now
+            if (choice.get("delta") or {}).get("content"):
+                text_times.append(now)
+                last = now
+            if choice.get("finish_reason"):
+                last = now  # the final chunk follows the last token at once
+    if first is None or tokens is None:
+        raise RuntimeError("the stream had no choices or no usage")
+    gaps = [b - a for a, b in zip(text_times, text_times[1:], strict=False)]
+    return {"ttft": first - start, "ttft_text": (text_times or [last])[0] - start,
+            "itl": (last - first) / (tokens - 1) if tokens > 1 else None,
+            "done": time.perf_counter() - start, "tokens": tokens, "gaps": gaps,
+            "text_chunks": len(text_times)}
+
+
+async def _transcribe(session: Any, url: str, model: str, samples: Any, args: Any,
+                      start: float) -> dict[str, Any]:
+    import aiohttp
+
+    form = aiohttp.FormData()
+    for name, value in (("model", model), ("language", LANGUAGE), ("temperature", "0"),
+                        ("response_format", "verbose_json")):
+        form.add_field(name, value)
+    form.add_field("file", wav(samples), filename="clip.wav", content_type="audio/wav")
+    async with session.post(f"{url}/v1/audio/transcriptions", data=form) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"transcription: HTTP {resp.status}: {await resp.text()}")
+        body = await resp.json()
+    return {"done": time.perf_counter() - start,
+            "tokens": sum(len(s["tokens"]) for s in body["segments"])}
