@@ -12,8 +12,18 @@ max_batched_tokens.
 At load, after the warm-up, a few eager prefill steps of different sizes are timed (the
 same forward a real step runs) and a line ``ms = fixed + per_token * tokens`` is fitted
 by least squares; the cap is the tokens that line allows within the target, rounded
-down to whole KV blocks, between one block and max_batched_tokens. Steps with no decode
-in them keep max_batched_tokens, so a burst of prompts alone prefills at full size.
+down to whole KV blocks, between the smallest timed size and max_batched_tokens. Steps
+with no decode in them keep max_batched_tokens, so a burst of prompts alone prefills at
+full size.
+
+Why a floor at the smallest timed size: below it the line is extrapolated, and a timing
+disturbed by another process on the GPU fits a large fixed part. Seen on an H100:
+Qwen2.5-Omni's thinker, loading beside its talker and token2wav (and a second server),
+fitted 56.7 ms + 0.019 ms/token against 3.1 ms + 0.057 ms/token for the same model in the
+other server; the cap came out at 16 tokens, and at c=8 the prompts waiting beside one
+decoding stream prefilled 16 tokens a step: first tokens after 18 s p50 instead of 0.4 s.
+For the same reason each size is timed in two passes (ascending, then descending) and
+the fastest counts: a neighbour's burst rarely covers both.
 An explicit ``prefill_beside_decodes`` wins; on CPU nothing is measured unless
 ``step_latency_ms`` is set (a CPU step is slow for any size: the cap would be tiny).
 """
@@ -33,7 +43,8 @@ log = logging.getLogger("omni.engines.ar.step_budget")
 
 DEFAULT_STEP_LATENCY_MS = 50.0
 SAMPLE_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2)  # of max_batched_tokens: timed step sizes
-REPEATS = 3  # per size: the fastest counts (two loads on one H200 fitted 9 and 28 ms fixed with 2)
+REPEATS = 2  # per size and pass: the fastest of all counts (two loads on one H200 fitted 9
+# and 28 ms fixed with 2 in one pass)
 
 
 @dataclass(frozen=True)
@@ -65,17 +76,17 @@ def fit(samples: list[tuple[int, float]]) -> StepModel:
 def measure(engine: Any, sizes: list[int]) -> StepModel | None:
     """Time eager prefill steps of `sizes` tokens (one sequence each) on the engine's cache;
     None when the pool cannot lend the blocks of the largest."""
-    samples = []
-    for tokens in sizes:
+    best: dict[int, float] = {}
+    for tokens in [*sizes, *reversed(sizes)]:  # two passes: see the module doc
         tables = borrow_blocks(engine.cache, [tokens])
         if tables is None:
             return None
         try:
-            best = min(_time_step(engine, tables, tokens) for _ in range(REPEATS))
+            ms = min(_time_step(engine, tables, tokens) for _ in range(REPEATS))
         finally:
             give_back(engine.cache, tables)
-        samples.append((tokens, best))
-    return fit(samples)
+        best[tokens] = min(ms, best.get(tokens, ms))
+    return fit(sorted(best.items()))
 
 
 def _time_step(engine: Any, tables: list[list[int]], tokens: int) -> float:
@@ -108,8 +119,14 @@ def size_prefill_budget(engine: Any) -> StepModel | None:
         log.info("step model not measured: the KV cache cannot lend %d tokens' blocks", sizes[-1])
         return None
     tokens = model.tokens_within(float(target)) // block * block
-    scheduler.prefill_beside_decodes = min(most, max(block, tokens))
+    scheduler.prefill_beside_decodes = min(most, max(sizes[0], tokens))
     log.info("prefill step model: %.1f ms + %.4f ms/token; a step beside decodes carries at "
              "most %d prompt tokens (step_latency_ms %s)", model.fixed_ms, model.per_token_ms,
              scheduler.prefill_beside_decodes, target)
+    if tokens < sizes[0]:
+        log.warning("the step model allows only %d prompt tokens a step within step_latency_ms "
+                    "%s; steps beside decodes carry %d (the smallest timed step), since fewer "
+                    "would leave waiting prompts a few tokens a step. If another process was "
+                    "using the GPU at load, the timing was disturbed; else raise "
+                    "step_latency_ms or set prefill_beside_decodes", tokens, target, sizes[0])
     return model
