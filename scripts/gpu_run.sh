@@ -145,6 +145,8 @@
 #                                        # its tests and the diffusion half need the diffusers
 #                                        # wheel in .whl/server, as flux)
 #
+# CALL_S=N: the seconds a case's time checks assume it has (default 590, one call's limit;
+# lower when the case runs after others in the same call).
 # Wheels the box lacks (pyzmq, msgspec, pydantic, transformers 5.24, diffusers, llguidance:
 # scripts/gpu_wheels.txt) come from `bash scripts/fetch_gpu_wheels.sh` into .whl/server
 # (carry it) and are installed to /tmp/site, with PyAV from .whl/media where carried.
@@ -250,7 +252,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     qwen3tts_part() {  # PART NEED_S TAG BENCH_ARGS...
       local part=$1 need=$2 tag=$3 left; shift 3
       [[ ,$parts, == *,$part,* ]] || return 0
-      left=$(( 590 - $(date +%s) + t0 ))
+      left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))
       if [ "$left" -lt "$need" ]; then
         say "$part skipped: ${left} s left; run: bash scripts/gpu_run.sh qwen3tts $part"; return 0
       fi
@@ -273,7 +275,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     qwen3tts_part arplain 150 "${TAG:-h200}-ar-plain" "${custom[@]}" --layout ar \
       --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
     # 64 staggered arrivals (continuous batching): late requests' first audio
-    left=$(( 590 - $(date +%s) + t0 ))
+    left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))
     if [[ ,$parts, == *,stagger,* ]] && [ "$left" -gt 120 ]; then
       stagger_model=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && stagger_model=(--model "$MODEL")
       timeout 150 python3 bench/probes/qwen3_tts_stagger.py "${stagger_model[@]}" \
@@ -409,7 +411,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       say "model ready"
       bench_ar_option /tmp/m/q8 quantization "qwen3-8b-${TAG:-h200}-fp8" none fp8
     fi
-    left=$(( 590 - $(date +%s) + t0 ))  # Qwen-Image's build and bench need ~3 min (guess)
+    left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))  # Qwen-Image's build and bench need ~3 min (guess)
     if [ "$part" != ar ] && [ "$left" -lt 180 ]; then
       say "diffusion half skipped: ${left} s left; run: bash scripts/gpu_run.sh fp8 diffusion"
     elif [ "$part" != ar ]; then
@@ -506,7 +508,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     say "model ready ($(du -sh /tmp/m/omni25 | cut -f1))"
     levels=${2:-1,8} sides=${3:-stream,full}
     # what is left of the call's 10 minutes (the build may have taken some)
-    timeout $(( 590 - $(date +%s) + t0 )) python3 -m bench omni --family qwen2_5_omni --model-dir /tmp/m/omni25 \
+    timeout $(( ${CALL_S:-590} - $(date +%s) + t0 )) python3 -m bench omni --family qwen2_5_omni --model-dir /tmp/m/omni25 \
       --memory thinker=24GiB,talker=4GiB,token2wav=6GiB --prompt-tokens 2500 \
       --thinker-tokens 225 --talker-frames 450 --concurrency "$levels" \
       --bursts "$(echo "$levels" | sed 's/[0-9]\+/1/g')" --repeats 2 --sides "$sides" \
@@ -522,7 +524,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # engine's load, two bursts a level a side (~200-280 s, guesses); whisper-large-v3 ~90 s
     for family in ${FAMILIES:-qwen2_5_vl qwen3_vl whisper_hf}; do
       if [ "$family" = whisper_hf ]; then need=90 most=150; else need=200 most=280; fi
-      left=$(( 590 - $(date +%s) + t0 ))
+      left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))
       if [ "$left" -lt "$need" ]; then
         say "vlm $family skipped: ${left} s left; run: FAMILIES=$family bash scripts/gpu_run.sh vlm ${2:-}"
         continue

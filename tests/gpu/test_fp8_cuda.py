@@ -40,6 +40,24 @@ def test_the_cuda_kernel_matches_float32_on_the_same_fp8_operands():
     assert ((cuda - plain).norm() / plain.norm()) < 0.1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows,width", [(1, 48), (17, 4096), (3000, 3072), (5, 12288), (0, 64)])
+def test_the_fused_activation_kernel_equals_the_pytorch_form_bitwise(dtype, rows, width):
+    from omni.engines.quantization import fp8_rows
+
+    torch.manual_seed(rows + width)
+    x = (torch.randn(rows, width, device="cuda") * 10).to(dtype)
+    if rows:
+        x[0] = 0  # an all-zero row: the scale's floor
+    x = x[:, : width - 16] if width > 64 else x  # a row stride wider than the row
+    assert fp8_rows.available(x)
+    q, scale = fp8_rows.quantize_rows_fused(x, FP8)
+    ref_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    ref = (x.float() / ref_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return str(build_tiny_qwen3(tmp_path_factory.mktemp("fp8") / "qwen3",

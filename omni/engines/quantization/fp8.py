@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omni.engines.quantization import fp8_rows
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 KERNEL_MULTIPLE = 16  # _scaled_mm's widths on CUDA
@@ -41,8 +43,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """x (..., K) in a float dtype; weight (N, K) fp8 with (N,) scales -> (..., N)."""
     rows = x.reshape(-1, x.shape[-1])
-    x_scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    xq = (rows.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    xq, x_scale = quantize_activations(rows)
     # CUDA's row-wise scaled matmul writes bf16 only (torch refuses other output dtypes
     # with per-row scales): a float16 / float32 model's output is cast back from it
     out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
@@ -51,6 +52,15 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def quantize_activations(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): rows (M, K) as fp8 rows and their (M, 1) float32 scales; one Triton
+    kernel where it runs (fp8_rows.py: the PyTorch form below is six kernels and passes)."""
+    if fp8_rows.available(rows):
+        return fp8_rows.quantize_rows_fused(rows, FP8)
+    scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
