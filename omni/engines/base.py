@@ -40,6 +40,15 @@ def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[
                               f"are {', '.join(sorted(valid))}")
 
 
+def flag_option(options: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A true/false option, refused when it is anything else: bool("false") is True, so a
+    quoted value would silently turn a feature on."""
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise EngineLoadError(f"option {name} must be true or false, got {value!r}")
+    return value
+
+
 def resolve_device(device: str) -> str:
     """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; anything else unchanged."""
     if device != "auto":

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import omni.models.diffusion as common
-from omni.engines.base import DenoiseJob
+from omni.engines.base import DenoiseJob, flag_option
 
 T2I, EDIT = "FluxPipeline", "FluxKontextPipeline"
 
@@ -55,7 +55,7 @@ class FluxDenoiser:
                                     default_guidance=2.5 if self.edit else 3.5)
         self.max_text_tokens = int(options.get("max_sequence_length", 512))
         self.true_cfg = float(options.get("true_cfg_scale", 1.0))
-        self.auto_resize = bool(options.get("auto_resize", True))
+        self.auto_resize = flag_option(options, "auto_resize", True)
         self.distilled = bool(pipe.transformer.config.guidance_embeds)
 
     def info(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 import omni.models.diffusion as common
-from omni.engines.base import DenoiseJob, EngineLoadError
+from omni.engines.base import DenoiseJob, EngineLoadError, flag_option
 from omni.models.ltx2_guidance import (
     AUDIO,
     VIDEO,
@@ -105,7 +105,7 @@ class LTX2Denoiser:
             values["stg_blocks"] = [int(b) for b in options.get("stg_blocks", [28])]
         except (TypeError, ValueError) as e:
             raise EngineLoadError(f"bad LTX-2 guidance option: {e}") from e
-        values["use_cross_timestep"] = bool(options.get("use_cross_timestep", True))
+        values["use_cross_timestep"] = flag_option(options, "use_cross_timestep", True)
         return values
 
     def info(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, flag_option
 from omni.models.speech import (
     check_speed,
     ended_sentences,
@@ -137,7 +137,7 @@ class PiperTTS:
         self.intra_op_threads = threads
         self.max_phonemes = max_ph
         self.sample_rate = int(self.voice.config.sample_rate)
-        self.openai_voices = bool(opts.get("openai_voices", False))
+        self.openai_voices = flag_option(opts, "openai_voices", False)
         self._voices = self._list_voices()
         self._speaker_ids = self._speaker_map()
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
 from omni.models.codec_talker import CodecTalkerLM
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
@@ -124,7 +124,7 @@ class TTSFeed:
         self.cfg = self.model.config.talker_config
         self.groups = int(self.cfg.num_code_groups)
         self.language = str(options.get("language", "auto"))
-        self.openai_voices = bool(options.get("openai_voices", False))
+        self.openai_voices = flag_option(options, "openai_voices", False)
         self.sampling = tts._merge_generate_kwargs(**{k: v for k, v in options.items()
                                                      if k.startswith("subtalker_")})
         self.predictor_greedy = not self.sampling["subtalker_dosample"]
@@ -135,7 +135,7 @@ class TTSFeed:
         # the predictor's layers compiled inside its graphs (qwen3_omni_predictor.py; H100,
         # in-process: its share of a step at B=8 12.7 -> 5.5 ms, bench/results/
         # qwen3-tts-ar-step-h100.md)
-        self.predictor_compile = bool(options.get("predictor_compile", True))
+        self.predictor_compile = flag_option(options, "predictor_compile", True)
         codec = self.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.speakers = sorted(self.model.get_supported_speakers() or ())

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, flag_option
 from omni.fixtures.release_files import FIXTURE_MARKER
 from omni.models.speech import (
     check_speed,
@@ -110,7 +110,7 @@ class VitsTTS:
         voice_id = opts.get("voice_id") or model_dir.name
         language = getattr(tokenizer, "language", None) or opts.get("language") or "en"
         self.voices = [voice_entry(str(voice_id), str(voice_id), str(language), self.sample_rate)]
-        self.openai_voices = bool(opts.get("openai_voices", False))
+        self.openai_voices = flag_option(opts, "openai_voices", False)
         self.pad_id = int(tokenizer.pad_token_id or 0)
         self._masks = _RowMasks(model)
 

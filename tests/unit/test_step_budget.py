@@ -52,3 +52,9 @@ def test_cpu_measures_nothing_by_default_and_an_explicit_cap_wins(model_dir):
     assert fixed.step_model is None and fixed.info()["prefill_beside_decodes"] == 8
     with pytest.raises(EngineLoadError, match="step_latency_ms must be a positive number"):
         AREngine(model_dir, options={"step_latency_ms": "fast"})
+
+
+def test_a_quoted_flag_is_refused_not_taken_as_true(model_dir):
+    # bool("false") is True: a quoted value must fail the load, naming the option
+    with pytest.raises(EngineLoadError, match="option chain_decode must be true or false"):
+        AREngine(model_dir, options={"chain_decode": "false"})

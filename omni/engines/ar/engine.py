@@ -76,6 +76,7 @@ from omni.engines.base import (
     StepOutput,
     check_options,
     failed_output,
+    flag_option,
 )
 from omni.models.hf_causal import load_causal_lm
 
@@ -128,8 +129,9 @@ class AREngine(Engine):
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
         # alive until the next GC pass; outputs go out while the GPU runs the next step
         self.runner = StepRunner(
-            weakref.proxy(self), self._seqs, overlap=bool(self.options.get("overlap_steps", cuda)),
-            chain=bool(self.options.get("chain_decode", cuda)),
+            weakref.proxy(self), self._seqs,
+            overlap=flag_option(self.options, "overlap_steps", cuda),
+            chain=flag_option(self.options, "chain_decode", cuda),
             exports_decode_rows=self.export_layers is not None and not self.export_prompt_only)
 
     def serve_on(self, cache: Any) -> None:

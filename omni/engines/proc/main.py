@@ -23,7 +23,7 @@ import traceback
 from typing import Any
 
 from omni.config.memory import over_budget
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, flag_option
 from omni.engines.proc.channel import Channel
 from omni.engines.proc.environment import environment_info
 from omni.engines.proc.loop import EngineLoop
@@ -119,13 +119,6 @@ def _lower_priority(nice: Any) -> None:
         os.nice(nice)
 
 
-def _option_flag(options: dict[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if not isinstance(value, bool):
-        raise EngineLoadError(f"option {name} must be true or false, got {value!r}")
-    return value
-
-
 def _serve(spec: EngineSpec, channel: Channel) -> None:
     from omni.engines import build_engine
     from omni.engines.base import resolve_device
@@ -135,7 +128,7 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
                             {**spec.payload_options, "device": resolve_device(spec.device)})
-    frozen = freeze_loaded_objects() if _option_flag(spec.options, "gc_freeze", True) else 0
+    frozen = freeze_loaded_objects() if flag_option(spec.options, "gc_freeze", True) else 0
     memory = {**_memory(), "gc_frozen": frozen}
     warning = over_budget(spec.stage, memory.get("cuda_bytes"),
                           getattr(engine, "memory_bytes", None),
