@@ -40,6 +40,13 @@ def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[
                               f"are {', '.join(sorted(valid))}")
 
 
+def streamed_chunk_frames(first: int, growth: int, cap: int, index: int) -> int:
+    """Frames in a streamed request's index-th chunk (0 = the first): `first`, growing by
+    `growth` a chunk, at most `cap`. The generation engine cuts streams by it and vocoder
+    runners warm the shapes it makes (omni/models/code2wav_shapes.py)."""
+    return min(first * growth ** min(index, 16), cap)
+
+
 def flag_option(options: Mapping[str, Any], name: str, default: bool) -> bool:
     """A true/false option, refused when it is anything else: bool("false") is True, so a
     quoted value would silently turn a feature on."""

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from omni.engines.base import streamed_chunk_frames
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ def stream_windows(first: int, growth: int, chunk: int, left_context: int) -> li
     repeat: e.g. first 4, growth 2, chunk 25, context 25 -> [4, 12, 28, 50]."""
     windows, done, index = [], 0, 0
     while True:
-        size = min(first * growth ** min(index, 16), chunk)
+        size = streamed_chunk_frames(first, growth, chunk, index)
         window = min(left_context, done) + size
         if window in windows:
             return windows

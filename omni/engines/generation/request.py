@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from omni.engines.base import streamed_chunk_frames
+
 
 class Runner(Protocol):
     """What a model adapter provides to the generation engine."""
@@ -113,8 +115,9 @@ def next_chunk(req: GenRequest, runner: Runner) -> tuple[int, int] | None:
     end = req.pass_context()
     new = end - req.done
     if req.stream:
-        growth = getattr(runner, "chunk_growth", 1) ** min(req.index, 16)
-        size = min(runner.first_chunk_frames * growth, runner.chunk_frames)
+        size = streamed_chunk_frames(runner.first_chunk_frames,
+                                     getattr(runner, "chunk_growth", 1),
+                                     runner.chunk_frames, req.index)
     else:
         size = runner.complete_chunk_frames
     if new >= size:
