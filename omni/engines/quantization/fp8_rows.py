@@ -56,7 +56,9 @@ if triton is not None:
         for start in range(0, width, BLOCK):
             mask = start + offsets < width
             x = tl.load(x_row + start + offsets, mask=mask, other=0.0).to(tl.float32)
-            q = tl.minimum(tl.maximum(x / scale, -LIMIT), LIMIT)
+            # div_rn: IEEE division, as PyTorch's; Triton's `/` is the approximate one (2 ulp),
+            # which moved values across fp8 rounding boundaries (tests/gpu found them)
+            q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -LIMIT), LIMIT)
             tl.store(q_row + start + offsets, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
 
