@@ -50,7 +50,7 @@ def test_the_fused_activation_kernel_equals_the_pytorch_form_bitwise(dtype, rows
     if rows:
         x[0] = 0  # an all-zero row: the scale's floor
     x = x[:, : width - 16] if width > 64 else x  # a row stride wider than the row
-    assert fp8_rows.available(x)
+    assert fp8_rows.fused_available(x)
     q, scale = fp8_rows.quantize_rows_fused(x, FP8)
     ref_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     ref = (x.float() / ref_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)

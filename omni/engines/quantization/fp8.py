@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.engines.quantization import fp8_rows
+from omni.engines.quantization.fp8_rows import fused_available, quantize_rows_fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -57,8 +57,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 def quantize_activations(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale): rows (M, K) as fp8 rows and their (M, 1) float32 scales; one Triton
     kernel where it runs (fp8_rows.py: the PyTorch form below is six kernels and passes)."""
-    if fp8_rows.available(rows):
-        return fp8_rows.quantize_rows_fused(rows, FP8)
+    if fused_available(rows):
+        return quantize_rows_fused(rows, FP8)
     scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 

@@ -29,7 +29,7 @@ FP8_MAX = 448.0
 MAX_BLOCK = 4096  # row elements per loop iteration (wider rows loop)
 
 
-def available(x: torch.Tensor) -> bool:
+def fused_available(x: torch.Tensor) -> bool:
     """The kernel serves x: triton present, x on CUDA, and not inside torch.compile, whose
     own fusion of the PyTorch path is as good and which would have to trace the launch.
     (Triton's CPU interpreter runs it in tests only: its fp8 cast drops the carry of a
