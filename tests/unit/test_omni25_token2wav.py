@@ -57,8 +57,10 @@ def audible(wav: torch.Tensor) -> None:
 
 
 def test_audio_equals_transformers_token2wav(engine, composite):
-    codes = {"a": list(range(3, 40)), "b": [5, 9, 1, 63, 22] * 6, "c": list(range(3, 40))}
-    speaker = {"a": 0, "b": 1, "c": 1}
+    # a, c and d have equal lengths: one engine call, a and d in one DiT batch (speaker 0)
+    codes = {"a": list(range(3, 40)), "b": [5, 9, 1, 63, 22] * 6, "c": list(range(3, 40)),
+             "d": list(range(40, 3, -1))}
+    speaker = {"a": 0, "b": 1, "c": 1, "d": 0}
     got = decode(engine, {r: [c, [speaker[r]] * len(c)] for r, c in codes.items()})
     names = list(composite.speaker_map)
     for rid, c in codes.items():
@@ -70,13 +72,30 @@ def test_audio_equals_transformers_token2wav(engine, composite):
         assert got[rid].shape == ref.shape == (len(c) * 480,)
         torch.testing.assert_close(got[rid], ref, atol=ATOL, rtol=0)
     assert not torch.allclose(got["a"], got["c"])  # the speaker conditions the audio
+    assert not torch.allclose(got["a"], got["d"])  # and the codes do: rows are not mixed up
 
 
 def test_seed_and_batch_neighbours_do_not_change_an_utterance(engine):
     codes = [list(range(10, 22)), [0] * 12]
     alone = decode(engine, {"x": codes})["x"]
     together = decode(engine, {"x": codes, "y": [list(range(30, 42)), [1] * 12]})["x"]
-    assert torch.equal(alone, together)
+    assert torch.equal(alone, together)  # another speaker: another DiT batch
+    # the same speaker: one DiT batch of three rows, each from the noise it draws alone
+    t2w, rows = engine.runner.t2w, []
+    decode_rows = t2w.decode_rows
+
+    def recorded(codes, *args, **kwargs):
+        rows.append(codes.shape[0])
+        return decode_rows(codes, *args, **kwargs)
+    t2w.decode_rows = recorded
+    try:
+        batched = decode(engine, {"x": codes, "y": [list(range(30, 42)), [0] * 12],
+                                  "z": [list(range(50, 62)), [0] * 12]})
+    finally:
+        del t2w.decode_rows
+    assert rows == [3]
+    torch.testing.assert_close(batched["x"], alone, atol=ATOL, rtol=0)
+    assert not torch.allclose(batched["y"], batched["z"], atol=1e-3)
 
 
 def test_bad_codes_are_refused_clearly(engine):
