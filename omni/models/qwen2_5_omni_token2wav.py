@@ -41,7 +41,10 @@ Quirks:
   batched ODE is written out in ``decode_rows``, with transformers' DiT, RK4 solver and
   BigVGAN. Before, each row was decoded alone: at c=8 on an H100 the streamed chunks of
   eight requests ran one after another, 6.3 s an engine step
-  (bench/results/omni-qwen2_5_omni-h100.md).
+  (bench/results/omni-qwen2_5_omni-h100.md). Memory: a call's rows x codes stay within
+  ``batch_frames`` (the DiT's longest utterance), so a batch's activations, and its
+  attention (rows x length^2 <= longest^2), never pass those of the one longest
+  utterance the runner decoded before.
 - Input frames are {"codes": [[code, ...], [speaker, ...]]}: the talker stage puts its
   speaker's index in the release's table under every code (qwen2_5_omni_talker.py).
 """
