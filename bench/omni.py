@@ -89,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="critical-path rounds per part (default 5)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds to wait for a server to start (default 600)")
+    parser.add_argument("--start-together", action="store_true",
+                        help="start the sides' servers at once (faster; by default one after "
+                             "another, so no server's load-time measurements, such as its AR "
+                             "stages' step-time model, are taken while another loads)")
     parser.add_argument("--tag", default="", help="suffix of the report names: omni-TAG.md")
     parser.add_argument("--out", default="bench/results",
                         help="directory for omni.md and omni.json (default bench/results)")
@@ -319,8 +323,12 @@ def _free_device_memory() -> None:
 
 def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Namespace,
                    procs: list[Any]) -> dict[str, str]:
-    """Every side's server, started together (loading and graph capture overlap); each
-    one's log goes to server-<side>[-tag].log next to the report."""
+    """Every side's server, one after another unless --start-together; each one's log
+    goes to server-<side>[-tag].log next to the report. Why one after another: a server
+    times prefill steps at load to size its step budget, and two servers loading on one
+    GPU disturbed that (Qwen2.5-Omni on an H100: one server's thinker fitted 56.7 ms of
+    fixed cost, the other's 3.1 ms; bench/results/omni-qwen2_5_omni-h100.md), so the sides
+    ran with different budgets."""
     from concurrent.futures import ThreadPoolExecutor
 
     from bench.ar_ours import start_server
@@ -336,7 +344,8 @@ def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Name
         say(f"[omni] {side} server up in {time.monotonic() - started:.1f} s (log: {log})")
         return url
 
-    with ThreadPoolExecutor(len(sides) or 1) as pool:
+    workers = len(sides) if args.start_together else 1
+    with ThreadPoolExecutor(workers or 1) as pool:
         return dict(zip(sides, pool.map(start, sides), strict=True))
 
 
