@@ -2,7 +2,7 @@
 fixtures, real loaders, on the CPU): the vision and audio towers' features meet a bf16
 language model, where a tensor left in float32 fails or silently upcasts. The equality
 tests (test_ar_vl.py, test_ar_thinker.py, test_omni25_thinker.py, test_whisper_hf.py) run
-float32, as does tests/gpu/test_vl_whisper_cuda.py."""
+float32, as does tests/gpu/test_vl_whisper_cuda.py. Each also with fp8 decoder layers."""
 
 from __future__ import annotations
 
@@ -41,11 +41,15 @@ CASES = [("qwen2_5_vl", [IMAGE]), ("qwen3_vl", [IMAGE]), ("qwen3_omni", [IMAGE, 
          ("qwen2_5_omni", [IMAGE, AUDIO])]
 
 
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
 @pytest.mark.parametrize("fixture,parts", CASES, ids=[c[0] for c in CASES])
-def test_media_prompts_answer_in_bfloat16(tmp_path_factory, fixture, parts):
+def test_media_prompts_answer_in_bfloat16(tmp_path_factory, fixture, parts, quantization):
     model_dir = ensure_tiny_model(fixture, tmp_path_factory.getbasetemp() / "models")
-    engine = AREngine(str(model_dir), dtype="bfloat16")
+    engine = AREngine(str(model_dir), dtype="bfloat16",
+                      options={"quantization": quantization})
     assert engine.info()["dtype"] == "bfloat16"
+    # fp8: the decoder layers' weights converted, the towers kept (pipeline.md)
+    assert (engine.info().get("quantized_weights", 0) > 0) == (quantization == "fp8")
     content = [*parts, {"type": "text", "text": "What is this?"}]
     for rid in ("a", "b"):  # two prompts: one encoder batch, one prefill
         engine.add(EngineRequest(rid, {"messages": [{"role": "user", "content": content}]},
