@@ -50,3 +50,27 @@ def test_the_kernel_equals_the_pytorch_form_under_the_interpreter():
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHECK)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_a_kernel_that_fails_leaves_the_pytorch_form(monkeypatch, caplog):
+    import torch
+
+    from omni.engines.quantization import fp8, fp8_rows
+
+    calls = []
+
+    def broken(rows, dtype):
+        calls.append(rows.shape)
+        raise RuntimeError("cannot build")
+    monkeypatch.setattr(fp8_rows, "_disabled", None)
+    monkeypatch.setattr(fp8, "quantize_rows_fused", broken)
+    monkeypatch.setattr(fp8, "fused_available", lambda x: fp8_rows.fused_available(x)
+                        or (fp8_rows._disabled is None))  # as on CUDA, until it failed
+    x = torch.randn(4, 32)
+    with caplog.at_level("WARNING", logger="omni.engines.quantization"):
+        q, scale = fp8.quantize_activations(x)
+        fp8.quantize_activations(x)
+    want = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / fp8.FP8_MAX
+    assert torch.equal(scale, want) and q.dtype == fp8.FP8
+    assert len(calls) == 1 and caplog.text.count("cannot build") == 1  # tried once, said once
+    assert fp8_rows._disabled == "RuntimeError: cannot build"

@@ -24,7 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni.engines.quantization.fp8_rows import fused_available, quantize_rows_fused
+from omni.engines.quantization.fp8_rows import (
+    disable_fused,
+    fused_available,
+    quantize_rows_fused,
+)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -58,7 +62,10 @@ def quantize_activations(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     """(q, scale): rows (M, K) as fp8 rows and their (M, 1) float32 scales; one Triton
     kernel where it runs (fp8_rows.py: the PyTorch form below is six kernels and passes)."""
     if fused_available(rows):
-        return quantize_rows_fused(rows, FP8)
+        try:
+            return quantize_rows_fused(rows, FP8)
+        except Exception as exc:  # noqa: BLE001 - e.g. a Triton that cannot build it
+            disable_fused(exc)
     scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 

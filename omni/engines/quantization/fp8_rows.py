@@ -17,6 +17,8 @@ package, for the reason fp8.py gives: it is one small kernel.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 try:
@@ -25,8 +27,22 @@ try:
 except ImportError:  # fp8.py keeps its PyTorch path
     triton = None
 
+log = logging.getLogger("omni.engines.quantization")
 FP8_MAX = 448.0
 MAX_BLOCK = 4096  # row elements per loop iteration (wider rows loop)
+
+
+_disabled: str | None = None  # why the kernel is off in this process (it failed once)
+
+
+def disable_fused(exc: Exception) -> None:
+    """The kernel failed (e.g. a Triton that cannot build it): the PyTorch form from now on,
+    said once."""
+    global _disabled
+    if _disabled is None:
+        _disabled = f"{type(exc).__name__}: {exc}"
+        log.warning("fp8 activations: the fused Triton kernel failed (%s); using the "
+                    "PyTorch form (six kernels a linear, slower) from now on", _disabled)
 
 
 def fused_available(x: torch.Tensor) -> bool:
@@ -34,7 +50,8 @@ def fused_available(x: torch.Tensor) -> bool:
     own fusion of the PyTorch path is as good and which would have to trace the launch.
     (Triton's CPU interpreter runs it in tests only: its fp8 cast drops the carry of a
     rounding into the next power of two, e.g. 124.95 -> 64 instead of 128.)"""
-    return triton is not None and x.is_cuda and not torch.compiler.is_compiling()
+    return (triton is not None and _disabled is None and x.is_cuda
+            and not torch.compiler.is_compiling())
 
 
 if triton is not None:
