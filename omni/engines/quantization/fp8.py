@@ -64,6 +64,8 @@ def quantize_activations(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     if fused_available(rows):
         try:
             return quantize_rows_fused(rows, FP8)
+        except torch.OutOfMemoryError:
+            raise  # the request's problem, not the kernel's
         except Exception as exc:  # noqa: BLE001 - e.g. a Triton that cannot build it
             disable_fused(exc)
     scale = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
