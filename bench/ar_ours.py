@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ar_report import brief, summarize
-from bench.common import say, sse_events
+from bench.common import say, text_stream_times
 
 
 def target_for(model_dir: str, device: str, tmp: Path,
@@ -102,26 +102,8 @@ async def http_request(session: Any, url: str, model: str, ids: list[int], new_t
                        start: float) -> dict[str, Any]:
     body = {"model": model, "prompt": ids, "max_tokens": new_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    first = last = None
-    text_times: list[float] = []  # arrivals of chunks that carry text
-    tokens = None
-    async for now, event in sse_events(session, f"{url}/v1/completions", body):
-        if event.get("usage"):
-            tokens = event["usage"]["completion_tokens"]
-        for choice in event.get("choices") or ():
-            first = first or now
-            if choice.get("text"):
-                text_times.append(now)
-                last = now
-            if choice.get("finish_reason"):
-                last = now  # the final chunk follows the last token at once
-    if first is None or tokens is None:
-        raise RuntimeError("the stream had no choices or no usage")
-    itl = (last - first) / (tokens - 1) if tokens > 1 and last else None
-    gaps = [b - a for a, b in zip(text_times, text_times[1:], strict=False)]
-    return {"ttft": first - start, "ttft_text": (text_times or [last])[0] - start, "itl": itl,
-            "done": time.perf_counter() - start, "tokens": tokens, "gaps": gaps,
-            "text_chunks": len(text_times)}
+    return await text_stream_times(session, f"{url}/v1/completions", body, start,
+                                   lambda choice: choice.get("text"))
 
 
 async def inproc_request(omni: Any, ids: list[int], new_tokens: int,

@@ -122,6 +122,33 @@ def steal_share(start: list[int], end: list[int]) -> float | None:
     return round((end[7] - start[7]) / total, 3) if total > 0 else None
 
 
+async def text_stream_times(session: Any, url: str, body: dict[str, Any], start: float,
+                            text_of: Any) -> dict[str, Any]:
+    """POST a streamed completion (`body` asks for usage) and time it from `start`: first
+    chunk (ttft), first chunk with text (ttft_text), inter-token latency, gaps between
+    text chunks, completion tokens. `text_of(choice)`: a choice's text (completions:
+    choice["text"], chat: its delta's content)."""
+    first = last = tokens = None
+    text_times: list[float] = []  # arrivals of chunks that carry text
+    async for now, event in sse_events(session, url, body):
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices") or ():
+            first = first or now
+            if text_of(choice):
+                text_times.append(now)
+                last = now
+            if choice.get("finish_reason"):
+                last = now  # the final chunk follows the last token at once
+    if first is None or tokens is None:
+        raise RuntimeError("the stream had no choices or no usage")
+    gaps = [b - a for a, b in zip(text_times, text_times[1:], strict=False)]
+    return {"ttft": first - start, "ttft_text": (text_times or [last])[0] - start,
+            "itl": (last - first) / (tokens - 1) if tokens > 1 and last else None,
+            "done": time.perf_counter() - start, "tokens": tokens, "gaps": gaps,
+            "text_chunks": len(text_times)}
+
+
 async def sse_events(session: Any, url: str, body: dict[str, Any],
                      clock: Any = time.perf_counter) -> Any:
     """POST `body` and yield (arrival time by `clock`, event) for each SSE data event up to

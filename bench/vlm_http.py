@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.ar_ours import served_id, start_server, target_for
 from bench.ar_report import summarize
-from bench.common import say, sse_events
+from bench.common import say, text_stream_times
 from bench.vlm_sides import LANGUAGE, QUESTION, say_row, wav, whisper_summary
 
 
@@ -97,25 +97,8 @@ async def _chat(session: Any, url: str, model: str, image: bytes, args: Any,
         {"type": "text", "text": QUESTION}]}],
         "max_tokens": args.new_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}}
-    first = last = tokens = None
-    text_times: list[float] = []  # arrivals of chunks that carry text
-    async for now, event in sse_events(session, f"{url}/v1/chat/completions", body):
-        if event.get("usage"):
-            tokens = event["usage"]["completion_tokens"]
-        for choice in event.get("choices") or ():
-            first = first or now
-            if (choice.get("delta") or {}).get("content"):
-                text_times.append(now)
-                last = now
-            if choice.get("finish_reason"):
-                last = now  # the final chunk follows the last token at once
-    if first is None or tokens is None:
-        raise RuntimeError("the stream had no choices or no usage")
-    gaps = [b - a for a, b in zip(text_times, text_times[1:], strict=False)]
-    return {"ttft": first - start, "ttft_text": (text_times or [last])[0] - start,
-            "itl": (last - first) / (tokens - 1) if tokens > 1 else None,
-            "done": time.perf_counter() - start, "tokens": tokens, "gaps": gaps,
-            "text_chunks": len(text_times)}
+    return await text_stream_times(session, f"{url}/v1/chat/completions", body, start,
+                                   lambda choice: (choice.get("delta") or {}).get("content"))
 
 
 async def _transcribe(session: Any, url: str, model: str, samples: Any, args: Any,
