@@ -99,21 +99,27 @@ def _vl_one(model: Any, prepare: Any, image: bytes, new_tokens: int,
     return _record(streamer.times, tokens, start, time.perf_counter())
 
 
+def _levels(work: dict[int, dict[str, list[Any]]], one: Any, summary: Any) -> dict[str, Any]:
+    """One warm-up request, then per level its inputs one after another, timed from the
+    level's start (queueing included: the reference serves one request at a time)."""
+    one(next(iter(work.values()))["warm"][0], time.perf_counter())
+    rows = {}
+    for n, items in work.items():
+        start = time.perf_counter()
+        runs = [one(item, start) for item in items["run"]]
+        rows[str(n)] = summary(runs, time.perf_counter() - start)
+        say_row("hf-generate", n, rows[str(n)])
+    return rows
+
+
 def hf_vl(family: str, model_dir: str, work: dict[int, dict[str, list[Any]]],
           args: Any) -> tuple[dict[str, Any], str]:
     model = _load(family, model_dir, args.device)
     try:
         prepare, processor = _processor(model_dir)
-        first = next(iter(work.values()))["warm"][0]
-        _vl_one(model, prepare, first, args.new_tokens, time.perf_counter())  # warm-up
-        rows = {}
-        for n, items in work.items():
-            start = time.perf_counter()
-            runs = [_vl_one(model, prepare, image, args.new_tokens, start)
-                    for image in items["run"]]
-            rows[str(n)] = summarize(runs, time.perf_counter() - start, args.new_tokens)
-            say_row("hf-generate", n, rows[str(n)])
-        return rows, processor
+        return _levels(work, lambda image, start, m=model: _vl_one(m, prepare, image,
+                                                                   args.new_tokens, start),
+                       lambda runs, wall: summarize(runs, wall, args.new_tokens)), processor
     finally:
         del model
         free(args.device)
@@ -144,17 +150,10 @@ def hf_whisper(model_dir: str, work: dict[int, dict[str, list[Any]]],
     model = _load("whisper_hf", model_dir, args.device)
     try:
         processor = WhisperProcessor.from_pretrained(model_dir)
-        first = next(iter(work.values()))["warm"][0]
-        _whisper_one(model, processor, first, args.new_tokens, time.perf_counter())  # warm-up
-        rows = {}
-        for n, items in work.items():
-            start = time.perf_counter()
-            runs = [_whisper_one(model, processor, samples, args.new_tokens, start)
-                    for samples in items["run"]]
-            rows[str(n)] = whisper_summary(runs, time.perf_counter() - start,
-                                           args.clip_seconds, args.new_tokens)
-            say_row("hf-generate", n, rows[str(n)])
-        return rows, "WhisperProcessor"
+        return _levels(work, lambda clip, start, m=model: _whisper_one(m, processor, clip,
+                                                                       args.new_tokens, start),
+                       lambda runs, wall: whisper_summary(runs, wall, args.clip_seconds,
+                                                          args.new_tokens)), "WhisperProcessor"
     finally:
         del model
         free(args.device)
