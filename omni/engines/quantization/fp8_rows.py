@@ -3,8 +3,8 @@
 fp8_linear scales each activation row to e4m3's range before the scaled matmul. Written
 as PyTorch ops, that is abs, amax, a float32 copy, a division, a clamp and a cast: six
 kernels and as many passes over the activations, three of them in float32, for every
-linear layer. On an H100 that made Qwen-Image's transformer (840 fp8 linears, 512x512,
-eager as diffusers runs it) 2.1x slower than bf16 at batch 1 and 1.5x at batch 16
+linear layer. On an H100 that made a 20 B diffusion transformer (840 fp8 linears,
+512x512, run eagerly) 2.1x slower than bf16 at batch 1 and 1.5x at batch 16
 (bench/results/fp8-h100.md). This kernel reads each row twice (its max, then the scaled
 values) and writes the fp8 row and its scale: one launch, no float32 copy.
 
