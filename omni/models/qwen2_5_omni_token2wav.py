@@ -100,9 +100,10 @@ class Token2Wav:
     def decode_rows(self, codes: torch.Tensor, speaker: int, seed: int, num_steps: int = 10,
                     guidance_scale: float = 0.5, sway_coefficient: float | None = -1.0
                     ) -> torch.Tensor:
-        """codes (B, T) int64 of one speaker -> (B, samples): each row = transformers' Token2Wav on
-        it alone after the seed, in one batch. The lines of transformers' DiT ``sample`` (5.24), but for the noise: one draw
-        of a single row's shape, shared by every row (module doc)."""
+        """codes (B, T) int64 of one speaker -> (B, samples): each row = transformers'
+        Token2Wav on it alone after the seed, in one batch. The lines of transformers' DiT
+        ``sample`` (5.24), but for the noise: one draw of a single row's shape, shared by
+        every row (module doc)."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
             RungeKutta4ODESolver,
         )

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, flag_option
 from omni.fixtures.release_files import FIXTURE_MARKER
 from omni.models.code2wav_shapes import CallShapes, decode_padded, prepare_shapes
 
@@ -308,11 +308,8 @@ class Code2WavRunner:
         self.batch_frames = 4096 if code2wav.device.type == "cuda" else 64
         self.device = code2wav.device
         # fixed_shapes: calls padded to a few shapes (prepare_calls); default per model
-        self.fixed_shapes = opts.get("fixed_shapes", self.FIXED_SHAPES_ON_GPU
-                                     and self.device.type == "cuda")
-        if not isinstance(self.fixed_shapes, bool):
-            raise EngineLoadError(f"option fixed_shapes must be true or false, got "
-                                  f"{self.fixed_shapes!r}")
+        self.fixed_shapes = flag_option(opts, "fixed_shapes", self.FIXED_SHAPES_ON_GPU
+                                        and self.device.type == "cuda")
         self.shapes: CallShapes | None = None
 
     def prepare_calls(self, max_rows: int, max_frames: int) -> bool:

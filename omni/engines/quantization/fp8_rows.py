@@ -76,7 +76,8 @@ if triton is not None:
             # div_rn: IEEE division, as PyTorch's; Triton's `/` is the approximate one (2 ulp),
             # which moved values across fp8 rounding boundaries (tests/gpu found them)
             q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -LIMIT), LIMIT)
-            tl.store(q_row + start + offsets, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+            q = q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+            tl.store(q_row + start + offsets, q, mask=mask)
 
 
 def quantize_rows_fused(rows: torch.Tensor, fp8_dtype: torch.dtype
