@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ar_report import brief, summarize
-from bench.common import say, text_stream_times
+from bench.common import TokenTimes, say, text_stream_times
 
 
 def target_for(model_dir: str, device: str, tmp: Path,
@@ -84,6 +84,17 @@ def start_server(target: tuple[str, str], dtype: str, timeout: float,
     return proc, found.group(1)
 
 
+def stop_server(proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """SIGTERM (the server drains and stops its engine processes), SIGKILL after
+    `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _drain(stream: Any, log: Any) -> None:
     for line in stream:
         if log:
@@ -109,20 +120,11 @@ async def http_request(session: Any, url: str, model: str, ids: list[int], new_t
 async def inproc_request(omni: Any, ids: list[int], new_tokens: int,
                          start: float) -> dict[str, Any]:
     params = {"*": {"max_tokens": new_tokens, "ignore_eos": True, "temperature": 0.0}}
-    first = last = None
-    tokens, gaps = 0, []
+    times = TokenTimes()
     async for out in omni.generate({"prompt_token_ids": ids}, modalities=["text"],
                                    params=params):
-        n = len((out.data or {}).get("token_ids") or ())
-        if n:
-            now = time.perf_counter()
-            gaps += [(now - last) / n] * n if last else []
-            first, last, tokens = first or now, now, tokens + n
-    if first is None:
-        raise RuntimeError("the request produced no tokens")
-    itl = (last - first) / (tokens - 1) if tokens > 1 else None
-    return {"ttft": first - start, "itl": itl, "done": time.perf_counter() - start,
-            "tokens": tokens, "gaps": gaps}
+        times.add(len((out.data or {}).get("token_ids") or ()), time.perf_counter())
+    return times.result(start)
 
 
 async def measure(side: str, target: tuple[str, str], dtype: str, timeout: float,
@@ -164,8 +166,7 @@ async def measure(side: str, target: tuple[str, str], dtype: str, timeout: float
         if session is not None:
             await session.close()
         if proc is not None:
-            proc.terminate()
-            await asyncio.to_thread(proc.wait, 120)
+            await asyncio.to_thread(stop_server, proc)
         if omni is not None:
             await omni.close()
 

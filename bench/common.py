@@ -122,6 +122,28 @@ def steal_share(start: list[int], end: list[int]) -> float | None:
     return round((end[7] - start[7]) / total, 3) if total > 0 else None
 
 
+class TokenTimes:
+    """One request's token arrivals in-process (outputs of n tokens at time `now`): TTFT,
+    ITL and per-token gaps, timed from a burst's start."""
+
+    def __init__(self) -> None:
+        self.first = self.last = self.done = None
+        self.tokens, self.gaps = 0, []
+
+    def add(self, n: int, now: float) -> None:
+        if n:
+            self.gaps += [(now - self.last) / n] * n if self.last else []
+            self.first, self.last, self.tokens = self.first or now, now, self.tokens + n
+
+    def result(self, start: float) -> dict[str, Any]:
+        if self.first is None:
+            raise RuntimeError("the request produced no tokens")
+        itl = (self.last - self.first) / (self.tokens - 1) if self.tokens > 1 else None
+        done = self.done if self.done is not None else time.perf_counter()
+        return {"ttft": self.first - start, "itl": itl, "done": done - start,
+                "tokens": self.tokens, "gaps": self.gaps}
+
+
 async def text_stream_times(session: Any, url: str, body: dict[str, Any], start: float,
                             text_of: Any) -> dict[str, Any]:
     """POST a streamed completion (`body` asks for usage) and time it from `start`: first

@@ -14,14 +14,13 @@ import asyncio
 import base64
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
-from bench.ar_ours import start_server
+from bench.ar_ours import start_server, stop_server
 from bench.common import say
 
 START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or more
@@ -46,12 +45,7 @@ class MediaServer:
             raise
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_server(self.proc)
         self._remove_saved()
 
     def _remove_saved(self) -> None:

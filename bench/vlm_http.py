@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.ar_ours import served_id, start_server, target_for
+from bench.ar_ours import served_id, start_server, stop_server, target_for
 from bench.ar_report import summarize
 from bench.common import say, text_stream_times
 from bench.vlm_sides import LANGUAGE, QUESTION, say_row, wav, whisper_summary
@@ -51,16 +50,7 @@ def http_side(family: str, model_dir: str, work: dict[int, dict[str, list[Any]]]
         try:
             return asyncio.run(_levels(whisper, url, work, args))
         finally:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()  # SIGTERM: the server drains and stops its engine processes
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+            stop_server(proc)
 
 
 async def _levels(whisper: bool, url: str, work: dict[int, dict[str, list[Any]]],

@@ -13,11 +13,10 @@ from __future__ import annotations
 import gc
 import io
 import time
-import wave
 from typing import Any
 
 from bench.ar_report import summarize
-from bench.common import percentile, say
+from bench.common import TokenTimes, percentile, say
 
 QUESTION = "What is in the picture?"
 LANGUAGE = "en"  # given to every Whisper side: no side spends a pass detecting it
@@ -45,15 +44,12 @@ def clip(seconds: float, seed: int) -> Any:
 
 
 def wav(samples: Any) -> bytes:
+    """int16 samples as a WAV file (the server's own header writer)."""
+    from omni.media.audio import wav_header
     from omni.models.whisper import SAMPLE_RATE
 
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes(samples.tobytes())
-    return out.getvalue()
+    data = samples.astype("<i2").tobytes()
+    return wav_header(SAMPLE_RATE, len(data)) + data
 
 
 def workload(whisper: bool, levels: list[int], image_size: int,
@@ -89,27 +85,7 @@ def free(device: str) -> None:
 
 
 # -- ours, in-process -------------------------------------------------------------------------
-class _Track:
-    """One request's token arrivals, as ar_ours.inproc_request keeps them."""
-
-    def __init__(self) -> None:
-        self.first = self.last = self.done = None
-        self.tokens, self.gaps = 0, []
-
-    def add(self, n: int, now: float) -> None:
-        if n:
-            self.gaps += [(now - self.last) / n] * n if self.last else []
-            self.first, self.last, self.tokens = self.first or now, now, self.tokens + n
-
-    def run(self, start: float) -> dict[str, Any]:
-        if self.first is None:
-            raise RuntimeError("a request produced no tokens")
-        itl = (self.last - self.first) / (self.tokens - 1) if self.tokens > 1 else None
-        return {"ttft": self.first - start, "itl": itl, "done": self.done - start,
-                "tokens": self.tokens, "gaps": self.gaps}
-
-
-def _drain(engine: Any, tracks: dict[str, _Track]) -> None:
+def _drain(engine: Any, tracks: dict[str, TokenTimes]) -> None:
     while engine.has_work():
         outputs = engine.step()
         now = time.perf_counter()
@@ -132,12 +108,12 @@ def _engine_burst(engine: Any, images: list[bytes], tag: str,
     from omni.engines.base import EngineRequest
 
     params = {"temperature": 0, "max_tokens": new_tokens, "ignore_eos": True}
-    tracks = {f"{tag}-{i}": _Track() for i in range(len(images))}
+    tracks = {f"{tag}-{i}": TokenTimes() for i in range(len(images))}
     start = time.perf_counter()
     for rid, image in zip(tracks, images, strict=True):
         engine.add(EngineRequest(rid, _vl_prompt(image), dict(params)))
     _drain(engine, tracks)
-    return [t.run(start) for t in tracks.values()], time.perf_counter() - start
+    return [t.result(start) for t in tracks.values()], time.perf_counter() - start
 
 
 def _encode_timings(media: Any, images: list[bytes], device: str) -> dict[str, float]:
