@@ -122,6 +122,21 @@ def steal_share(start: list[int], end: list[int]) -> float | None:
     return round((end[7] - start[7]) / total, 3) if total > 0 else None
 
 
+def free_device_memory() -> float:
+    """What dropped objects held on the GPU goes back to it (the caller dropped its last
+    references first), before the next side or server loads its own copy; returns the
+    GiB still allocated by this process (0 without CUDA)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if not torch.cuda.is_available():
+        return 0.0
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() / 2**30
+
+
 class TokenTimes:
     """One request's token arrivals in-process (outputs of n tokens at time `now`): TTFT,
     ITL and per-token gaps, timed from a burst's start."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import say, sse_events
+from bench.common import free_device_memory, say, sse_events
 
 DESCRIPTION = """\
 Time to first text (TTFT), time to first audio packet (TTFP), real-time factor (RTF),
@@ -310,17 +310,6 @@ async def _measure(urls: dict[str, str], texts: list[str], levels: list[tuple[in
     return out
 
 
-def _free_device_memory() -> None:
-    """The critical-path engines are gone; give their GPU memory back for the servers."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _start_servers(sides: list[str], files: dict[str, Path], args: argparse.Namespace,
                    procs: list[Any]) -> dict[str, str]:
     """Every side's server, one after another unless --start-together; each one's log
@@ -369,7 +358,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                              {"seed": 0}, {"seed": 0}, args.repeats)
         say("[omni] critical path " + ", ".join(
             f"{k} {v * 1e3:.1f} ms" for k, v in path.items() if k.endswith("_s")))
-        _free_device_memory()
+        free_device_memory()
         data = {"command": "python -m bench " + " ".join(argv), "machine": machine(),
                 "model_dir": directory, "settings": vars(args), "critical_path": path,
                 "results": {}}

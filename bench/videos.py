@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
-from bench.common import percentile, say
+from bench.common import free_device_memory, percentile, say
 
 DESCRIPTION = """\
 Denoising steps/s, videos/s and request latency (p50/p99) of text-to-video requests at
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         model_dir = saved = save_pipeline(pipe)
     if wanted == ["ours-http"]:  # nothing else runs here: free this copy before the server's
         pipe = None
-        _free_device_memory()
+        free_device_memory()
     server = _server(model_dir, saved is not None, args) if "ours-http" in wanted else None
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
               "guidance_scale": GUIDANCE.get(args.family, 1.0)}
@@ -143,17 +143,6 @@ def _tiny_dir(family: str) -> Path:
     from omni.fixtures.tiny_models import ensure_tiny_model
 
     return ensure_tiny_model(FIXTURES[family])
-
-
-def _free_device_memory() -> None:
-    """What the dropped pipeline held, given back (the caller dropped its last reference)."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _side(side: str, pipe: Any, server: Any, args: argparse.Namespace, device: str, c: int,

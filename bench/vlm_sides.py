@@ -10,13 +10,12 @@ whisper_summary's (real-time factor).
 
 from __future__ import annotations
 
-import gc
 import io
 import time
 from typing import Any
 
 from bench.ar_report import summarize
-from bench.common import TokenTimes, percentile, say
+from bench.common import TokenTimes, free_device_memory, percentile, say
 
 QUESTION = "What is in the picture?"
 LANGUAGE = "en"  # given to every Whisper side: no side spends a pass detecting it
@@ -75,13 +74,9 @@ def whisper_summary(runs: list[dict[str, Any]], wall: float, clip_seconds: float
 
 def free(device: str) -> None:
     """What a side held goes back before the next side loads its own copy."""
-    import torch
-
-    gc.collect()
+    held = free_device_memory()
     if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        say(f"[vlm]   after freeing: {torch.cuda.memory_allocated() / 2**30:.1f} GiB "
-            "allocated by this process")
+        say(f"[vlm]   after freeing: {held:.1f} GiB allocated by this process")
 
 
 # -- ours, in-process -------------------------------------------------------------------------
