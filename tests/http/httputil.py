@@ -146,6 +146,11 @@ class Server:
     def client(self, api_key: str = "x", **kwargs: Any) -> openai.AsyncOpenAI:
         kwargs.setdefault("max_retries", 0)
         kwargs.setdefault("timeout", 20.0)
+        # the SDK's defaults without its own wrapper: a client a test leaves unclosed is
+        # collected later, and the wrapper's __del__ then schedules aclose() on whatever
+        # loop runs at that moment (another test's), where it fails with "Event loop is
+        # closed" and trips that test's loop-error check (test_wire_robustness, one CI run)
+        kwargs.setdefault("http_client", openai.DefaultAsyncHttpxClient())
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key, **kwargs)
 
     def session(self, **kwargs: Any) -> aiohttp.ClientSession:
