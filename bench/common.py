@@ -159,9 +159,10 @@ class TokenTimes:
                 "tokens": self.tokens, "gaps": self.gaps}
 
 
-async def text_stream_times(session: Any, url: str, body: dict[str, Any], start: float,
+async def text_stream_times(session: Any, url: str, body: dict[str, Any] | bytes, start: float,
                             text_of: Any) -> dict[str, Any]:
-    """POST a streamed completion (`body` asks for usage) and time it from `start`: first
+    """POST a streamed completion (`body` asks for usage; its JSON text as bytes when
+    the caller made it before the clock started) and time it from `start`: first
     chunk (ttft), first chunk with text (ttft_text), inter-token latency, gaps between
     text chunks, completion tokens. `text_of(choice)`: a choice's text (completions:
     choice["text"], chat: its delta's content)."""
@@ -186,13 +187,16 @@ async def text_stream_times(session: Any, url: str, body: dict[str, Any], start:
             "text_chunks": len(text_times)}
 
 
-async def sse_events(session: Any, url: str, body: dict[str, Any],
+async def sse_events(session: Any, url: str, body: dict[str, Any] | bytes,
                      clock: Any = time.perf_counter) -> Any:
-    """POST `body` and yield (arrival time by `clock`, event) for each SSE data event up to
-    [DONE]; an HTTP error or an error event raises RuntimeError."""
+    """POST `body` (a dict, or its JSON text as bytes) and yield (arrival time by `clock`,
+    event) for each SSE data event up to [DONE]; an HTTP error or an error event raises
+    RuntimeError."""
     import json
 
-    async with session.post(url, json=body) as resp:
+    sent = {"data": body, "headers": {"Content-Type": "application/json"}} \
+        if isinstance(body, bytes) else {"json": body}
+    async with session.post(url, **sent) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
         async for raw in resp.content:

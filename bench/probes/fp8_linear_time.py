@@ -45,6 +45,9 @@ def shape_row(rows: int, width: int, out: int) -> str:
         "scaled_mm": lambda: torch._scaled_mm(xq, q.t(), scale_a=x_scale,
                                               scale_b=scale[None, :],
                                               out_dtype=torch.bfloat16),
+        "fast_accum": lambda: torch._scaled_mm(xq, q.t(), scale_a=x_scale,
+                                               scale_b=scale[None, :],
+                                               out_dtype=torch.bfloat16, use_fast_accum=True),
     }
     cells = []
     for name, fn in parts.items():
@@ -54,9 +57,12 @@ def shape_row(rows: int, width: int, out: int) -> str:
 
 
 def main() -> None:
-    shapes = [(1, 4096, 4096), (8, 4096, 4096), (20, 3072, 3072), (20, 3072, 12288),
+    # rows: a decode step (1, 8), a text stream at batch 1 / 4 (16, 20, 32, 80), an image
+    # stream at batch 1 / 4 / 8 (1024, 4096, 8192), and 1044 (not a multiple of 16)
+    shapes = [(1, 4096, 4096), (8, 4096, 4096), (16, 3072, 3072), (20, 3072, 3072),
+              (32, 3072, 3072), (80, 3072, 3072), (20, 3072, 12288), (20, 12288, 3072),
               (1024, 3072, 3072), (1024, 3072, 12288), (1024, 12288, 3072),
-              (1044, 3072, 3072), (8192, 3072, 3072), (8192, 3072, 12288)]
+              (1044, 3072, 3072), (4096, 3072, 3072), (8192, 3072, 12288)]
     for rows, width, out in shapes:
         print(shape_row(rows, width, out), flush=True)
 

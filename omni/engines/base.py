@@ -181,6 +181,13 @@ class Engine(abc.ABC):
     def step(self) -> list[StepOutput]:
         """Advance every runnable request once; return their new outputs."""
 
+    def gather_s(self) -> float:
+        """While has_work(): seconds the next step may wait, the engine's only work a
+        batch that gathers requests arriving together (the process loop waits on its
+        socket meanwhile; a direct caller's step() runs the batch at once). Engines that
+        never gather keep this default: step now."""
+        return 0.0
+
     def end_session(self, session: str, op: str) -> bool:
         """Drop what the engine keeps for a session (requests name it in their ``session``
         param); op is why: close, reset or evict. False when it kept nothing. Engines that

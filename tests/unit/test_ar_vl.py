@@ -12,7 +12,7 @@ import torch
 from unit.vl_reference import GREEDY, QUESTION, png, reference
 
 from omni.engines.ar.engine import AREngine
-from omni.engines.base import EngineRequest
+from omni.engines.base import EngineLoadError, EngineRequest
 from omni.fixtures.tiny_models import ensure_tiny_model
 
 torch.set_num_threads(1)
@@ -64,6 +64,20 @@ def test_image_chat_matches_transformers_generate(vl_dir):
     for rid, files in IMAGES.items():
         assert got[rid] == reference(vl_dir, files, GREEDY["max_tokens"]), rid
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_a_lone_image_prompt_gathers_until_a_step_with_nothing_else_to_run(vl_dir):
+    """encode_gather_ms (omni/engines/gather.py): the engine process's loop waits on its
+    socket for the rest of a burst (gather_s); a caller stepping the engine itself has
+    nothing more to add, so its step encodes the prompt at once."""
+    with pytest.raises(EngineLoadError, match="encode_gather_ms"):
+        AREngine(vl_dir, options={"encode_gather_ms": -1})
+    engine = AREngine(vl_dir, options={"encode_gather_ms": 60_000})
+    engine.add(image_request("one", IMAGES["one"]))
+    assert 59 < engine.gather_s() <= 60
+    got, errors = run(engine, [])
+    assert not errors and len(got["one"]) == GREEDY["max_tokens"]
+    assert engine._encoder.batches == [1] and engine.gather_s() == 0
 
 
 def test_a_bad_image_fails_its_request_alone(vl_dir):

@@ -1,5 +1,6 @@
 """EngineLoop (omni/engines/proc/loop.py): what arrives while an idle engine handles the
-message that woke it runs in the same step, not a step later."""
+message that woke it runs in the same step, not a step later; an engine that gathers a
+batch (Engine.gather_s) is not stepped until its gathering ends."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def _add(rid: str) -> bytes:
     return encode(Add(rid, {"prompt": "hello"}, {}, time.monotonic()))
 
 
-def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_path):
+def _serve(tmp_path, make_engine, burst: int, kick) -> list[str]:
+    """Run an EngineLoop on the engine ``make_engine(send)`` makes, call ``kick(send)``,
+    and return the ids of the ``burst`` requests that finished (within 10 s)."""
     address = f"ipc://{tmp_path}/control.sock"
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -54,7 +57,7 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_pa
         with lock:
             router.send_multipart([ENGINE, message])
 
-    engine = _BurstEcho(send, burst=8)
+    engine = make_engine(send)
     channel = Channel(address, identity("code2wav/0", 0), "code2wav/0")
     channel.send(encode(Ready("code2wav/0", {})))
     assert router.poll(5000)
@@ -65,15 +68,14 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_pa
     thread.start()
     finished: list[str] = []
     try:
-        send(_add("r0"))
+        kick(send)
         deadline = time.monotonic() + 10
-        while len(finished) < 8 and time.monotonic() < deadline:
+        while len(finished) < burst and time.monotonic() < deadline:
             with lock:
                 ready = router.poll(20)
                 message = router.recv_multipart()[1] if ready else None
             if message is not None:
                 finished += [row.request_id for row in decode(message).rows if row.finished]
-        assert len(finished) == 8, finished
     finally:
         send(encode(Shutdown()))
         thread.join(timeout=10)
@@ -81,7 +83,60 @@ def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_pa
         payloads.close()
         router.close(0)
         context.term()
+    return finished
+
+
+def test_a_burst_that_arrives_while_the_first_is_handled_runs_in_one_step(tmp_path):
+    engines = []
+
+    def make(send):
+        engines.append(_BurstEcho(send, burst=8))
+        return engines[0]
+
+    finished = _serve(tmp_path, make, 8, lambda send: send(_add("r0")))
+    assert len(finished) == 8, finished
+    assert engines[0].step_sizes[0] == 8, engines[0].step_sizes
+
+
+class _Gathering(EchoEngine):
+    """Echo engine that gathers its first batch until no request has come for GAP_S
+    (as the AR engine's media encoder does, omni/engines/ar/encoder.py)."""
+
+    GAP_S = 0.1
+
+    def __init__(self) -> None:
+        super().__init__("thinker")
+        self.last_add, self.step_sizes = 0.0, []
+
+    def add(self, request) -> None:
+        super().add(request)
+        self.last_add = time.monotonic()
+
+    def gather_s(self) -> float:
+        if self.step_sizes:  # only the first batch gathers here
+            return 0.0
+        return max(0.0, self.last_add + self.GAP_S - time.monotonic())
+
+    def step(self):
+        self.step_sizes.append(sum(job.runnable() for job in self.jobs.values()))
+        return super().step()
+
+
+def test_an_engine_that_gathers_is_not_stepped_until_its_burst_is_in(tmp_path):
+    """Requests that reach the engine spread out (each crosses the front end in turn)
+    still run in one step: the loop waits on its socket while the engine gathers."""
+    engine = _Gathering()
+
+    def spread(send) -> None:
+        for i in range(8):
+            send(_add(f"r{i}"))
+            time.sleep(0.02)  # stands in for the front end's work per request
+
+    started = time.monotonic()
+    finished = _serve(tmp_path, lambda send: engine, 8, spread)
+    assert sorted(finished) == [f"r{i}" for i in range(8)], finished
     assert engine.step_sizes[0] == 8, engine.step_sizes
+    assert time.monotonic() - started < 5  # the gathering ended without more input
 
 
 class _Limits(EchoEngine):

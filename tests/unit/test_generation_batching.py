@@ -53,6 +53,28 @@ def test_complete_inputs_batched_in_one_call(c2w):
     assert info["sample_rate"] == 24000 and info["engine"] == "generation"
 
 
+def test_gather_ms_holds_an_idle_engine_for_the_rest_of_a_burst(c2w):
+    """Option gather_ms (omni/engines/gather.py): requests that find the engine idle wait
+    until none has come for that long (the process loop waits on its socket); a caller
+    that steps the engine itself runs them at once, in one call."""
+    with pytest.raises(EngineLoadError, match="gather_ms"):
+        GenerationEngine(Code2WavRunner(c2w), {"gather_ms": -1})
+    codes = random_codes(20, seed=0).tolist()
+    plain = GenerationEngine(Code2WavRunner(c2w))
+    plain.add(EngineRequest("a", {"codes": codes}))
+    assert plain.gather_s() == 0  # off by default
+    engine = GenerationEngine(Code2WavRunner(c2w), {"gather_ms": 60_000})
+    engine.add(EngineRequest("a", {"codes": codes}))
+    assert 59 < engine.gather_s() <= 60
+    engine.abort(["a"])
+    assert engine.gather_s() == 0  # nothing left to gather
+    for rid in "bc":
+        engine.add(EngineRequest(rid, {"codes": codes}))
+        assert engine.gather_s() > 59  # counted from the latest arrival
+    assert {o.request_id for o in engine.step()} == {"b", "c"}
+    assert engine.stats()["calls"] == 1 and engine.gather_s() == 0
+
+
 def test_frames_per_call_are_capped(c2w):
     """max_batch_frames splits a batch (rows x frames) into calls; the audio is the same.
     Code2WavRunner sets a CPU default (a big batch is slower per frame there)."""

@@ -40,7 +40,7 @@ import torch
 from omni.engines.ar.budget import capacity_warning, measure_runtime_bytes
 from omni.engines.ar.decode_graphs import decode_graphs_for
 from omni.engines.ar.defaults import model_defaults, request_sampling, with_system_prompt
-from omni.engines.ar.encoder import PromptEncoder
+from omni.engines.ar.encoder import GATHER_MS, PromptEncoder
 from omni.engines.ar.forward import eager_forward, graph_covers, graph_forward, prompt_embeds_inputs
 from omni.engines.ar.fused_projections import fuse_projections
 from omni.engines.ar.grammar import GrammarCompiler
@@ -78,6 +78,7 @@ from omni.engines.base import (
     failed_output,
     flag_option,
 )
+from omni.engines.gather import gap_option
 from omni.models.hf_causal import load_causal_lm
 
 log = logging.getLogger("omni.engines.ar.engine")
@@ -89,7 +90,7 @@ AR_OPTIONS = frozenset({
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
     "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms",
-    "quantization"})
+    "quantization", "encode_gather_ms"})
 
 
 class AREngine(Engine):
@@ -123,7 +124,9 @@ class AREngine(Engine):
         self.step_model = size_prefill_budget(self)  # prompt tokens beside decodes
         self._seqs: dict[str, Sequence] = {}
         self._failed: list[StepOutput] = []
-        self._encoder = PromptEncoder(partial(encode_prompts, self.lm))  # media prompts, batched
+        self._encoder = PromptEncoder(  # media prompts, batched; gathered (encoder.py)
+            partial(encode_prompts, self.lm),
+            gather_s=gap_option(self.options, "encode_gather_ms", GATHER_MS))
         self.grammars = GrammarCompiler(self.lm.tokenizer, self.lm.vocab_size,
                                         self.lm.eos_token_ids)  # json_schema requests
         # a weak reference: no engine <-> runner cycle keeps a dropped engine's GPU memory
@@ -214,10 +217,18 @@ class AREngine(Engine):
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
+    def _idle(self) -> bool:
+        """Nothing to step but media prompts encoding or gathering."""
+        return not self._failed and self.runner.inflight is None and not self.scheduler.has_work()
+
+    def gather_s(self) -> float:
+        """Media prompts gather their encoder batch while nothing else runs: the process
+        loop waits this long on its socket for the rest of a burst (encoder.py)."""
+        return self._encoder.wait_s() if self._encoder and self._idle() else 0.0
+
     def _admit_encoded(self) -> None:
         """Requests whose media finished encoding join (waits briefly if idle)."""
-        idle = not self._failed and self.runner.inflight is None and not self.scheduler.has_work()
-        for rid, params, prompt, error in self._encoder.finished(wait=idle):
+        for rid, params, prompt, error in self._encoder.finished(wait=self._idle()):
             try:
                 if error is not None:
                     raise error

@@ -66,6 +66,7 @@ from omni.engines.base import (
     EngineRequest,
     StepOutput,
 )
+from omni.engines.gather import Gathering, gap_option
 from omni.engines.generation.intake import RequestIntake
 from omni.engines.generation.memory import (
     longest_row,
@@ -91,11 +92,13 @@ class GenerationEngine(Engine):
 
     options: max_batch_size (64): the most chunks in one runner call; max_batch_frames
     (0 = no limit): the most rows x frames in one call; by default sized from the stage's
-    memory budget on a GPU (generation/memory.py), else the runner's `batch_frames`.
+    memory budget on a GPU (generation/memory.py), else the runner's `batch_frames`;
+    gather_ms (0): requests that find the engine idle wait until none has come for this
+    long, so a burst that arrives spread out runs in one call (omni/engines/gather.py).
     A runner lists the options it reads in its OPTIONS.
     """
 
-    OPTIONS = frozenset({"max_batch_size", "max_batch_frames"})
+    OPTIONS = frozenset({"max_batch_size", "max_batch_frames", "gather_ms"})
     memory_advice = ("a call's activations are sized from the budget at load when "
                      "max_batch_frames is not set: unset it or lower it")
 
@@ -125,6 +128,7 @@ class GenerationEngine(Engine):
         if warmed and self._trim_above is not None:
             reserve_peak(runner, self.max_batch_frames, self.longest_row)
         self._reqs: dict[str, GenRequest] = {}
+        self._gathering = Gathering(gap_option(opts, "gather_ms", 0))
         self._job: StreamedItems | None = None  # a streamed items call in progress
         self._failed: list[StepOutput] = []
         self.calls = self.requests_run = self.max_batch = 0
@@ -140,6 +144,7 @@ class GenerationEngine(Engine):
         try:
             if rid in self._reqs:
                 raise ValueError(f"request id {rid!r} is already running")
+            self._gathering.arrived(opens=not self._reqs and self._job is None)
             self._reqs[rid] = self.intake.new_request(rid, request.inputs or {},
                                                       dict(request.params or {}))
         except (ValueError, TypeError) as e:  # the request's own input: a 400, not a 500
@@ -174,13 +179,19 @@ class GenerationEngine(Engine):
         ids = set(request_ids)
         for rid in ids:
             self._reqs.pop(rid, None)
+        if not self._reqs:
+            self._gathering.end()
         self._failed = [o for o in self._failed if o.request_id not in ids]
 
     def has_work(self) -> bool:
         return (bool(self._failed) or self._job is not None
                 or any(self._plan(r) is not None for r in self._reqs.values()))
 
+    def gather_s(self) -> float:
+        return 0.0 if self._failed or self._job is not None else self._gathering.left_s()
+
     def step(self) -> list[StepOutput]:
+        self._gathering.end()  # a caller that steps has nothing more to add meanwhile
         if self.items:
             return self._step_items()
         outputs, self._failed = self._failed, []

@@ -17,6 +17,7 @@ arrive on this socket as empty messages, and the heartbeat thread discards them.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -72,11 +73,14 @@ class Channel:
     def send(self, message: bytes) -> None:
         self.sock.send(message, copy=len(message) < 65536)
 
-    def receive(self, block: bool) -> list[bytes]:
-        """Every message queued now; waits for one first only when ``block``."""
+    def receive(self, block: bool, wait_s: float = 0.0) -> list[bytes]:
+        """Every message queued now; waits for one first when ``block``, else up to
+        ``wait_s`` seconds (an engine gathering a batch: nothing to step until then)."""
         sock, messages = self.sock, []
         if block:
             messages.append(sock.recv())
+        elif wait_s > 0:
+            sock.poll(math.ceil(wait_s * 1000))  # whole ms, rounded up: no early wake-up
         while sock.get(_EVENTS) & _POLLIN:  # cheaper than a raised zmq.Again
             messages.append(sock.recv(_NOBLOCK))
         return messages

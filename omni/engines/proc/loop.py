@@ -62,8 +62,11 @@ class EngineLoop:
             self.gc_pauses = None
 
     def _once(self) -> None:
-        """Handle what came in, then run one step if there is work."""
-        messages = self.channel.receive(block=not self.engine.has_work())
+        """Handle what came in, then run one step if there is work (unless the engine
+        gathers a batch: then the next round waits on the socket for the rest of it)."""
+        work = self.engine.has_work()
+        messages = self.channel.receive(block=not work,
+                                        wait_s=self.engine.gather_s() if work else 0.0)
         for message in messages:
             self._handle(message)
         if messages and self.running:
@@ -74,7 +77,7 @@ class EngineLoop:
             # cannot hold the step back
             for message in self.channel.receive(block=False):
                 self._handle(message)
-        if self.running and self.engine.has_work():
+        if self.running and self.engine.has_work() and not self.engine.gather_s():
             started = time.monotonic()
             outputs = self.engine.step()
             self.inbound.step_done(started)
