@@ -87,9 +87,11 @@
 #                                        # C (default 1,8), 448 px images / 5 s clips, 64 new
 #                                        # tokens; a family the call's time left cannot hold is
 #                                        # skipped, saying so (FAMILIES="qwen3_vl" runs only it;
-#                                        # SIDES=..., LAYERS=N for a dry run, TAG=... names the
-#                                        # reports, default h200); whisper's ours-http needs
-#                                        # PyAV (.whl/media), else it is skipped
+#                                        # SIDES=..., LAYERS=N for a dry run, TESTS=0 skips the
+#                                        # tests, TAG=... names the
+#                                        # reports, default: the card, h100 or h200);
+#                                        # whisper's ours-http needs PyAV (.whl/media), else
+#                                        # it is skipped
 #   bash scripts/gpu_run.sh worlds       # Cosmos 3 at the release's shapes (random, bf16, ~14 B):
 #                                        # bench worlds, 1 and 8 sessions, ours vs the pipeline
 #   bash scripts/gpu_run.sh qwen3tts [P] # Qwen3-TTS-12Hz-1.7B's shapes (random bf16, built on the
@@ -120,7 +122,8 @@
 #                                        # stage's engine process (qwen3-tts-spy.txt); 100
 #                                        # frames (8 s) a request; a part that the call's time
 #                                        # cannot hold is skipped, saying so (run it alone);
-#                                        # TAG=... names the reports (default h200)
+#                                        # TAG=... names the reports (default: the card,
+#                                        # h100 or h200)
 #   bash scripts/gpu_run.sh flux [TAG]   # FLUX.1-dev at the release's shapes (random, bf16,
 #                                        # 11.9 B; needs the diffusers wheel): bench diffusion,
 #                                        # 512x512 (SIZE=...), 20 steps, c=1,4,8: our engine vs
@@ -168,6 +171,11 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 t0=$(date +%s)
 say() { echo "[gpu_run $(( $(date +%s) - t0 )) s] $*"; }
+# reports' default tags name the card the call came on: a call that may run on an H200 often
+# lands on an H100 (reports tagged h200 from an H100 had to be renamed by hand)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+  | grep -oiE "h100|h200|h20|a100|l40s|b200" | head -1 | tr '[:upper:]' '[:lower:]')
+card=${card:-gpu}
 # the box's 64 GiB disk holds one real-size model at a time: drop the others
 only_model() { mkdir -p /tmp/m; find /tmp/m -mindepth 1 -maxdepth 1 ! -name "$1" -exec rm -rf {} +; }
 # bench ar, in-process, once per value of one engine option: MODEL OPTION TAG VALUE...
@@ -198,7 +206,7 @@ build_pi0('/tmp/m/pi0', {}, dtype='bfloat16', device='cuda')" 2>&1 | tail -2
       say "done"; exit 0
     fi
     timeout 360 python3 -m bench robots --model /tmp/m/pi0 --rounds 30 --concurrency 8,32 \
-      --calls 5 --out "$OUT" --tag h200 > "$OUT/bench-robots.log" 2>&1
+      --calls 5 --out "$OUT" --tag "$card" > "$OUT/bench-robots.log" 2>&1
     grep -E "^\[robots\]" "$OUT/bench-robots.log"; grep -E "Error|error" "$OUT/bench-robots.log" | tail -5
     say "robots done"
     ;;
@@ -209,7 +217,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       2>&1 | tail -2
     say "model ready ($(du -sh /tmp/m/cosmos3 | cut -f1))"
     timeout 420 python3 -m bench worlds --model /tmp/m/cosmos3 --sessions 1,8 --steps 3 \
-      --denoise 10 --size 256 --out "$OUT" --tag h200 > "$OUT/bench-worlds.log" 2>&1
+      --denoise 10 --size 256 --out "$OUT" --tag "$card" > "$OUT/bench-worlds.log" 2>&1
     grep -E "^\[worlds\]" "$OUT/bench-worlds.log"; grep -E "Error|error" "$OUT/bench-worlds.log" | tail -5
     say "worlds done"
     ;;
@@ -267,12 +275,12 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # SHAPE=tiny: the tiny fixture (a dry run of this case on any machine)
     custom=(--shape "${SHAPE:-release}"); [ -n "${MODEL:-}" ] && custom=(--model "$MODEL")
     base=(--shape "${SHAPE:-release}"); [ -n "${BASE_MODEL:-}" ] && base=(--model "$BASE_MODEL")
-    qwen3tts_part stream 150 "${TAG:-h200}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
+    qwen3tts_part stream 150 "${TAG:-$card}" "${custom[@]}" --concurrency 1,8,64 --bursts 2,1,1
     # the talker on the AR engine (paged KV, decode graphs) -> a code2wav stage
-    qwen3tts_part ar 150 "${TAG:-h200}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
+    qwen3tts_part ar 150 "${TAG:-$card}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
       --bursts "${AR_BURSTS:-2,1,1}"
     # the same with the code2wav stage's calls unpadded (each new shape met while serving)
-    qwen3tts_part arplain 150 "${TAG:-h200}-ar-plain" "${custom[@]}" --layout ar \
+    qwen3tts_part arplain 150 "${TAG:-$card}-ar-plain" "${custom[@]}" --layout ar \
       --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
     # 64 staggered arrivals (continuous batching): late requests' first audio
     left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))
@@ -283,7 +291,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       say "stagger done"
     fi
     # each sentence sent whole (no streaming within it): TTFP and audio-s/s
-    qwen3tts_part whole 100 "${TAG:-h200}-whole" "${custom[@]}" --concurrency 1,8 --bursts 1,1 \
+    qwen3tts_part whole 100 "${TAG:-$card}-whole" "${custom[@]}" --concurrency 1,8 --bursts 1,1 \
       --chunk-frames 0
     # the c=8 burst with py-spy sampling the stage's engine process: where the served steps
     # lose time against the probe's (bench/results/qwen3-tts-gpu.md)
@@ -316,7 +324,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       wait "$spy" 2>/dev/null; tail -3 /tmp/spy.log 2>/dev/null
     fi
     # voice clone (Base, every request with one reference clip)
-    qwen3tts_part clone 140 "${TAG:-h200}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1
+    qwen3tts_part clone 140 "${TAG:-$card}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1
     say "qwen3tts done"
     ;;
   flux|flux2)
@@ -324,7 +332,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 480 python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
       ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
-      --out "$OUT" --tag "${2:-$1-h200}" > "$OUT/bench-$1.log" 2>&1
+      --out "$OUT" --tag "${2:-$1-$card}" > "$OUT/bench-$1.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
     say "$1 done"
     ;;
@@ -398,7 +406,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
-    bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-h200}-fuse" ${VALUES:-false true}
+    bench_ar_option /tmp/m/q8 fuse_projections "qwen3-8b-${2:-$card}-fuse" ${VALUES:-false true}
     ;;
   fp8)
     part=${2:-both}
@@ -409,7 +417,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       [ -d /tmp/m/q8 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-8b \
         --out /tmp/m/q8 --device cuda 2>&1 | tail -1
       say "model ready"
-      bench_ar_option /tmp/m/q8 quantization "qwen3-8b-${TAG:-h200}-fp8" none fp8
+      bench_ar_option /tmp/m/q8 quantization "qwen3-8b-${TAG:-$card}-fp8" none fp8
     fi
     left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))  # Qwen-Image's build and bench need ~3 min (guess)
     if [ "$part" != ar ] && [ "$left" -lt 180 ]; then
@@ -417,7 +425,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     elif [ "$part" != ar ]; then
       timeout "$left" python3 -m bench diffusion --shape qwen-image \
         --size 512x512 --steps 20 --concurrency 1,8 --per-client 2 \
-        --sides ours-engine,transformer,ours-fp8 --out "$OUT" --tag "qwen-image-${TAG:-h200}-fp8" \
+        --sides ours-engine,transformer,ours-fp8 --out "$OUT" --tag "qwen-image-${TAG:-$card}-fp8" \
         > "$OUT/bench-diffusion-fp8.log" 2>&1
       grep -E "steps/s|ms/call|fp8|wrote" "$OUT/bench-diffusion-fp8.log"
       grep -E "Error|error" "$OUT/bench-diffusion-fp8.log" | tail -5
@@ -457,7 +465,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       --out /tmp/m/q8 --device cuda 2>&1 | tail -1
     say "model ready"
     timeout 420 python3 -m bench ar --model /tmp/m/q8 --sides ours-http --concurrency 1,8,32 \
-      --bursts 3,3,3 --prompt-len 128 --new-tokens 256 --tag "qwen3-8b-${2:-h200}-ttft-http" \
+      --bursts 3,3,3 --prompt-len 128 --new-tokens 256 --tag "qwen3-8b-${2:-$card}-ttft-http" \
       --out "$OUT" > "$OUT/bench-ar-ttft.log" 2>&1
     grep -E "^\[ar\]|Error" "$OUT/bench-ar-ttft.log" | tail -8
     grep -hE "slow step|decode graphs hold|captured the decode graph|ready" "$OUT"/*server.log | tail -20
@@ -469,14 +477,14 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 240 python3 -m bench.ar_step --model /tmp/m/q8 --device cuda --batch 1,32 \
       --kernels 20 --modes "${MODES:-off,on,chain}" --engine-option attention_kernel=triton \
       --engine-option max_graph_context=512 \
-      --tag "qwen3-8b-${2:-h200}" --out "$OUT" 2>&1 | grep "^\[ar_step\]"
+      --tag "qwen3-8b-${2:-$card}" --out "$OUT" 2>&1 | grep "^\[ar_step\]"
     ;;
   moe)
     only_model q30
     [ -d /tmp/m/q30 ] || timeout 120 python3 scripts/build_random_model.py --shape qwen3-30b-a3b \
       --layers 12 --out /tmp/m/q30 --device cuda 2>&1 | tail -1
     say "model ready"
-    bench_ar_option /tmp/m/q30 fuse_projections "qwen3-30b-a3b-${2:-h200}-fuse" false true
+    bench_ar_option /tmp/m/q30 fuse_projections "qwen3-30b-a3b-${2:-$card}-fuse" false true
     ;;
   omni|thinker)
     only_model omni
@@ -486,7 +494,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     if [ "$1" = thinker ]; then
       timeout 400 python3 -m bench ar --model /tmp/m/omni --sides ours-inproc \
         --prompt-len 2500 --new-tokens 64 --concurrency "${2:-1,8,32}" --bursts "${3:-2,1,1}" \
-        --tag omni-thinker-h200 --out "$OUT" > "$OUT/bench-ar-thinker.log" 2>&1
+        --tag "omni-thinker-$card" --out "$OUT" > "$OUT/bench-ar-thinker.log" 2>&1
       grep -E "^\[ar\]|Error" "$OUT/bench-ar-thinker.log" | tail -8
       say "done"; exit 0
     fi
@@ -495,7 +503,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     timeout 480 python3 -m bench omni --model-dir /tmp/m/omni \
       --memory thinker=36GiB,talker=10GiB --prompt-tokens 2500 --thinker-tokens 900 \
       --talker-frames 450 --concurrency "$levels" --bursts "$bursts" --repeats 3 \
-      --sides "$sides" --tag "${TAG:-h200-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
+      --sides "$sides" --tag "${TAG:-$card-c$(echo "$levels" | tr , -)-$(echo "$sides" | tr , -)}" \
       --out "$OUT" 2>&1 | grep -E "^\[omni\]" | tail -12
     grep -h "captured the decode graph" "$OUT"/server-*.log | tail -20
     ;;
@@ -517,9 +525,11 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   vlm)
     only_model tiny  # the disk holds one real-size model at a time: each family's in turn
-    OMNI_CACHE_DIR=/tmp/m/tiny timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/unit/test_ar_vl.py tests/unit/test_whisper_hf.py tests/unit/test_vl_release.py 2>&1 | tail -3
-    say "tests done"
+    if [ "${TESTS:-1}" != 0 ]; then  # TESTS=0: a later call on a machine that ran them
+      OMNI_CACHE_DIR=/tmp/m/tiny timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/unit/test_ar_vl.py tests/unit/test_whisper_hf.py tests/unit/test_vl_release.py 2>&1 | tail -3
+      say "tests done"
+    fi
     # a 7-8 B family: build + save ~60-90 s, the server's load, transformers' load, the
     # engine's load, two bursts a level a side (~200-280 s, guesses); whisper-large-v3 ~90 s
     for family in ${FAMILIES:-qwen2_5_vl qwen3_vl whisper_hf}; do
@@ -532,7 +542,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       timeout $(( left < most ? left : most )) python3 -m bench vlm --family "$family" \
         --shape release --device cuda --concurrency "${2:-1,8}" \
         --sides "${SIDES:-ours-http,ours-inproc,hf-generate}" ${LAYERS:+--layers "$LAYERS"} \
-        --model-dir-out "/tmp/m/vlm-$family" --tag "${TAG:-h200}" --out "$OUT" \
+        --model-dir-out "/tmp/m/vlm-$family" --tag "${TAG:-$card}" --out "$OUT" \
         > "$OUT/bench-vlm-$family.log" 2>&1
       echo "bench vlm $family: exit $?"
       grep -E "^\[vlm\]|Error|error" "$OUT/bench-vlm-$family.log" | tail -16
@@ -545,7 +555,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     for family in ${2:-ltx_video wan22_ti2v wan22_t2v}; do
       timeout "${VIDEO_TIMEOUT:-280}" python3 -m bench videos --family "$family" --shape real \
         --size 832x480 --frames 33 --steps 8 --concurrency 1,4 ${SIDES:+--sides "$SIDES"} \
-        --tag "${TAG:-h200}" --out "$OUT" \
+        --tag "${TAG:-$card}" --out "$OUT" \
         > "$OUT/bench-videos-$family.log" 2>&1
       grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
       say "videos $family done"
@@ -553,7 +563,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   ltx2)
     timeout 560 python3 -m bench videos --family ltx2 --shape real ${LAYERS:+--layers $LAYERS} \
-      --size 768x512 --frames 49 --steps 8 --concurrency "${2:-1,4}" --tag "${TAG:-h200}" \
+      --size 768x512 --frames 49 --steps 8 --concurrency "${2:-1,4}" --tag "${TAG:-$card}" \
       --out "$OUT" > "$OUT/bench-videos-ltx2.log" 2>&1
     grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-ltx2.log" | tail -8
     ;;
