@@ -8,6 +8,7 @@ loop calls add/abort/step from one thread only.
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,19 @@ def flag_option(options: Mapping[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise EngineLoadError(f"option {name} must be true or false, got {value!r}")
     return value
+
+
+def number_option(options: Mapping[str, Any], name: str, default: Any, kind: type = float,
+                  minimum: float | None = None) -> Any:
+    """A number option (kind int: whole numbers only), finite, at least ``minimum``, as
+    ``kind``; refused otherwise, booleans too (True would read as 1)."""
+    value = options.get(name, default)
+    ok = isinstance(value, int if kind is int else int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise EngineLoadError(f"option {name} must be {'an integer' if kind is int else 'a number'}"
+                              f"{bound}, got {value!r}")
+    return kind(value)
 
 
 def resolve_device(device: str) -> str:

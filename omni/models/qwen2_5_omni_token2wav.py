@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import EngineLoadError, number_option
 from omni.models.causal_lm import _is_random
 from omni.models.qwen2_5_omni_talker import load_speakers
 from omni.models.qwen3_omni import prefixed_tensors
@@ -180,10 +180,10 @@ class Token2WavRunner:
     def __init__(self, t2w: Token2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
         self.t2w = t2w
-        self.sampling = {"num_steps": _number(opts, "num_steps", 10, int, 1),
-                         "guidance_scale": _number(opts, "guidance_scale", 0.5, float, 0.0),
-                         "sway_coefficient": _number(opts, "sway_coefficient", -1.0, float)}
-        self.seed = _number(opts, "seed", 0, int, 0)
+        self.sampling = {"num_steps": number_option(opts, "num_steps", 10, int, 1),
+                         "guidance_scale": number_option(opts, "guidance_scale", 0.5, float, 0.0),
+                         "sway_coefficient": number_option(opts, "sway_coefficient", -1.0, float)}
+        self.seed = number_option(opts, "seed", 0, int, 0)
         self._chunking(opts)
         # a complete input: whole utterances (the longest ones in DiT-sized windows)
         self.complete_chunk_frames = t2w.max_codes - self.left_context
@@ -195,12 +195,12 @@ class Token2WavRunner:
         """Streamed chunks (module doc); without chunk_frames a whole utterance is one
         chunk: streamed input waits until it is complete."""
         most = self.t2w.max_codes
-        chunk = _number(opts, "chunk_frames", 0, int, 0)
-        self.left_context = _number(opts, "left_context", 0, int, 0) if chunk else 0
+        chunk = number_option(opts, "chunk_frames", 0, int, 0)
+        self.left_context = number_option(opts, "left_context", 0, int, 0) if chunk else 0
         self.chunk_frames = chunk or most
-        self.first_chunk_frames = (_number(opts, "first_chunk_frames", chunk, int, 1)
+        self.first_chunk_frames = (number_option(opts, "first_chunk_frames", chunk, int, 1)
                                    if chunk else most)
-        self.chunk_growth = _number(opts, "chunk_growth", 2, int, 1) if chunk else 1
+        self.chunk_growth = number_option(opts, "chunk_growth", 2, int, 1) if chunk else 1
         if max(self.chunk_frames, self.first_chunk_frames) + self.left_context > most:
             raise EngineLoadError(f"options chunk_frames, first_chunk_frames + left_context "
                                   f"must fit the DiT's {most} codes, got {self.chunk_frames}, "
@@ -260,18 +260,6 @@ class Token2WavRunner:
                 "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames,
                 "chunk_growth": self.chunk_growth, "left_context": self.left_context,
                 "audio_format": "f32le"}
-
-
-def _number(opts: Mapping[str, Any], name: str, default: Any, kind: type,
-            minimum: float | None = None) -> Any:
-    v = opts.get(name, default)
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and (
-        kind is float or isinstance(v, int)) and (minimum is None or v >= minimum)
-    if not ok:
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise EngineLoadError(f"option {name} must be {'an integer' if kind is int else 'a number'}"
-                              f"{bound}, got {v!r}")
-    return kind(v)
 
 
 def build_token2wav_runner(*, model_dir: str, device: str, dtype: str,

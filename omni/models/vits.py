@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omni.engines.base import EngineLoadError, flag_option
+from omni.engines.base import EngineLoadError, flag_option, number_option
 from omni.fixtures.release_files import FIXTURE_MARKER
 from omni.models.speech import (
     check_speed,
@@ -100,10 +100,10 @@ class VitsTTS:
         opts = dict(options or {})
         cfg = model.config
         self.model, self.tokenizer, self.model_dir, self.device = model, tokenizer, model_dir, device
-        self.max_chars = _option(opts, "max_chars", DEFAULT_MAX_CHARS, int, 16)
+        self.max_chars = number_option(opts, "max_chars", DEFAULT_MAX_CHARS, int, 16)
         # noise is a model attribute in VitsModel.forward, not an argument: set once here
-        model.noise_scale = _option(opts, "noise_scale", float(cfg.noise_scale), float, 0.0)
-        model.noise_scale_duration = _option(opts, "noise_scale_duration",
+        model.noise_scale = number_option(opts, "noise_scale", float(cfg.noise_scale), float, 0.0)
+        model.noise_scale_duration = number_option(opts, "noise_scale_duration",
                                              float(cfg.noise_scale_duration), float, 0.0)
         self.sample_rate = int(cfg.sampling_rate)
         self.hop = math.prod(cfg.upsample_rates)  # samples per spectrogram frame
@@ -168,15 +168,6 @@ def _rng(seed: int | None, device: torch.device) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         torch.manual_seed(seed)
         yield
-
-
-def _option(opts: Mapping[str, Any], name: str, default: Any, kind: type, low: float) -> Any:
-    v = opts.get(name, default)
-    ok = isinstance(v, int | float) if kind is float else isinstance(v, int)
-    if isinstance(v, bool) or not ok or v < low or (kind is float and not math.isfinite(v)):
-        raise EngineLoadError(f"vits: option {name} must be a{'n integer' if kind is int else ' number'}"
-                              f" >= {low}, got {v!r}")
-    return kind(v)
 
 
 def _is_random(path: Path) -> bool:

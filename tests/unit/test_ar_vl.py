@@ -67,7 +67,7 @@ def test_image_chat_matches_transformers_generate(vl_dir):
 
 
 def test_a_lone_image_prompt_gathers_until_a_step_with_nothing_else_to_run(vl_dir):
-    """encode_gather_ms (omni/engines/gather.py): the engine process's loop waits on its
+    """encode_gather_ms (omni/engines/gather/): the engine process's loop waits on its
     socket for the rest of a burst (gather_s); a caller stepping the engine itself has
     nothing more to add, so its step encodes the prompt at once."""
     with pytest.raises(EngineLoadError, match="encode_gather_ms"):

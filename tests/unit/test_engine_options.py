@@ -1,49 +1,34 @@
-"""Every engine refuses options it does not read (omni/engines/base.py check_options): a
-typo in a stage's options fails its load with the valid names, instead of being ignored.
-The model engines' own cases are in their tests (ar, generation, diffusion)."""
+"""The shared option readers of omni/engines/base.py: flag_option and number_option refuse
+what would silently mean something else (a quoted "false" is truthy; True reads as 1)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from omni.engines.base import EngineLoadError, check_options
-from omni.engines.echo.engine import EchoEngine
+from omni.engines.base import EngineLoadError, flag_option, number_option
 
 
-def test_check_options_names_the_unknown_and_the_valid_ones():
-    check_options("x engine", {"a": 1, "nice": 0, "payload_arena_mb": 64}, {"a", "b"})
-    check_options("x engine", None, {"a"})
-    with pytest.raises(EngineLoadError, match=r"unknown x engine option\(s\) c, d; the options "
-                                              r"are a, b, gc_freeze, nice, payload_arena_mb$"):
-        check_options("x engine", {"d": 1, "a": 2, "c": 3}, {"a", "b"})
+def test_flag_option_takes_only_booleans():
+    assert flag_option({}, "x", True) is True
+    assert flag_option({"x": False}, "x", True) is False
+    with pytest.raises(EngineLoadError, match="option x must be true or false"):
+        flag_option({"x": "false"}, "x", True)
 
 
-def test_echo_engine_refuses_an_unknown_option():
-    with pytest.raises(EngineLoadError, match=r"echo engine \(stage 's'\) option\(s\) chunk;"):
-        EchoEngine("s", {"chunk": 2})
-    assert EchoEngine("s", {"chunks": 2, "delay_ms": 1}).chunks == 2
+@pytest.mark.parametrize("value", [True, "5", math.inf, math.nan, -1, None])
+def test_number_option_refuses_non_numbers_and_values_below_the_minimum(value):
+    with pytest.raises(EngineLoadError, match="option gap must be a number >= 0"):
+        number_option({"gap": value}, "gap", 5.0, float, 0)
 
 
-@pytest.mark.parametrize("kind, model, typo", [("generation", "qwen3_omni_code2wav", "chunk_frame"),
-                                              ("generation", "piper", "max_phoneme"),
-                                              ("diffusion", "wan", "max_batch_row")])
-def test_an_unknown_adapter_option_fails_before_any_weights_load(tmp_path, kind, model, typo):
-    from omni.engines.diffusion.engine import build_diffusion_engine
-    from omni.engines.generation.build import build_generation_engine
-
-    build = build_generation_engine if kind == "generation" else build_diffusion_engine
-    missing = str(tmp_path / "no-such-model")  # loading would fail on this directory
-    with pytest.raises(EngineLoadError, match=rf"unknown {kind} engine \({model}\) "
-                                              rf"option\(s\) {typo};"):
-        build(model, model_dir=missing, device="cpu", dtype="auto", options={typo: 1})
-
-
-def test_every_adapter_declares_its_options():
-    from omni.models import DIFFUSION_DENOISERS, GENERATION_RUNNERS, adapter_options
-
-    for model in [*GENERATION_RUNNERS, *DIFFUSION_DENOISERS]:
-        assert adapter_options(model), model
-    assert adapter_options("no-such-model") == frozenset()
-    # feedback AR models with options of their own: the AR engine adds them to its own
-    for model in ("qwen3_omni_talker", "qwen3_tts_ar_talker"):
-        assert "predictor_compile" in adapter_options(model), model
+def test_number_option_returns_its_kind():
+    assert number_option({}, "gap", 5, float, 0) == 5.0
+    assert isinstance(number_option({}, "gap", 5, float, 0), float)
+    assert number_option({"steps": 3}, "steps", 10, int, 1) == 3
+    assert number_option({"sway": -1.5}, "sway", 0.0) == -1.5  # no minimum
+    with pytest.raises(EngineLoadError, match="option steps must be an integer >= 1"):
+        number_option({"steps": 2.5}, "steps", 10, int, 1)
+    with pytest.raises(EngineLoadError, match="option steps must be an integer >= 1"):
+        number_option({"steps": 0}, "steps", 10, int, 1)

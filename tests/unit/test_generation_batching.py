@@ -54,7 +54,7 @@ def test_complete_inputs_batched_in_one_call(c2w):
 
 
 def test_gather_ms_holds_an_idle_engine_for_the_rest_of_a_burst(c2w):
-    """Option gather_ms (omni/engines/gather.py): requests that find the engine idle wait
+    """Option gather_ms (omni/engines/gather/): requests that find the engine idle wait
     until none has come for that long (the process loop waits on its socket); a caller
     that steps the engine itself runs them at once, in one call."""
     with pytest.raises(EngineLoadError, match="gather_ms"):

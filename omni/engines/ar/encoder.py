@@ -13,7 +13,7 @@ encoder batches, e.g. one vision-tower call for the images of all of them). So u
 the tower runs on batches the size of what arrived during the previous encoding, as
 continuous batching does for decode steps.
 
-Gathering (omni/engines/gather.py): a prompt that finds the worker idle waits until no
+Gathering (omni/engines/gather/): a prompt that finds the worker idle waits until no
 other has arrived for ``gather_s``, so a burst that reaches the engine spread out is
 encoded in one batch (started on the first arrival, the worker ran a batch of 1; the
 other 7 waited for it, then encoded beside the first request's decode steps, whose thread
@@ -38,8 +38,9 @@ from omni.engines.gather import Gathering
 IDLE_WAIT_S = 0.01
 
 # Option encode_gather_ms's default: the gap that ends a gathering batch. On a 2-core VM
-# (tiny Qwen2.5-VL, 112 px images, 8 chats at once through HTTP) 5 ms took TTFT p50 from
-# 53-65 ms to 33-36 and cost a lone request its 5 ms; 10 ms gained no more.
+# (bench vlm's tiny image-chat fixture, 112 px images, 8 chats at once through HTTP) 5 ms
+# took TTFT p50 from 72-80 ms to 47-48 and cost a lone request 1.5-4 ms; 10 ms gained no
+# more. With 448 px images the front end's serial work bounds it: no clear change.
 GATHER_MS = 5.0
 
 # batch function: inputs of several requests -> per request its result or the exception

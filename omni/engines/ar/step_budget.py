@@ -20,7 +20,7 @@ Why a floor at the smallest timed size: below it the line is extrapolated, and a
 disturbed by another process on the GPU fits a large fixed part. Seen on an H100: an
 omni pipeline's text stage, loading beside its sibling stages (and a second server),
 fitted 56.7 ms + 0.019 ms/token against 3.1 ms + 0.057 ms/token for the same model in the
-other server (bench/results/omni-qwen2_5_omni-h100.md); the cap came out at 16 tokens,
+other server (the omni pipeline's H100 report in bench/results/); the cap came out at 16 tokens,
 and at c=8 the prompts waiting beside one decoding stream prefilled 16 tokens a step:
 first tokens after 18 s p50 instead of 0.4 s.
 For the same reason each size is timed in two passes (ascending, then descending) and

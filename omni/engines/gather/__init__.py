@@ -6,9 +6,9 @@ turn (body read, base64 or audio decoded, headers checked: ~1.3 ms a 112 px imag
 a 448 px one on a 2-core VM), so a burst of 8 arrives spread over 10-50 ms. An engine
 that starts a batch on the first arrival runs it alone and the rest wait for it: 8 image
 chats at once through HTTP had 2-4x the TTFT of the same 8 added at once in-process
-(bench vlm), and 8 Whisper transcriptions on an H100 took 3.2 s where one call of all 8
-took 2.0 and a clip alone 1.0 (bench/results/vlm-whisper_hf-h100.md; a CPU trace showed
-the first clip's call alone, then the other 7's).
+(bench vlm), and 8 speech transcriptions on an H100 took 3.2 s where one call of all 8
+took 2.0 and a clip alone 1.0 (bench vlm's speech row in bench/results/README.md; a CPU
+trace showed the first clip's call alone, then the other 7's).
 
 So a batch that finds its engine idle waits until no request has arrived for ``gap_s``,
 and at most ``GATHER_CAP`` gaps after its first (a steady trickle cannot hold it back);
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import number_option
 
 # the most gaps a gathering batch waits after its first arrival
 GATHER_CAP = 4
@@ -44,7 +44,7 @@ class Gathering:
         if self.gap_s <= 0 or (self._span is None and not opens):
             return
         now = self._clock()
-        self._span = (now if opens or self._span is None else self._span[0], now)
+        self._span = (now if self._span is None else self._span[0], now)
 
     def left_s(self) -> float:
         """Seconds the batch still waits (0: start it, or nothing gathers)."""
@@ -61,8 +61,4 @@ class Gathering:
 
 def gap_option(options: Mapping[str, Any], name: str, default_ms: float) -> float:
     """A stage option of milliseconds to gather for, in seconds (0: start at once)."""
-    value = options.get(name, default_ms)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise EngineLoadError(f"option {name} must be a number of milliseconds >= 0, "
-                              f"got {value!r}")
-    return float(value) / 1000
+    return number_option(options, name, default_ms, float, 0) / 1000

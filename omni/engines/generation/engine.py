@@ -94,7 +94,7 @@ class GenerationEngine(Engine):
     (0 = no limit): the most rows x frames in one call; by default sized from the stage's
     memory budget on a GPU (generation/memory.py), else the runner's `batch_frames`;
     gather_ms (0): requests that find the engine idle wait until none has come for this
-    long, so a burst that arrives spread out runs in one call (omni/engines/gather.py).
+    long, so a burst that arrives spread out runs in one call (omni/engines/gather/).
     A runner lists the options it reads in its OPTIONS.
     """
 
