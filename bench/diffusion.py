@@ -29,7 +29,9 @@ prompts, in one run:
   ours-http           `python -m omni.server --model DIR` (the preset the directory picks,
                       its own options and defaults; a real-size --shape is saved to a temp
                       directory first) and HTTP clients on POST /v1/images/generations:
-                      latency to the PNG's last byte. Not in the default sides
+                      latency to the PNG's last byte. Not in the default sides;
+                      runs first, at every concurrency, with the bench's own copy of
+                      the pipeline parked in host memory (the server finds the GPU free)
   ours-cache          ours-engine with the step cache on at its default threshold
                       (transformer calls are counted; random weights cannot judge quality)
   diffusers-seq       the pipeline's __call__ once per request, one at a time
@@ -123,20 +125,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     micro_fp8: dict[str, float] = {}
     if "transformer" in wanted:
         micro = _bare_transformer(family, pipe, height, width, device, "")
-    server = None
-    if "ours-http" in wanted:
-        from bench.media_http import MediaServer, save_pipeline
-
-        saved = model_dir is None
-        server = MediaServer(model_dir or save_pipeline(pipe),
-                             args.out / f"diffusion-{args.tag or 'run'}-server.log", saved)
+    rows = _http_rows(pipe, model_dir, device, args, params) if "ours-http" in wanted else []
     serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,
-                    options=options, args=args, params=params, call=call, server=server)
-    try:
-        rows = serve([s for s in wanted if s not in LAST_SIDES])
-    finally:
-        if server is not None:
-            server.close()
+                    options=options, args=args, params=params, call=call)
+    rows += serve([s for s in wanted if s not in (*LAST_SIDES, "ours-http")])
     if "ours-fp8" in wanted:
         _quantize(family, pipe, device)
         if "transformer" in wanted:
@@ -168,7 +160,7 @@ def _bare_transformer(family: str, pipe: Any, height: int, width: int, device: s
 
 def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, device: str,
            options: dict[str, Any], args: argparse.Namespace, params: dict[str, Any],
-           call: dict[str, Any], server: Any) -> list[dict[str, Any]]:
+           call: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per serving side and concurrency, concurrency by concurrency."""
     rows = []
     for c in (int(v) for v in args.concurrency.split(",")):
@@ -176,21 +168,37 @@ def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, 
             if side == "transformer" or (side == "ours-server" and model_dir is None):
                 continue
             say(f"  {side} c={c} ...")
-            if side == "ours-http":
-                record = _http_side(server, c, args.per_client, params)
-            else:
-                record = _side(side, model, model_dir, device, options, c, args, params, call)
-            rows.append(_summary(side, c, record, args))
-            say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} s, "
-                f"p99 {rows[-1]['p99_s']:.2f} s")
+            record = _side(side, model, model_dir, device, options, c, args, params, call)
+            rows.append(_said(_summary(side, c, record, args)))
     return rows
 
 
-def _http_side(server: Any, c: int, per_client: int, params: dict[str, Any]) -> dict:
-    from bench.media_http import http_side
+def _said(row: dict[str, Any]) -> dict[str, Any]:
+    say(f"    {row['steps_per_s']:.2f} steps/s, p50 {row['p50_s']:.2f} s, "
+        f"p99 {row['p99_s']:.2f} s")
+    return row
 
-    http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as the other sides warm
-    return http_side(server, c, per_client, params)
+
+def _http_rows(pipe: Any, model_dir: str | None, device: str, args: argparse.Namespace,
+               params: dict[str, Any]) -> list[dict[str, Any]]:
+    """ours-http at every concurrency, first, with the in-process copy parked in host
+    memory (media_http.pipeline_parked); the server is stopped before the other sides."""
+    from bench.media_http import MediaServer, http_side, pipeline_parked, save_pipeline
+
+    directory = model_dir or save_pipeline(pipe)
+    rows = []
+    with pipeline_parked(pipe, device):
+        server = MediaServer(directory, args.out / f"diffusion-{args.tag or 'run'}-server.log",
+                             saved=model_dir is None)
+        try:
+            for c in (int(v) for v in args.concurrency.split(",")):
+                say(f"  ours-http c={c} ...")
+                http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as others warm
+                record = http_side(server, c, args.per_client, params)
+                rows.append(_said(_summary("ours-http", c, record, args)))
+        finally:
+            server.close()
+    return rows
 
 
 def _quantize(family: str, pipe: Any, device: str) -> None:

@@ -16,12 +16,14 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.ar_ours import start_server, stop_server
-from bench.common import say
+from bench.common import free_device_memory, say
 
 START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or more
 
@@ -65,6 +67,28 @@ def save_pipeline(pipe: Any) -> str:
         raise
     say(f"  saved the pipeline to {saved} in {time.perf_counter() - started:.0f} s")
     return saved
+
+
+@contextmanager
+def pipeline_parked(pipe: Any, device: str) -> Iterator[None]:
+    """The bench's own copy of the pipeline in host memory while the server runs, and back
+    on the device after: the server finds the GPU as a user's server does (its budgets are
+    sized from the memory it finds free), and a release too large for two copies on one
+    GPU still gets its ours-http rows beside the in-process sides of the same run."""
+    if pipe is None or not device.startswith("cuda"):
+        yield
+        return
+    started = time.perf_counter()
+    pipe.to("cpu")
+    left = free_device_memory()
+    say(f"  parked the in-process pipeline on the CPU in {time.perf_counter() - started:.0f} s"
+        f" ({left:.1f} GiB still allocated here)")
+    try:
+        yield
+    finally:
+        started = time.perf_counter()
+        pipe.to(device)
+        say(f"  the pipeline is back on {device} in {time.perf_counter() - started:.0f} s")
 
 
 def http_side(server: MediaServer, c: int, per_client: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
-from bench.common import free_device_memory, percentile, say
+from bench.common import percentile, say
 
 DESCRIPTION = """\
 Denoising steps/s, videos/s and request latency (p50/p99) of text-to-video requests at
@@ -28,7 +28,9 @@ prompts, in one run:
                   own options; --shape real saves the random pipeline to a temp directory
                   first) and HTTP clients on POST /v1/videos/sync: latency to the MP4's
                   last byte (VAE decode and MP4 encode included). Not in the default
-                  sides; the server's log goes beside the report
+                  sides; runs first, at every concurrency, with the bench's own copy
+                  of the pipeline parked in host memory (the server finds the GPU free);
+                  the server's log goes beside the report
 
 Clients are closed-loop: c clients each send their next request when the previous one
 returns, --per-client requests each. Guidance is off (guidance_scale 1: one row per
@@ -85,29 +87,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     pipe = load_video_pipeline(args.family, args.shape, args.model, device, args.layers)
     wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
     model_dir = args.model or (None if args.shape == "real" else str(_tiny_dir(args.family)))
-    saved = None
-    if "ours-http" in wanted and model_dir is None:
-        from bench.media_http import save_pipeline
-
-        model_dir = saved = save_pipeline(pipe)
-    if wanted == ["ours-http"]:  # nothing else runs here: free this copy before the server's
-        pipe = None
-        free_device_memory()
-    server = _server(model_dir, saved is not None, args) if "ours-http" in wanted else None
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
               "guidance_scale": GUIDANCE.get(args.family, 1.0)}
-    rows = []
-    try:
-        for c in (int(v) for v in args.concurrency.split(",")):
-            for side in wanted:
-                say(f"  {side} c={c} ...")
-                record = _side(side, pipe, server, args, device, c, params)
-                rows.append(_summary(side, c, record, args))
-                say(f"    {rows[-1]['steps_per_s']:.2f} steps/s, p50 {rows[-1]['p50_s']:.2f} "
-                    f"s, p99 {rows[-1]['p99_s']:.2f} s")
-    finally:
-        if server is not None:
-            server.close()
+    rows = _http_rows(pipe, model_dir, device, args, params) if "ours-http" in wanted else []
+    for c in (int(v) for v in args.concurrency.split(",")):
+        for side in (s for s in wanted if s != "ours-http"):
+            say(f"  {side} c={c} ...")
+            rows.append(_said(_summary(side, c, _side(side, pipe, args, device, c, params),
+                                       args)))
     result = {"command": "python -m bench " + " ".join(argv), "family": args.family,
               "shape": args.model or args.shape, "layers": args.layers, "size": args.size,
               "frames": args.frames, "steps": args.steps, "device": _device(device),
@@ -130,12 +117,32 @@ def _denoiser(pipe: Any, family: str, device: str) -> Any:
                               "max_frames": 257})
 
 
-def _server(model_dir: str, saved: bool, args: argparse.Namespace) -> Any:
-    from bench.media_http import MediaServer
+def _said(row: dict[str, Any]) -> dict[str, Any]:
+    say(f"    {row['steps_per_s']:.2f} steps/s, p50 {row['p50_s']:.2f} s, "
+        f"p99 {row['p99_s']:.2f} s")
+    return row
 
+
+def _http_rows(pipe: Any, model_dir: str | None, device: str, args: argparse.Namespace,
+               params: dict[str, Any]) -> list[dict[str, Any]]:
+    """ours-http at every concurrency, first, with the in-process copy parked in host
+    memory (media_http.pipeline_parked); the server is stopped before the other sides."""
+    from bench.media_http import MediaServer, http_side, pipeline_parked, save_pipeline
+
+    directory = model_dir or save_pipeline(pipe)
     log_path = Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    return MediaServer(model_dir, log_path, saved)
+    rows = []
+    with pipeline_parked(pipe, device):
+        server = MediaServer(directory, log_path, saved=model_dir is None)
+        try:
+            for c in (int(v) for v in args.concurrency.split(",")):
+                say(f"  ours-http c={c} ...")
+                http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as others warm
+                record = http_side(server, c, args.per_client, params)
+                rows.append(_said(_summary("ours-http", c, record, args)))
+        finally:
+            server.close()
+    return rows
 
 
 def _tiny_dir(family: str) -> Path:
@@ -145,14 +152,9 @@ def _tiny_dir(family: str) -> Path:
     return ensure_tiny_model(FIXTURES[family])
 
 
-def _side(side: str, pipe: Any, server: Any, args: argparse.Namespace, device: str, c: int,
+def _side(side: str, pipe: Any, args: argparse.Namespace, device: str, c: int,
           params: dict[str, Any]) -> dict[str, Any]:
     warm = {**params, "steps": WARMUP_STEPS}
-    if side == "ours-http":
-        from bench.media_http import http_side
-
-        http_side(server, c, 1, warm)
-        return http_side(server, c, args.per_client, params)
     if side == "ours-engine":
         denoiser = _denoiser(pipe, args.family, device)
         options = {"max_batch_rows": args.max_batch_rows}

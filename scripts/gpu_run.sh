@@ -130,7 +130,9 @@
 #                                        # diffusers sequential / batched, bare transformer
 #                                        # (SIDES=... picks bench diffusion's sides, e.g.
 #                                        # ours-http,ours-engine,diffusers-seq: the server
-#                                        # through HTTP too; same for flux2, hunyuan_image)
+#                                        # through HTTP too, first, the bench's copy parked
+#                                        # in host memory; same for flux2, hunyuan_image;
+#                                        # BENCH_TIMEOUT=N, default 480, hunyuan_image 540)
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
 #                                        # ~70 GB: an H200; LAYERS=4 on an H100)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
@@ -329,7 +331,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   flux|flux2)
     shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
-    timeout 480 python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
+    timeout "${BENCH_TIMEOUT:-480}" python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
       ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-$1-$card}" > "$OUT/bench-$1.log" 2>&1
@@ -337,7 +339,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     say "$1 done"
     ;;
   hunyuan_image)
-    timeout 540 python3 -m bench diffusion --shape hunyuan-image-2.1 --size "${SIZE:-1024x1024}" \
+    timeout "${BENCH_TIMEOUT:-540}" python3 -m bench diffusion --shape hunyuan-image-2.1 --size "${SIZE:-1024x1024}" \
       ${LAYERS:+--layers $LAYERS} --steps "${STEPS:-16}" --concurrency 1,4,8 --per-client 2 \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-hunyuan-image-gpu}" > "$OUT/bench-hunyuan-image.log" 2>&1
