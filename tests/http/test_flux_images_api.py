@@ -1,7 +1,7 @@
-"""FLUX.1 and FLUX.2 through the unmodified openai SDK: /v1/images/generations on a tiny
-FLUX.1-dev directory served by its built-in preset (picked from model_index.json),
-/v1/images/edits on a tiny FLUX.1 Kontext and a tiny FLUX.2 (two reference images); the
-served PNGs equal diffusers' own pipeline call."""
+"""FLUX.1 and FLUX.2 through the unmodified openai SDK: /v1/images/generations on tiny
+FLUX.1-dev and FLUX.2 directories served by their built-in presets (picked from
+model_index.json), /v1/images/edits on a tiny FLUX.1 Kontext and the FLUX.2 one (two
+reference images); the served PNGs equal diffusers' own pipeline call."""
 
 from __future__ import annotations
 
@@ -42,13 +42,12 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(dirs, tmp_path_factory):
     pipelines = tmp_path_factory.mktemp("flux-pipelines")
-    targets = {"flux1": dirs["flux1"],  # the preset flux.yaml, as `omni.server DIR` serves it
+    # flux1 and flux2: the presets flux.yaml / flux2.yaml, as `omni.server DIR` serves them
+    # (their 512-token prompt padding costs the tiny FLUX.2 ~0.2 s over 64 here)
+    targets = {"flux1": dirs["flux1"], "flux2": dirs["flux2"],
                "kontext": write_pipeline(pipelines, "kontext", STAGE.format(
                    name="kontext", model="flux", model_dir=dirs["flux1_kontext"],
-                   extra="auto_resize: false, max_sequence_length: 32")),
-               "flux2": write_pipeline(pipelines, "flux2", STAGE.format(
-                   name="flux2", model="flux2", model_dir=dirs["flux2"],
-                   extra="max_sequence_length: 64"))}
+                   extra="auto_resize: false, max_sequence_length: 32"))}
     srv = Server(targets, ServerSettings(drain_timeout_s=2.0)).start()
     yield srv
     srv.stop()
@@ -120,23 +119,23 @@ def test_kontext_edit_equals_diffusers(server, dirs):
 
 
 def test_flux2_generate_and_edit_with_two_references_equal_diffusers(server, dirs):
-    refs = [png(64, 64, 1), png(96, 64, 2)]
+    refs, steps = [png(64, 64, 1), png(96, 64, 2)], {"num_inference_steps": 3}
 
     async def body():
         async with server.client() as client:
             made = await client.images.generate(model="flux2", prompt="a red fox",
-                                                size="64x32", extra_body={"seed": 1})
+                                                size="64x32", extra_body={"seed": 1, **steps})
             edited = await client.images.edit(
                 model="flux2", image=[("a.png", refs[0]), ("b.png", refs[1])],
-                prompt="put them together", size="32x32", extra_body={"seed": 2})
+                prompt="put them together", size="32x32",
+                extra_body={"seed": 2, **steps})
         return pixels(made.data[0].b64_json), pixels(edited.data[0].b64_json)
     made, edited = run(body())
     assert_close([made], reference(dirs["flux2"], prompt="a red fox", height=32, width=64,
-                                   num_inference_steps=3, max_sequence_length=64, seed=1))
+                                   seed=1, **steps))
     images = [Image.open(io.BytesIO(b)).convert("RGB") for b in refs]
     assert_close([edited], reference(dirs["flux2"], prompt="put them together", image=images,
-                                     height=32, width=32, num_inference_steps=3,
-                                     max_sequence_length=64, seed=2))
+                                     height=32, width=32, seed=2, **steps))
 
 
 @pytest.mark.parametrize("model, call, kwargs, param, text", [

@@ -1,9 +1,10 @@
 """Spoken answers from a Qwen2.5-Omni directory (tiny random release-layout checkpoint)
 through the unmodified openai SDK: thinker -> talker -> token2wav, three engine processes
-(the preset's shape); text-only requests run the thinker alone. With a greedy talker the
-served audio equals transformers' composite generate for the same prompt; with the codes
-streamed to token2wav (the preset's edge) each audio chunk equals transformers' Token2Wav
-over that chunk's codes of the same generate, after its left context."""
+(the preset's shape); text-only requests run the thinker alone, on those stages and on the
+directory served by its own preset alike. With a greedy talker the served audio equals
+transformers' composite generate for the same prompt; with the codes streamed to token2wav
+(the preset's edge) each audio chunk equals transformers' Token2Wav over that chunk's codes
+of the same generate, after its left context."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ STREAMED = PIPELINE.replace("name: omni25", "name: omni25-stream").replace(
     "{{from: talker, to: token2wav, delivery: full}}",
     "{{from: talker, to: token2wav, delivery: stream}}")
 FRAMES, SEED = 30, 4
+PRESET = "qwen2_5_omni"  # the served directory's name
 ASK = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
 GREEDY_ONLY = {"max_tokens": 6, "temperature": 0}  # ignore_eos beside other extra_body
@@ -57,6 +59,11 @@ def server(tmp_path_factory, model_dir):
     out = tmp_path_factory.mktemp("omni25")
     paths = {name: write_pipeline(out, name, text.format(d=model_dir, frames=FRAMES, seed=SEED))
              for name, text in (("omni25", PIPELINE), ("omni25-stream", STREAMED))}
+    # and the directory itself, as `omni.server --model DIR` serves it (qwen2_5_omni.yaml);
+    # text only: its talker samples (temperature 0.9) up to 4096 codes, ~2000 and ~9 s of
+    # audio work per answer on this fixture, and a chat request's sampling params reach
+    # the text stages only, so no spoken answer of it can equal transformers' greedy one
+    paths[PRESET] = model_dir
     srv = Server(paths, ServerSettings(drain_timeout_s=2.0)).start()
     yield srv
     srv.stop()
@@ -100,13 +107,17 @@ def reference(model_dir) -> dict:
             "codes": codes, "decode_kwargs": decode_kwargs}
 
 
-def test_text_only_route_runs_the_thinker(server):
+def test_text_only_route_runs_the_thinker(server, reference):
+    """On the hand-written pipeline and on the directory's own preset alike: the answer
+    transformers' generate writes, with no audio."""
     async def body():
         async with server.client(timeout=60) as client:
-            reply = await client.chat.completions.create(model="omni25", messages=ASK,
-                                                         **GREEDY)
-            assert reply.choices[0].message.content and reply.choices[0].message.audio is None
-            assert reply.usage.completion_tokens == 4
+            for model in ("omni25", PRESET):
+                reply = await client.chat.completions.create(model=model, messages=ASK,
+                                                             **GREEDY)
+                message = reply.choices[0].message
+                assert message.content == reference["text"] and message.audio is None, model
+                assert reply.usage.completion_tokens == 4
     run(body())
 
 

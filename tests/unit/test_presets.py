@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from omni.config.pipeline import ConfigError
-from omni.config.presets import load_pipeline
+from omni.config.presets import load_pipeline, preset_path
+from omni.runtime.metrics import Metrics
+from omni.server import parse_args, served_models
 
 
 def _model_dir(tmp_path, model_type: str):
@@ -73,3 +76,40 @@ def test_a_qwen3_tts_release_gets_the_ar_talker_and_code2wav(tmp_path, tts_type)
     assert all("qwen3-tts" in str(s.python) and s.model_dir == str(d.resolve())
                for s in pipeline.stages)
     assert pipeline.modalities == ("audio",)
+
+
+# issue #40's families: tiny fixture (tests' `models`) -> the preset its directory picks,
+# and the family its /v1/models entry names (config.json's model_type or model_index.json's
+# pipeline class, as docs/models.md lists them)
+RELEASES = {
+    "flux1": ("flux", "FluxPipeline"),
+    "flux2": ("flux2", "Flux2Pipeline"),
+    "hunyuan_image": ("hunyuan_image", "HunyuanImagePipeline"),
+    "hunyuan_video_t2v": ("hunyuan_video", "HunyuanVideo15Pipeline"),
+    "hunyuan_video_i2v": ("hunyuan_video", "HunyuanVideo15ImageToVideoPipeline"),
+    "ltx_video": ("ltx_video", "LTXPipeline"),
+    "ltx2": ("ltx2", "LTX2Pipeline"),
+    "wan22_t2v": ("wan", "WanPipeline"),  # A14B: two experts
+    "wan22_i2v": ("wan", "WanImageToVideoPipeline"),  # A14B
+    "wan22_ti2v": ("wan", "WanPipeline"),  # TI2V-5B
+    "qwen2_5_omni": ("qwen2_5_omni", "qwen2_5_omni"),
+    "qwen2_5_vl": ("qwen_vl", "qwen2_5_vl"),
+    "qwen3_vl": ("qwen_vl", "qwen3_vl"),
+    "whisper_hf": ("whisper_hf", "whisper"),
+}
+
+
+def test_release_directories_pick_their_preset_and_list_their_family(models):
+    """`python -m omni.server --model DIR ...` over the tiny release directories: each is
+    served under its name by the preset its config picks, and the metadata its /v1/models
+    entry spreads in (ServedModel.card; the rest of the card needs live engines) names its
+    family. No engine starts: the models are only constructed, as serve() does first."""
+    dirs = {name: models(name) for name in RELEASES}
+    args = parse_args([arg for d in dirs.values() for arg in ("--model", d)])
+    served = {m.id: m for m in served_models(args, Metrics())}
+    assert list(served) == list(RELEASES)  # no views among them
+    for name, (preset, family) in RELEASES.items():
+        pipeline = served[name].omni.pipeline
+        assert pipeline.source.startswith(f"{preset_path(preset)} "), (name, pipeline.source)
+        assert {s.model_dir for s in pipeline.stages} == {str(Path(dirs[name]).resolve())}
+        assert served[name].metadata == {"random_weights": True, "families": [family]}, name
