@@ -207,3 +207,26 @@ async def sse_events(session: Any, url: str, body: dict[str, Any] | bytes,
             if "error" in event:
                 raise RuntimeError(f"stream error: {event['error']}")
             yield now, event
+
+
+def code_commit() -> str | None:
+    """The commit the measured code is: $OMNI_COMMIT where the caller says (a GPU box's
+    copy of the tree has no history of its own: give it `OMNI_COMMIT=$(git rev-parse
+    --short HEAD)` from the checkout that sent it), else HEAD's short hash, marked where
+    tracked files differ; None without either."""
+    given = os.environ.get("OMNI_COMMIT", "").strip()
+    if given:
+        return given
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (f"{head} + uncommitted changes" if dirty else head) or None
+

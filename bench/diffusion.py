@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
-from bench.common import percentile, say
+from bench.common import code_commit, percentile, say
 from bench.diffusion_models import SHAPES
 
 DESCRIPTION = """\
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                         else f"{args.shape} ({args.layers} layers)"),
               "size": args.size, "steps": args.steps,
               "per_client": args.per_client, "transformer_s": micro,
-              "transformer_fp8_s": micro_fp8, "rows": rows,
+              "transformer_fp8_s": micro_fp8, "rows": rows, "commit": code_commit(),
               "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     from bench.diffusion_report import write
 

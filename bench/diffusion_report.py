@@ -20,6 +20,7 @@ def render(r: dict[str, Any]) -> str:
     micro = r["transformer_s"]
     lines = [f"# Diffusion serving: {r['shape']}, {r['size']}, {r['steps']} steps",
              "", f"Command: `{r['command']}`  ", f"Device: {r['device']}  ",
+             f"Commit: {r.get('commit') or 'unknown'}  ",
              f"When: {r['when']}; {r['per_client']} requests per client (closed loop).", ""]
     if micro:
         lines += ["## Bare transformer (one call, random inputs of the same shapes)", "",

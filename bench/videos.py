@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import diffusion_sides as sides
-from bench.common import percentile, say
+from bench.common import code_commit, percentile, say
 
 DESCRIPTION = """\
 Denoising steps/s, videos/s and request latency (p50/p99) of text-to-video requests at
@@ -99,7 +99,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               "shape": args.model or args.shape, "layers": args.layers, "size": args.size,
               "frames": args.frames, "steps": args.steps, "device": _device(device),
               "guidance_scale": params["guidance_scale"],
-              "rows": rows, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+              "rows": rows, "commit": code_commit(),
+              "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     path = _write(result, args)
     say(f"wrote {path}")
     return 0
@@ -211,7 +212,7 @@ def _write(result: dict[str, Any], args: argparse.Namespace) -> Path:
     lines = [f"# videos: {result['family']} ({result['shape']}) on {result['device']}", "",
              f"`{result['command']}` ({result['when']}); {result['size']}, "
              f"{result['frames']} frames, {result['steps']} steps, guidance_scale "
-             f"{result['guidance_scale']}.", "",
+             f"{result['guidance_scale']}; commit {result.get('commit') or 'unknown'}.", "",
              "| side | c | videos | steps/s | videos/s | p50 s | p99 s | calls | max rows |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:

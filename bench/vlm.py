@@ -38,17 +38,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import hardware, say
+from bench.common import code_commit, hardware, say
 
 DESCRIPTION = __doc__
 SIDES = ("ours-http", "hf-generate", "ours-inproc")
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "whisper_hf")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,21 +158,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def commit() -> str | None:
-    """HEAD's short hash, marked where tracked files differ from it; None without git
-    (a copied tree)."""
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (f"{head} + uncommitted changes" if dirty else head) or None
-
-
 def _header(args: argparse.Namespace, argv: list[str], model_dir: str, levels: list[int],
             sides: list[str]) -> dict[str, Any]:
     from bench.ar_report import environment
@@ -184,7 +167,7 @@ def _header(args: argparse.Namespace, argv: list[str], model_dir: str, levels: l
     return {"family": args.family, "shape": shape,
             "release": RELEASES[args.family] if shape == "release" else None,
             "model_dir": model_dir, "command": "python -m bench " + " ".join(argv),
-            "commit": commit(), "hardware": hardware() | environment(args.device),
+            "commit": code_commit(), "hardware": hardware() | environment(args.device),
             "settings": {"device": args.device, "sides": sides, "concurrency": levels,
                          "new_tokens": args.new_tokens, "layers": args.layers,
                          "image_size": args.image_size, "clip_seconds": args.clip_seconds},
