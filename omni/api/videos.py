@@ -29,7 +29,7 @@ from omni.api.schemas.media import VideoRequest
 from omni.api.state import MODELS_KEY, SETTINGS_KEY, ServedModel
 from omni.api.video_jobs import VideoJob, VideoStore, default_data_dir
 from omni.errors import ShuttingDownError
-from omni.media.image import encode_image
+from omni.media.image import check_image, encode_image
 from omni.media.video import encode_mp4
 
 log = logging.getLogger("omni.api.videos")
@@ -73,9 +73,20 @@ async def _body(request: web.Request) -> tuple[dict[str, Any], list[bytes]]:
             if isinstance(part, str) or not hasattr(part, "file"):
                 raise APIError(400, "'input_reference' must be an image file",
                                param="input_reference")
-            images.append(await asyncio.to_thread(part.file.read))
+            images.append(_reference(await asyncio.to_thread(part.file.read)))
         return body, images
     return await read_json(request), []
+
+
+def _reference(data: bytes) -> bytes:
+    """An input_reference file whose header reads as an image within the pixel limit:
+    checked here, or /v1/videos would queue a job that can only fail."""
+    try:
+        check_image(data)
+    except ValueError as e:
+        raise APIError(400, f"'input_reference' is not an image this server accepts: {e}",
+                       param="input_reference") from None
+    return data
 
 
 async def parse_video(request: web.Request) -> VideoCall:
