@@ -117,7 +117,7 @@ struct Views {
 
 // scratch of one worker, reused across its tasks
 struct Scratch {
-  std::vector<float> query, scores;
+  std::vector<float> query, scores, totals;
 };
 
 // asks for one cached row (`bytes` from `row`) to be brought into cache, without waiting
@@ -212,30 +212,42 @@ OMNI_INLINE float exponentiate(float* scores, int64_t n) {
   return sum;
 }
 
-// dst = sum_p weight[p] V[slots[p]] / total for one head; the accumulator is a local array
-// of D rounded up to whole vectors (with a compile-time head size, registers)
+// Accumulators one pass over V keeps, in vectors: heads x (D / L + 1). With D 64 and 8
+// lanes that is 14 query heads, with D 128 seven: every head of a group in one pass on the
+// common layouts, so each V row is read once, not once per head (a group of 2 read V twice).
+constexpr int64_t kAccVectors = 128;
+
+// dst[h] = sum_p weight[h][p] V[slots[p]] / total[h] for `heads` query heads of one KV
+// head (their weights `stride` apart, their outputs D apart); each V row is loaded into
+// vectors once and added to every head's accumulator
 template <int L, typename T, int64_t DIM>
 OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
-                              const float* __restrict weight, int64_t n, int64_t g,
-                              float total, int64_t dim, T* __restrict dst) {
+                              const float* __restrict weights, int64_t stride, int64_t n,
+                              int64_t g, const float* totals, int64_t heads, int64_t dim,
+                              T* __restrict dst) {
   typedef typename Lanes<L>::Vec Vec;
-  const int64_t D = DIM ? DIM : dim, whole = D / L;
-  Vec sum[(DIM ? DIM : kMaxDim) / L + 1];
-  for (int64_t c = 0; c <= whole; ++c) sum[c] = Vec{};
-  float* tail = reinterpret_cast<float*>(sum + whole);  // the last D % L values
+  const int64_t D = DIM ? DIM : dim, whole = D / L, per = whole + 1;
+  Vec sum[kAccVectors];
+  for (int64_t c = 0; c < heads * per; ++c) sum[c] = Vec{};
+  Vec row_vectors[(DIM ? DIM : kMaxDim) / L];
   const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   for (int64_t p = 0; p < n; ++p) {
     if (p + kAhead < n) prefetch_row(t.v + slots[p + kAhead] * t.v_slot + g * t.v_head, row_bytes);
     const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
-    const float wp = weight[p];
-    for (int64_t c = 0; c < whole; ++c) sum[c] += wp * load<L>(row + c * L);
-    for (int64_t d = whole * L; d < D; ++d) {
-      tail[d - whole * L] += wp * static_cast<float>(row[d]);
+    for (int64_t c = 0; c < whole; ++c) row_vectors[c] = load<L>(row + c * L);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float wp = weights[h * stride + p];
+      Vec* acc = sum + h * per;
+      for (int64_t c = 0; c < whole; ++c) acc[c] += wp * row_vectors[c];
+      float* tail = reinterpret_cast<float*>(acc + whole);  // the last D % L values
+      for (int64_t d = whole * L; d < D; ++d) tail[d - whole * L] += wp * static_cast<float>(row[d]);
     }
   }
-  const float inv = 1.0f / total;
-  const float* values = reinterpret_cast<const float*>(sum);
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(values[d] * inv);
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inv = 1.0f / totals[h];
+    const float* values = reinterpret_cast<const float*>(sum + h * per);
+    for (int64_t d = 0; d < D; ++d) dst[h * D + d] = static_cast<T>(values[d] * inv);
+  }
 }
 
 template <int L, typename T, int64_t DIM>
@@ -245,17 +257,19 @@ OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64
   const int64_t n = len - start, G = s.group, D = s.dim, stride = (n + L - 1) / L * L;
   w.query.resize(G * D);
   w.scores.resize(G * stride);
+  w.totals.resize(G);
   for (int64_t h = 0; h < G; ++h) {
     const T* src = t.q + (g * G + h) * t.q_head + b * t.q_batch;
     for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
   }
   const int64_t* slots = t.slots + b * t.slots_row + start;
   score<L, T, DIM>(t, s, slots, n, stride, g, w);
-  for (int64_t h = 0; h < G; ++h) {
-    float* weight = w.scores.data() + h * stride;
-    const float total = exponentiate<L>(weight, n);
-    weigh_values<L, T, DIM>(t, slots, weight, n, g, total, D,
-                            t.out + (b * s.heads + g * G + h) * D);
+  for (int64_t h = 0; h < G; ++h) w.totals[h] = exponentiate<L>(w.scores.data() + h * stride, n);
+  const int64_t chunk = std::max<int64_t>(1, kAccVectors / (D / L + 1));
+  for (int64_t h0 = 0; h0 < G; h0 += chunk) {
+    weigh_values<L, T, DIM>(t, slots, w.scores.data() + h0 * stride, stride, n, g,
+                            w.totals.data() + h0, std::min(chunk, G - h0), D,
+                            t.out + (b * s.heads + g * G + h0) * D);
   }
 }
 
