@@ -125,8 +125,25 @@ def test_bad_slots_and_lengths_are_errors_not_reads():
         cpu_decode_kernel.paged_decode(q, k, v, bad, lens, None, 0)
     with pytest.raises(RuntimeError, match="length .* outside"):
         cpu_decode_kernel.paged_decode(q, k, v, slots, lens + slots.shape[1], None, 0)
-    with pytest.raises(RuntimeError, match="share a dtype"):
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16 only"):
         cpu_decode_kernel.paged_decode(q, k.double(), v.double(), slots, lens, None, 0)
+    with pytest.raises(RuntimeError, match="only under float32 queries"):
+        cpu_decode_kernel.paged_decode(q.bfloat16(), k, v, slots, lens, None, 0)
+    with pytest.raises(RuntimeError, match="the caches another"):
+        cpu_decode_kernel.paged_decode(q, k, v.bfloat16(), slots, lens, None, 0)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_float32_queries_over_a_narrower_cache_equal_sdpa_on_its_rows(cache_dtype):
+    """Option kv_cache_dtype: the kernel reads the narrow rows and widens them exactly, so
+    its output is SDPA's over the same rows widened, to float32 rounding."""
+    for rng, batch, heads, kv_heads, dim, window in list(_shapes())[:9]:
+        q, k, v, slots, valid, lens = _case(rng, batch, heads, kv_heads, dim, torch.float32)
+        k, v = k.to(cache_dtype), v.to(cache_dtype)
+        got = cpu_decode_kernel.paged_decode(q, k, v, slots, lens, None, window)
+        assert got.dtype == torch.float32
+        ref = _sdpa_decode(q, k.float(), v.float(), slots, valid, lens, None, window)
+        assert (got - ref).abs().max() < 1e-5, (batch, heads, kv_heads, dim, window)
 
 
 def test_engine_greedy_tokens_equal_with_the_kernel_or_sdpa(tmp_path):
@@ -138,9 +155,14 @@ def test_engine_greedy_tokens_equal_with_the_kernel_or_sdpa(tmp_path):
     model = build_tiny_qwen3(tmp_path / "qwen3", head_dim=64, initializer_range=0.5)
     prompts = ["Hello world, this is", "One", "Tell me a story about a robot who walks far"]
     results = {}
-    for kernel in ("auto", "sdpa"):
-        engine = AREngine(str(model), options={"attention_kernel": kernel, "block_size": 4})
+    # the model's float32 cache, then a bfloat16 one (option kv_cache_dtype): the kernel and
+    # the SDPA paths (decode, padded prefill) read the same rows either way
+    for kernel, cache in (("auto", "auto"), ("sdpa", "auto"), ("auto", "bfloat16"),
+                          ("sdpa", "bfloat16")):
+        engine = AREngine(str(model), options={"attention_kernel": kernel, "block_size": 4,
+                                               "kv_cache_dtype": cache})
         assert engine.cache.decode_kernel == ("cpu" if kernel == "auto" else "sdpa")
+        assert engine.info()["kv_cache_dtype"] == ("float32" if cache == "auto" else cache)
         for i, prompt in enumerate(prompts):
             engine.add(EngineRequest(f"r{i}", {"prompt": prompt},
                                      {"temperature": 0, "max_tokens": 24, "ignore_eos": True}))
@@ -148,11 +170,28 @@ def test_engine_greedy_tokens_equal_with_the_kernel_or_sdpa(tmp_path):
         while engine.has_work():
             for out in engine.step():
                 got.setdefault(out.request_id, []).extend(out.data["token_ids"])
-        results[kernel] = got
+        results[kernel, cache] = got
         engine.shutdown()
     # answers that vary (one of them settles into a repeat with this seed)
-    assert sum(len(set(tokens)) > 6 for tokens in results["sdpa"].values()) >= 2, results
-    assert results["auto"] == results["sdpa"]
+    assert sum(len(set(t)) > 6 for t in results["sdpa", "auto"].values()) >= 2, results
+    assert results["auto", "auto"] == results["sdpa", "auto"]
+    assert results["auto", "bfloat16"] == results["sdpa", "bfloat16"]
+    # rounding the rows to bfloat16 moves the logits a little: most tokens stay greedy's
+    same = sum(a == b for r in results["auto", "auto"] for a, b in zip(
+        results["auto", "auto"][r], results["auto", "bfloat16"][r], strict=True))
+    assert same >= 0.8 * 24 * len(prompts), results
+
+
+def test_a_cache_dtype_the_engine_cannot_serve_fails_the_load(tmp_path):
+    from omni.engines.ar.engine import AREngine
+    from omni.engines.base import EngineLoadError
+    from omni.fixtures import build_tiny_qwen3
+
+    model = build_tiny_qwen3(tmp_path / "qwen3", head_dim=64)
+    with pytest.raises(EngineLoadError, match="not one of auto, bfloat16"):
+        AREngine(str(model), options={"kv_cache_dtype": "int8"})
+    with pytest.raises(EngineLoadError, match="float32 model only"):
+        AREngine(str(model), dtype="bfloat16", options={"kv_cache_dtype": "float16"})
 
 
 def test_disabled_or_unbuildable_kernel_falls_back_to_sdpa(monkeypatch, tmp_path):

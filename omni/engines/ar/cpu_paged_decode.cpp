@@ -104,11 +104,13 @@ struct Shapes {
   int64_t window;
 };
 
-template <typename T>
+// T: the queries' and outputs' type; C: the cache's (the same, or a narrower cache of a
+// float32 model: option kv_cache_dtype, half the bytes each step reads)
+template <typename T, typename C>
 struct Views {
   const T* q;
-  const T* k;
-  const T* v;
+  const C* k;
+  const C* v;
   const int64_t* slots;
   const int64_t* lens;
   T* out;
@@ -133,17 +135,17 @@ inline int64_t first_position(int64_t len, int64_t window) {
 
 // scores[h * stride + p] = scale * q_h . K[slots[p]], L K rows at a time (a short block
 // repeats its last row; stride is n rounded up to L, so a block's store fits)
-template <int L, typename T, int64_t DIM>
-OMNI_INLINE void score(const Views<T>& t, const Shapes& s, const int64_t* slots, int64_t n,
+template <int L, typename T, typename C, int64_t DIM>
+OMNI_INLINE void score(const Views<T, C>& t, const Shapes& s, const int64_t* slots, int64_t n,
                        int64_t stride, int64_t g, Scratch& w) {
   typedef typename Lanes<L>::Vec Vec;
   const int64_t G = s.group, D = DIM ? DIM : s.dim, whole = D / L * L;
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(C));
   for (int64_t p0 = 0; p0 < n; p0 += L) {
     for (int64_t p = p0 + kAhead; p < std::min<int64_t>(p0 + kAhead + L, n); ++p) {
       prefetch_row(t.k + slots[p] * t.k_slot + g * t.k_head, row_bytes);
     }
-    const T* keys[L];
+    const C* keys[L];
     for (int j = 0; j < L; ++j) {
       keys[j] = t.k + slots[std::min<int64_t>(p0 + j, n - 1)] * t.k_slot + g * t.k_head;
     }
@@ -220,8 +222,8 @@ constexpr int64_t kAccVectors = 128;
 // dst[h] = sum_p weight[h][p] V[slots[p]] / total[h] for `heads` query heads of one KV
 // head (their weights `stride` apart, their outputs D apart); each V row is loaded into
 // vectors once and added to every head's accumulator
-template <int L, typename T, int64_t DIM>
-OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots,
+template <int L, typename T, typename C, int64_t DIM>
+OMNI_INLINE void weigh_values(const Views<T, C>& t, const int64_t* __restrict slots,
                               const float* __restrict weights, int64_t stride, int64_t n,
                               int64_t g, const float* totals, int64_t heads, int64_t dim,
                               T* __restrict dst) {
@@ -230,10 +232,10 @@ OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots
   Vec sum[kAccVectors];
   for (int64_t c = 0; c < heads * per; ++c) sum[c] = Vec{};
   Vec row_vectors[(DIM ? DIM : kMaxDim) / L];
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(C));
   for (int64_t p = 0; p < n; ++p) {
     if (p + kAhead < n) prefetch_row(t.v + slots[p + kAhead] * t.v_slot + g * t.v_head, row_bytes);
-    const T* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
+    const C* __restrict row = t.v + slots[p] * t.v_slot + g * t.v_head;
     for (int64_t c = 0; c < whole; ++c) row_vectors[c] = load<L>(row + c * L);
     for (int64_t h = 0; h < heads; ++h) {
       const float wp = weights[h * stride + p];
@@ -250,8 +252,8 @@ OMNI_INLINE void weigh_values(const Views<T>& t, const int64_t* __restrict slots
   }
 }
 
-template <int L, typename T, int64_t DIM>
-OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64_t g,
+template <int L, typename T, typename C, int64_t DIM>
+OMNI_INLINE void attend_one(const Views<T, C>& t, const Shapes& s, int64_t b, int64_t g,
                             Scratch& w) {
   const int64_t len = t.lens[b], start = first_position(len, s.window);
   const int64_t n = len - start, G = s.group, D = s.dim, stride = (n + L - 1) / L * L;
@@ -263,26 +265,26 @@ OMNI_INLINE void attend_one(const Views<T>& t, const Shapes& s, int64_t b, int64
     for (int64_t d = 0; d < D; ++d) w.query[h * D + d] = static_cast<float>(src[d]);
   }
   const int64_t* slots = t.slots + b * t.slots_row + start;
-  score<L, T, DIM>(t, s, slots, n, stride, g, w);
+  score<L, T, C, DIM>(t, s, slots, n, stride, g, w);
   for (int64_t h = 0; h < G; ++h) w.totals[h] = exponentiate<L>(w.scores.data() + h * stride, n);
   const int64_t chunk = std::max<int64_t>(1, kAccVectors / (D / L + 1));
   for (int64_t h0 = 0; h0 < G; h0 += chunk) {
-    weigh_values<L, T, DIM>(t, slots, w.scores.data() + h0 * stride, stride, n, g,
+    weigh_values<L, T, C, DIM>(t, slots, w.scores.data() + h0 * stride, stride, n, g,
                             w.totals.data() + h0, std::min(chunk, G - h0), D,
                             t.out + (b * s.heads + g * G + h0) * D);
   }
 }
 
 // the common head sizes unrolled; any other one generic
-template <int L, typename T>
-OMNI_INLINE void attend_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+template <int L, typename T, typename C>
+OMNI_INLINE void attend_tasks(const Views<T, C>& t, const Shapes& s, int64_t begin, int64_t end) {
   Scratch w;
   for (int64_t task = begin; task < end; ++task) {
     const int64_t b = task / s.kv_heads, g = task % s.kv_heads;
     switch (s.dim) {
-      case 64: attend_one<L, T, 64>(t, s, b, g, w); break;
-      case 128: attend_one<L, T, 128>(t, s, b, g, w); break;
-      default: attend_one<L, T, 0>(t, s, b, g, w);
+      case 64: attend_one<L, T, C, 64>(t, s, b, g, w); break;
+      case 128: attend_one<L, T, C, 128>(t, s, b, g, w); break;
+      default: attend_one<L, T, C, 0>(t, s, b, g, w);
     }
   }
 }
@@ -291,17 +293,18 @@ OMNI_INLINE void attend_tasks(const Views<T>& t, const Shapes& s, int64_t begin,
 // (an AVX-512 version, 16 lanes, measured no faster than AVX2's 8: dropped)
 enum Isa : int64_t { kAuto = 0, kBaseline = 1, kAvx2 = 2 };
 
-template <typename T>
-void tasks_baseline(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
-  attend_tasks<4, T>(t, s, begin, end);  // SSE2 / NEON: 4 floats
+template <typename T, typename C>
+void tasks_baseline(const Views<T, C>& t, const Shapes& s, int64_t begin, int64_t end) {
+  attend_tasks<4, T, C>(t, s, begin, end);  // SSE2 / NEON: 4 floats
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OMNI_X86 1
-template <typename T>
-__attribute__((target("arch=x86-64-v3"))) void tasks_avx2(const Views<T>& t, const Shapes& s,
-                                                          int64_t begin, int64_t end) {
-  attend_tasks<8, T>(t, s, begin, end);
+template <typename T, typename C>
+__attribute__((target("arch=x86-64-v3"))) void tasks_avx2(const Views<T, C>& t,
+                                                          const Shapes& s, int64_t begin,
+                                                          int64_t end) {
+  attend_tasks<8, T, C>(t, s, begin, end);
 }
 #endif
 
@@ -327,15 +330,15 @@ int64_t set_isa(int64_t isa) {
   return vector_isa();
 }
 
-template <typename T>
-void run_tasks(const Views<T>& t, const Shapes& s, int64_t begin, int64_t end) {
+template <typename T, typename C>
+void run_tasks(const Views<T, C>& t, const Shapes& s, int64_t begin, int64_t end) {
 #ifdef OMNI_X86
   switch (vector_isa()) {
-    case kAvx2: return tasks_avx2<T>(t, s, begin, end);
+    case kAvx2: return tasks_avx2<T, C>(t, s, begin, end);
     default: break;
   }
 #endif
-  tasks_baseline<T>(t, s, begin, end);
+  tasks_baseline<T, C>(t, s, begin, end);
 }
 
 // every length and every slot read in range, checked before the tasks start: an exception
@@ -354,11 +357,11 @@ void check_contexts(const int64_t* slots, const int64_t* lens, int64_t batch,
   }
 }
 
-template <typename T>
+template <typename T, typename C>
 void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& slots, const at::Tensor& lens, at::Tensor& out,
                 const Shapes& s) {
-  const Views<T> t{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(),
+  const Views<T, C> t{q.data_ptr<T>(), k.data_ptr<C>(), v.data_ptr<C>(),
                    slots.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<T>(),
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
                    v.stride(1), slots.stride(0)};
@@ -368,7 +371,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t work = std::max<int64_t>(1, s.group * s.dim * s.width);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / work);
   at::parallel_for(0, batch * s.kv_heads, grain,
-                   [&](int64_t begin, int64_t end) { run_tasks<T>(t, s, begin, end); });
+                   [&](int64_t begin, int64_t end) { run_tasks<T, C>(t, s, begin, end); });
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -376,9 +379,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
               "paged_decode: q (H, B, D), caches (slots, KVH, D)");
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_decode: CPU tensors only");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
-                  out.scalar_type() == q.scalar_type(),
-              "paged_decode: q, caches and out must share a dtype");
+  TORCH_CHECK(v.scalar_type() == k.scalar_type() && out.scalar_type() == q.scalar_type() &&
+                  (k.scalar_type() == q.scalar_type() || q.scalar_type() == at::kFloat),
+              "paged_decode: q and out share a dtype, the caches another; a cache unlike q "
+              "only under float32 queries");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && out.is_contiguous(),
               "paged_decode: rows must be contiguous over D");
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2),
@@ -400,12 +404,23 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_inputs(q, k, v, slots, lens, out);
   const Shapes s{q.size(0), k.size(1), q.size(0) / k.size(1), q.size(2), slots.size(1),
                  k.size(0), static_cast<float>(scale), window};
+  const auto cache = k.scalar_type();
   switch (q.scalar_type()) {
-    case at::kFloat: return attend_all<float>(q, k, v, slots, lens, out, s);
-    case at::kBFloat16: return attend_all<c10::BFloat16>(q, k, v, slots, lens, out, s);
-    case at::kHalf: return attend_all<c10::Half>(q, k, v, slots, lens, out, s);
-    default: TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
+    case at::kFloat:
+      switch (cache) {
+        case at::kFloat: return attend_all<float, float>(q, k, v, slots, lens, out, s);
+        case at::kBFloat16:
+          return attend_all<float, c10::BFloat16>(q, k, v, slots, lens, out, s);
+        case at::kHalf: return attend_all<float, c10::Half>(q, k, v, slots, lens, out, s);
+        default: break;
+      }
+      break;
+    case at::kBFloat16:
+      return attend_all<c10::BFloat16, c10::BFloat16>(q, k, v, slots, lens, out, s);
+    case at::kHalf: return attend_all<c10::Half, c10::Half>(q, k, v, slots, lens, out, s);
+    default: break;
   }
+  TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
 }
 
 }  // namespace

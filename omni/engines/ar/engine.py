@@ -90,7 +90,7 @@ AR_OPTIONS = frozenset({
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
     "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms",
-    "quantization", "encode_gather_ms"})
+    "quantization", "encode_gather_ms", "kv_cache_dtype"})
 
 
 class AREngine(Engine):

@@ -189,7 +189,8 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
     layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     block_size = opt("block_size", 16)
-    per_block = PagedKVCache.bytes_per_block(layers, kv_heads, head_dim, block_size, lm.dtype)
+    dtype = cache_dtype(options.get("kv_cache_dtype", "auto"), lm.dtype, lm.device)
+    per_block = PagedKVCache.bytes_per_block(layers, kv_heads, head_dim, block_size, dtype)
     if "kv_cache_blocks" in options:
         blocks = opt("kv_cache_blocks", 1)
     elif memory_bytes is not None:  # what the weights leave of the stage's budget
@@ -210,11 +211,33 @@ def sized_cache(lm: Any, options: dict[str, Any], memory_bytes: int | None,
         raise EngineLoadError(f"the KV cache budget holds {blocks} blocks of {block_size} "
                               "tokens; give the stage more memory")
     kernel = decode_kernel(options.get("attention_kernel", "auto"), lm.device, head_dim)
-    cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, lm.dtype, lm.device,
+    cache = PagedKVCache(layers, kv_heads, head_dim, blocks, block_size, dtype, lm.device,
                          kernel)
     cache.prefill_kernel = prefill_kernel(options.get("prefill_attention", "auto"), lm.device,
                                           lm.dtype)
     return cache
+
+
+CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float32": torch.float32}
+
+
+def cache_dtype(choice: Any, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """Option kv_cache_dtype: `auto` (the model's dtype) or a narrower one under a float32
+    model on the CPU: half the bytes a decode step's attention reads (it is bound by them
+    there) and twice the tokens a budget holds, the rows rounded once when written."""
+    if choice in ("auto", None):
+        return model_dtype
+    dtype = CACHE_DTYPES.get(choice) if isinstance(choice, str) else None
+    if dtype is None:
+        raise EngineLoadError(f"option kv_cache_dtype: {choice!r} is not one of auto, "
+                              f"{', '.join(CACHE_DTYPES)}")
+    if dtype != model_dtype and (device.type != "cpu" or model_dtype != torch.float32):
+        raise EngineLoadError(
+            f"option kv_cache_dtype: {choice} differs from the model's {model_dtype} "
+            f"on {device.type}; a narrower cache is served on the CPU under a float32 model "
+            "only (use auto)")
+    return dtype
 
 
 def prefill_kernel(choice: str, device: torch.device, dtype: torch.dtype) -> str:

@@ -317,12 +317,18 @@ def gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])
 
 
+def gathered(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """gather_rows in the queries' dtype (a narrower cache, option kv_cache_dtype, is
+    widened after the gather: SDPA takes one dtype)."""
+    return gather_rows(cache, slots).to(dtype)
+
+
 def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slots: torch.Tensor, valid: torch.Tensor, lens: torch.Tensor,
                  scale: float | None, window: int) -> torch.Tensor:
     """q (H, B, D): one query per sequence, all contexts padded to the longest."""
-    k = gather_rows(k_cache, slots).permute(0, 2, 1, 3)  # (B, KVH, L, D)
-    v = gather_rows(v_cache, slots).permute(0, 2, 1, 3)
+    k = gathered(k_cache, slots, q.dtype).permute(0, 2, 1, 3)  # (B, KVH, L, D)
+    v = gathered(v_cache, slots, q.dtype).permute(0, 2, 1, 3)
     mask = valid
     if window:
         mask = mask & (torch.arange(valid.shape[1], device=valid.device)
@@ -339,8 +345,8 @@ def _padded_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = q.new_empty(q.shape[1], q.shape[0], q.shape[2])
     for pad in layout.prefill:
         qb = q[:, pad.rows].transpose(0, 1)  # (B, H, Lq, D)
-        k = gather_rows(k_cache, pad.slots).transpose(1, 2)  # (B, KVH, Lk, D)
-        v = gather_rows(v_cache, pad.slots).transpose(1, 2)
+        k = gathered(k_cache, pad.slots, q.dtype).transpose(1, 2)  # (B, KVH, Lk, D)
+        v = gathered(v_cache, pad.slots, q.dtype).transpose(1, 2)
         if pad.fresh and not window and qb.is_cuda:
             got = causal_attention(qb, k, v, scale)
         else:
@@ -359,8 +365,8 @@ def _per_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     for n, length, slots in zip(layout.query_lens, layout.context_lens, layout.context_slots,
                                 strict=True):
         qi = q[:, offset:offset + n].unsqueeze(0)  # (1, H, n, D)
-        k = gather_rows(k_cache, slots).transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
-        v = gather_rows(v_cache, slots).transpose(0, 1).unsqueeze(0)
+        k = gathered(k_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
+        v = gathered(v_cache, slots, q.dtype).transpose(0, 1).unsqueeze(0)
         if n == length and not window and q.is_cuda:  # a whole prompt: no mask needed
             outs.append(causal_attention(qi, k, v, scale)[0].transpose(0, 1))
             offset += n

@@ -16,6 +16,7 @@ def engine_info(engine: Any) -> dict[str, Any]:
     lm, cache, scheduler = engine.lm, engine.cache, engine.scheduler
     return {"model_dir": lm.model_dir, "random_weights": lm.random_weights,
             "dtype": str(lm.dtype).removeprefix("torch."), "device": str(lm.device),
+            "kv_cache_dtype": str(cache.k[0].dtype).removeprefix("torch."),
             "vocab_size": lm.vocab_size, "kv_blocks": cache.pool.num_blocks,
             "block_size": cache.block_size, "kv_block_bytes": cache.block_bytes,
             "max_num_seqs": scheduler.max_num_seqs,
