@@ -62,7 +62,7 @@ def test_qwen2_5_omni_release_gets_thinker_talker_token2wav(tmp_path):
 
 
 @pytest.mark.parametrize("tts_type", ["custom_voice", "base"])
-def test_a_qwen3_tts_release_gets_the_ar_talker_and_code2wav(tmp_path, tts_type):
+def test_a_qwen3_tts_release_gets_the_ar_talker_and_code2wav(tmp_path, tts_type, preset_envs):
     """CustomVoice and Base (voice cloning) alike: the talker on the AR engine -> Code2Wav,
     both in the qwen3-tts environment."""
     stages = [("talker", "ar", "qwen3_tts_ar_talker"),
