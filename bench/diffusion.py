@@ -14,6 +14,7 @@ from typing import Any
 from bench import diffusion_sides as sides
 from bench.common import code_commit, percentile, say
 from bench.diffusion_models import SHAPES
+from bench.media_http import http_rows, said
 
 DESCRIPTION = """\
 Denoising steps/s, images/s and request latency (p50/p99/mean) of text-to-image requests
@@ -125,7 +126,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     micro_fp8: dict[str, float] = {}
     if "transformer" in wanted:
         micro = _bare_transformer(family, pipe, height, width, device, "")
-    rows = _http_rows(pipe, model_dir, device, args, params) if "ours-http" in wanted else []
+    rows = []
+    if "ours-http" in wanted:
+        rows = http_rows(pipe, model_dir, device, {
+            "concurrency": args.concurrency, "per_client": args.per_client, "params": params,
+            "warm_steps": WARMUP_STEPS,
+            "log": args.out / f"diffusion-{args.tag or 'run'}-server.log"},
+            lambda side, c, record: _summary(side, c, record, args))
     serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,
                     options=options, args=args, params=params, call=call)
     rows += serve([s for s in wanted if s not in (*LAST_SIDES, "ours-http")])
@@ -169,35 +176,7 @@ def _serve(wanted: list[str], *, model: tuple[str, Any], model_dir: str | None, 
                 continue
             say(f"  {side} c={c} ...")
             record = _side(side, model, model_dir, device, options, c, args, params, call)
-            rows.append(_said(_summary(side, c, record, args)))
-    return rows
-
-
-def _said(row: dict[str, Any]) -> dict[str, Any]:
-    say(f"    {row['steps_per_s']:.2f} steps/s, p50 {row['p50_s']:.2f} s, "
-        f"p99 {row['p99_s']:.2f} s")
-    return row
-
-
-def _http_rows(pipe: Any, model_dir: str | None, device: str, args: argparse.Namespace,
-               params: dict[str, Any]) -> list[dict[str, Any]]:
-    """ours-http at every concurrency, first, with the in-process copy parked in host
-    memory (media_http.pipeline_parked); the server is stopped before the other sides."""
-    from bench.media_http import MediaServer, http_side, pipeline_parked, save_pipeline
-
-    directory = model_dir or save_pipeline(pipe)
-    rows = []
-    with pipeline_parked(pipe, device):
-        server = MediaServer(directory, args.out / f"diffusion-{args.tag or 'run'}-server.log",
-                             saved=model_dir is None)
-        try:
-            for c in (int(v) for v in args.concurrency.split(",")):
-                say(f"  ours-http c={c} ...")
-                http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as others warm
-                record = http_side(server, c, args.per_client, params)
-                rows.append(_said(_summary("ours-http", c, record, args)))
-        finally:
-            server.close()
+            rows.append(said(_summary(side, c, record, args)))
     return rows
 
 

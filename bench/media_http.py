@@ -16,7 +16,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,35 @@ def http_side(server: MediaServer, c: int, per_client: int,
     """c clients, per_client requests each, one at a time each; latencies and wall time.
     params: size, steps, and for a video frames and guidance_scale."""
     return asyncio.run(_clients(server, c, per_client, params))
+
+
+def said(row: dict[str, Any]) -> dict[str, Any]:
+    """A side's row, printed as it comes (bench diffusion and bench videos)."""
+    say(f"    {row['steps_per_s']:.2f} steps/s, p50 {row['p50_s']:.2f} s, "
+        f"p99 {row['p99_s']:.2f} s")
+    return row
+
+
+def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any],
+              summary: Callable[[str, int, dict[str, Any]], dict[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """ours-http at every concurrency, before the in-process sides, with their copy of the
+    pipeline parked in host memory (pipeline_parked); the server is stopped after. run:
+    concurrency (a comma list), per_client, params, warm_steps (the other sides' warm-up
+    length) and log (the server's log path); summary(side, c, record) -> the report's row."""
+    directory = model_dir or save_pipeline(pipe)
+    rows = []
+    with pipeline_parked(pipe, device):
+        server = MediaServer(directory, run["log"], saved=model_dir is None)
+        try:
+            for c in (int(v) for v in run["concurrency"].split(",")):
+                say(f"  ours-http c={c} ...")
+                http_side(server, c, 1, {**run["params"], "steps": run["warm_steps"]})
+                record = http_side(server, c, run["per_client"], run["params"])
+                rows.append(said(summary("ours-http", c, record)))
+        finally:
+            server.close()
+    return rows
 
 
 async def _clients(server: MediaServer, c: int, per_client: int,

@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.common import code_commit, percentile, say
+from bench.media_http import http_rows, said
 
 DESCRIPTION = """\
 Denoising steps/s, videos/s and request latency (p50/p99) of text-to-video requests at
@@ -89,11 +90,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     model_dir = args.model or (None if args.shape == "real" else str(_tiny_dir(args.family)))
     params = {"size": args.size, "steps": args.steps, "frames": args.frames,
               "guidance_scale": GUIDANCE.get(args.family, 1.0)}
-    rows = _http_rows(pipe, model_dir, device, args, params) if "ours-http" in wanted else []
+    rows = []
+    if "ours-http" in wanted:
+        rows = http_rows(pipe, model_dir, device, {
+            "concurrency": args.concurrency, "per_client": args.per_client, "params": params,
+            "warm_steps": WARMUP_STEPS,
+            "log": Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"},
+            lambda side, c, record: _summary(side, c, record, args))
     for c in (int(v) for v in args.concurrency.split(",")):
         for side in (s for s in wanted if s != "ours-http"):
             say(f"  {side} c={c} ...")
-            rows.append(_said(_summary(side, c, _side(side, pipe, args, device, c, params),
+            rows.append(said(_summary(side, c, _side(side, pipe, args, device, c, params),
                                        args)))
     result = {"command": "python -m bench " + " ".join(argv), "family": args.family,
               "shape": args.model or args.shape, "layers": args.layers, "size": args.size,
@@ -116,34 +123,6 @@ def _denoiser(pipe: Any, family: str, device: str) -> Any:
            "hunyuan_video": HunyuanVideoDenoiser}.get(family, WanDenoiser)
     return cls(pipe, device, {"max_steps": 1000, "max_side": 4096, "max_pixels": 4096 ** 2,
                               "max_frames": 257})
-
-
-def _said(row: dict[str, Any]) -> dict[str, Any]:
-    say(f"    {row['steps_per_s']:.2f} steps/s, p50 {row['p50_s']:.2f} s, "
-        f"p99 {row['p99_s']:.2f} s")
-    return row
-
-
-def _http_rows(pipe: Any, model_dir: str | None, device: str, args: argparse.Namespace,
-               params: dict[str, Any]) -> list[dict[str, Any]]:
-    """ours-http at every concurrency, first, with the in-process copy parked in host
-    memory (media_http.pipeline_parked); the server is stopped before the other sides."""
-    from bench.media_http import MediaServer, http_side, pipeline_parked, save_pipeline
-
-    directory = model_dir or save_pipeline(pipe)
-    log_path = Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"
-    rows = []
-    with pipeline_parked(pipe, device):
-        server = MediaServer(directory, log_path, saved=model_dir is None)
-        try:
-            for c in (int(v) for v in args.concurrency.split(",")):
-                say(f"  ours-http c={c} ...")
-                http_side(server, c, 1, {**params, "steps": WARMUP_STEPS})  # as others warm
-                record = http_side(server, c, args.per_client, params)
-                rows.append(_said(_summary("ours-http", c, record, args)))
-        finally:
-            server.close()
-    return rows
 
 
 def _tiny_dir(family: str) -> Path:
