@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from omni.connector.base import ArenaFullError
 from omni.engines.base import ENGINE_FAULT, Engine, EngineRequest
 from omni.engines.proc.channel import Channel
 from omni.heap import GcPauses
@@ -150,11 +151,15 @@ class EngineLoop:
     def _publish(self, outputs: list, stats_only: bool = False) -> None:
         if not outputs and not stats_only:
             return
-        rows = []
+        rows: list[Row] = []
         for out in outputs:
-            rows.append(self._row(out))
+            rows.append(self._row(out, rows))
             if out.finished:
                 self.payloads.done(out.request_id)
+        self._send(rows)
+
+    def _send(self, rows: list[Row]) -> None:
+        """One Outputs message: these rows, the engine's stats, what came in meanwhile."""
         stats = self.engine.stats()
         stats.update(self.payloads.stats())
         inbound = self.inbound.take(row.request_id for row in rows)
@@ -163,9 +168,9 @@ class EngineLoop:
         self.channel.send(encode(Outputs(self.replica_id, rows, time.monotonic(), stats,
                                          inbound, steps, gc_pauses)))
 
-    def _row(self, out: Any) -> Row:
+    def _row(self, out: Any, pending: list[Row]) -> Row:
         try:
-            data = self.payloads.publish(out.request_id, out.data)
+            data = self._published(out, pending)
         except Exception as exc:  # e.g. the arena stayed full: this request fails alone
             self.engine.abort([out.request_id])
             self.payloads.forget(out.request_id)
@@ -173,3 +178,18 @@ class EngineLoop:
                        (ENGINE_FAULT, f"cannot publish output: {exc}"))
         error = None if out.error is None else (out.error_kind, out.error)
         return Row(out.request_id, data, out.finished, error, out.error_field)
+
+    def _published(self, out: Any, pending: list[Row]) -> Any:
+        """out.data with its tensors in the connector. When the storage is full and this
+        step's earlier rows hold payloads, their readers learn of them only from the
+        Outputs message: send those rows now (`pending` is emptied) and wait for room once
+        more. Waiting with them unsent could only time out: four 832x480x33 videos of one
+        step, 40 MB each, in a 64 MiB arena failed three of them after 5 s each."""
+        try:
+            return self.payloads.publish(out.request_id, out.data)
+        except ArenaFullError:
+            if not pending:
+                raise
+        self._send(list(pending))
+        pending.clear()
+        return self.payloads.publish(out.request_id, out.data)
