@@ -182,6 +182,19 @@ def _default_pipelines(cache_dir: str | None) -> list[PipelineConfig]:
     return [preset_with_model_dirs(DEFAULT_PIPELINE, model_dirs)]
 
 
+def _require_video_encoder(pipelines: list[PipelineConfig]) -> None:
+    """A pipeline that answers with video needs PyAV for its MP4s: say so at start, not
+    as a 500 on every video request (seen on a GPU box without the wheel)."""
+    import importlib.util
+
+    videos = [p.name for p in pipelines if "video" in p.modalities]
+    if videos and importlib.util.find_spec("av") is None:
+        raise ConfigError("command line", "--model",
+                          f"{', '.join(videos)} answers with video, which needs PyAV to "
+                          "encode MP4s, and it is not installed here: pip install av "
+                          "(constraints.txt pins the tested version)")
+
+
 def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedModel]:
     """Load every pipeline named on the command line (or the default), and serve each
     pipeline's views beside it, on its engines."""
@@ -201,6 +214,7 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
     pipelines = [dataclasses.replace(p, **liveness) for p in pipelines]
     if args.quantization is not None:  # every stage that can take it (config/quantization.py)
         pipelines = with_quantization(pipelines, args.quantization)
+    _require_video_encoder(pipelines)
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:
         omni = AsyncOmni(pipeline, dtype=args.dtype, metrics=metrics,

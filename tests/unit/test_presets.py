@@ -113,3 +113,17 @@ def test_release_directories_pick_their_preset_and_list_their_family(models):
         assert pipeline.source.startswith(f"{preset_path(preset)} "), (name, pipeline.source)
         assert {s.model_dir for s in pipeline.stages} == {str(Path(dirs[name]).resolve())}
         assert served[name].metadata == {"random_weights": True, "families": [family]}, name
+
+
+def test_a_video_model_where_pyav_is_missing_fails_at_start(models, monkeypatch):
+    """Not a 500 on every video request (a GPU box without the PyAV wheel answered so)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "av" else real(name, *a, **k))
+    args = parse_args(["--model", models("wan22_ti2v")])
+    with pytest.raises(ConfigError, match="needs PyAV to encode MP4s"):
+        served_models(args, Metrics())
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert [m.id for m in served_models(args, Metrics())] == ["wan22_ti2v"]
