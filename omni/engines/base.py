@@ -195,6 +195,11 @@ class Engine(abc.ABC):
     def step(self) -> list[StepOutput]:
         """Advance every runnable request once; return their new outputs."""
 
+    def largest_output_bytes(self) -> int:
+        """The most tensor bytes one request's output may carry (0: small or unknown): the
+        engine process sizes its payload arena to hold one (proc/main.py)."""
+        return 0
+
     def gather_s(self) -> float:
         """While has_work(): seconds the next step may wait, the engine's only work a
         batch that gathers requests arriving together (the process loop waits on its

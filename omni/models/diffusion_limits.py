@@ -50,6 +50,12 @@ class Limits:
     def info(self) -> dict[str, Any]:
         return asdict(self)
 
+    def largest_output_bytes(self) -> int:
+        """One request's output at these limits, as the engine publishes it: uint8 RGB
+        frames (a video: max_frames of them), or max_n images."""
+        frames = self.max_frames if self.max_frames else self.max_n
+        return self.max_pixels * 3 * frames
+
 
 def parse_size(size: Any, limits: Limits) -> tuple[int, int]:
     """'WxH' (or None / 'auto' for the default) -> (width, height), within limits."""

@@ -161,6 +161,10 @@ class DiffusionEngine(Engine):
         end = getattr(self.denoiser, "end_session", None)
         return bool(end(session, op)) if end is not None else False
 
+    def largest_output_bytes(self) -> int:
+        limits = getattr(self.denoiser, "limits", None)
+        return limits.largest_output_bytes() if limits is not None else 0
+
     def info(self) -> dict[str, Any]:
         info = {"output": self.denoiser.output, **self.denoiser.info(),
                 "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache,

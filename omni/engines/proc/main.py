@@ -107,6 +107,26 @@ def run_engine_process(spec: EngineSpec) -> None:
     os._exit(code)
 
 
+def arena_options(spec: EngineSpec, largest: int) -> dict[str, Any]:
+    """The payload options with an arena that holds the engine's largest output: a video
+    stage at its limits (1280x720, 129 frames: 340 MiB) did not fit the 64 MiB default,
+    which refused it outright. A stage that sets payload_arena_mb keeps it (a container's
+    /dev/shm may be small), with a warning when one output cannot fit."""
+    from omni.connector import DEFAULT_CAPACITY
+
+    options = dict(spec.payload_options)
+    if "capacity_bytes" in options:
+        if largest > options["capacity_bytes"]:
+            log.warning("stage '%s': payload_arena_mb holds %.0f MiB, less than one output "
+                        "at its limits (%.0f MiB): larger requests fail", spec.stage,
+                        options["capacity_bytes"] / 2**20, largest / 2**20)
+    elif largest > DEFAULT_CAPACITY:
+        options["capacity_bytes"] = -(-largest // 2**20) * 2**20  # whole MiB
+        log.info("stage '%s': payload arena of %d MiB, one output at its limits", spec.stage,
+                 options["capacity_bytes"] // 2**20)
+    return options
+
+
 def _lower_priority(nice: Any) -> None:
     """Stage option `nice` (0 to 19): this engine process yields the CPU to the others when
     both could run. On a machine with fewer cores than busy stages, an upstream stage that
@@ -127,7 +147,8 @@ def _serve(spec: EngineSpec, channel: Channel) -> None:
     _lower_priority(spec.options.get("nice", 0))
     engine = build_engine(spec)
     payloads = PayloadPlane(spec.arena_name or spec.replica_id.replace("/", "-"),
-                            {**spec.payload_options, "device": resolve_device(spec.device)})
+                            {**arena_options(spec, engine.largest_output_bytes()),
+                             "device": resolve_device(spec.device)})
     frozen = freeze_loaded_objects() if flag_option(spec.options, "gc_freeze", True) else 0
     memory = {**_memory(), "gc_frozen": frozen}
     warning = over_budget(spec.stage, memory.get("cuda_bytes"),
