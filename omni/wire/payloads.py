@@ -94,22 +94,24 @@ class PayloadPlane:
         finally:  # after the copy (a CUDA release waits for it), or if it failed
             self.connector.release(ref)
 
-    def publish(self, request_id: str, data: dict[str, Any] | None) -> dict[str, Any] | None:
-        """``data`` with each tensor value put into the connector (owned by the request)."""
+    def publish(self, request_id: str, data: dict[str, Any] | None,
+                timeout_s: float | None = None) -> dict[str, Any] | None:
+        """``data`` with each tensor value put into the connector (owned by the request);
+        ``timeout_s``: how long a full store is waited for (None: the connector's own)."""
         torch = sys.modules.get("torch")
         if data is None or torch is None:
             return data
         if not any(isinstance(v, torch.Tensor) for v in data.values()):
             return data
-        return {k: self._put(v, request_id).to_wire()
+        return {k: self._put(v, request_id, timeout_s).to_wire()
                 if isinstance(v, torch.Tensor) else v for k, v in data.items()}
 
-    def _put(self, value: Any, owner: str) -> Any:
+    def _put(self, value: Any, owner: str, timeout_s: float | None) -> Any:
         # always an auto connector (a consumer reads refs of any backend); the edge's
         # choice only decides where this process's own payloads go
-        if self.put_kind == "auto":
-            return self.connector.put(value, owner=owner)
-        return getattr(self.connector, self.put_kind).put(value, owner=owner)
+        target = self.connector if self.put_kind == "auto" else getattr(self.connector,
+                                                                        self.put_kind)
+        return target.put(value, owner=owner, timeout_s=timeout_s)
 
     def done(self, request_id: str) -> None:
         """The request finished here: give back what it received."""

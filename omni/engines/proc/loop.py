@@ -182,14 +182,14 @@ class EngineLoop:
     def _published(self, out: Any, pending: list[Row]) -> Any:
         """out.data with its tensors in the connector. When the storage is full and this
         step's earlier rows hold payloads, their readers learn of them only from the
-        Outputs message: send those rows now (`pending` is emptied) and wait for room once
-        more. Waiting with them unsent could only time out: four 832x480x33 videos of one
-        step, 40 MB each, in a 64 MiB arena failed three of them after 5 s each."""
-        try:
-            return self.payloads.publish(out.request_id, out.data)
-        except ArenaFullError:
-            if not pending:
-                raise
-        self._send(list(pending))
-        pending.clear()
+        Outputs message: without waiting, send those rows now (`pending` is emptied), then
+        wait for room. Waiting with them unsent could only time out: four 832x480x33
+        videos of one step, 40 MB each, in a 64 MiB arena failed three of them after 5 s
+        each."""
+        if pending:
+            try:
+                return self.payloads.publish(out.request_id, out.data, timeout_s=0.0)
+            except ArenaFullError:
+                self._send(list(pending))
+                pending.clear()
         return self.payloads.publish(out.request_id, out.data)
