@@ -224,7 +224,8 @@ class AREngine(Engine):
     def gather_s(self) -> float:
         """Media prompts gather their encoder batch while nothing else runs: the process
         loop waits this long on its socket for the rest of a burst (encoder.py)."""
-        return self._encoder.wait_s() if self._encoder and self._idle() else 0.0
+        left = self._encoder.wait_s()  # first: 0.0 at once unless a batch gathers
+        return left if left and self._idle() else 0.0
 
     def _admit_encoded(self) -> None:
         """Requests whose media finished encoding join (waits briefly if idle)."""
