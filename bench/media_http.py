@@ -114,16 +114,20 @@ def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any]
     length) and log (the server's log path); summary(side, c, record) -> the report's row."""
     directory = model_dir or save_pipeline(pipe)
     rows = []
-    with pipeline_parked(pipe, device):
-        server = MediaServer(directory, run["log"], saved=model_dir is None)
-        try:
-            for c in (int(v) for v in run["concurrency"].split(",")):
-                say(f"  ours-http c={c} ...")
-                http_side(server, c, 1, {**run["params"], "steps": run["warm_steps"]})
-                record = http_side(server, c, run["per_client"], run["params"])
-                rows.append(said(summary("ours-http", c, record)))
-        finally:
-            server.close()
+    try:
+        with pipeline_parked(pipe, device):
+            server = MediaServer(directory, run["log"], saved=model_dir is None)
+            try:
+                for c in (int(v) for v in run["concurrency"].split(",")):
+                    say(f"  ours-http c={c} ...")
+                    http_side(server, c, 1, {**run["params"], "steps": run["warm_steps"]})
+                    record = http_side(server, c, run["per_client"], run["params"])
+                    rows.append(said(summary("ours-http", c, record)))
+            finally:
+                server.close()  # removes a saved directory
+    finally:  # and where no server came to own it (parking failed): here
+        if model_dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
     return rows
 
 
