@@ -135,7 +135,8 @@ def allocate_waiting(lock: Any, blocks: BlockTable, need: int, owner: str, nbyte
             return blocks.find(need, owner, nbytes)
 
     def full() -> Exception:
-        stats["full_errors"] += 1
+        if timeout_s > 0:  # a try without waiting (engine loop) fails no request by itself
+            stats["full_errors"] += 1
         return ArenaFullError(
             f"{what} full for {timeout_s:g} s: payload of {nbytes} bytes ({need} blocks of "
             f"{block_size}) for request {owner!r}; capacity {blocks.nblocks * block_size} "
