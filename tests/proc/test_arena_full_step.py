@@ -45,4 +45,5 @@ def test_a_step_whose_outputs_outgrow_the_arena_serves_every_request():
                 assert blobs and all(b.numel() == PAYLOAD for b in blobs), outputs
             stats = omni.orchestrator.engines.pools["a"].replicas[0].stats
             assert stats.get("shm_full_waits", 0) >= 1, stats  # the step did outgrow it
+            assert stats.get("shm_full_errors") == 0, stats  # and no put gave up
     run(body())
