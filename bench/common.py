@@ -209,15 +209,18 @@ async def sse_events(session: Any, url: str, body: dict[str, Any] | bytes,
             yield now, event
 
 
-def code_commit() -> str | None:
+def code_commit(tree: str | os.PathLike[str] | None = None,
+                paths: tuple[str, ...] = ()) -> str | None:
     """The commit the measured code is: $OMNI_COMMIT where the caller says (a GPU box's
     copy of the tree has no history of its own: give it `OMNI_COMMIT=$(git rev-parse
     --short HEAD)` from the checkout that sent it), else HEAD's short hash, marked where
-    tracked files differ; None without either."""
+    tracked files differ (only ``paths``, where given); None without either. ``tree``: a
+    checkout other than this one (a "before" side), whose HEAD is read whatever
+    $OMNI_COMMIT says."""
     given = os.environ.get("OMNI_COMMIT", "").strip()
-    if given:
+    if given and tree is None:
         return given
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True,
@@ -225,7 +228,7 @@ def code_commit() -> str | None:
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
     except (OSError, subprocess.SubprocessError):
         return None
     return (f"{head} + uncommitted changes" if dirty else head) or None

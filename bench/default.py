@@ -32,7 +32,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from bench.common import hardware, say
+from bench.common import code_commit, hardware, say
 
 DESCRIPTION = __doc__
 README_QUESTION = "What is the capital of France?"
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         proc.terminate()
         proc.wait(60)
-    result = {"label": args.label, "tree": str(tree), "commit": _commit(tree),
+    result = {"label": args.label, "tree": str(tree), "commit": code_commit(tree),
               "command": "python -m bench " + " ".join(argv), "hardware": hardware(),
               "rounds": args.rounds, "summary": summarize(raw, args.readme), **raw}
     out = Path(args.out)
@@ -178,11 +178,3 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     write_report(out)
     say(f"[default] {args.label}: {json.dumps(result['summary'])}")
     return 0
-
-
-def _commit(tree: Path) -> str | None:
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or None

@@ -44,16 +44,14 @@ import platform
 import shlex
 import socket
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import distributed_report, netns
-from bench.common import cpu_times, say, steal_share, summarize
+from bench.common import code_commit, cpu_times, say, steal_share, summarize
 from bench.distributed_sides import (
-    REPO,
     PayloadSides,
     PeerProc,
     link_rtt,
@@ -109,7 +107,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     result: dict[str, Any] = {
         "command": "python -m bench " + shlex.join(argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": commit(), "hardware": machine()}
+        "commit": code_commit(paths=CODE), "hardware": machine()}
     started, cpu0 = time.monotonic(), cpu_times()
     with netns.Hosts(1) as hosts, tempfile.TemporaryDirectory(prefix="omni-bench-") as tmp:
         result.update(measure(args, hosts, Path(tmp), CurveKeys.generate()))
@@ -256,16 +254,6 @@ def throughput(size: int, ns: list[int]) -> dict[str, Any]:
     stats["mbps_p50"] = round(size / stats["p50_us"], 1)  # bytes/us = MB/s
     stats["mbps_mean"] = round(size * len(ns) / (sum(ns) / 1e3), 1)
     return stats
-
-
-def commit() -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "--", *CODE)
-    return f"working tree on {head}" if dirty else head
 
 
 def machine() -> dict[str, Any]:
