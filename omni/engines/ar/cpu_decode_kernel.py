@@ -34,6 +34,7 @@ from omni.models.cache import build_once, default_cache_dir
 log = logging.getLogger("omni.engines.ar.cpu_decode_kernel")
 
 SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
+HEADERS = (Path(__file__).with_name("cpu_lanes.h"),)  # what SOURCE includes by name
 LIBRARY = "omni_cpu_paged_decode.so"
 SWITCH = "OMNI_CPU_ATTENTION"  # "0": never build, keep the SDPA path
 # Vector versions of the loops (cpu_paged_decode.cpp picks the widest the CPU runs; the
@@ -102,7 +103,8 @@ def build(compiler: str, source: Path) -> Path:
 def build_dir(compiler: str, source: Path) -> Path:
     """Where the build of this source, flags, compiler, torch and machine type lives."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
+    for part in (source.read_bytes(), *(h.read_bytes() for h in HEADERS),
+                 " ".join(FLAGS).encode(), compiler.encode(),
                  torch.__version__.encode(), platform.machine().encode()):
         key.update(part)
     return default_cache_dir() / "kernels" / f"cpu_paged_decode-{key.hexdigest()[:16]}"
@@ -111,7 +113,8 @@ def build_dir(compiler: str, source: Path) -> Path:
 def _compile(compiler: str, source: Path, out: Path) -> None:
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    shutil.copy(source, out / source.name)
+    for path in (source, *HEADERS):
+        shutil.copy(path, out / path.name)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     command = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                *(f"-I{p}" for p in include_paths()), str(out / source.name),
