@@ -50,8 +50,8 @@ def encoded(monkeypatch):
     made = []
     encode = videos._mp4
 
-    def tap(frames, fps, data):
-        mp4 = encode(frames, fps, data)
+    def tap(frames, fps, data, request_id):
+        mp4 = encode(frames, fps, data, request_id)
         made.append((frames, mp4))
         return mp4
     monkeypatch.setattr(videos, "_mp4", tap)
