@@ -95,16 +95,23 @@ class PayloadPlane:
             self.connector.release(ref)
 
     def publish(self, request_id: str, data: dict[str, Any] | None,
-                timeout_s: float | None = None) -> dict[str, Any] | None:
+                timeout_s: float | None = None,
+                placed: dict[str, list] | None = None) -> dict[str, Any] | None:
         """``data`` with each tensor value put into the connector (owned by the request);
-        ``timeout_s``: how long a full store is waited for (None: the connector's own)."""
+        ``timeout_s``: how long a full store is waited for (None: the connector's own).
+        ``placed`` (key -> wire ref) records each tensor as it is put: a retry after a
+        full store passes the same dict and puts only the rest, where putting them all
+        again would hold a second copy of the first ones until the request's cleanup."""
         torch = sys.modules.get("torch")
         if data is None or torch is None:
             return data
         if not any(isinstance(v, torch.Tensor) for v in data.values()):
             return data
-        return {k: self._put(v, request_id, timeout_s).to_wire()
-                if isinstance(v, torch.Tensor) else v for k, v in data.items()}
+        placed = {} if placed is None else placed
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor) and key not in placed:
+                placed[key] = self._put(value, request_id, timeout_s).to_wire()
+        return {k: placed[k] if isinstance(v, torch.Tensor) else v for k, v in data.items()}
 
     def _put(self, value: Any, owner: str, timeout_s: float | None) -> Any:
         # always an auto connector (a consumer reads refs of any backend); the edge's

@@ -186,10 +186,12 @@ class EngineLoop:
         wait for room. Waiting with them unsent could only time out: four 832x480x33
         videos of one step, 40 MB each, in a 64 MiB arena failed three of them after 5 s
         each."""
+        placed: dict[str, list] = {}  # what the try put stays put for the wait
         if pending:
             try:
-                return self.payloads.publish(out.request_id, out.data, timeout_s=0.0)
+                return self.payloads.publish(out.request_id, out.data, timeout_s=0.0,
+                                             placed=placed)
             except ArenaFullError:
                 self._send(list(pending))
                 pending.clear()
-        return self.payloads.publish(out.request_id, out.data)
+        return self.payloads.publish(out.request_id, out.data, placed=placed)
