@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -121,7 +122,9 @@ def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any]
                 for c in (int(v) for v in run["concurrency"].split(",")):
                     say(f"  ours-http c={c} ...")
                     http_side(server, c, 1, {**run["params"], "steps": run["warm_steps"]})
+                    logged = _log_size(run["log"])
                     record = http_side(server, c, run["per_client"], run["params"])
+                    record["encode_s"] = encode_times(run["log"], logged)
                     rows.append(said(summary("ours-http", c, record)))
             finally:
                 server.close()  # removes a saved directory
@@ -129,6 +132,26 @@ def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any]
         if model_dir is None:
             shutil.rmtree(directory, ignore_errors=True)
     return rows
+
+
+# the videos route's log line for each MP4 (omni/api/videos.py _mp4)
+ENCODED = re.compile(r"frames encoded in ([0-9.]+) s")
+
+
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def encode_times(log_path: Path, offset: int) -> list[float]:
+    """The server's MP4 encode times (s) logged after byte ``offset`` of its log: the part
+    of an ours-http latency that the in-process sides never pay (noise frames from random
+    weights take ~10x a real video's)."""
+    if not log_path.exists():
+        return []
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        text = log.read().decode("utf-8", "replace")
+    return [float(m) for m in ENCODED.findall(text)]
 
 
 async def _clients(server: MediaServer, c: int, per_client: int,
