@@ -167,6 +167,13 @@ ENGINE_GAUGES = {
                  "The most requests one model call has run (diffusion and policy engines)"),
     "tensor_bytes": ("omni_replica_tensor_bytes",
                      "Bytes of latents and conditioning held (diffusion engines)"),
+    "encoder_batches": ("omni_replica_encoder_batches",
+                        "Media-prompt encoder batches run since start (AR engines)"),
+    "encoder_prompts": ("omni_replica_encoder_prompts",
+                        "Media prompts encoded since start (AR engines; / batches = mean "
+                        "batch)"),
+    "encoder_seconds": ("omni_replica_encoder_seconds",
+                        "Seconds the media-prompt encoder worked since start (AR engines)"),
 }
 
 

@@ -63,7 +63,11 @@ def test_image_chat_matches_transformers_generate(vl_dir):
     assert engine._encoder.batches == [3] and seen == [3]
     for rid, files in IMAGES.items():
         assert got[rid] == reference(vl_dir, files, GREEDY["max_tokens"]), rid
-    assert engine.stats()["kv_blocks_used"] == 0
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == 0
+    # what /metrics exports: one batch of the 3 media prompts, and the time it took
+    assert stats["encoder_batches"] == 1 and stats["encoder_prompts"] == 3
+    assert stats["encoder_seconds"] > 0
 
 
 def test_a_lone_image_prompt_gathers_until_a_step_with_nothing_else_to_run(vl_dir):

@@ -110,3 +110,16 @@ def test_dropping_every_gathering_prompt_ends_the_gathering():
     enc.submit("b", None, "b")  # a new gathering, from its own arrival
     assert enc.wait_s() == GAP
     enc.shutdown()
+
+
+def test_the_batch_sizes_kept_stay_bounded_while_the_counts_go_on():
+    from omni.engines.ar.encoder import KEPT_BATCHES
+
+    enc, _ = encoder(0.0)
+    for i in range(KEPT_BATCHES + 10):
+        enc.submit(f"r{i}", None, i)
+        assert next_done(enc) == [f"r{i}"]
+    assert len(enc.batches) == KEPT_BATCHES and enc.batches[-1] == 1
+    assert enc.batch_count == enc.prompt_count == KEPT_BATCHES + 10
+    assert enc.busy_s >= 0
+    enc.shutdown()

@@ -43,6 +43,8 @@ IDLE_WAIT_S = 0.01
 # more. With 448 px images the front end's serial work bounds it: no clear change.
 GATHER_MS = 5.0
 
+KEPT_BATCHES = 256  # recent batch sizes kept (a long-running server's list stays bounded)
+
 # batch function: inputs of several requests -> per request its result or the exception
 # it raised (one bad request fails alone)
 BatchFn = Callable[[list[Any]], list[Any]]
@@ -60,7 +62,9 @@ class PromptEncoder:
         self._running: list[tuple[str, Any]] = []  # (rid, context) of the worker's batch
         self._dropped: set[str] = set()  # of the running batch: results left unread
         self._future: cf.Future | None = None
-        self.batches: list[int] = []  # sizes of the batches run (tests, stats)
+        self.batches: list[int] = []  # sizes of the latest batches run (tests), bounded
+        # since start (engine stats): batches run, prompts in them, the worker's seconds
+        self.batch_count, self.prompt_count, self.busy_s = 0, 0, 0.0
 
     def __bool__(self) -> bool:
         return bool(self._queued or self._running)
@@ -101,8 +105,18 @@ class PromptEncoder:
         batch, self._queued = self._queued, {}
         self._running = [(rid, context) for rid, (_, context) in batch.items()]
         self.batches.append(len(batch))
-        self._future = self._pool.submit(self._batch_fn,
-                                         [inputs for inputs, _ in batch.values()])
+        del self.batches[:-KEPT_BATCHES]
+        self.batch_count += 1
+        self.prompt_count += len(batch)
+        self._future = self._pool.submit(self._timed, [inputs for inputs, _ in batch.values()])
+
+    def _timed(self, batch: list[Any]) -> list[Any]:
+        """The batch function on the worker, its time added to busy_s."""
+        begun = time.perf_counter()
+        try:
+            return self._batch_fn(batch)
+        finally:
+            self.busy_s += time.perf_counter() - begun
 
     def _collect(self, future: cf.Future) -> list[tuple[str, Any, Any, BaseException | None]]:
         running, dropped = self._running, self._dropped

@@ -39,4 +39,12 @@ def engine_stats(engine: Any) -> dict[str, Any]:
             "prefix_cache_hits": pool.hits, "preemptions": scheduler.preemptions,
             "steps": runner.steps, "chained_steps": runner.chained_steps,
             "session_bytes": engine.session_kv.nbytes(),
-            "session_reused_tokens": engine.session_kv.reused_tokens}
+            "session_reused_tokens": engine.session_kv.reused_tokens,
+            **_encoder_stats(engine._encoder)}
+
+
+def _encoder_stats(encoder: Any) -> dict[str, Any]:
+    """Media prompts' encoding since start: prompts / batches is the mean batch a vision
+    or audio tower call saw (a burst that reached the engine spread out batches worse)."""
+    return {"encoder_batches": encoder.batch_count, "encoder_prompts": encoder.prompt_count,
+            "encoder_seconds": round(encoder.busy_s, 3)}
