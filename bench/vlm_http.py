@@ -74,13 +74,36 @@ async def _levels(whisper: bool, url: str, work: dict[int, dict[str, list[Any]]]
             warm, run = ([made(x) for x in items[k]] for k in ("warm", "run"))
             start = time.perf_counter()  # warm-up: a full burst of other inputs
             await asyncio.gather(*(send(session, url, model, x, start) for x in warm))
+            before = await encoder_counts(session, url)
             start = time.perf_counter()
             runs = await asyncio.gather(*(send(session, url, model, x, start) for x in run))
             wall = time.perf_counter() - start
             rows[str(n)] = whisper_summary(runs, wall, args.clip_seconds, args.new_tokens) \
                 if whisper else summarize(runs, wall, args.new_tokens)
+            after = await encoder_counts(session, url)
+            rows[str(n)].update({k: round(after[k] - before[k], 3) for k in after})
             say_row("ours-http", n, rows[str(n)])
         return rows
+
+
+ENCODER_METRICS = {"omni_replica_encoder_batches": "encoder_batches",
+                   "omni_replica_encoder_prompts": "encoder_prompts",
+                   "omni_replica_encoder_seconds": "encoder_s"}
+
+
+async def encoder_counts(session: Any, url: str) -> dict[str, float]:
+    """The server's media-encoder counters from /metrics, summed over replicas (as of each
+    replica's last output): the measured burst's batches = after - before. Empty for a
+    server whose engines have none (Whisper)."""
+    async with session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in ENCODER_METRICS and rest:
+            key = ENCODER_METRICS[name]
+            counts[key] = counts.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
+    return counts
 
 
 def _chat_body(model: str, args: Any, image: bytes) -> bytes:

@@ -14,6 +14,9 @@ WHISPER_COLUMNS = (("requests", "clips"), ("audio_s", "audio s"), ("wall_s", "wa
 # ours-inproc's own details: the encoder's batches, the engine vs the runner per clip
 VL_DETAILS = (("encoder_batches", "encoder batches"), ("encode_batched_s", "encode, one batch s"),
               ("encode_one_by_one_s", "encode, one by one s"))
+# ours-http's, from the server's /metrics around the measured burst: how it batched
+HTTP_DETAILS = (("encoder_batches", "encoder batches"), ("encoder_prompts", "media prompts"),
+                ("encoder_s", "encoder busy s"))
 WHISPER_DETAILS = (("calls", "generate calls"), ("one_by_one_s", "runner one by one s"),
                    ("rtf_one_by_one", "RTF one by one"))
 
@@ -59,5 +62,10 @@ def markdown(result: dict[str, Any], description: str) -> str:
             "error" not in result["results"]["ours-inproc"]:
         lines += ["", "ours-inproc's details:", ""]
         lines += _table(result, WHISPER_DETAILS if whisper else VL_DETAILS, ["ours-inproc"])
+    http = result["results"].get("ours-http")
+    if not whisper and isinstance(http, dict) and any(
+            isinstance(row, dict) and "encoder_batches" in row for row in http.values()):
+        lines += ["", "ours-http's media encoder during each measured burst (/metrics):", ""]
+        lines += _table(result, HTTP_DETAILS, ["ours-http"])
     lines += ["", "## Method", "", description.split("\n\n", 1)[1].strip(), ""]
     return "\n".join(lines)

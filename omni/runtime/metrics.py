@@ -198,8 +198,9 @@ def replica_samples(pipeline: str, replica: Any) -> Iterable[Sample]:
             "Bytes the replica holds for consumers on other hosts (zmq data socket)", labels, \
             replica.stats["zmq_payload_bytes"]
     for key, (metric, doc) in ENGINE_GAUGES.items():
-        if isinstance(replica.stats.get(key), int):
-            yield "gauge", metric, doc, labels, replica.stats[key]
+        value = replica.stats.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            yield "gauge", metric, doc, labels, value
 
 
 def pipeline_samples(orchestrator: Any) -> Iterable[Sample]:

@@ -101,7 +101,8 @@ def test_engine_gauges_in_metrics(ar_server):
                 text = await resp.text()
         for metric in ("omni_replica_kv_blocks_total", "omni_replica_kv_blocks_used",
                        "omni_replica_prefix_cache_hits", "omni_replica_running",
-                       "omni_replica_encoder_batches", "omni_replica_encoder_prompts"):
+                       "omni_replica_encoder_batches", "omni_replica_encoder_prompts",
+                       "omni_replica_encoder_seconds"):
             assert any(line.startswith(metric + "{") for line in text.splitlines()), metric
     run(body())
 
