@@ -228,6 +228,8 @@ def _summary(side: str, c: int, record: dict[str, Any], args: argparse.Namespace
     for key in ("transformer_calls", "rows_run", "max_rows", "skipped_steps"):
         if key in record:
             out[key] = record[key]
+    if record.get("encode_s"):  # ours-http: the server's image encode, inside its latency
+        out["encode_p50_s"] = round(percentile(sorted(record["encode_s"]), 0.5), 3)
     return out
 
 

@@ -34,8 +34,9 @@ def render(r: dict[str, Any]) -> str:
     lines += _fp8_micro(micro, r.get("transformer_fp8_s") or {})
     lines += ["## Serving", "",
               "| side | c | steps/s | images/s | p50 s | p99 s | mean s | p99/mean | "
-              "transformer calls | rows run | max rows/call | skipped steps |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "transformer calls | rows run | max rows/call | skipped steps | "
+              "image encode p50 s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
         lines.append(
             f"| {row['side']} | {row['concurrency']} | {row['steps_per_s']:.2f} | "
@@ -43,7 +44,7 @@ def render(r: dict[str, Any]) -> str:
             f"{row['mean_s']:.2f} | {row['p99_over_mean']:.2f} | "
             f"{row.get('transformer_calls', '')} | {row.get('rows_run', '')} | "
             f"{row.get('max_rows', '')} | "
-            f"{row.get('skipped_steps', '')} |")
+            f"{row.get('skipped_steps', '')} | {row.get('encode_p50_s', '')} |")
     lines += ["", *_checks(r), ""]
     return "\n".join(lines)
 

@@ -134,8 +134,9 @@ def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any]
     return rows
 
 
-# the videos route's log line for each MP4 (omni/api/videos.py _mp4)
-ENCODED = re.compile(r"frames encoded in ([0-9.]+) s")
+# the server's log line for each MP4 / image file it encodes (omni/api/videos.py _mp4,
+# omni/api/images.py ImageCall.encode)
+ENCODED = re.compile(r" encoded in ([0-9.]+) s \(")
 
 
 def _log_size(path: Path) -> int:
@@ -143,9 +144,9 @@ def _log_size(path: Path) -> int:
 
 
 def encode_times(log_path: Path, offset: int) -> list[float]:
-    """The server's MP4 encode times (s) logged after byte ``offset`` of its log: the part
-    of an ours-http latency that the in-process sides never pay (noise frames from random
-    weights take ~10x a real video's)."""
+    """The server's MP4 / image encode times (s) logged after byte ``offset`` of its log:
+    the part of an ours-http latency that the in-process sides never pay (noise from
+    random weights takes an encoder ~10x a real picture's time)."""
     if not log_path.exists():
         return []
     with open(log_path, "rb") as log:
