@@ -5,7 +5,9 @@ run.
 Sides (--sides, default all three, run in this order, one model in memory at a time):
   ours-http    `python -m omni.server --model DIR --port 0`, c concurrent streaming
                clients (bench/vlm_http.py: chat completions with an image_url data: PNG
-               and a question; Whisper: /v1/audio/transcriptions with a WAV file each)
+               and a question; Whisper: /v1/audio/transcriptions with a WAV file each);
+               the server's /metrics read around each measured burst gives its media
+               encoder's batches, prompts and busy seconds in that burst
   hf-generate  transformers' model.generate() with the release's processor, one request
                after another, greedy, min_new_tokens = max_new_tokens (bench/vlm_hf.py)
   ours-inproc  the engine in this process (bench/vlm_sides.py): AREngine with the N
