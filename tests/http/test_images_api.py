@@ -32,7 +32,8 @@ def server(tmp_path_factory):
     pipelines = tmp_path_factory.mktemp("image-pipelines")
     targets = {
         "t2i": write_pipeline(pipelines, "t2i", PIPELINE.format(
-            name="t2i", model_dir=ensure_tiny_model("qwen_image", cache), extra="max_n: 3")),
+            name="t2i", model_dir=ensure_tiny_model("qwen_image", cache),
+            extra="max_n: 3, max_steps: 2000")),
         "edit": write_pipeline(pipelines, "edit", PIPELINE.format(
             name="edit", model_dir=ensure_tiny_model("qwen_image_edit", cache),
             extra="edit_area: 1024")),
@@ -168,9 +169,10 @@ def test_client_disconnect_aborts_the_request(server):
     async def body():
         async with server.client(timeout=0.2) as client:
             with pytest.raises(openai.APITimeoutError):
-                # three 64x64 images of 100 steps: well past the 0.2 s timeout
+                # three 64x64 images of 2,000 steps, ~5 s: well past the 0.2 s timeout
+                # (of 100 steps, ~0.24 s here: a fast moment of a CI run finished them)
                 await client.images.generate(model="t2i", prompt="x", size="64x64", n=3,
-                                             extra_body={"num_inference_steps": 100})
+                                             extra_body={"num_inference_steps": 2000})
         state = await server.wait_idle("t2i", timeout_s=10)
         assert not state["requests"] and not any(state["outstanding"].values())
     run(body())
