@@ -14,7 +14,7 @@ from typing import Any
 from bench import diffusion_sides as sides
 from bench.common import code_commit, percentile, say
 from bench.diffusion_models import SHAPES
-from bench.media_http import http_rows, said
+from bench.media_http import encode_p50, http_rows, said
 
 DESCRIPTION = """\
 Denoising steps/s, images/s and request latency (p50/p99/mean) of text-to-image requests
@@ -228,8 +228,9 @@ def _summary(side: str, c: int, record: dict[str, Any], args: argparse.Namespace
     for key in ("transformer_calls", "rows_run", "max_rows", "skipped_steps"):
         if key in record:
             out[key] = record[key]
-    if record.get("encode_s"):  # ours-http: the server's image encode, inside its latency
-        out["encode_p50_s"] = round(percentile(sorted(record["encode_s"]), 0.5), 3)
+    encode = encode_p50(record)  # ours-http: the server's image encode, in its latency
+    if encode is not None:
+        out["encode_p50_s"] = encode
     return out
 
 

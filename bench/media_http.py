@@ -24,7 +24,7 @@ from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.ar_ours import start_server, stop_server
-from bench.common import free_device_memory, say
+from bench.common import free_device_memory, percentile, say
 
 START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or more
 
@@ -153,6 +153,13 @@ def encode_times(log_path: Path, offset: int) -> list[float]:
         log.seek(offset)
         text = log.read().decode("utf-8", "replace")
     return [float(m) for m in ENCODED.findall(text)]
+
+
+def encode_p50(record: dict[str, Any]) -> float | None:
+    """An ours-http record's median server-side encode time (s), None where none was
+    logged (the in-process sides)."""
+    times = record.get("encode_s")
+    return round(percentile(sorted(times), 0.5), 3) if times else None
 
 
 async def _clients(server: MediaServer, c: int, per_client: int,

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.common import code_commit, percentile, say
-from bench.media_http import http_rows, said
+from bench.media_http import encode_p50, http_rows, said
 
 DESCRIPTION = """\
 Denoising steps/s, videos/s and request latency (p50/p99) of text-to-video requests at
@@ -178,8 +178,7 @@ def _summary(side: str, c: int, record: dict[str, Any], args: argparse.Namespace
             "transformer_calls": record.get("transformer_calls"),
             "max_rows": record.get("max_rows"),
             # ours-http: the server's MP4 encode of each video, inside its latency
-            "encode_p50_s": (round(percentile(sorted(record["encode_s"]), 0.5), 3)
-                             if record.get("encode_s") else None)}
+            "encode_p50_s": encode_p50(record)}
 
 
 def _device(device: str) -> str:

@@ -81,7 +81,7 @@ async def _levels(whisper: bool, url: str, work: dict[int, dict[str, list[Any]]]
             rows[str(n)] = whisper_summary(runs, wall, args.clip_seconds, args.new_tokens) \
                 if whisper else summarize(runs, wall, args.new_tokens)
             after = await encoder_counts(session, url)
-            rows[str(n)].update({k: round(after[k] - before[k], 3) for k in after})
+            rows[str(n)].update({k: round(v - before.get(k, 0.0), 3) for k, v in after.items()})
             say_row("ours-http", n, rows[str(n)])
         return rows
 
@@ -95,14 +95,15 @@ async def encoder_counts(session: Any, url: str) -> dict[str, float]:
     """The server's media-encoder counters from /metrics, summed over replicas (as of each
     replica's last output): the measured burst's batches = after - before. Empty for a
     server whose engines have none (Whisper)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     async with session.get(f"{url}/metrics") as resp:
         text = await resp.text()
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        if name in ENCODER_METRICS and rest:
-            key = ENCODER_METRICS[name]
-            counts[key] = counts.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        key = ENCODER_METRICS.get(family.name)
+        if key is not None:
+            counts[key] = sum(sample.value for sample in family.samples)
     return counts
 
 

@@ -121,5 +121,5 @@ def test_the_batch_sizes_kept_stay_bounded_while_the_counts_go_on():
         assert next_done(enc) == [f"r{i}"]
     assert len(enc.batches) == KEPT_BATCHES and enc.batches[-1] == 1
     assert enc.batch_count == enc.prompt_count == KEPT_BATCHES + 10
-    assert enc.busy_s >= 0
+    assert enc.busy_s > 0  # the worker's time is counted
     enc.shutdown()
