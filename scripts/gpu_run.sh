@@ -72,7 +72,9 @@
 #                                        # ours-engine vs diffusers-seq with the pipeline's
 #                                        # guidance (CFG, STG, modality), 768x512, 49 frames,
 #                                        # 8 steps, c=C (default 1,4); LAYERS=N to cut it down
-#                                        # (below 29 the STG block 28 is gone: ours skips STG)
+#                                        # (below 29 the STG block 28 is gone: ours skips STG);
+#                                        # SIDES=ours-http,... adds the server through HTTP
+#                                        # (needs PyAV, .whl/media), VIDEO_TIMEOUT=N (560)
 #   bash scripts/gpu_run.sh stop         # `python -m omni.server` on tiny Qwen3 (cuda: triton's
 #                                        # decode kernel) and tiny π0: a request each, SIGTERM;
 #                                        # every line after "stopping:" is printed (only
@@ -132,7 +134,8 @@
 #                                        # ours-http,ours-engine,diffusers-seq: the server
 #                                        # through HTTP too, first, the bench's copy parked
 #                                        # in host memory; same for flux2, hunyuan_image;
-#                                        # BENCH_TIMEOUT=N, default 480, hunyuan_image 540)
+#                                        # BENCH_TIMEOUT=N, default 480, hunyuan_image 540;
+#                                        # CONC=1,4 PER_CLIENT=1: fewer images a side)
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
 #                                        # ~70 GB: an H200; LAYERS=4 on an H100)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
@@ -332,7 +335,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
   flux|flux2)
     shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
     timeout "${BENCH_TIMEOUT:-480}" python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
-      ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency 1,4,8 --per-client 2 \
+      ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency "${CONC:-1,4,8}" --per-client "${PER_CLIENT:-2}" \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-$1-$card}" > "$OUT/bench-$1.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
@@ -340,7 +343,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     ;;
   hunyuan_image)
     timeout "${BENCH_TIMEOUT:-540}" python3 -m bench diffusion --shape hunyuan-image-2.1 --size "${SIZE:-1024x1024}" \
-      ${LAYERS:+--layers $LAYERS} --steps "${STEPS:-16}" --concurrency 1,4,8 --per-client 2 \
+      ${LAYERS:+--layers $LAYERS} --steps "${STEPS:-16}" --concurrency "${CONC:-1,4,8}" --per-client "${PER_CLIENT:-2}" \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-hunyuan-image-gpu}" > "$OUT/bench-hunyuan-image.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-hunyuan-image.log"
@@ -564,8 +567,9 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     done
     ;;
   ltx2)
-    timeout 560 python3 -m bench videos --family ltx2 --shape real ${LAYERS:+--layers $LAYERS} \
+    timeout "${VIDEO_TIMEOUT:-560}" python3 -m bench videos --family ltx2 --shape real ${LAYERS:+--layers $LAYERS} \
       --size 768x512 --frames 49 --steps 8 --concurrency "${2:-1,4}" --tag "${TAG:-$card}" \
+      ${SIDES:+--sides "$SIDES"} \
       --out "$OUT" > "$OUT/bench-videos-ltx2.log" 2>&1
     grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-ltx2.log" | tail -8
     ;;
