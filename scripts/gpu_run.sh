@@ -53,8 +53,8 @@
 #   bash scripts/gpu_run.sh videos [F]   # video families at real transformer shapes (random
 #                                        # bf16, built in memory): bench videos, ours-engine vs
 #                                        # diffusers-seq, 832x480, 33 frames, 8 steps, c=1,4;
-#                                        # F: ltx_video, wan22_ti2v (H100 fits) or wan22_t2v
-#                                        # (A14B, two 14B experts: ~57 GB, an H200); default all
+#                                        # F: ltx_video, wan22_ti2v or wan22_t2v (A14B, two
+#                                        # 14B experts: ~57 GB, an H100 fits); default all
 #                                        # three, in that order (each within its own timeout);
 #                                        # F=hunyuan_video: HunyuanVideo 1.5 T2V 480p (8.3 B,
 #                                        # an H100 fits; not in the default list);
@@ -137,7 +137,7 @@
 #                                        # BENCH_TIMEOUT=N, default 480, hunyuan_image 540;
 #                                        # CONC=1,4 PER_CLIENT=1: fewer images a side)
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
-#                                        # ~70 GB: an H200; LAYERS=4 on an H100)
+#                                        # ~66 GiB: an H100 fits the in-process sides)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
 #                                        # bf16, ~17 B transformer, APG guiders: two rows per
 #                                        # image; ~40 GB, an H100 fits): bench diffusion,
