@@ -20,7 +20,11 @@ torch.set_num_threads(1)
 
 
 def engine(models: Any, family: str, name: str, **options: Any) -> DiffusionEngine:
-    """The engine over tiny fixture ``name`` (``models``: the conftest fixture)."""
+    """The engine over tiny fixture ``name`` (``models``: the conftest fixture). These
+    tests pin step-level batching itself, so every call takes all the rows it can
+    (batch_gain 0) unless a test asks otherwise; the measured policy has its own tests
+    (test_diffusion_rows.py)."""
+    options.setdefault("batch_gain", 0)
     denoiser = build_denoiser(family, model_dir=models(name), device="cpu", dtype="auto",
                               options=options)
     return DiffusionEngine(denoiser, options)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from omni.engines.base import (
@@ -55,6 +56,7 @@ from omni.engines.base import (
     check_options,
 )
 from omni.engines.diffusion.quantize import quantize_denoiser
+from omni.engines.diffusion.rows import DEFAULT_MIN_GAIN, RowPolicy
 
 if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
@@ -88,13 +90,17 @@ class DiffusionEngine(Engine):
     """Step-level scheduling of denoising across requests (see module docstring).
 
     options: max_batch_rows (16): the most transformer rows in one call;
+    batch_gain (0.1): the throughput gain over a lone call that a shared call must show in
+    this engine's own timed calls of that shape, else requests run one after another
+    (rows.py; 0: always share, up to max_batch_rows);
     max_admit_per_step (8): requests encoded per step;
     step_cache (off): the default step-cache threshold (see the module docstring);
     quantization (none): fp8 stores the transformer blocks' weights in e4m3 (quantize.py).
     A denoiser lists the options it reads in its OPTIONS.
     """
 
-    OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache", "quantization"})
+    OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache", "quantization",
+                         "batch_gain"})
 
     def __init__(self, denoiser: Denoiser, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -103,6 +109,10 @@ class DiffusionEngine(Engine):
         self.max_admit = int(opts.get("max_admit_per_step", 8))
         if self.max_batch_rows < 1 or self.max_admit < 1:
             raise EngineLoadError("max_batch_rows and max_admit_per_step must be >= 1")
+        gain = opts.get("batch_gain", DEFAULT_MIN_GAIN)
+        if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 10:
+            raise EngineLoadError(f"batch_gain must be a number from 0 to 10, got {gain!r}")
+        self.rows = RowPolicy(gain, getattr(denoiser, "device", None))
         try:
             self.step_cache = cache_threshold(opts.get("step_cache"))
         except ValueError as e:
@@ -168,7 +178,7 @@ class DiffusionEngine(Engine):
     def info(self) -> dict[str, Any]:
         info = {"output": self.denoiser.output, **self.denoiser.info(),
                 "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache,
-                **self.quantized}
+                "batch_gain": self.rows.min_gain, **self.quantized}
         if hasattr(self.denoiser, "device"):  # where it runs, for the READY log line
             info.setdefault("device", str(self.denoiser.device))
         return info
@@ -203,7 +213,8 @@ class DiffusionEngine(Engine):
             self._jobs[rid] = job
 
     def _next_batch(self) -> list[DenoiseJob]:
-        """The group holding the oldest unfinished job, oldest first, up to the row cap."""
+        """The group holding the oldest unfinished job, oldest first, up to the row cap
+        and as many as sharing the call pays for (rows.py)."""
         pending = sorted((j for j in self._jobs.values() if j.step < j.steps),
                          key=lambda j: j.arrival)
         if not pending:
@@ -217,13 +228,17 @@ class DiffusionEngine(Engine):
                 break
             batch.append(job)
             rows += job.model_rows
-        return batch
+        sizes = list(accumulate(j.model_rows for j in batch))
+        return batch[:self.rows.jobs_to_run(key, sizes)]
 
     def _denoise(self, batch: list[DenoiseJob]) -> list[StepOutput]:
         run = [job for job in batch if not self._reuses_output(job)]
         if run:
+            timer = self.rows.start()
             try:
                 predictions = self.denoiser.predict(run)
+                self.rows.stop(timer, self.denoiser.group_key(run[0]),
+                               sum(j.model_rows for j in run))
             except Exception as e:
                 log.exception("transformer call failed for %s", [j.request_id for j in run])
                 for job in run:

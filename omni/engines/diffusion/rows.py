@@ -1,0 +1,138 @@
+"""How many jobs share a transformer call: batch while it pays, measured per shape.
+
+Step-level batching puts the rows of many requests in one transformer call. That pays while
+one request's rows leave the device idle: LTX-Video's 2 B transformer at 832x480 made 2x the
+steps/s with 4 videos a call on an H100 (bench/results/videos-ltx_video-h100.md). Once one
+request's rows fill the device, batching buys nothing and delays every request in the call:
+FLUX.2-dev at 512x512 gained 2.5 % with 4 images a call, and all four finished at 14.1 s
+where one at a time finishes the first at 3.6 s (diffusion-flux2-h100.md); Wan 2.2 A14B at
+832x480x33 gained nothing (videos-wan22_t2v-h100.md). What fills the device depends on the
+model, the request's shape and the GPU, so no fixed row count is right: the engine measures
+its own calls instead.
+
+RowPolicy keeps the device time of recent calls per (group key, rows), the fastest of the
+last few (a call's first run of a shape pays one-off costs; a busy neighbour only slows
+one down). Given the jobs that could share the next call, oldest first, it runs:
+- the oldest alone while a lone call of its key has not been timed twice;
+- all of them while a call of that many rows has not been timed twice (exploring);
+- else the largest prefix whose measured throughput (rows per second) beats the lone call's
+  by ``min_gain`` (default 10 %), or the oldest alone when none does: requests then run one
+  after another in arrival order, and each finishes as early as the device allows.
+``min_gain`` 0 turns the measuring off: every call takes all it can (up to max_batch_rows).
+Sizes that run after the choice keep being timed; a size not chosen keeps its old times.
+
+Device time: CUDA events around the call, read when they have completed (never waiting on
+the device); on the CPU, the wall time of the call (it is synchronous).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+DEFAULT_MIN_GAIN = 0.10
+KEPT = 8  # times kept per (key, rows)
+TIMED = 2  # times needed before a size counts as measured
+MAX_SIZES = 256  # (key, rows) pairs kept: a server sees as many shapes as clients ask for
+
+
+class RowPolicy:
+    """The row cap of the next call per group key, from timed calls (module docstring)."""
+
+    def __init__(self, min_gain: float, device: Any = None) -> None:
+        self.min_gain = float(min_gain)
+        self.cuda = torch.device(device).type == "cuda" if device is not None else False
+        self._times: dict[tuple[Any, int], deque[float]] = {}
+        self._pending: list[tuple[Any, int, Any, Any]] = []  # key, rows, start, end events
+
+    @property
+    def measuring(self) -> bool:
+        return self.min_gain > 0
+
+    def jobs_to_run(self, key: Any, sizes: list[int]) -> int:
+        """How many of the candidate jobs run: ``sizes`` are the cumulative rows of the
+        first 1, 2, ... jobs, oldest first (the caller already cut them at max_batch_rows)."""
+        if not self.measuring or len(sizes) == 1:
+            return len(sizes)
+        self._harvest()
+        lone = self.seconds(key, sizes[0])
+        if lone is None:
+            return 1
+        if self.seconds(key, sizes[-1]) is None and not self._larger_fails(key, sizes[-1], lone,
+                                                                         sizes[0]):
+            return len(sizes)
+        best = 1
+        for count, rows in enumerate(sizes[1:], start=2):
+            if self._pays(key, rows, lone, sizes[0]):
+                best = count
+        return best
+
+    def _pays(self, key: Any, rows: int, lone: float, lone_rows: int) -> bool:
+        took = self.seconds(key, rows)
+        return took is not None and rows / took >= (1 + self.min_gain) * lone_rows / lone
+
+    def _larger_fails(self, key: Any, rows: int, lone: float, lone_rows: int) -> bool:
+        """A measured call of more rows did not pay: fewer are not explored (a call's
+        throughput does not fall as it grows)."""
+        key = _hashable(key)
+        return any(k == key and r > rows and len(t) >= TIMED
+                   and not self._pays(key, r, lone, lone_rows)
+                   for (k, r), t in self._times.items())
+
+    def seconds(self, key: Any, rows: int) -> float | None:
+        """The fastest kept time of a call of ``rows`` rows of ``key``, once timed twice."""
+        times = self._times.get((_hashable(key), rows))
+        return min(times) if times is not None and len(times) >= TIMED else None
+
+    def start(self) -> Any:
+        """A timer for the call about to run (None when not measuring)."""
+        if not self.measuring:
+            return None
+        if self.cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            return begin
+        return time.perf_counter()
+
+    def stop(self, timer: Any, key: Any, rows: int) -> None:
+        """The call that ``timer`` started ran ``rows`` rows of ``key``."""
+        if timer is None or rows <= 0:
+            return
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((_hashable(key), rows, timer, end))
+            if len(self._pending) > 16:  # a lone request's calls are never asked about
+                self._harvest()
+            return
+        self.record(key, rows, time.perf_counter() - timer)
+
+    def record(self, key: Any, rows: int, seconds: float) -> None:
+        """One call of ``rows`` rows of ``key`` took ``seconds`` on the device."""
+        key = _hashable(key)
+        times = self._times.pop((key, rows), None) or deque(maxlen=KEPT)
+        times.append(seconds)
+        self._times[(key, rows)] = times  # last used last: the oldest go first
+        while len(self._times) > MAX_SIZES:
+            del self._times[next(iter(self._times))]
+
+    def _harvest(self) -> None:
+        """Completed CUDA timings into the kept times (events still running wait)."""
+        still = []
+        for key, rows, begin, end in self._pending:
+            if end.query():
+                self.record(key, rows, begin.elapsed_time(end) / 1e3)
+            else:
+                still.append((key, rows, begin, end))
+        self._pending = still[-64:]  # bounded if the device never catches up
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)
+    return key
