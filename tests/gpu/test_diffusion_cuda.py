@@ -71,3 +71,20 @@ def test_abort_returns_gpu_memory(qwen_engine):
     assert not qwen_engine.has_work()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == baseline
+
+
+def test_shared_calls_are_timed_with_cuda_events(qwen_engine):
+    """The row policy (rows.py) times calls on the device: three requests at once run the
+    oldest alone, then all three, and both sizes get device times (events read once done)."""
+    policy = qwen_engine.rows
+    assert policy.cuda and policy.measuring
+    for i in range(3):
+        qwen_engine.add(EngineRequest(f"t{i}", {"prompt": f"a kite {i}"},
+                                      {"size": "64x64", "steps": 8, "seed": i}))
+    results = drain(qwen_engine)
+    assert sorted(results) == ["t0", "t1", "t2"]
+    torch.cuda.synchronize()
+    policy._harvest()
+    kept = {rows: times for (_, rows), times in policy._times.items()}
+    assert len(kept.get(1, ())) >= 2 and len(kept.get(3, ())) >= 2, kept
+    assert all(0 < t < 10 for times in kept.values() for t in times)
