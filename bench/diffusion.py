@@ -33,6 +33,10 @@ prompts, in one run:
                       latency to the PNG's last byte. Not in the default sides;
                       runs first, at every concurrency, with the bench's own copy of
                       the pipeline parked in host memory (the server finds the GPU free)
+  ours-shared         ours-engine with batch_gain 0: every call takes all the rows it can (up
+                      to --max-batch-rows), where ours-engine shares a call only where its
+                      own timed calls show it pays (omni/engines/diffusion/rows.py). Not in
+                      the default sides
   ours-cache          ours-engine with the step cache on at its default threshold
                       (transformer calls are counted; random weights cannot judge quality)
   diffusers-seq       the pipeline's __call__ once per request, one at a time
@@ -70,7 +74,7 @@ guided: two rows per image).
 WARMUP_STEPS = 2
 SIDES = ("ours-engine", "ours-server", "ours-cache", "diffusers-seq", "diffusers-batched",
          "transformer", "ours-fp8")
-EXTRA_SIDES = ("ours-http",)  # known, not in the default
+EXTRA_SIDES = ("ours-http", "ours-shared")  # known, not in the default
 LAST_SIDES = ("ours-fp8",)  # they change the model: after the others
 
 
@@ -199,12 +203,13 @@ def _side(side: str, model: tuple[str, Any], model_dir: str | None, device: str,
     # meets the batch shapes of this concurrency (kernel choice, allocator) before timing
     warm_params = {**params, "steps": WARMUP_STEPS}
     warm_call = {**call, "num_inference_steps": WARMUP_STEPS}
-    if side in ("ours-engine", "ours-cache", "ours-fp8"):  # ours-fp8: blocks quantized
-        opts = {**options, "step_cache": side == "ours-cache"}
+    if side in ("ours-engine", "ours-cache", "ours-fp8", "ours-shared"):  # fp8: quantized
+        opts = {**options, "step_cache": side == "ours-cache",
+                **({"batch_gain": 0} if side == "ours-shared" else {})}
         denoiser = make_denoiser(family, pipe, device, {"max_steps": 1000, "max_side": 4096,
                                                         "max_pixels": 4096 * 4096})
-        sides.engine_side(denoiser, opts, c, 1, warm_params)
-        return sides.engine_side(denoiser, opts, c, args.per_client, params)
+        return sides.warmed_engine_side(denoiser, opts, c, args.per_client, params,
+                                        warm_params)
     if side == "ours-server":
         return sides.server_side(model_dir, {**options, "max_side": 4096,
                                              "max_pixels": 4096 * 4096}, c, args.per_client,

@@ -30,11 +30,24 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def warmed_engine_side(denoiser: Any, options: dict[str, Any], c: int, per_client: int,
+                       params: dict[str, Any], warm_params: dict[str, Any]) -> dict[str, Any]:
+    """engine_side after one unmeasured burst of c requests at ``warm_params``; the measured
+    engine starts with the warm-up's timed calls (its row policy, rows.py), as a server's
+    engine does once it has met the shape."""
+    warm = DiffusionEngine(denoiser, options)
+    engine_side(denoiser, options, c, 1, warm_params, engine=warm)
+    measured = DiffusionEngine(denoiser, options)
+    measured.rows = warm.rows
+    return engine_side(denoiser, options, c, per_client, params, engine=measured)
+
+
 def engine_side(denoiser: Any, options: dict[str, Any], c: int, per_client: int,
-                params: dict[str, Any]) -> dict[str, Any]:
+                params: dict[str, Any], engine: DiffusionEngine | None = None
+                ) -> dict[str, Any]:
     """Our diffusion engine driven in this process (no processes, no HTTP): requests
     join and leave between steps exactly as in the server's engine process."""
-    engine = DiffusionEngine(denoiser, options)
+    engine = engine or DiffusionEngine(denoiser, options)
     texts = iter(prompts(c * per_client))
     left = {client: per_client for client in range(c)}
     arrival, done, owner = {}, {}, {}

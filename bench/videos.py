@@ -24,6 +24,10 @@ prompts, in one run:
                   requests join and leave between denoising steps; requests at different
                   steps share one transformer call (Wan 2.2 A14B: per expert, so requests
                   on the two sides of the boundary run in separate calls)
+  ours-shared     ours-engine with batch_gain 0: every call takes all the rows it can (up to
+                  --max-batch-rows), where ours-engine shares a call only where its own
+                  timed calls show it pays (omni/engines/diffusion/rows.py); not in the
+                  default sides
   diffusers-seq   the release's pipeline __call__ once per request, one at a time
   ours-http       `python -m omni.server --model DIR` (the preset the directory picks, its
                   own options; --shape real saves the random pipeline to a temp directory
@@ -51,7 +55,7 @@ device (A14B: ~57 GB of weights, an H200; TI2V-5B, LTX-Video, LTX-2 (~40 GB) and
 HunyuanVideo 1.5 fit an H100). --model DIR serves a local release.
 """
 
-SIDES = ("ours-engine", "diffusers-seq")  # the default; ours-http also known
+SIDES = ("ours-engine", "diffusers-seq")  # the default; ours-http, ours-shared also known
 GUIDANCE = {"ltx2": 3.0}  # the pipeline's default (the others: off, see DESCRIPTION)
 # what each family's __call__ needs besides the common arguments
 CALL_EXTRAS = {"ltx2": {"frame_rate": 24.0}}
@@ -137,16 +141,17 @@ def _tiny_dir(family: str) -> Path:
 def _side(side: str, pipe: Any, args: argparse.Namespace, device: str, c: int,
           params: dict[str, Any]) -> dict[str, Any]:
     warm = {**params, "steps": WARMUP_STEPS}
-    if side == "ours-engine":
+    if side in ("ours-engine", "ours-shared"):
         denoiser = _denoiser(pipe, args.family, device)
-        options = {"max_batch_rows": args.max_batch_rows}
-        sides.engine_side(denoiser, options, c, 1, warm)
-        return sides.engine_side(denoiser, options, c, args.per_client, params)
+        options = {"max_batch_rows": args.max_batch_rows,
+                   **({"batch_gain": 0} if side == "ours-shared" else {})}
+        return sides.warmed_engine_side(denoiser, options, c, args.per_client, params, warm)
     if side == "diffusers-seq":
         extras = CALL_EXTRAS.get(args.family, {})
         _pipeline_calls(pipe, 1, warm, extras)
         return _pipeline_calls(pipe, c * args.per_client, params, extras)
-    raise SystemExit(f"unknown side {side!r}; known: {', '.join(SIDES)}, ours-http")
+    raise SystemExit(f"unknown side {side!r}; known: {', '.join(SIDES)}, ours-http, "
+                     "ours-shared")
 
 
 def _pipeline_calls(pipe: Any, count: int, params: dict[str, Any],
