@@ -35,16 +35,23 @@ def test_a_lone_call_is_timed_first_then_the_shared_one():
     assert policy.jobs_to_run(KEY, sizes) == 4  # 4 rows/s vs 2: it pays
 
 
-def test_a_call_that_gains_too_little_is_not_shared():
+def test_a_call_that_gains_too_little_is_not_shared(caplog):
+    caplog.set_level("INFO", logger="omni.engine.diffusion")
     policy = RowPolicy(0.1)
     timed(policy, 2, 1.0, 1.0)
     timed(policy, 8, 3.9, 3.95)  # +2.6 %: what FLUX.2-dev gained on an H100
     assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 1
+    assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 1
+    told = [r.getMessage() for r in caplog.records]
+    assert told == ["shape (16, 4, 4): one request at a time (a lone call of 2 rows in "
+                    "1000.0 ms = 2.0 rows/s; 8 rows in 3900.0 ms = 2.1 rows/s; "
+                    "batch_gain 0.10)"], told  # said once, with what it rests on
     # fewer rows than a call that did not pay are not explored
     assert policy.jobs_to_run(KEY, [2, 4, 6]) == 1
     # the largest prefix that pays runs: 4 rows measured at +60 %, 6 unmeasured
     timed(policy, 4, 1.25, 1.3)
     assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 2
+    assert "requests share calls" in caplog.records[-1].getMessage()
     # other shapes are measured apart
     assert policy.jobs_to_run((16, 8, 8), [2, 4]) == 1
 

@@ -27,11 +27,14 @@ the device); on the CPU, the wall time of the call (it is synchronous).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
 
 import torch
+
+log = logging.getLogger("omni.engine.diffusion")
 
 DEFAULT_MIN_GAIN = 0.10
 KEPT = 8  # times kept per (key, rows)
@@ -47,6 +50,7 @@ class RowPolicy:
         self.cuda = torch.device(device).type == "cuda" if device is not None else False
         self._times: dict[tuple[Any, int], deque[float]] = {}
         self._pending: list[tuple[Any, int, Any, Any]] = []  # key, rows, start, end events
+        self._sharing: dict[Any, bool] = {}  # the last choice per key, logged when it turns
 
     @property
     def measuring(self) -> bool:
@@ -68,7 +72,27 @@ class RowPolicy:
         for count, rows in enumerate(sizes[1:], start=2):
             if self._pays(key, rows, lone, sizes[0]):
                 best = count
+        self._tell(key, sizes, best, lone)
         return best
+
+    def _tell(self, key: Any, sizes: list[int], best: int, lone: float) -> None:
+        """Log when a shape's choice turns between sharing calls and one at a time, with
+        the times it rests on (the operator's answer to "why are my requests queued?")."""
+        key = _hashable(key)
+        sharing = best > 1
+        if self._sharing.get(key) == sharing:
+            return
+        self._sharing[key] = sharing
+        while len(self._sharing) > MAX_SIZES:
+            del self._sharing[next(iter(self._sharing))]
+        rows = sizes[best - 1] if sharing else sizes[-1]
+        took = self.seconds(key, rows)
+        measured = "" if took is None else (
+            f"; {rows} rows in {took * 1e3:.1f} ms = {rows / took:.1f} rows/s")
+        log.info("shape %s: %s (a lone call of %d rows in %.1f ms = %.1f rows/s%s; "
+                 "batch_gain %.2f)", key, "requests share calls" if sharing
+                 else "one request at a time", sizes[0], lone * 1e3, sizes[0] / lone,
+                 measured, self.min_gain)
 
     def _pays(self, key: Any, rows: int, lone: float, lone_rows: int) -> bool:
         took = self.seconds(key, rows)
