@@ -10,7 +10,7 @@ from unit.diffusion_runs import engine, run
 
 from omni.engines.base import EngineLoadError
 from omni.engines.diffusion.engine import DiffusionEngine
-from omni.engines.diffusion.rows import KEPT, MAX_SIZES, RowPolicy
+from omni.engines.diffusion.rows import KEPT, MAX_SIZES, RECHECK_EVERY, RowPolicy
 
 KEY = (16, 4, 4)
 
@@ -48,6 +48,13 @@ def test_a_call_that_gains_too_little_is_not_shared(caplog):
                     "batch_gain 0.10)"], told  # said once, with what it rests on
     # fewer rows than a call that did not pay are not explored
     assert policy.jobs_to_run(KEY, [2, 4, 6]) == 1
+    # until, every RECHECK_EVERY-th call run alone, one is shared to time it again
+    choices = [policy.jobs_to_run(KEY, [2, 4, 6, 8]) for _ in range(RECHECK_EVERY)]
+    assert choices.count(4) == 1 and set(choices) == {1, 4}
+    timed(policy, 8, 1.9)  # this time the shared call paid: from now on it is shared
+    assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 4
+    timed(policy, 8, *[3.9] * KEPT)  # only the last KEPT times count: it does not pay again
+    assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 1
     # the largest prefix that pays runs: 4 rows measured at +60 %, 6 unmeasured
     timed(policy, 4, 1.25, 1.3)
     assert policy.jobs_to_run(KEY, [2, 4, 6, 8]) == 2

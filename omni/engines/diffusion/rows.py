@@ -17,7 +17,8 @@ one down). Given the jobs that could share the next call, oldest first, it runs:
 - all of them while a call of that many rows has not been timed twice (exploring);
 - else the largest prefix whose measured throughput (rows per second) beats the lone call's
   by ``min_gain`` (default 10 %), or the oldest alone when none does: requests then run one
-  after another in arrival order, and each finishes as early as the device allows.
+  after another in arrival order, and each finishes as early as the device allows (every
+  RECHECK_EVERY-th such call is shared once more, to time it again).
 ``min_gain`` 0 turns the measuring off: every call takes all it can (up to max_batch_rows).
 Sizes that run after the choice keep being timed; a size not chosen keeps its old times.
 
@@ -39,6 +40,7 @@ log = logging.getLogger("omni.engine.diffusion")
 DEFAULT_MIN_GAIN = 0.10
 KEPT = 8  # times kept per (key, rows)
 TIMED = 2  # times needed before a size counts as measured
+RECHECK_EVERY = 256  # calls run alone before one is shared again, to re-time it
 MAX_SIZES = 256  # (key, rows) pairs kept: a server sees as many shapes as clients ask for
 
 
@@ -51,6 +53,7 @@ class RowPolicy:
         self._times: dict[tuple[Any, int], deque[float]] = {}
         self._pending: list[tuple[Any, int, Any, Any]] = []  # key, rows, start, end events
         self._sharing: dict[Any, bool] = {}  # the last choice per key, logged when it turns
+        self._alone: dict[Any, int] = {}  # calls run alone since the last shared one
 
     @property
     def measuring(self) -> bool:
@@ -73,7 +76,23 @@ class RowPolicy:
             if self._pays(key, rows, lone, sizes[0]):
                 best = count
         self._tell(key, sizes, best, lone)
-        return best
+        return self._recheck(key, best, len(sizes))
+
+    def _recheck(self, key: Any, best: int, count: int) -> int:
+        """Every RECHECK_EVERY-th call that could have been shared and was not, share it
+        once: its time joins the kept ones, so a size first timed while something else
+        slowed the device gets another chance."""
+        key = _hashable(key)
+        if best > 1:
+            self._alone.pop(key, None)
+            return best
+        self._alone[key] = self._alone.get(key, 0) + 1
+        while len(self._alone) > MAX_SIZES:
+            del self._alone[next(iter(self._alone))]
+        if self._alone.get(key, 0) < RECHECK_EVERY:
+            return best
+        self._alone.pop(key, None)
+        return count
 
     def _tell(self, key: Any, sizes: list[int], best: int, lone: float) -> None:
         """Log when a shape's choice turns between sharing calls and one at a time, with
