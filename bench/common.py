@@ -233,3 +233,18 @@ def code_commit(tree: str | os.PathLike[str] | None = None,
         return None
     return (f"{head} + uncommitted changes" if dirty else head) or None
 
+
+async def metric_sums(session: Any, url: str, names: dict[str, str]) -> dict[str, float]:
+    """The server's /metrics families named in ``names`` (metric -> key), each summed over
+    its samples (its replicas), as of each replica's last output: a burst's count is
+    after - before. A family the server does not report is left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        key = names.get(family.name)
+        if key is not None:
+            sums[key] = sum(sample.value for sample in family.samples)
+    return sums

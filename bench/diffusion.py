@@ -30,7 +30,8 @@ prompts, in one run:
   ours-http           `python -m omni.server --model DIR` (the preset the directory picks,
                       its own options and defaults; a real-size --shape is saved to a temp
                       directory first) and HTTP clients on POST /v1/images/generations:
-                      latency to the PNG's last byte. Not in the default sides;
+                      latency to the PNG's last byte; its calls and rows from the
+                      server's /metrics around the burst. Not in the default sides;
                       runs first, at every concurrency, with the bench's own copy of
                       the pipeline parked in host memory (the server finds the GPU free)
   ours-shared         ours-engine with batch_gain 0: every call takes all the rows it can (up

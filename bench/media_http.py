@@ -24,7 +24,7 @@ from typing import Any
 
 from bench import diffusion_sides as sides
 from bench.ar_ours import start_server, stop_server
-from bench.common import free_device_memory, percentile, say
+from bench.common import free_device_memory, metric_sums, percentile, say
 
 START_TIMEOUT_S = 1200.0  # a real-size release loads from disk in a minute or more
 
@@ -175,9 +175,19 @@ async def _clients(server: MediaServer, c: int, per_client: int,
                 sent = time.perf_counter()
                 await _one(session, server, next(texts), params, len(latencies))
                 latencies.append(time.perf_counter() - sent)
+        before = await metric_sums(session, server.url, ENGINE_COUNTERS)
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(c)))
-        return {"wall_s": time.perf_counter() - start, "latencies_s": latencies}
+        wall = time.perf_counter() - start
+        after = await metric_sums(session, server.url, ENGINE_COUNTERS)
+        # the burst's transformer calls and rows, as ours-engine's rows count them
+        counts = {k: round(v - before.get(k, 0.0)) for k, v in after.items()}
+        return {"wall_s": wall, "latencies_s": latencies, **counts}
+
+
+# the diffusion engine's counters in /metrics (omni/runtime/metrics.py ENGINE_GAUGES)
+ENGINE_COUNTERS = {"omni_replica_transformer_calls": "transformer_calls",
+                   "omni_replica_denoise_rows": "rows_run"}
 
 
 async def _one(session: Any, server: MediaServer, prompt: str, params: dict[str, Any],

@@ -32,7 +32,8 @@ prompts, in one run:
   ours-http       `python -m omni.server --model DIR` (the preset the directory picks, its
                   own options; --shape real saves the random pipeline to a temp directory
                   first) and HTTP clients on POST /v1/videos/sync: latency to the MP4's
-                  last byte (VAE decode and MP4 encode included). Not in the default
+                  last byte (VAE decode and MP4 encode included); its calls from the
+                  server's /metrics around the burst. Not in the default
                   sides; runs first, at every concurrency, with the bench's own copy
                   of the pipeline parked in host memory (the server finds the GPU free);
                   the server's log goes beside the report, and each video's MP4 encode

@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.ar_ours import served_id, start_server, stop_server, target_for
 from bench.ar_report import summarize
-from bench.common import say, text_stream_times
+from bench.common import metric_sums, say, text_stream_times
 from bench.vlm_sides import LANGUAGE, QUESTION, say_row, wav, whisper_summary
 
 
@@ -92,19 +92,9 @@ ENCODER_METRICS = {"omni_replica_encoder_batches": "encoder_batches",
 
 
 async def encoder_counts(session: Any, url: str) -> dict[str, float]:
-    """The server's media-encoder counters from /metrics, summed over replicas (as of each
-    replica's last output): the measured burst's batches = after - before. Empty for a
-    server whose engines have none (Whisper)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with session.get(f"{url}/metrics") as resp:
-        text = await resp.text()
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        key = ENCODER_METRICS.get(family.name)
-        if key is not None:
-            counts[key] = sum(sample.value for sample in family.samples)
-    return counts
+    """The server's media-encoder counters, summed over replicas (empty for a server whose
+    engines have none: Whisper)."""
+    return await metric_sums(session, url, ENCODER_METRICS)
 
 
 def _chat_body(model: str, args: Any, image: bytes) -> bytes:
