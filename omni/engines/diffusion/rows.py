@@ -14,7 +14,8 @@ RowPolicy keeps the device time of recent calls per (group key, rows), the faste
 last few (a call's first run of a shape pays one-off costs; a busy neighbour only slows
 one down). Given the jobs that could share the next call, oldest first, it runs:
 - the oldest alone while a lone call of its key has not been timed twice;
-- all of them while a call of that many rows has not been timed twice (exploring);
+- all of them while a call of that many rows has not been timed twice (exploring), unless
+  a larger call of the key was timed and did not pay;
 - else the largest prefix whose measured throughput (rows per second) beats the lone call's
   by ``min_gain`` (default 10 %), or the oldest alone when none does: requests then run one
   after another in arrival order, and each finishes as early as the device allows (every
