@@ -23,6 +23,12 @@ one down). Given the jobs that could share the next call, oldest first, it runs:
 ``min_gain`` 0 turns the measuring off: every call takes all it can (up to max_batch_rows).
 Sizes that run after the choice keep being timed; a size not chosen keeps its old times.
 
+It weighs the transformer call only. Requests that share calls also finish together and
+share one decode call, which it does not count: on the dev VM the tiny Qwen-Image at
+512x512 gained 7 % from 4 rows a transformer call (so they ran one at a time) but 25 % from
+4 images a VAE decode, and sharing everything made 31 % more steps/s end to end (its p50
+was 15 % higher). The real-size transformers measured on GPUs dwarf their decodes.
+
 Device time: CUDA events around the call, read when they have completed (never waiting on
 the device); on the CPU, the wall time of the call (it is synchronous).
 """
