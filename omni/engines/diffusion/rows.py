@@ -27,8 +27,8 @@ It weighs the transformer call only. Requests that share calls also finish toget
 share one decode call, which it does not count: on the dev VM the tiny Qwen-Image at
 512x512 gained 7 % from 4 rows a transformer call (so they ran one at a time) but 25 % from
 4 images a VAE decode, and sharing everything made 31 % more steps/s end to end (its p50
-was 17 % higher, 1.45 vs 1.24 s; one run). The real-size transformers measured on GPUs
-dwarf their decodes.
+was 17 % higher, 1.45 vs 1.24 s; one run). How much a shared decode weighs for the
+real-size families on a GPU was not measured.
 
 Device time: CUDA events around the call, read when they have completed (never waiting on
 the device); on the CPU, the wall time of the call (it is synchronous).
