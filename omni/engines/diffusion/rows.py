@@ -1,14 +1,12 @@
 """How many jobs share a transformer call: batch while it pays, measured per shape.
 
 Step-level batching puts the rows of many requests in one transformer call. That pays while
-one request's rows leave the device idle: LTX-Video's 2 B transformer at 832x480 made 2x the
-steps/s with 4 videos a call on an H100 (bench/results/videos-ltx_video-h100.md). Once one
-request's rows fill the device, batching buys nothing and delays every request in the call:
-FLUX.2-dev at 512x512 gained 2.5 % with 4 images a call, and all four finished at 14.1 s
-where one at a time finishes the first at 3.6 s (diffusion-flux2-h100.md); Wan 2.2 A14B at
-832x480x33 gained nothing (videos-wan22_t2v-h100.md). What fills the device depends on the
-model, the request's shape and the GPU, so no fixed row count is right: the engine measures
-its own calls instead.
+one request's rows leave the device idle (a 2 B video transformer made 2x the steps/s with
+4 videos a call on an H100). Once one request's rows fill the device, batching buys nothing
+and delays every request in the call (32 B and 2 x 14 B transformers gained 2.5 % and 0 %
+with 4 requests a call, and all four finished when the last did; bench/results/README.md
+indexes the runs). What fills the device depends on the model, the request's shape and the
+GPU, so no fixed row count is right: the engine measures its own calls instead.
 
 RowPolicy keeps the device time of recent calls per (group key, rows), the fastest of the
 last few (a call's first run of a shape pays one-off costs; a busy neighbour only slows
@@ -24,11 +22,11 @@ one down). Given the jobs that could share the next call, oldest first, it runs:
 Sizes that run after the choice keep being timed; a size not chosen keeps its old times.
 
 It weighs the transformer call only. Requests that share calls also finish together and
-share one decode call, which it does not count: on the dev VM the tiny Qwen-Image at
+share one decode call, which it does not count: on the dev VM a tiny image fixture at
 512x512 gained 7 % from 4 rows a transformer call (so they ran one at a time) but 25 % from
 4 images a VAE decode, and sharing everything made 31 % more steps/s end to end (its p50
-was 17 % higher, 1.45 vs 1.24 s; one run). How much a shared decode weighs for the
-real-size families on a GPU was not measured.
+was 17 % higher, 1.45 vs 1.24 s; one run). How much a shared decode weighs for
+real-size models on a GPU was not measured.
 
 Device time: CUDA events around the call, read when they have completed (never waiting on
 the device); on the CPU, the wall time of the call (it is synchronous).
