@@ -234,19 +234,17 @@ class DiffusionEngine(Engine):
     def _denoise(self, batch: list[DenoiseJob]) -> list[StepOutput]:
         run = [job for job in batch if not self._reuses_output(job)]
         if run:
-            timer = self.rows.start()
+            rows, timer = sum(j.model_rows for j in run), self.rows.start()
             try:
                 predictions = self.denoiser.predict(run)
-                self.rows.stop(timer, self.denoiser.group_key(run[0]),
-                               sum(j.model_rows for j in run))
+                self.rows.stop(timer, self.denoiser.group_key(run[0]), rows)
             except Exception as e:
                 log.exception("transformer call failed for %s", [j.request_id for j in run])
                 for job in run:
                     self._jobs.pop(job.request_id, None)
                     self._fail(job.request_id, f"denoising failed: {type(e).__name__}: {e}")
                 batch = [j for j in batch if j not in run]
-                run, predictions = [], []
-            rows = sum(j.model_rows for j in run)
+                run, predictions, rows = [], [], 0
             self.calls += 1 if run else 0
             self.rows_run += rows
             self.max_rows = max(self.max_rows, rows)
