@@ -46,6 +46,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
+from omni.models.qwen3_tts_codec import CachedMaskDecoder
 from omni.models.qwen3_tts_predictor import GraphedPredictor
 from omni.models.qwen3_tts_stream import (
     LEFT_CONTEXT,
@@ -155,6 +156,7 @@ class Qwen3TTSRunner:
         self.stream_first_frames, self.stream_chunk_frames = _chunking(opts)
         self.streams_units = self.stream_chunk_frames > 0  # the engine's start_items/advance
         self.cuda = str(device).startswith("cuda")
+        self._cached_decoder: CachedMaskDecoder | None = None
         self.graphed = self._graphed_predictor(bool(opts.pop("predictor_graphs", True)))
         # on a GPU, streamed chunk decodes take shapes met at load (qwen3_tts_stream.py)
         self.fixed_upto = 0
@@ -265,7 +267,9 @@ class Qwen3TTSRunner:
         return torch.Generator(self.device).manual_seed(check_seed(seed))
 
     def _decoder(self) -> Any:
-        return self.tts.model.speech_tokenizer.model.decoder
+        if self._cached_decoder is None:
+            self._cached_decoder = CachedMaskDecoder(self.tts.model.speech_tokenizer.model.decoder)
+        return self._cached_decoder
 
     @torch.inference_mode()
     def advance(self, job: SentenceStream) -> dict[int, tuple[Any, bool]]:

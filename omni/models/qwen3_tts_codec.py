@@ -16,6 +16,7 @@ Runs in the ``qwen3-tts`` environment (``env: qwen3-tts``), like the talker.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,81 @@ import torch
 
 from omni.engines.base import EngineLoadError
 from omni.models.qwen3_omni import Code2WavRunner, _is_random
+
+MASK_LENGTHS = 32  # lengths whose masks are kept: a stream's chunks take a few
+MASK_UPTO = 1024  # frames: a longer call (a whole sentence) builds its masks each time
+
+
+class CachedMaskDecoder:
+    """qwen-tts's Code2Wav decoder (codes (B, groups, T) -> audio (B, 1, T * 1920)), its
+    forward with the pre-transformer's attention masks built once per length.
+
+    Why: the decoder's own forward gives its pre-transformer no mask, so the model passes
+    position ids to transformers' mask builders (4.57), which then treat every call as
+    possibly packed sequences and build both masks through vmap each time: 5-8 ms of host
+    work a call on the dev VM whatever the batch, and the largest part of the code2wav
+    stage's Python under load. Each row is one sequence, so the masks depend on the length
+    alone and are the same without the packing check: built by transformers' own
+    create_*_mask once per (length, dtype, device) and handed in as the dict the model
+    takes ("may already have been prepared"). The rest mirrors the decoder's forward
+    (qwen-tts 0.1.1, pinned); tests/http/test_qwen3_tts_gpu_paths.py checks the audio is
+    the decoder's own, bit for bit."""
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+        self.config = decoder.config
+        self.total_upsample = decoder.total_upsample
+        self._masks: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+        self.masks_built = 0
+
+    def parameters(self) -> Any:
+        return self.decoder.parameters()
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        dec = self.decoder
+        if codes.shape[1] != self.config.num_quantizers:
+            raise ValueError(f"Expected {self.config.num_quantizers} layer of codes, "
+                             f"got {codes.shape[1]}")
+        hidden = dec.pre_conv(dec.quantizer.decode(codes)).transpose(1, 2)
+        hidden = dec.pre_transformer(inputs_embeds=hidden,
+                                     attention_mask=self._masks_for(hidden)).last_hidden_state
+        hidden = hidden.permute(0, 2, 1)
+        for blocks in dec.upsample:
+            for block in blocks:
+                hidden = block(hidden)
+        for block in dec.decoder:
+            hidden = block(hidden)
+        return hidden.clamp(min=-1, max=1)
+
+    def _masks_for(self, hidden: torch.Tensor) -> dict[str, Any]:
+        """The pre-transformer's masks for a call of hidden's length (B, T, width)."""
+        key = (hidden.shape[1], hidden.dtype, hidden.device)
+        masks = self._masks.get(key)
+        if masks is None:
+            masks = self._build_masks(hidden[:1])
+            if key[0] <= MASK_UPTO:
+                self._masks[key] = masks
+                while len(self._masks) > MASK_LENGTHS:
+                    self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
+        return masks
+
+    def _build_masks(self, embeds: torch.Tensor) -> dict[str, Any]:
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
+
+        model = self.decoder.pre_transformer
+        args = {"config": model.config, "input_embeds": embeds, "attention_mask": None,
+                "cache_position": torch.arange(embeds.shape[1], device=embeds.device),
+                "past_key_values": None, "position_ids": None}
+        self.masks_built += 1
+        masks = {"full_attention": create_causal_mask(**args)}
+        if model.has_sliding_layers:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**args)
+        return masks
 
 
 class Qwen3TTSCode2Wav:
@@ -32,7 +108,7 @@ class Qwen3TTSCode2Wav:
     tail_samples = 0  # causal convolutions: every frame's samples are known at once
 
     def __init__(self, codec: Any, device: str, model_dir: str) -> None:
-        self.decoder = codec.model.decoder
+        self.decoder = CachedMaskDecoder(codec.model.decoder)
         self.model_dir = model_dir
         self.random_weights = _is_random(Path(model_dir))
         self.dtype = next(self.decoder.parameters()).dtype

@@ -58,6 +58,26 @@ def capture_prefill(talker: torch.nn.Module, call: Callable[[], Any]) -> dict[st
     raise RuntimeError("qwen-tts's generate returned without running the talker")
 
 
+def capture_talker_inputs(talker: torch.nn.Module, call: Callable[[], Any]) -> dict[str, Any]:
+    """The keyword arguments ``call`` (qwen-tts's generate_*) gives the talker's
+    ``generate``: the prompt embeddings, trailing text and pad embedding, as its first
+    forward gets them, without transformers' generate setting up first (its config, its
+    logits processors over the 1,024 suppressed codes: about a third of a request's prompt
+    building on the dev VM). For a caller that needs only those tensors, not the forward's
+    own arguments (cache, positions), as capture_prefill gives them."""
+    def stop(**kwargs: Any) -> None:
+        raise _Prefill(kwargs)
+
+    talker.generate = stop  # the instance's attribute, over GenerationMixin's method
+    try:
+        call()
+    except _Prefill as prefill:
+        return prefill.args[0]
+    finally:
+        del talker.generate
+    raise RuntimeError("qwen-tts's generate returned without calling the talker")
+
+
 def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:
     """The codes that decode ``row``'s new frames: (T, groups), and how many of them are
     left context (their audio dropped); the new frames count as decoded."""

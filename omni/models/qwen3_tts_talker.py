@@ -9,8 +9,8 @@ over every running sentence, paged attention, decode steps replayed from CUDA gr
 the code predictor's 15 passes as one more graph per step.
 
 What qwen-tts's generate does, as this feed does it:
-- Prompt: qwen-tts's own, taken from its ``generate_custom_voice`` (the talker's first
-  forward, qwen3_tts_stream.capture_prefill): the prompt embeddings, the trailing text
+- Prompt: qwen-tts's own, taken from its ``generate_custom_voice`` (what it gives the
+  talker's generate, qwen3_tts_stream.capture_talker_inputs): the prompt embeddings, the trailing text
   (projected text tokens fed one a frame) and the pad embedding after it. With qwen-tts's
   defaults a CustomVoice prompt holds the whole text (``non_streaming_mode=True``: the
   trailing text is the pad embedding alone); a voice clone's holds the first text token
@@ -62,7 +62,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
-from omni.models.qwen3_tts_stream import LEFT_CONTEXT, capture_prefill
+from omni.models.qwen3_tts_stream import LEFT_CONTEXT, capture_talker_inputs
 from omni.models.speech import check_speed, voice_entry
 
 # stage options this adapter reads beside the AR engine's (the talker's own sampling is the
@@ -206,7 +206,7 @@ class TTSFeed:
         if not st.text.strip():
             raise ValueError("text has nothing to synthesize")
         with torch.inference_mode():
-            prompt = capture_prefill(self.model.talker, self._generate(st, speaker))
+            prompt = capture_talker_inputs(self.model.talker, self._generate(st, speaker))
         st.trailing = prompt["trailing_text_hidden"][0]
         st.pad = prompt["tts_pad_embed"].reshape(-1)
         return prompt["inputs_embeds"][0], None

@@ -77,6 +77,28 @@ print(json.dumps({"lengths": [len(a) for a in plain], "fixed_lengths": [len(a) f
                   "stage_peak": max(float(a.abs().max()) for a in stage[0])}))
 """
 
+MASKS = """\
+import json, sys
+import torch
+from qwen_tts import Qwen3TTSModel
+from omni.models.qwen3_tts_codec import CachedMaskDecoder
+tts = Qwen3TTSModel.from_pretrained(sys.argv[1], dtype=torch.float32)
+decoder = tts.model.speech_tokenizer.model.decoder
+cached = CachedMaskDecoder(decoder)
+groups = tts.model.config.talker_config.num_code_groups
+window = decoder.config.sliding_window
+torch.manual_seed(0)
+diffs, peaks, built = [], [], []
+with torch.inference_mode():
+    for rows, frames in ((1, 1), (2, window - 1), (3, window + 5), (2, 50), (5, window + 5)):
+        codes = torch.randint(0, 64, (rows, groups, frames))
+        theirs, ours = decoder(codes), cached(codes)
+        diffs.append(float((theirs - ours).abs().max()))
+        peaks.append(float(theirs.abs().max()))
+        built.append(cached.masks_built)
+print(json.dumps({"diffs": diffs, "peaks": peaks, "built": built, "window": window}))
+"""
+
 
 @pytest.fixture(scope="module")
 def release():
@@ -116,3 +138,15 @@ def test_fixed_shape_chunk_decodes_equal_the_unpadded_ones(release):
     assert got["stage_peak"] > 0.01
     assert got["stage_lengths"] == [[1920 * (9 - c) for c in (0, 2, 4)]] * 2
     assert got["stage_diff"] < 1e-4
+
+
+def test_the_decoder_with_cached_masks_is_the_decoders_own(release):
+    """Qwen3-TTS's Code2Wav decoder with its pre-transformer's masks built once per length
+    (omni/models/qwen3_tts_codec.py CachedMaskDecoder): the same audio, bit for bit, as
+    the decoder's own forward, for lengths within and beyond its sliding window, and a
+    length met again (with other rows) builds no new masks."""
+    got = _run(MASKS, str(release))
+    assert got["window"] + 5 < 50
+    assert min(got["peaks"][1:]) > 0.01  # not silence
+    assert got["diffs"] == [0.0] * 5
+    assert got["built"] == [1, 2, 3, 4, 4]  # the fifth call's length was met by the third
