@@ -56,7 +56,7 @@ from omni.engines.base import (
     check_options,
 )
 from omni.engines.diffusion.quantize import quantize_denoiser
-from omni.engines.diffusion.rows import DEFAULT_MIN_GAIN, RowPolicy
+from omni.engines.diffusion.rows import DEFAULT_MIN_GAIN, Finish, RowPolicy
 
 if TYPE_CHECKING:
     from omni.engines.proc import EngineSpec
@@ -229,7 +229,7 @@ class DiffusionEngine(Engine):
             batch.append(job)
             rows += job.model_rows
         sizes = list(accumulate(j.model_rows for j in batch))
-        return batch[:self.rows.jobs_to_run(key, sizes)]
+        return batch[:self.rows.jobs_to_run(key, sizes, _finish_together(batch))]
 
     def _denoise(self, batch: list[DenoiseJob]) -> list[StepOutput]:
         run = [job for job in batch if not self._reuses_output(job)]
@@ -295,9 +295,11 @@ class DiffusionEngine(Engine):
                 chunks.append([])
             chunks[-1].append(job)
         outputs = []
-        for jobs in (chunk for chunks in groups.values() for chunk in chunks if chunk):
+        for shape, jobs in ((s, c) for s, chunks in groups.items() for c in chunks if c):
             try:
+                timer = self.rows.start()
                 decoded = self.denoiser.decode(jobs)
+                self.rows.stop_decode(timer, shape, sum(j.rows for j in jobs))
             except Exception as e:
                 log.exception("decode failed for %s", [j.request_id for j in jobs])
                 outputs += [StepOutput(j.request_id, finished=True, error=(
@@ -313,6 +315,19 @@ class DiffusionEngine(Engine):
         """``kind``: INPUT_FAULT for what the client must fix (the API answers 400)."""
         self._failed.append(StepOutput(request_id, finished=True, error=message,
                                        error_kind=kind))
+
+
+def _finish_together(batch: list[DenoiseJob]) -> Finish:
+    """The head of ``batch`` (oldest first) that would finish and decode with its oldest
+    job, sharing every call from here: at its step, of its latent shape (rows.py)."""
+    first = batch[0]
+    left, shape = first.steps - first.step, tuple(first.latents.shape[1:])
+    rows = []
+    for job in batch:
+        if job.steps - job.step != left or tuple(job.latents.shape[1:]) != shape:
+            break
+        rows.append((rows[-1] if rows else 0) + job.rows)
+    return Finish(shape, left, tuple(rows))
 
 
 def stage_engine(spec: EngineSpec) -> DiffusionEngine:

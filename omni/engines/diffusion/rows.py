@@ -21,12 +21,17 @@ one down). Given the jobs that could share the next call, oldest first, it runs:
 ``min_gain`` 0 turns the measuring off: every call takes all it can (up to max_batch_rows).
 Sizes that run after the choice keep being timed; a size not chosen keeps its old times.
 
-It weighs the transformer call only. Requests that share calls also finish together and
-share one decode call, which it does not count: on the dev VM a tiny image fixture at
-512x512 gained 7 % from 4 rows a transformer call (so they ran one at a time) but 25 % from
-4 images a VAE decode, and sharing everything made 31 % more steps/s end to end (its p50
-was 17 % higher, 1.45 vs 1.24 s; one run). How much a shared decode weighs for
-real-size models on a GPU was not measured.
+Requests that share every call finish in the same step and share one decode call (the
+engine decodes equal latent shapes together), and a decode of several requests can pay
+where their transformer call does not: on the dev VM a tiny image fixture at 512x512 gained
+7 % from 4 rows a transformer call but 25 % from 4 images a VAE decode. So when the
+candidates at the head of the queue are at the same step (a burst), the engine also says
+which of them would finish together (``Finish``), and a prefix of those pays if its rows per
+second with the decode's time spread over the steps left, ``rows / (call + decode / steps
+left)``, beat the lone request's the same way by ``min_gain``. A decode of that many
+requests not yet timed twice (with the lone decode timed) is explored by sharing them to the
+end, unless a decode of more of them was already timed. Where the candidates are at
+different steps they finish apart whatever runs, and only the transformer counts.
 
 Device time: CUDA events around the call, read when they have completed (never waiting on
 the device); on the CPU, the wall time of the call (it is synchronous).
@@ -37,6 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,6 +54,17 @@ KEPT = 8  # times kept per (key, rows)
 TIMED = 2  # times needed before a size counts as measured
 RECHECK_EVERY = 256  # calls run alone before one is shared again, to re-time it
 MAX_SIZES = 256  # (key, rows) pairs kept: a server sees as many shapes as clients ask for
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The head of the queue that would finish in one step, sharing every call from here:
+    ``rows`` are the cumulative decode rows (images) of its first 1, 2, ... jobs, all at the
+    oldest's step and of one latent shape (``key``); ``steps_left`` the oldest's steps."""
+
+    key: Any
+    steps_left: int
+    rows: tuple[int, ...]
 
 
 class RowPolicy:
@@ -65,9 +82,10 @@ class RowPolicy:
     def measuring(self) -> bool:
         return self.min_gain > 0
 
-    def jobs_to_run(self, key: Any, sizes: list[int]) -> int:
+    def jobs_to_run(self, key: Any, sizes: list[int], finish: Finish | None = None) -> int:
         """How many of the candidate jobs run: ``sizes`` are the cumulative rows of the
-        first 1, 2, ... jobs, oldest first (the caller already cut them at max_batch_rows)."""
+        first 1, 2, ... jobs, oldest first (the caller already cut them at max_batch_rows);
+        ``finish``: those of them that would finish together (module docstring)."""
         if not self.measuring or len(sizes) == 1:
             return len(sizes)
         self._harvest()
@@ -77,12 +95,44 @@ class RowPolicy:
         if self.seconds(key, sizes[-1]) is None and not self._larger_fails(key, sizes[-1], lone,
                                                                          sizes[0]):
             return len(sizes)
+        finish = finish if finish is not None and len(finish.rows) > 1 else None
         best = 1
         for count, rows in enumerate(sizes[1:], start=2):
-            if self._pays(key, rows, lone, sizes[0]):
+            if self._pays(key, rows, lone, sizes[0]) or self._pays_decoded(
+                    key, sizes, count, lone, finish):
                 best = count
-        self._tell(key, sizes, best, lone)
+        if finish is not None and best < len(finish.rows) and self._explores_decode(finish):
+            return len(finish.rows)
+        self._tell(key, sizes, best, lone, finish)
         return self._recheck(key, best, len(sizes))
+
+    def _pays_decoded(self, key: Any, sizes: list[int], count: int, lone: float,
+                      finish: Finish | None) -> bool:
+        """The first ``count`` jobs finish together: their shared call and shared decode
+        (spread over the steps left) against the lone job's call and decode."""
+        if finish is None or count > len(finish.rows):
+            return False
+        took = self.seconds(key, sizes[count - 1])
+        decoded = self.seconds(_decode_key(finish.key), finish.rows[count - 1])
+        lone_decoded = self.seconds(_decode_key(finish.key), finish.rows[0])
+        if took is None or decoded is None or lone_decoded is None:
+            return False
+        steps = max(1, finish.steps_left)
+        return (sizes[count - 1] / (took + decoded / steps)
+                >= (1 + self.min_gain) * sizes[0] / (lone + lone_decoded / steps))
+
+    def _explores_decode(self, finish: Finish) -> bool:
+        """Whether to share the jobs that finish together to the end, to time their decode:
+        the lone decode is timed, theirs is not, and no decode of more rows was timed."""
+        key, rows = _decode_key(finish.key), finish.rows[-1]
+        if self.seconds(key, finish.rows[0]) is None or self.seconds(key, rows) is not None:
+            return False
+        return not any(k == key and r > rows and len(t) >= TIMED
+                       for (k, r), t in self._times.items())
+
+    def stop_decode(self, timer: Any, key: Any, rows: int) -> None:
+        """The decode that ``timer`` started decoded ``rows`` images of latent shape ``key``."""
+        self.stop(timer, _decode_key(key), rows)
 
     def _recheck(self, key: Any, best: int, count: int) -> int:
         """Every RECHECK_EVERY-th call that could have been shared and was not, share it
@@ -100,7 +150,8 @@ class RowPolicy:
         self._alone.pop(key, None)
         return count
 
-    def _tell(self, key: Any, sizes: list[int], best: int, lone: float) -> None:
+    def _tell(self, key: Any, sizes: list[int], best: int, lone: float,
+              finish: Finish | None = None) -> None:
         """Log when a shape's choice turns between sharing calls and one at a time, with
         the times it rests on (the operator's answer to "why are my requests queued?")."""
         key = _hashable(key)
@@ -114,10 +165,21 @@ class RowPolicy:
         took = self.seconds(key, rows)
         measured = "" if took is None else (
             f"; {rows} rows in {took * 1e3:.1f} ms = {rows / took:.1f} rows/s")
-        log.info("shape %s: %s (a lone call of %d rows in %.1f ms = %.1f rows/s%s; "
+        log.info("shape %s: %s (a lone call of %d rows in %.1f ms = %.1f rows/s%s%s; "
                  "batch_gain %.2f)", key, "requests share calls" if sharing
                  else "one request at a time", sizes[0], lone * 1e3, sizes[0] / lone,
-                 measured, self.min_gain)
+                 measured, self._told_decode(finish), self.min_gain)
+
+    def _told_decode(self, finish: Finish | None) -> str:
+        """The decode times a choice also rests on, for the log line."""
+        if finish is None:
+            return ""
+        key = _decode_key(finish.key)
+        lone, shared = self.seconds(key, finish.rows[0]), self.seconds(key, finish.rows[-1])
+        if lone is None or shared is None:
+            return ""
+        return (f"; decodes of {finish.rows[0]} and {finish.rows[-1]} images in "
+                f"{lone * 1e3:.1f} and {shared * 1e3:.1f} ms over {finish.steps_left} steps")
 
     def _pays(self, key: Any, rows: int, lone: float, lone_rows: int) -> bool:
         took = self.seconds(key, rows)
@@ -137,7 +199,8 @@ class RowPolicy:
         return min(times) if times is not None and len(times) >= TIMED else None
 
     def start(self) -> Any:
-        """A timer for the call about to run (None when not measuring)."""
+        """A timer for the call (transformer or decode) about to run (None when not
+        measuring)."""
         if not self.measuring:
             return None
         if self.cuda:
@@ -177,6 +240,10 @@ class RowPolicy:
             else:
                 still.append((key, rows, begin, end))
         self._pending = still[-64:]  # bounded if the device never catches up
+
+
+def _decode_key(key: Any) -> Any:
+    return ("decode", _hashable(key))
 
 
 def _hashable(key: Any) -> Any:
