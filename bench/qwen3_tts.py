@@ -97,8 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=100,
                         help="max_new_tokens: codec frames per request (100 = 8 s)")
     parser.add_argument("--sample", action="store_true", help="sample (the release default)")
-    parser.add_argument("--chunk-frames", type=int, default=25,
-                        help="the longest streamed chunk within a sentence (0: sentences whole)")
+    parser.add_argument("--chunk-frames", type=int, default=None,
+                        help="the longest streamed chunk within a sentence (0: sentences "
+                        "whole; default: the layout's preset, 50 for ar, 25 for fused)")
     parser.add_argument("--clone", action="store_true",
                         help="a Base release (--model, or the tiny Base fixture): requests "
                         "carry a reference clip to clone")
@@ -211,6 +212,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-qwen3-tts-"))
     yaml_path = work / "qwen3-tts.yaml"
     pipeline = PIPELINE if args.layout == "fused" else PIPELINE_AR
+    if args.chunk_frames is None:  # as the layout's preset streams
+        args.chunk_frames = 25 if args.layout == "fused" else 50
     yaml_path.write_text(pipeline.format(model_dir=model_dir, frames=args.frames,
                                          sample=str(args.sample).lower(), batch=max(levels),
                                          chunk=args.chunk_frames,

@@ -105,7 +105,9 @@
 #                                        # (default step,stream,stagger,whole,clone; ar: the
 #                                        # talker on the AR engine, c=1,8,64; arplain: the same,
 #                                        # the code2wav stage's calls unpadded (fixed_shapes
-#                                        # off; AR_BURSTS=2,2,2: bursts a level); spy with
+#                                        # off; AR_BURSTS=2,2,2: bursts a level); ar25: the
+#                                        # AR layout with the former 25-frame code2wav chunks
+#                                        # (the preset's are 50: run "ar,ar25"); spy with
 #                                        # SPY_LAYOUT=ar [SPY_C=N]
 #                                        # samples the AR talker; arstep: the AR talker's step
 #                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
@@ -287,6 +289,9 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # the same with the code2wav stage's calls unpadded (each new shape met while serving)
     qwen3tts_part arplain 150 "${TAG:-$card}-ar-plain" "${custom[@]}" --layout ar \
       --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
+    # the former 25-frame code2wav chunks (the preset streams 50), beside "ar" in one call
+    qwen3tts_part ar25 150 "${TAG:-$card}-ar-chunk25" "${custom[@]}" --layout ar \
+      --chunk-frames 25 --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
     # 64 staggered arrivals (continuous batching): late requests' first audio
     left=$(( ${CALL_S:-590} - $(date +%s) + t0 ))
     if [[ ,$parts, == *,stagger,* ]] && [ "$left" -gt 120 ]; then

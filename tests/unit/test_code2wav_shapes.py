@@ -28,7 +28,8 @@ torch.set_num_threads(1)
 
 
 def test_a_streams_windows_are_its_chunks_with_their_context():
-    assert stream_windows(4, 2, 25, 25) == [4, 12, 28, 50]  # Qwen3-TTS's preset
+    assert stream_windows(4, 2, 25, 25) == [4, 12, 28, 50]  # Qwen3-Omni's preset
+    assert stream_windows(4, 2, 50, 25) == [4, 12, 28, 57, 75]  # Qwen3-TTS's
     assert stream_windows(25, 2, 25, 25) == [25, 50]
     assert stream_windows(8, 1, 8, 0) == [8]
 
