@@ -40,9 +40,10 @@ class CachedMaskDecoder:
     stage's Python under load. Each row is one sequence, so the masks depend on the length
     alone and are the same without the packing check: built by transformers' own
     create_*_mask once per (length, dtype, device) and handed in as the dict the model
-    takes ("may already have been prepared"). The rest mirrors the decoder's forward
-    (qwen-tts 0.1.1, pinned); tests/http/test_qwen3_tts_gpu_paths.py checks the audio is
-    the decoder's own, bit for bit."""
+    takes ("may already have been prepared"). The rest mirrors the decoder's forward. Both
+    follow the qwen3-tts environment's pins (qwen-tts 0.1.1, transformers 4.57.3: the mask
+    builders' arguments are 4.57's); tests/http/test_qwen3_tts_gpu_paths.py checks the
+    audio is the decoder's own, bit for bit."""
 
     def __init__(self, decoder: Any) -> None:
         self.decoder = decoder
