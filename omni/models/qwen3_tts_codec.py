@@ -16,6 +16,7 @@ Runs in the ``qwen3-tts`` environment (``env: qwen3-tts``), like the talker.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import torch
 
 from omni.engines.base import EngineLoadError
 from omni.models.qwen3_omni import Code2WavRunner, _is_random
+
+log = logging.getLogger("omni.models.qwen3_tts")
 
 MASK_LENGTHS = 32  # lengths whose masks are kept: a stream's chunks take a few
 MASK_UPTO = 1024  # frames: a longer call (a whole sentence) builds its masks each time
@@ -51,6 +54,7 @@ class CachedMaskDecoder:
         self.total_upsample = decoder.total_upsample
         self._masks: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
         self.masks_built = 0
+        self.own_masks = False  # the builders refused our arguments: the model builds its own
 
     def parameters(self) -> Any:
         return self.decoder.parameters()
@@ -71,12 +75,23 @@ class CachedMaskDecoder:
             hidden = block(hidden)
         return hidden.clamp(min=-1, max=1)
 
-    def _masks_for(self, hidden: torch.Tensor) -> dict[str, Any]:
-        """The pre-transformer's masks for a call of hidden's length (B, T, width)."""
+    def _masks_for(self, hidden: torch.Tensor) -> dict[str, Any] | None:
+        """The pre-transformer's masks for a call of hidden's length (B, T, width); None:
+        the model builds them itself (another transformers than the pinned one)."""
+        if self.own_masks:
+            return None
         key = (hidden.shape[1], hidden.dtype, hidden.device)
         masks = self._masks.get(key)
         if masks is None:
-            masks = self._build_masks(hidden[:1])
+            try:
+                masks = self._build_masks(hidden[:1])
+            except TypeError as e:  # the builders' arguments changed (transformers 5.x)
+                log.warning("Qwen3-TTS Code2Wav: cannot build its attention masks once per "
+                            "length (%s); the model builds them on every call, which is "
+                            "slower: rebuild the qwen3-tts environment from its pins "
+                            "(scripts/install_qwen3_tts_env.sh)", e)
+                self.own_masks = True
+                return None
             if key[0] <= MASK_UPTO:
                 self._masks[key] = masks
                 while len(self._masks) > MASK_LENGTHS:

@@ -96,7 +96,15 @@ with torch.inference_mode():
         diffs.append(float((theirs - ours).abs().max()))
         peaks.append(float(theirs.abs().max()))
         built.append(cached.masks_built)
-print(json.dumps({"diffs": diffs, "peaks": peaks, "built": built, "window": window}))
+    # mask builders that refuse these arguments (another transformers): the model's own
+    refused = CachedMaskDecoder(decoder)
+    def refuse(embeds):
+        raise TypeError("unexpected keyword argument 'input_embeds'")
+    refused._build_masks = refuse
+    codes = torch.randint(0, 64, (2, groups, window + 5))
+    fallback = float((refused(codes) - decoder(codes)).abs().max())
+print(json.dumps({"diffs": diffs, "peaks": peaks, "built": built, "window": window,
+                  "fallback": fallback, "own_masks": refused.own_masks}))
 """
 
 
@@ -144,9 +152,12 @@ def test_the_decoder_with_cached_masks_is_the_decoders_own(release):
     """Qwen3-TTS's Code2Wav decoder with its pre-transformer's masks built once per length
     (omni/models/qwen3_tts_codec.py CachedMaskDecoder): the same audio, bit for bit, as
     the decoder's own forward, for lengths within and beyond its sliding window, and a
-    length met again (with other rows) builds no new masks."""
+    length met again (with other rows) builds no new masks; builders that refuse its
+    arguments leave the masks to the model."""
     got = _run(MASKS, str(release))
     assert got["window"] + 5 < 50
     assert min(got["peaks"][1:]) > 0.01  # not silence
     assert got["diffs"] == [0.0] * 5
     assert got["built"] == [1, 2, 3, 4, 4]  # the fifth call's length was met by the third
+    # where the mask builders refuse its arguments it falls back to the model's own masks
+    assert got["own_masks"] and got["fallback"] == 0.0
