@@ -49,13 +49,7 @@ def capture_prefill(talker: torch.nn.Module, call: Callable[[], Any]) -> dict[st
         raise _Prefill(kwargs)
 
     handle = talker.register_forward_pre_hook(stop, with_kwargs=True)
-    try:
-        call()
-    except _Prefill as prefill:
-        return prefill.args[0]
-    finally:
-        handle.remove()
-    raise RuntimeError("qwen-tts's generate returned without running the talker")
+    return _until_stopped(call, handle.remove)
 
 
 def capture_talker_inputs(talker: torch.nn.Module, call: Callable[[], Any]) -> dict[str, Any]:
@@ -69,13 +63,19 @@ def capture_talker_inputs(talker: torch.nn.Module, call: Callable[[], Any]) -> d
         raise _Prefill(kwargs)
 
     talker.generate = stop  # the instance's attribute, over GenerationMixin's method
+    return _until_stopped(call, lambda: delattr(talker, "generate"))
+
+
+def _until_stopped(call: Callable[[], Any], undo: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``call`` until a hook stops it with _Prefill; its keyword arguments. ``undo``
+    removes the hook whatever happens."""
     try:
         call()
     except _Prefill as prefill:
         return prefill.args[0]
     finally:
-        del talker.generate
-    raise RuntimeError("qwen-tts's generate returned without calling the talker")
+        undo()
+    raise RuntimeError("qwen-tts's generate returned without running the talker")
 
 
 def chunk_codes(row: Row) -> tuple[torch.Tensor, int]:

@@ -229,7 +229,8 @@ class DiffusionEngine(Engine):
             batch.append(job)
             rows += job.model_rows
         sizes = list(accumulate(j.model_rows for j in batch))
-        return batch[:self.rows.jobs_to_run(key, sizes, _finish_together(batch))]
+        finish = _finish_together(batch) if self.rows.measuring and len(batch) > 1 else None
+        return batch[:self.rows.jobs_to_run(key, sizes, finish)]
 
     def _denoise(self, batch: list[DenoiseJob]) -> list[StepOutput]:
         run = [job for job in batch if not self._reuses_output(job)]

@@ -127,8 +127,7 @@ class RowPolicy:
         key, rows = _decode_key(finish.key), finish.rows[-1]
         if self.seconds(key, finish.rows[0]) is None or self.seconds(key, rows) is not None:
             return False
-        return not any(k == key and r > rows and len(t) >= TIMED
-                       for (k, r), t in self._times.items())
+        return not self._timed_above(key, rows)
 
     def stop_decode(self, timer: Any, key: Any, rows: int) -> None:
         """The decode that ``timer`` started decoded ``rows`` images of latent shape ``key``."""
@@ -188,10 +187,12 @@ class RowPolicy:
     def _larger_fails(self, key: Any, rows: int, lone: float, lone_rows: int) -> bool:
         """A measured call of more rows did not pay: fewer are not explored (a call's
         throughput does not fall as it grows)."""
+        return any(not self._pays(key, r, lone, lone_rows) for r in self._timed_above(key, rows))
+
+    def _timed_above(self, key: Any, rows: int) -> list[int]:
+        """The row counts above ``rows`` timed (twice) for ``key``."""
         key = _hashable(key)
-        return any(k == key and r > rows and len(t) >= TIMED
-                   and not self._pays(key, r, lone, lone_rows)
-                   for (k, r), t in self._times.items())
+        return [r for (k, r), t in self._times.items() if k == key and r > rows and len(t) >= TIMED]
 
     def seconds(self, key: Any, rows: int) -> float | None:
         """The fastest kept time of a call of ``rows`` rows of ``key``, once timed twice."""
