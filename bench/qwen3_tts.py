@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", action="store_true", help="sample (the release default)")
     parser.add_argument("--chunk-frames", type=int, default=None,
                         help="the longest streamed chunk within a sentence (0: sentences "
-                        "whole; default: the layout's preset, 50 for ar, 25 for fused)")
+                        "whole; default: the layout's preset's, preset_chunk_frames)")
     parser.add_argument("--clone", action="store_true",
                         help="a Base release (--model, or the tiny Base fixture): requests "
                         "carry a reference clip to clone")
@@ -197,6 +197,19 @@ def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, A
             "audio_s_per_request": audio / (c * bursts)}
 
 
+def preset_chunk_frames(layout: str) -> int:
+    """The chunk_frames a layout's preset streams: the AR preset's code2wav stage option,
+    the one-stage runner's default (read from there, so the bench follows them)."""
+    if layout == "fused":
+        from omni.models.qwen3_tts import DEFAULT_CHUNK_FRAMES
+
+        return DEFAULT_CHUNK_FRAMES
+    from omni.config.presets import load_pipeline
+
+    stages = {stage.name: stage for stage in load_pipeline("qwen3_tts_ar").stages}
+    return int(stages["code2wav"].options["chunk_frames"])
+
+
 def _yaml_options(pairs: list[str]) -> str:
     """KEY=VALUE pairs as more entries of a YAML flow mapping."""
     return "".join(", " + pair.replace("=", ": ", 1) for pair in pairs)
@@ -213,7 +226,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     yaml_path = work / "qwen3-tts.yaml"
     pipeline = PIPELINE if args.layout == "fused" else PIPELINE_AR
     if args.chunk_frames is None:  # as the layout's preset streams
-        args.chunk_frames = 25 if args.layout == "fused" else 50
+        args.chunk_frames = preset_chunk_frames(args.layout)
     yaml_path.write_text(pipeline.format(model_dir=model_dir, frames=args.frames,
                                          sample=str(args.sample).lower(), batch=max(levels),
                                          chunk=args.chunk_frames,

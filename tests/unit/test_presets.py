@@ -78,6 +78,21 @@ def test_a_qwen3_tts_release_gets_the_ar_talker_and_code2wav(tmp_path, tts_type,
     assert pipeline.modalities == ("audio",)
 
 
+
+def test_bench_qwen3_tts_streams_chunks_as_each_layouts_preset(preset_envs):
+    """bench qwen3_tts's default chunk_frames is read from the layouts themselves: the AR
+    preset's code2wav option (read here from the file) and the one-stage runner's default."""
+    import yaml
+
+    from bench.qwen3_tts import preset_chunk_frames
+    from omni.models.qwen3_tts import DEFAULT_CHUNK_FRAMES
+
+    raw = yaml.safe_load(preset_path("qwen3_tts_ar").read_text())
+    code2wav = next(s for s in raw["stages"] if s["name"] == "code2wav")
+    assert preset_chunk_frames("ar") == code2wav["options"]["chunk_frames"]
+    assert preset_chunk_frames("fused") == DEFAULT_CHUNK_FRAMES
+
+
 # issue #40's families: tiny fixture (tests' `models`) -> the preset its directory picks,
 # and the family its /v1/models entry names (config.json's model_type or model_index.json's
 # pipeline class, as docs/models.md lists them)
