@@ -248,3 +248,35 @@ async def metric_sums(session: Any, url: str, names: dict[str, str]) -> dict[str
         if key is not None:
             sums[key] = sum(sample.value for sample in family.samples)
     return sums
+
+
+async def stage_step_totals(url: str) -> dict[str, tuple[float, float]]:
+    """Per stage, the server's engine steps so far as (count, seconds), from /metrics'
+    omni_engine_step_seconds: a level's mean step is the difference of two readings."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "omni_engine_step_seconds":
+            continue
+        for sample in family.samples:
+            slot = {"omni_engine_step_seconds_count": 0,
+                    "omni_engine_step_seconds_sum": 1}.get(sample.name)
+            if slot is not None:
+                totals.setdefault(sample.labels["stage"], [0.0, 0.0])[slot] += sample.value
+    return {stage: (count, seconds) for stage, (count, seconds) in totals.items()}
+
+
+def step_means(before: dict[str, tuple[float, float]],
+               after: dict[str, tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Per stage, the steps between two stage_step_totals readings and their mean in ms."""
+    means = {}
+    for stage, (count, seconds) in after.items():
+        count0, seconds0 = before.get(stage, (0.0, 0.0))
+        if count > count0:
+            means[stage] = {"steps": count - count0,
+                            "mean_ms": 1000 * (seconds - seconds0) / (count - count0)}
+    return means

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import hardware, percentile, say
+from bench.common import hardware, percentile, say, stage_step_totals, step_means
 
 DESCRIPTION = """\
 `python -m omni.server` with one Qwen3-TTS stage (fused layout: talker + code predictor +
@@ -188,13 +188,18 @@ async def _burst(port: int, c: int, extra: dict[str, str]) -> dict[str, Any]:
 
 
 def _level(port: int, c: int, bursts: int, extra: dict[str, str]) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}"
+    before = asyncio.run(stage_step_totals(url))
     runs = [asyncio.run(_burst(port, c, extra)) for _ in range(bursts)]
+    # each stage's engine steps in the level (busy time = steps x mean): which stage binds
+    steps = step_means(before, asyncio.run(stage_step_totals(url)))
     audio = sum(sum(r["audio_s"]) for r in runs)
     ttfp = sorted(t for r in runs for t in r["ttfp_s"])
     wall = sum(r["wall_s"] for r in runs)
     return {"concurrency": c, "bursts": bursts, "audio_s_per_s": audio / wall,
             "ttfp_p50_s": percentile(ttfp, 0.5), "ttfp_p90_s": percentile(ttfp, 0.9),
-            "audio_s_per_request": audio / (c * bursts)}
+            "audio_s_per_request": audio / (c * bursts), "wall_s": wall,
+            "stage_steps": steps}
 
 
 def preset_chunk_frames(layout: str) -> int:
@@ -241,7 +246,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             rows.append(_level(port, c, b, extra))
             say(f"[qwen3_tts] c={c}: {rows[-1]['audio_s_per_s']:.2f} audio-s/s, TTFP p50 "
                 f"{rows[-1]['ttfp_p50_s']:.3f} s, {rows[-1]['audio_s_per_request']:.2f} "
-                "audio-s per request")
+                "audio-s per request; steps " + ", ".join(
+                    f"{stage} {v['steps']:.0f} x {v['mean_ms']:.1f} ms"
+                    for stage, v in rows[-1]["stage_steps"].items()))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -107,9 +107,15 @@
 #                                        # the code2wav stage's calls unpadded (fixed_shapes
 #                                        # off; AR_BURSTS=2,2,2: bursts a level); ar25: the
 #                                        # AR layout with the former 25-frame code2wav chunks
-#                                        # (the preset's are 50: run "ar,ar25"); spy with
+#                                        # (the preset's are 50: run "ar,ar25"); arwhole:
+#                                        # the AR layout, each request decoded once after its
+#                                        # last frame (the talker's steps alone on the GPU;
+#                                        # each level's steps a stage are in the report); spy with
 #                                        # SPY_LAYOUT=ar [SPY_C=N]
-#                                        # samples the AR talker; arstep: the AR talker's step
+#                                        # samples the AR talker; decoder: the Code2Wav
+#                                        # decoder alone, eager vs fused SnakeBeta vs a
+#                                        # compiled conv stack (bench/probes/
+#                                        # qwen3_tts_decoder.py); arstep: the AR talker's step
 #                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
 #                                        # its greedy codes vs qwen-tts's, float32, tiny release,
 #                                        # bench/probes/qwen3_tts_ar_equal.py): step: where
@@ -255,6 +261,12 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
         --device cuda 2>&1 | tee "$OUT/qwen3-tts-ar-equal.log" | grep -E "qwen3_tts_ar_equal|Error"
       say "arequal done"
     fi
+    # the Code2Wav decoder alone: eager vs fused SnakeBeta vs a compiled conv stack
+    if [[ ,$parts, == *,decoder,* ]]; then
+      timeout 300 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_decoder.py \
+        --batch 8,64 --frames 28,75 2>&1 | tee "$OUT/qwen3-tts-decoder.md" | grep -E "^\||fused|Error"
+      say "decoder done"
+    fi
     # the AR talker's decode step in-process: the code predictor vs the rest
     if [[ ,$parts, == *,arstep,* ]]; then
       model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
@@ -286,6 +298,11 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # the talker on the AR engine (paged KV, decode graphs) -> a code2wav stage
     qwen3tts_part ar 150 "${TAG:-$card}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
       --bursts "${AR_BURSTS:-2,1,1}"
+    # the same with each request's audio decoded once, after its last frame: the talker's
+    # served steps without the code2wav stage's decodes beside them on the GPU
+    qwen3tts_part arwhole 150 "${TAG:-$card}-ar-whole" "${custom[@]}" --layout ar \
+      --chunk-frames 100 --code2wav-option first_chunk_frames=100 --concurrency 1,8,64 \
+      --bursts "${AR_BURSTS:-2,1,1}"
     # the same with the code2wav stage's calls unpadded (each new shape met while serving)
     qwen3tts_part arplain 150 "${TAG:-$card}-ar-plain" "${custom[@]}" --layout ar \
       --code2wav-option fixed_shapes=false --concurrency 1,8,64 --bursts "${AR_BURSTS:-2,1,1}"
@@ -309,29 +326,33 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/tools/py_spy-*.whl \
         || say "spy: no py-spy wheel in .whl/tools (fetch set tools)"
       spylog="$OUT/qwen3-tts-spy-server.log"
-      # SPY_LAYOUT=ar: the AR talker's engine process (SPY_C: the burst size, default 8)
-      spy_stage=tts; spy_args=()
-      [ "${SPY_LAYOUT:-fused}" = ar ] && spy_stage=talker && spy_args=(--layout ar)
+      # SPY_LAYOUT=ar: the AR talker's engine process (SPY_C: the burst size, default 8);
+      # SPY_STAGES="talker code2wav": one recorder per stage, qwen3-tts-spy-STAGE.txt each
+      spy_stages=${SPY_STAGES:-tts}; spy_args=()
+      [ "${SPY_LAYOUT:-fused}" = ar ] && spy_stages=${SPY_STAGES:-talker} && spy_args=(--layout ar)
       rm -f /tmp/spy.started
-      (
-        pid=""
-        for _ in $(seq 600); do
-          pid=$(grep -oE "replica $spy_stage/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
-          [ -n "$pid" ] && break; sleep 0.5
-        done
-        [ -n "$pid" ] || exit 0
-        sleep 15  # past the warm-up request: into the c=8 bursts
-        touch /tmp/spy.started
-        exec /tmp/spy/bin/py-spy record --pid "$pid" --duration 30 --rate 100 --idle \
-          --format raw -o "$OUT/qwen3-tts-spy.txt" > /tmp/spy.log 2>&1
-      ) &
-      spy=$!
+      spy_pids=()
+      for spy_stage in $spy_stages; do
+        (
+          pid=""
+          for _ in $(seq 600); do
+            pid=$(grep -oE "replica $spy_stage/0 ready \(pid [0-9]+" "$spylog" 2>/dev/null | grep -oE "[0-9]+$")
+            [ -n "$pid" ] && break; sleep 0.5
+          done
+          [ -n "$pid" ] || exit 0
+          sleep "${SPY_WAIT:-15}"  # past the warm-up request: into the bursts
+          touch /tmp/spy.started
+          exec /tmp/spy/bin/py-spy record --pid "$pid" --duration 30 --rate 100 --idle \
+            --format raw -o "$OUT/qwen3-tts-spy-$spy_stage.txt" > "/tmp/spy-$spy_stage.log" 2>&1
+        ) &
+        spy_pids+=($!)
+      done
       qwen3tts_part spy 150 spy "${custom[@]}" "${spy_args[@]}" --concurrency "${SPY_C:-8}" \
-        --bursts 3
+        --bursts "${SPY_BURSTS:-3}"
       # the bench is over: a waiter still looking for the engine stops here, so a server
       # that never started costs no wait; a running py-spy ends with the engine by itself
-      [ -e /tmp/spy.started ] || kill "$spy" 2>/dev/null
-      wait "$spy" 2>/dev/null; tail -3 /tmp/spy.log 2>/dev/null
+      [ -e /tmp/spy.started ] || kill "${spy_pids[@]}" 2>/dev/null
+      wait "${spy_pids[@]}" 2>/dev/null; tail -n 3 /tmp/spy-*.log 2>/dev/null
     fi
     # voice clone (Base, every request with one reference clip)
     qwen3tts_part clone 140 "${TAG:-$card}-clone" --clone "${base[@]}" --concurrency 1,8 --bursts 1,1

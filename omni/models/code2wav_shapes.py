@@ -34,16 +34,18 @@ from omni.engines.base import streamed_chunk_frames
 log = logging.getLogger(__name__)
 
 
-def stream_windows(first: int, growth: int, chunk: int, left_context: int) -> list[int]:
+def stream_windows(first: int, growth: int, chunk: int, left_context: int) -> dict[int, int]:
     """The frames (context + new) of a streamed request's chunks, in order, until they
-    repeat: e.g. first 4, growth 2, chunk 25, context 25 -> [4, 12, 28, 50]."""
-    windows, done, index = [], 0, 0
+    repeat, each with its context frames: e.g. first 4, growth 2, chunk 25, context 25 ->
+    {4: 0, 12: 4, 28: 12, 50: 25}."""
+    windows: dict[int, int] = {}
+    done, index = 0, 0
     while True:
         size = streamed_chunk_frames(first, growth, chunk, index)
-        window = min(left_context, done) + size
-        if window in windows:
+        context = min(left_context, done)
+        if context + size in windows:
             return windows
-        windows.append(window)
+        windows[context + size] = context
         done, index = done + size, index + 1
 
 
@@ -104,12 +106,14 @@ def decode_padded(decode: Callable[[torch.Tensor], torch.Tensor], batch: torch.T
     return decode(padded)[:rows, :samples(frames)]
 
 
-def warm(decode: Callable[[torch.Tensor], torch.Tensor], shapes: CallShapes,
-         quantizers: int) -> int:
-    """One call of each of ``shapes.warm_shapes()``; returns how many."""
+def warm(decode: Callable[[torch.Tensor, list[int]], Any], shapes: CallShapes,
+         quantizers: int, contexts: dict[int, int]) -> int:
+    """One call of each of ``shapes.warm_shapes()``, each row with its window's context
+    frames (the shapes a decoder's trimmed conv stack meets too); returns how many."""
     calls = shapes.warm_shapes()
     for rows, frames in calls:
-        decode(torch.zeros(rows, quantizers, frames, dtype=torch.long))
+        decode(torch.zeros(rows, quantizers, frames, dtype=torch.long),
+               [contexts.get(frames, 0)] * rows)
     return len(calls)
 
 
@@ -117,11 +121,13 @@ def prepare_shapes(runner: Any, max_rows: int, max_frames: int) -> CallShapes:
     """The CallShapes of a Code2WavRunner (omni/models/qwen3_omni.py) within the engine's
     limits per call, every streamed shape decoded once."""
     c2w = runner.c2w
-    shapes = CallShapes(tuple(stream_windows(runner.first_chunk_frames, runner.chunk_growth,
-                                             runner.chunk_frames, runner.left_context)),
-                        causal=c2w.tail_samples == 0, max_rows=max_rows, max_frames=max_frames)
+    contexts = stream_windows(runner.first_chunk_frames, runner.chunk_growth,
+                              runner.chunk_frames, runner.left_context)
+    shapes = CallShapes(tuple(contexts), causal=c2w.tail_samples == 0, max_rows=max_rows,
+                        max_frames=max_frames)
     started = time.monotonic()
-    calls = warm(c2w.decode, shapes, c2w.num_quantizers)
+    calls = warm(lambda batch, ctx: runner.decode_rows(batch, ctx, None), shapes,
+                 c2w.num_quantizers, contexts)
     log.info("code2wav: calls padded to %d shapes (windows %s frames%s), each decoded once "
              "in %.1f s", calls, list(shapes.windows),
              "" if shapes.causal else ", rows only: the decoder looks ahead",

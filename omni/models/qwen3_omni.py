@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,13 @@ import torch
 from omni.engines.base import EngineLoadError, flag_option
 from omni.fixtures.release_files import FIXTURE_MARKER
 from omni.models.code2wav_shapes import CallShapes, decode_padded, prepare_shapes
+from omni.models.code2wav_stack import (
+    conv_stack,
+    conv_stack_frames,
+    max_input_index,
+    min_input_index,
+    run_conv_stack,
+)
 
 # Not in the config: Qwen3-Omni's codec runs at 12.5 frames/s and the vocoder emits 24 kHz
 # (models.md 2a, from OpenVINO's Qwen3-Omni docs); 1920 samples/frame * 12.5 = 24000.
@@ -37,54 +45,6 @@ SAMPLE_RATE = 24000
 CODE2WAV_PREFIX = "code2wav."
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def _conv_stack(module) -> list[tuple[str, Any]]:
-    """The layers after the transformer, in forward order, as ("causal", conv),
-    ("trans", conv) or ("res", unit) entries; pointwise layers are skipped."""
-    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
-
-    out: list[tuple[str, Any]] = []
-
-    def walk(mod) -> None:
-        if isinstance(mod, m.Qwen3OmniMoeCausalConvNet):
-            out.append(("causal", mod))
-        elif isinstance(mod, m.Qwen3OmniMoeCausalTransConvNet):
-            out.append(("trans", mod))
-        elif isinstance(mod, m.Qwen3OmniMoeCode2WavDecoderResidualUnit):
-            out.append(("res", mod))
-        else:
-            for child in mod.children():
-                walk(child)
-
-    for blocks in module.upsample:
-        for block in blocks:
-            walk(block)
-    for block in module.decoder:
-        walk(block)
-    return out
-
-
-def _min_input_index(stack: list[tuple[str, Any]], j: int) -> int:
-    """Smallest input (frame-rate) index that output sample j of the conv stack reads."""
-    for kind, mod in reversed(stack):
-        if kind == "causal":  # stride 1, left pad kernel-1: out[j] reads in[j-k+1 .. j]
-            assert mod.stride == 1
-            j -= mod.kernel_size - 1
-        elif kind == "res":  # x + conv2(conv1(x)), conv2 is 1x1
-            j -= mod.conv1.kernel_size - 1
-        else:  # ConvTranspose(K, s) with the first K-s outputs trimmed
-            k, s = mod.conv.kernel_size[0], mod.conv.stride[0]
-            j = (j + mod.left_pad - k) // s + 1
-    return j
-
-
-def _max_input_index(stack: list[tuple[str, Any]], j: int) -> int:
-    """Largest input index that output sample j reads (the decoder's look-ahead)."""
-    for kind, mod in reversed(stack):
-        if kind == "trans":  # full[n] reads in[i] with i*s <= n
-            j = (j + mod.left_pad) // mod.conv.stride[0]
-    return j
 
 
 @dataclass
@@ -103,6 +63,7 @@ class Code2Wav:
     sample_rate: int = field(init=False, default=SAMPLE_RATE)
     receptive_field_frames: int = field(init=False)
     tail_samples: int = field(init=False)
+    stack_context_frames: int = field(init=False)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -121,10 +82,10 @@ class Code2Wav:
         # exact streaming would need 46 s of context, so streaming uses a shorter one
         # (chunked_decode's default is 25) and is approximate. The bound is strict; on the
         # tiny fixture (1 layer: 71 + 10 = 81) 75 frames already match to float noise.
-        stack = _conv_stack(self.module)
+        stack = conv_stack(self.module)
         t = 10_000
         spf = self.samples_per_frame
-        conv_frames = t - _min_input_index(stack, t * spf)
+        conv_frames = conv_stack_frames(self.module, spf)
         attn = sum(int(c.sliding_window) - 1 for kind in c.layer_types
                    if kind == "sliding_attention")
         if any(kind != "sliding_attention" for kind in c.layer_types):
@@ -132,20 +93,31 @@ class Code2Wav:
         self.receptive_field_frames = attn + conv_frames
         # samples a T-frame decode is short of T*spf (the look-ahead trimmed at the end)
         last = t * spf - 1
-        while _max_input_index(stack, last) >= t:
+        while max_input_index(stack, last) >= t:
             last -= 1
         self.tail_samples = t * spf - 1 - last
+        # the conv stack's reach before the first sample a chunk keeps (context_start)
+        self.stack_context_frames = t - min_input_index(stack, t * spf - self.tail_samples)
 
     def output_samples(self, frames: int) -> int:
         """Samples `decode` returns for `frames` frames."""
         return max(0, frames * self.samples_per_frame - self.tail_samples)
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes (B, NQ, T) int64 -> (B, T*samples_per_frame - tail_samples) float32 in [-1, 1]."""
+    def decode(self, codes: torch.Tensor, skip_frames: int = 0) -> torch.Tensor:
+        """codes (B, NQ, T) int64 -> (B, (T - skip_frames)*samples_per_frame - tail_samples)
+        float32 in [-1, 1]: the conv stack starts skip_frames in (exact for the samples
+        stack_context_frames after that; the pre-transformer reads every frame)."""
         if codes.dim() != 3 or codes.shape[1] != self.num_quantizers:
             raise ValueError(f"codes must be (B, {self.num_quantizers}, T), got {tuple(codes.shape)}")
+        m = self.module
         with torch.inference_mode():
-            wav = self.module(codes.to(self.device, torch.long))
+            codes = codes.to(self.device, torch.long)
+            if not skip_frames:
+                return m(codes)[:, 0].float()
+            # the module's forward, its conv stack over the frames from skip_frames on
+            hidden = m.code_embedding(codes + m.code_offset).mean(1)
+            hidden = m.pre_transformer(inputs_embeds=hidden).last_hidden_state
+            wav = run_conv_stack(m, hidden.permute(0, 2, 1)[..., skip_frames:])
         return wav[:, 0].float()
 
     def decode_chunk(self, codes: torch.Tensor, left_context: int) -> torch.Tensor:
@@ -286,7 +258,8 @@ class Code2WavRunner:
     input_key = "codes"
     FIXED_SHAPES_ON_GPU = False  # unmeasured on this decoder (Qwen3-TTS's: qwen3_tts_codec)
     OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
-                         "complete_chunk_frames", "left_context", "fixed_shapes"})
+                         "complete_chunk_frames", "left_context", "fixed_shapes",
+                         "trim_stack"})
 
     def __init__(self, code2wav: Code2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -311,6 +284,8 @@ class Code2WavRunner:
         self.fixed_shapes = flag_option(opts, "fixed_shapes", self.FIXED_SHAPES_ON_GPU
                                         and self.device.type == "cuda")
         self.shapes: CallShapes | None = None
+        # trim_stack: the conv stack over the frames kept + its reach only (stack_skip)
+        self.trim_stack = flag_option(opts, "trim_stack", True)
 
     def prepare_calls(self, max_rows: int, max_frames: int) -> bool:
         """The engine's limits per call: with fixed_shapes, calls padded to a few shapes,
@@ -360,11 +335,31 @@ class Code2WavRunner:
 
     def run(self, batch: torch.Tensor, contexts: list[int]) -> list[torch.Tensor]:
         """batch (B, NQ, T) -> per row the float32 samples after its left context."""
-        if self.shapes is None:
-            wav = self.c2w.decode(batch).cpu()
+        return self.decode_rows(batch, contexts, self.shapes)
+
+    def decode_rows(self, batch: torch.Tensor, contexts: list[int],
+                    shapes: CallShapes | None) -> list[torch.Tensor]:
+        """run's decode, padded to shapes' when given; the decoder's conv stack skips the
+        leading frames no kept sample reads (stack_skip)."""
+        skip = self.stack_skip(contexts)
+        decode = self.c2w.decode if not skip else partial(self.c2w.decode, skip_frames=skip)
+        cut = skip * self.c2w.samples_per_frame  # the samples the skipped frames would give
+        if shapes is None:
+            wav = decode(batch).cpu()
         else:
-            wav = decode_padded(self.c2w.decode, batch, self.shapes, self.c2w.output_samples).cpu()
-        return [wav[i, self.c2w.context_start(c):] for i, c in enumerate(contexts)]
+            wav = decode_padded(decode, batch, shapes,
+                                lambda frames: self.c2w.output_samples(frames) - cut).cpu()
+        return [wav[i, self.c2w.context_start(c) - cut:] for i, c in enumerate(contexts)]
+
+    def stack_skip(self, contexts: list[int]) -> int:
+        """Leading frames of a call its decoder's conv stack leaves out: each row keeps
+        the stack's reach (stack_context_frames, 10 in both releases) of its left context
+        there. The pre-transformer still reads the whole context (25 frames), but the conv
+        stack, at up to 24 k samples a second and the decode's cost, runs over chunk + 10
+        frames instead of chunk + 25, with the same samples out."""
+        if not self.trim_stack or not contexts:
+            return 0
+        return max(0, min(contexts) - self.c2w.stack_context_frames)
 
     def pack(self, wav: torch.Tensor) -> dict[str, Any]:
         """One chunk's output fields: the float32 samples (a tensor: the engine process

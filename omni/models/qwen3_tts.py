@@ -83,7 +83,7 @@ SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values serv
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _torch_dtype(dtype: str | None, device: str) -> torch.dtype:
+def stage_torch_dtype(dtype: str | None, device: str) -> torch.dtype:
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if dtype not in _DTYPES:
@@ -101,7 +101,7 @@ def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -
                               "transformers 4.57.3: run the stage in its environment (env: "
                               "qwen3-tts; bash scripts/install_qwen3_tts_env.sh)") from e
     try:
-        tts = Qwen3TTSModel.from_pretrained(str(model_dir), dtype=_torch_dtype(dtype, device))
+        tts = Qwen3TTSModel.from_pretrained(str(model_dir), dtype=stage_torch_dtype(dtype, device))
     except (OSError, ValueError, TypeError) as e:
         raise EngineLoadError(f"qwen3_tts: cannot load {model_dir}: {e}") from e
     tts.model.to(device).eval()

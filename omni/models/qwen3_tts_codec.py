@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
+from omni.models.code2wav_stack import conv_stack_frames, run_conv_stack
 from omni.models.qwen3_omni import Code2WavRunner, _is_random
 
 log = logging.getLogger("omni.models.qwen3_tts")
@@ -59,7 +60,9 @@ class CachedMaskDecoder:
     def parameters(self) -> Any:
         return self.decoder.parameters()
 
-    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+    def __call__(self, codes: torch.Tensor, skip_frames: int = 0) -> torch.Tensor:
+        """codes (B, groups, T) -> audio (B, 1, (T - skip_frames) * 1920): the conv stack
+        starts skip_frames in (see Qwen3TTSCode2Wav.stack_context_frames)."""
         dec = self.decoder
         if codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"Expected {self.config.num_quantizers} layer of codes, "
@@ -67,13 +70,7 @@ class CachedMaskDecoder:
         hidden = dec.pre_conv(dec.quantizer.decode(codes)).transpose(1, 2)
         hidden = dec.pre_transformer(inputs_embeds=hidden,
                                      attention_mask=self._masks_for(hidden)).last_hidden_state
-        hidden = hidden.permute(0, 2, 1)
-        for blocks in dec.upsample:
-            for block in blocks:
-                hidden = block(hidden)
-        for block in dec.decoder:
-            hidden = block(hidden)
-        return hidden.clamp(min=-1, max=1)
+        return run_conv_stack(dec, hidden.permute(0, 2, 1)[..., skip_frames:])
 
     def _masks_for(self, hidden: torch.Tensor) -> dict[str, Any] | None:
         """The pre-transformer's masks for a call of hidden's length (B, T, width); None:
@@ -136,12 +133,20 @@ class Qwen3TTSCode2Wav:
         self.num_quantizers = int(config.num_quantizers)
         self.codebook_size = int(config.codebook_size)
         self.samples_per_frame = int(codec.get_decode_upsample_rate())
+        # frames before a kept frame that its samples read through the conv stack (10 in
+        # the release): the stack of a chunk decoded after 25 frames of context (for the
+        # pre-transformer) runs over the last 10 of them, with the same samples out
+        self.stack_context_frames = conv_stack_frames(codec.model.decoder,
+                                                      self.samples_per_frame)
         self.sample_rate = int(codec.get_output_sample_rate())
         self.device = torch.device(device)
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, skip_frames: int = 0) -> torch.Tensor:
+        """codes (B, groups, T) -> (B, (T - skip_frames) * samples_per_frame) float32: the
+        samples from frame skip_frames on, exact where skip_frames leaves each kept frame
+        stack_context_frames before it."""
         with torch.inference_mode():
-            wav = self.decoder(codes.to(self.device, torch.long).clamp(min=0))
+            wav = self.decoder(codes.to(self.device, torch.long).clamp(min=0), skip_frames)
         return wav[:, 0].float()
 
     def output_samples(self, frames: int) -> int:
@@ -158,12 +163,24 @@ def build_qwen3_tts_code2wav_runner(*, model_dir: str, device: str, dtype: str,
     except ImportError as e:
         raise EngineLoadError("qwen3_tts_code2wav: needs the 'qwen-tts' package: run the "
                               "stage in its environment (env: qwen3-tts)") from e
+    from omni.models.qwen3_tts import stage_torch_dtype
+
     path = Path(model_dir) / "speech_tokenizer"
     try:
-        codec = Qwen3TTSTokenizer.from_pretrained(str(path))
+        # the stage's dtype (bf16 on a GPU), as qwen-tts's own pipeline loads its speech
+        # tokenizer with the talker's: left to from_pretrained it was float32, and the
+        # decodes beside the talker on one GPU took its steps from 14.0 to 24.3 ms at c=64
+        # (H100, bench/results/qwen3-tts-gpu.md)
+        codec = Qwen3TTSTokenizer.from_pretrained(str(path),
+                                                  dtype=stage_torch_dtype(dtype, device))
     except (OSError, ValueError, TypeError) as e:
         raise EngineLoadError(f"qwen3_tts_code2wav: cannot load {path}: {e}") from e
     codec.model.to(device).eval()
+    options = dict(options or {})
+    if options.pop("fused_snake", True) and str(device).startswith("cuda"):
+        from omni.models.snake import fuse_snakes
+
+        log.info("code2wav: %d SnakeBeta activations fused", fuse_snakes(codec.model.decoder))
     return Qwen3TTSCode2WavRunner(Qwen3TTSCode2Wav(codec, device, model_dir), options)
 
 
@@ -173,6 +190,9 @@ class Qwen3TTSCode2WavRunner(Code2WavRunner):
     # padded calls on a GPU: first audio p50 at c=8 0.142 vs 0.168 s and 0.192 vs 0.274 s
     # unpadded, audio-s/s within the runs' spread (two H100s, bench/results/qwen3-tts-gpu.md)
     FIXED_SHAPES_ON_GPU = True
+    # fused_snake (default true, GPU only): the decoder's SnakeBeta as one kernel each
+    # (omni/models/snake.py)
+    OPTIONS = Code2WavRunner.OPTIONS | {"fused_snake"}
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "model": "qwen3_tts_code2wav"}

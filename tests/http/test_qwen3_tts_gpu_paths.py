@@ -107,6 +107,40 @@ print(json.dumps({"diffs": diffs, "peaks": peaks, "built": built, "window": wind
                   "fallback": fallback, "own_masks": refused.own_masks}))
 """
 
+TRIM = """\
+import json, sys
+import torch
+from qwen_tts import Qwen3TTSModel
+from omni.models.qwen3_tts_codec import Qwen3TTSCode2Wav, Qwen3TTSCode2WavRunner
+tts = Qwen3TTSModel.from_pretrained(sys.argv[1], dtype=torch.float32)
+codec = tts.model.speech_tokenizer
+# the layer scales of the fixture's ConvNeXt blocks are 1e-6 (their init): at 1 the conv
+# stack's whole reach shows, so too few frames of stack context change the samples (the
+# farthest frame's share is small: one frame short differs by ~1e-5, two by ~6e-4)
+for module in codec.model.decoder.modules():
+    if hasattr(module, "gamma"):
+        torch.nn.init.ones_(module.gamma)
+c2w = Qwen3TTSCode2Wav(codec, "cpu", sys.argv[1])
+spf, reach = c2w.samples_per_frame, c2w.stack_context_frames
+groups = tts.model.config.talker_config.num_code_groups
+torch.manual_seed(0)
+codes = torch.randint(0, 64, (3, groups, 40))
+context = 25  # the chunk after it: frames 25..39
+full = c2w.decode(codes)[:, context * spf:]
+def kept(stack_context):
+    skip = context - stack_context
+    return c2w.decode(codes, skip)[:, stack_context * spf:]
+runners = [Qwen3TTSCode2WavRunner(c2w, {"chunk_frames": 25, "left_context": 25,
+                                        "trim_stack": trim}) for trim in (True, False)]
+served = [r.run(codes, [context, context + 3, context + 5]) for r in runners]
+print(json.dumps({"reach": reach, "peak": float(full.abs().max()),
+                  "exact": float((kept(reach) - full).abs().max()),
+                  "short": float((kept(reach - 2) - full).abs().max()),
+                  "skips": [r.stack_skip([context, context + 3]) for r in runners],
+                  "served": max(float((a - b).abs().max()) for a, b in zip(*served)),
+                  "lengths": [[len(a) for a in wavs] for wavs in served]}))
+"""
+
 
 @pytest.fixture(scope="module")
 def release():
@@ -161,3 +195,18 @@ def test_the_decoder_with_cached_masks_is_the_decoders_own(release):
     assert got["built"] == [1, 2, 3, 4, 4]  # the fifth call's length was met by the third
     # where the mask builders refuse its arguments it falls back to the model's own masks
     assert got["own_masks"] and got["fallback"] == 0.0
+
+
+def test_the_code2wav_stack_over_its_reach_gives_the_chunks_samples(release):
+    """The Code2Wav stage's conv stack run only over the frames a chunk's samples read
+    (stack_context_frames of its 25-frame context; the pre-transformer still reads all
+    25): the same samples as the whole decode within float noise, while two frames less
+    change them; the stage's runner trims by the fewest context of its rows."""
+    got = _run(TRIM, str(release))
+    assert got["reach"] == 10  # the release's and the fixture's conv stacks reach alike
+    assert got["peak"] > 0.01  # not silence
+    assert got["exact"] < 1e-5
+    assert got["short"] > 1e-4
+    assert got["skips"] == [15, 0]  # trim_stack on, off
+    assert got["served"] < 1e-4
+    assert got["lengths"] == [[1920 * 15, 1920 * 12, 1920 * 10]] * 2

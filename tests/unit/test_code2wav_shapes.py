@@ -28,10 +28,12 @@ torch.set_num_threads(1)
 
 
 def test_a_streams_windows_are_its_chunks_with_their_context():
-    assert stream_windows(4, 2, 25, 25) == [4, 12, 28, 50]  # Qwen3-Omni's preset
-    assert stream_windows(4, 2, 50, 25) == [4, 12, 28, 57, 75]  # Qwen3-TTS's
-    assert stream_windows(25, 2, 25, 25) == [25, 50]
-    assert stream_windows(8, 1, 8, 0) == [8]
+    # window -> its context frames, in the order a stream meets them
+    assert stream_windows(4, 2, 25, 25) == {4: 0, 12: 4, 28: 12, 50: 25}  # Qwen3-Omni's
+    assert list(stream_windows(4, 2, 50, 25).items()) == [(4, 0), (12, 4), (28, 12), (57, 25),
+                                                          (75, 25)]  # Qwen3-TTS's preset
+    assert stream_windows(25, 2, 25, 25) == {25: 0, 50: 25}
+    assert stream_windows(8, 1, 8, 0) == {8: 0}
 
 
 def test_calls_are_padded_to_powers_of_two_of_rows_and_to_windows_when_causal():
@@ -93,3 +95,36 @@ def test_padded_calls_give_each_chunk_the_audio_it_has_alone(c2w, monkeypatch):
             assert rel_diff(piece, alone, scale) < REL_TOL
             start += n
         assert start == c.shape[-1]
+
+
+def test_the_conv_stack_over_its_reach_gives_a_chunks_samples(c2w):
+    """Qwen3-Omni's code2wav decoding a chunk after 25 frames of context with its conv
+    stack over the last stack_context_frames of them only (trim_stack, the runner's
+    default): the chunk's samples as the whole decode gives them, within float noise, and
+    two frames fewer change them (the ConvNeXt layer scales set to 1, so the stack's whole
+    reach shows; the fixture's 1e-6 would hide it)."""
+    import copy
+
+    wide = copy.deepcopy(c2w)
+    for module in wide.module.modules():
+        if hasattr(module, "gamma"):
+            torch.nn.init.ones_(module.gamma)
+    reach, context = wide.stack_context_frames, 25
+    assert 0 < reach < context
+    codes = torch.stack([random_codes(40, seed) for seed in (3, 4)])
+    full = wide.decode(codes)[:, wide.context_start(context):]
+    scale = float(full.abs().max())
+    assert scale > 0
+
+    def kept(stack_context: int) -> torch.Tensor:
+        skip = context - stack_context
+        return wide.decode(codes, skip)[:, wide.context_start(context)
+                                        - skip * wide.samples_per_frame:]
+
+    assert rel_diff(kept(reach), full, scale) < REL_TOL
+    assert rel_diff(kept(reach - 2), full, scale) > 100 * REL_TOL
+    runner = Code2WavRunner(wide, {"left_context": 25})
+    assert runner.stack_skip([25, 30]) == 25 - reach
+    assert Code2WavRunner(wide, {"trim_stack": False}).stack_skip([25, 30]) == 0
+    served = runner.run(codes, [context, context])
+    assert all(rel_diff(row, want, scale) < REL_TOL for row, want in zip(served, full, strict=True))

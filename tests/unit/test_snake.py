@@ -1,0 +1,55 @@
+"""FusedSnake (omni/models/snake.py) against the SnakeBeta modules it replaces: the tiny
+Qwen3-Omni code2wav (transformers' Qwen3OmniMoeSnakeBeta inside its decoder blocks).
+On CPU FusedSnake runs eager's operations (equal); tests/gpu/test_snake_cuda.py bounds the
+compiled kernel against eager on a GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from omni.models.snake import FusedSnake, fuse_snakes
+from tests.unit.code2wav_runs import code2wav, random_codes
+
+
+def _varied_snakes(model: torch.nn.Module) -> int:
+    """Random alpha and beta: the release's are trained, the fixture's zeros would hide a
+    swapped exp or a dropped 1/b."""
+    count = 0
+    gen = torch.Generator().manual_seed(0)
+    for module in model.modules():
+        if type(module).__name__.endswith("SnakeBeta"):
+            with torch.no_grad():
+                module.alpha.copy_(0.5 * torch.randn(module.alpha.shape, generator=gen))
+                module.beta.copy_(0.5 * torch.randn(module.beta.shape, generator=gen))
+            count += 1
+    return count
+
+
+def test_fused_snakes_give_the_decoders_audio(tmp_path_factory):
+    c2w = code2wav(tmp_path_factory)
+    model = copy.deepcopy(c2w.module)
+    assert _varied_snakes(model) > 0
+    fused = copy.deepcopy(model)
+    swapped = fuse_snakes(fused)
+    assert swapped == _varied_snakes(copy.deepcopy(model))
+    assert not any(type(m).__name__.endswith("SnakeBeta") for m in fused.modules())
+    assert sum(isinstance(m, FusedSnake) for m in fused.modules()) == swapped
+    codes = torch.stack([random_codes(12, seed) for seed in (1, 2)])
+    with torch.inference_mode():
+        want, got = model(codes), fused(codes)
+    assert want.abs().max() > 0 and want.std() > 0  # the fixture's audio varies
+    assert torch.equal(got, want)
+
+
+def test_a_fused_snake_is_the_modules_function():
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeSnakeBeta,
+    )
+
+    snake = Qwen3OmniMoeSnakeBeta(6)
+    _varied_snakes(snake)
+    x = torch.randn(3, 6, 50, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(FusedSnake(snake)(x), snake(x))
