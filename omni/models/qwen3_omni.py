@@ -18,6 +18,7 @@ Quirks (see reference/models.md 2a):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ from omni.models.code2wav_stack import (
     min_input_index,
     run_conv_stack,
 )
+
+log = logging.getLogger(__name__)
 
 # Not in the config: Qwen3-Omni's codec runs at 12.5 frames/s and the vocoder emits 24 kHz
 # (models.md 2a, from OpenVINO's Qwen3-Omni docs); 1920 samples/frame * 12.5 = 24000.
@@ -257,9 +260,10 @@ class Code2WavRunner:
 
     input_key = "codes"
     FIXED_SHAPES_ON_GPU = False  # unmeasured on this decoder (Qwen3-TTS's: qwen3_tts_codec)
+    FUSED_SNAKE_ON_GPU = False  # the same
     OPTIONS = frozenset({"chunk_frames", "first_chunk_frames", "chunk_growth",
                          "complete_chunk_frames", "left_context", "fixed_shapes",
-                         "trim_stack"})
+                         "trim_stack", "fused_snake"})
 
     def __init__(self, code2wav: Code2Wav, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -286,6 +290,11 @@ class Code2WavRunner:
         self.shapes: CallShapes | None = None
         # trim_stack: the conv stack over the frames kept + its reach only (stack_skip)
         self.trim_stack = flag_option(opts, "trim_stack", True)
+        # fused_snake: the decoder's SnakeBeta activations as one kernel each (CUDA only)
+        if flag_option(opts, "fused_snake", self.FUSED_SNAKE_ON_GPU) and self.device.type == "cuda":
+            from omni.models.snake import fuse_snakes
+
+            log.info("code2wav: %d SnakeBeta activations fused", fuse_snakes(code2wav.module))
 
     def prepare_calls(self, max_rows: int, max_frames: int) -> bool:
         """The engine's limits per call: with fixed_shapes, calls padded to a few shapes,

@@ -121,7 +121,8 @@ class Qwen3TTSCode2Wav:
     tail_samples = 0  # causal convolutions: every frame's samples are known at once
 
     def __init__(self, codec: Any, device: str, model_dir: str) -> None:
-        self.decoder = CachedMaskDecoder(codec.model.decoder)
+        self.module = codec.model.decoder  # the torch module (fused_snake swaps its layers)
+        self.decoder = CachedMaskDecoder(self.module)
         self.model_dir = model_dir
         self.random_weights = _is_random(Path(model_dir))
         self.dtype = next(self.decoder.parameters()).dtype
@@ -176,11 +177,6 @@ def build_qwen3_tts_code2wav_runner(*, model_dir: str, device: str, dtype: str,
     except (OSError, ValueError, TypeError) as e:
         raise EngineLoadError(f"qwen3_tts_code2wav: cannot load {path}: {e}") from e
     codec.model.to(device).eval()
-    options = dict(options or {})
-    if options.pop("fused_snake", True) and str(device).startswith("cuda"):
-        from omni.models.snake import fuse_snakes
-
-        log.info("code2wav: %d SnakeBeta activations fused", fuse_snakes(codec.model.decoder))
     return Qwen3TTSCode2WavRunner(Qwen3TTSCode2Wav(codec, device, model_dir), options)
 
 
@@ -190,9 +186,8 @@ class Qwen3TTSCode2WavRunner(Code2WavRunner):
     # padded calls on a GPU: first audio p50 at c=8 0.142 vs 0.168 s and 0.192 vs 0.274 s
     # unpadded, audio-s/s within the runs' spread (two H100s, bench/results/qwen3-tts-gpu.md)
     FIXED_SHAPES_ON_GPU = True
-    # fused_snake (default true, GPU only): the decoder's SnakeBeta as one kernel each
-    # (omni/models/snake.py)
-    OPTIONS = Code2WavRunner.OPTIONS | {"fused_snake"}
+    # fused SnakeBeta on a GPU: 167 -> 142 ms a c=64 call (H100, qwen3-tts-gpu.md)
+    FUSED_SNAKE_ON_GPU = True
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "model": "qwen3_tts_code2wav"}

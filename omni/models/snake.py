@@ -23,6 +23,7 @@ import torch
 log = logging.getLogger("omni.models.snake")
 
 _compiled: Any = None
+_eager_only = False  # the compile failed once: every FusedSnake runs eagerly from then on
 
 
 def _snake(x: torch.Tensor, a: torch.Tensor, inv_b: torch.Tensor) -> torch.Tensor:
@@ -34,6 +35,23 @@ def _kernel() -> Any:
     if _compiled is None:
         _compiled = torch.compile(_snake, dynamic=True, fullgraph=True)
     return _compiled
+
+
+def _fused(x: torch.Tensor, a: torch.Tensor, inv_b: torch.Tensor) -> torch.Tensor:
+    """The compiled kernel; where torch.compile cannot build it (no Triton, a compiler
+    error), one warning and eager's operations from then on: slower, same audio."""
+    global _eager_only
+    if not _eager_only:
+        try:
+            return _kernel()(x, a, inv_b)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compile failure: the eager path serves
+            _eager_only = True
+            log.warning("SnakeBeta: the fused kernel did not compile (%s: %s); running the "
+                        "activations eagerly (slower decodes; set the stage option "
+                        "fused_snake: false to skip trying)", type(e).__name__, e)
+    return _snake(x, a, inv_b)
 
 
 class FusedSnake(torch.nn.Module):
@@ -50,7 +68,7 @@ class FusedSnake(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.is_cuda:
-            return _kernel()(hidden, self.a, self.inv_b)
+            return _fused(hidden, self.a, self.inv_b)
         return _snake(hidden, self.a, self.inv_b)  # the same operations as eager's
 
 

@@ -53,3 +53,24 @@ def test_a_fused_snake_is_the_modules_function():
     x = torch.randn(3, 6, 50, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert torch.equal(FusedSnake(snake)(x), snake(x))
+
+
+def test_a_kernel_that_does_not_compile_leaves_the_eager_path(monkeypatch, caplog):
+    """Where torch.compile fails (no Triton, a compiler error) the activations run eagerly,
+    with one warning naming the option, and later calls do not try again."""
+    from omni.models import snake as module
+
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("triton not found")
+
+    monkeypatch.setattr(module, "_kernel", broken)
+    monkeypatch.setattr(module, "_eager_only", False)
+    x, a, inv_b = torch.randn(2, 3, 8), torch.rand(1, 3, 1), torch.rand(1, 3, 1)
+    with caplog.at_level("WARNING", logger="omni.models.snake"):
+        first, second = module._fused(x, a, inv_b), module._fused(x, a, inv_b)
+    assert torch.equal(first, module._snake(x, a, inv_b)) and torch.equal(second, first)
+    assert len(calls) == 1
+    assert [r.message for r in caplog.records if "fused_snake: false" in r.message]
