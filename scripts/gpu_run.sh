@@ -115,7 +115,10 @@
 #                                        # samples the AR talker; decoder: the Code2Wav
 #                                        # decoder alone, eager vs fused SnakeBeta vs a
 #                                        # compiled conv stack (bench/probes/
-#                                        # qwen3_tts_decoder.py); arstep: the AR talker's step
+#                                        # qwen3_tts_decoder.py); colocate: the talker's
+#                                        # steps beside decodes in its own process vs another
+#                                        # (bench/probes/qwen3_tts_colocate.py, B=64 then 8:
+#                                        # COLOCATE_BATCH); arstep: the AR talker's step
 #                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
 #                                        # its greedy codes vs qwen-tts's, float32, tiny release,
 #                                        # bench/probes/qwen3_tts_ar_equal.py): step: where
@@ -273,6 +276,16 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
       timeout 300 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model "$model" \
         --batch 1,8,64 2>&1 | tee -a "$OUT/qwen3-tts-ar-step.md" | grep -E "^\||Error"
       say "arstep done"
+    fi
+    # the talker's steps beside Code2Wav decodes in a thread of its process (own stream,
+    # with and without a high-priority talker stream) vs in another process (as served)
+    if [[ ,$parts, == *,colocate,* ]]; then
+      model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
+      for b in ${COLOCATE_BATCH:-64 8}; do
+        timeout 240 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_colocate.py \
+          --model "$model" --batch "$b" 2>&1 | tee -a "$OUT/qwen3-tts-colocate.md" | grep -E "^\||^B=|Error"
+      done
+      say "colocate done"
     fi
     # each part: a server start (~40 s), a model build the first time (~40 s, guess) and
     # 3-5 bursts of 100 frames (~15 s each at ~130 ms a frame, eager; guess)
