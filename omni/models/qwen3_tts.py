@@ -46,7 +46,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
-from omni.models.qwen3_tts_codec import CachedMaskDecoder
+from omni.models.qwen3_tts_codec import CachedMaskDecoder, stage_torch_dtype
 from omni.models.qwen3_tts_predictor import GraphedPredictor
 from omni.models.qwen3_tts_stream import (
     LEFT_CONTEXT,
@@ -80,18 +80,6 @@ WHOLE_CHUNK_FRAMES = 300
 # max_batch_size; larger batches run transformers' generate)
 GRAPH_MAX_BATCH = 64
 SERVED_TYPES = ("custom_voice", "base")  # qwen-tts's tts_model_type values served here
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def stage_torch_dtype(dtype: str | None, device: str) -> torch.dtype:
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if dtype not in _DTYPES:
-        raise EngineLoadError(f"qwen3_tts: unknown dtype {dtype!r}; use auto, "
-                              f"{', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
 def load_qwen3_tts(model_dir: str | os.PathLike[str], device: str, dtype: str) -> Any:
     """qwen-tts's Qwen3TTSModel for a release directory, on ``device``."""
     try:

@@ -33,6 +33,19 @@ MASK_LENGTHS = 32  # lengths whose masks are kept: a stream's chunks take a few
 MASK_UPTO = 1024  # frames: a longer call (a whole sentence) builds its masks each time
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def stage_torch_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """A Qwen3-TTS stage's dtype option as torch's: auto is bf16 on a GPU, else float32."""
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in _DTYPES:
+        raise EngineLoadError(f"qwen3_tts: unknown dtype {dtype!r}; use auto, "
+                              f"{', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
 class CachedMaskDecoder:
     """qwen-tts's Code2Wav decoder (codes (B, groups, T) -> audio (B, 1, T * 1920)), its
     forward with the pre-transformer's attention masks built once per length.
@@ -164,8 +177,6 @@ def build_qwen3_tts_code2wav_runner(*, model_dir: str, device: str, dtype: str,
     except ImportError as e:
         raise EngineLoadError("qwen3_tts_code2wav: needs the 'qwen-tts' package: run the "
                               "stage in its environment (env: qwen3-tts)") from e
-    from omni.models.qwen3_tts import stage_torch_dtype
-
     path = Path(model_dir) / "speech_tokenizer"
     try:
         # the stage's dtype (bf16 on a GPU), as qwen-tts's own pipeline loads its speech
