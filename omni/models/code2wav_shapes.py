@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,12 +58,22 @@ def pow2(n: int) -> int:
 class CallShapes:
     """Which shape a (rows, frames) call is padded to. windows: the frame counts calls are
     padded up to (causal decoders only); max_rows / max_frames: the engine's limits per
-    call (max_frames 0: none)."""
+    call (max_frames 0: none); contexts: each window's context frames as a stream meets it
+    (the conv stack's trimmed length it was warmed at)."""
 
     windows: tuple[int, ...]
     causal: bool
     max_rows: int
     max_frames: int
+    contexts: Mapping[int, int] = field(default_factory=dict)
+
+    def stack_skip_cap(self, rows: int, frames: int, reach: int) -> int | None:
+        """The most frames a (rows, frames) call's conv stack may leave out and still meet
+        the length it was warmed at: its window's context less the stack's reach (a last
+        chunk of 1-3 frames after a full context pads to a window warmed with less
+        context); None: a window with no warmed context (no cap)."""
+        context = self.contexts.get(self.padded(rows, frames)[1])
+        return None if context is None else max(0, context - reach)
 
     def padded(self, rows: int, frames: int) -> tuple[int, int]:
         """The shape of a call of (rows, frames); never more frames in all than the
@@ -124,7 +134,7 @@ def prepare_shapes(runner: Any, max_rows: int, max_frames: int) -> CallShapes:
     contexts = stream_windows(runner.first_chunk_frames, runner.chunk_growth,
                               runner.chunk_frames, runner.left_context)
     shapes = CallShapes(tuple(contexts), causal=c2w.tail_samples == 0, max_rows=max_rows,
-                        max_frames=max_frames)
+                        max_frames=max_frames, contexts=contexts)
     started = time.monotonic()
     calls = warm(lambda batch, ctx: runner.decode_rows(batch, ctx, None), shapes,
                  c2w.num_quantizers, contexts)

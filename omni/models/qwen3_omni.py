@@ -351,6 +351,10 @@ class Code2WavRunner:
         """run's decode, padded to shapes' when given; the decoder's conv stack skips the
         leading frames no kept sample reads (stack_skip)."""
         skip = self.stack_skip(contexts)
+        if skip and shapes is not None:  # keep to the stack lengths decoded at load
+            cap = shapes.stack_skip_cap(len(batch), batch.shape[-1],
+                                        self.c2w.stack_context_frames)
+            skip = skip if cap is None else min(skip, cap)
         decode = self.c2w.decode if not skip else partial(self.c2w.decode, skip_frames=skip)
         cut = skip * self.c2w.samples_per_frame  # the samples the skipped frames would give
         if shapes is None:

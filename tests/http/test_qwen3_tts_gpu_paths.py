@@ -133,12 +133,26 @@ def kept(stack_context):
 runners = [Qwen3TTSCode2WavRunner(c2w, {"chunk_frames": 25, "left_context": 25,
                                         "trim_stack": trim}) for trim in (True, False)]
 served = [r.run(codes, [context, context + 3, context + 5]) for r in runners]
+# padded calls (the GPU default) trim no more than their window was warmed with: a last
+# chunk of 3 frames after 25 pads to the 28-frame window (warmed after 12 frames)
+padded = Qwen3TTSCode2WavRunner(c2w, {"chunk_frames": 50, "left_context": 25,
+                                      "first_chunk_frames": 4, "fixed_shapes": True})
+padded.prepare_calls(4, 0)
+skips, decode = [], c2w.decode
+c2w.decode = lambda codes, skip_frames=0: skips.append(skip_frames) or decode(codes, skip_frames)
+last = [padded.run(codes[:2, :, :n], [context] * 2) for n in (28, 40)]
+c2w.decode = decode
+plain = [runners[1].run(codes[:2, :, :n], [context] * 2) for n in (28, 40)]
 print(json.dumps({"reach": reach, "peak": float(full.abs().max()),
                   "exact": float((kept(reach) - full).abs().max()),
                   "short": float((kept(reach - 2) - full).abs().max()),
                   "skips": [r.stack_skip([context, context + 3]) for r in runners],
                   "served": max(float((a - b).abs().max()) for a, b in zip(*served)),
-                  "lengths": [[len(a) for a in wavs] for wavs in served]}))
+                  "lengths": [[len(a) for a in wavs] for wavs in served],
+                  "padded_skips": skips,
+                  "padded": max(float((a - b).abs().max()) for x, y in zip(last, plain)
+                                for a, b in zip(x, y)),
+                  "padded_lengths": [[len(a) for a in wavs] for wavs in last]}))
 """
 
 
@@ -210,3 +224,8 @@ def test_the_code2wav_stack_over_its_reach_gives_the_chunks_samples(release):
     assert got["skips"] == [15, 0]  # trim_stack on, off
     assert got["served"] < 1e-4
     assert got["lengths"] == [[1920 * 15, 1920 * 12, 1920 * 10]] * 2
+    # padded (the GPU default): the 3-frame last chunk trims 2 (its window's warmed context
+    # 12 less the reach), the 15-frame one 15; the same samples as the unpadded whole stack
+    assert got["padded_skips"] == [2, 15]
+    assert got["padded"] < 1e-4
+    assert got["padded_lengths"] == [[1920 * 3] * 2, [1920 * 15] * 2]

@@ -52,6 +52,20 @@ def test_calls_are_padded_to_powers_of_two_of_rows_and_to_windows_when_causal():
     assert capped.warm_shapes() == [(1, 50), (2, 50), (4, 50), (8, 50), (16, 50), (20, 50)]
 
 
+def test_a_trimmed_stack_keeps_to_the_lengths_warmed_at_load():
+    """The conv stack of a padded call leaves out at most what its window's stream context
+    allowed when it was warmed: a last chunk of 3 frames after 25 of context pads to the
+    28-frame window, warmed with 12 frames of context (skip 2, not 15)."""
+    contexts = stream_windows(4, 2, 50, 25)
+    shapes = CallShapes(tuple(contexts), causal=True, max_rows=64, max_frames=0,
+                        contexts=contexts)
+    assert shapes.stack_skip_cap(3, 28, 10) == 2
+    assert shapes.stack_skip_cap(3, 40, 10) == 15  # padded to 57: warmed after 25
+    assert shapes.stack_skip_cap(3, 75, 10) == 15
+    assert shapes.stack_skip_cap(1, 12, 10) == 0  # 4 frames of context: nothing to leave out
+    assert shapes.stack_skip_cap(3, 300, 10) is None  # no window: kept as it is
+
+
 @pytest.fixture(scope="module")
 def c2w(tmp_path_factory):
     return code2wav(tmp_path_factory)
