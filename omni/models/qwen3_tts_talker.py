@@ -62,7 +62,7 @@ from omni.models.qwen3_tts_clone import (
     MIN_REFERENCE_S,
     VoiceClones,
 )
-from omni.models.qwen3_tts_stream import LEFT_CONTEXT, capture_talker_inputs
+from omni.models.qwen3_tts_stream import LEFT_CONTEXT, capture_talker_inputs, snapshot_config
 from omni.models.speech import check_speed, voice_entry
 
 # stage options this adapter reads beside the AR engine's (the talker's own sampling is the
@@ -206,7 +206,9 @@ class TTSFeed:
         if not st.text.strip():
             raise ValueError("text has nothing to synthesize")
         with torch.inference_mode():
-            prompt = capture_talker_inputs(self.model.talker, self._generate(st, speaker))
+            call = self._generate(st, speaker)  # a clone's reference prompt: the real config
+            with snapshot_config(self.model):
+                prompt = capture_talker_inputs(self.model.talker, call)
         st.trailing = prompt["trailing_text_hidden"][0]
         st.pad = prompt["tts_pad_embed"].reshape(-1)
         return prompt["inputs_embeds"][0], None

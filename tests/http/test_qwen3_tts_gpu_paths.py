@@ -155,6 +155,46 @@ print(json.dumps({"reach": reach, "peak": float(full.abs().max()),
                   "padded_lengths": [[len(a) for a in wavs] for wavs in last]}))
 """
 
+CAPTURE = """\
+import json, sys, time
+import torch
+from omni.engines.ar.feedback import FeedbackAREngine
+from omni.models import qwen3_tts_stream
+engine = FeedbackAREngine("qwen3_tts_ar_talker", sys.argv[1], device="cpu", dtype="float32",
+                          options={"max_num_seqs": 2, "kv_cache_mb": 64})
+feed = engine.feed
+config = feed.model.config
+def prompt(text):
+    st = feed.new_state(None, torch.device("cpu"))
+    feed.take(st, {"text": text})
+    st.closed = True
+    return feed.prefill(st, feed.speakers[0])[0], st.trailing, st.pad
+texts = ["The ship sailed north.", "Wheat, wool and iron went with it."]
+snapshot = [prompt(t) for t in texts]
+import omni.models.qwen3_tts_talker as talker_module
+from contextlib import nullcontext
+plain_snapshot = qwen3_tts_stream.snapshot_config
+talker_module.snapshot_config = lambda model: nullcontext()  # the feed without the snapshot
+plain = [prompt(t) for t in texts]
+talker_module.snapshot_config = plain_snapshot
+try:  # restored when the call inside fails
+    with plain_snapshot(feed.model):
+        assert feed.model.config is not config
+        raise KeyError("inside")
+except KeyError:
+    pass
+readonly = False
+with plain_snapshot(feed.model):
+    try:
+        feed.model.config.tts_pad_token_id = 0
+    except AttributeError:
+        readonly = True
+print(json.dumps({"equal": all(torch.equal(a, b) for x, y in zip(snapshot, plain)
+                               for a, b in zip(x, y)),
+                  "lengths": [len(x[0]) for x in snapshot],
+                  "restored": feed.model.config is config, "readonly": readonly}))
+"""
+
 
 @pytest.fixture(scope="module")
 def release():
@@ -229,3 +269,14 @@ def test_the_code2wav_stack_over_its_reach_gives_the_chunks_samples(release):
     assert got["padded_skips"] == [2, 15]
     assert got["padded"] < 1e-4
     assert got["padded_lengths"] == [[1920 * 3] * 2, [1920 * 15] * 2]
+
+
+def test_the_talkers_prompt_is_the_same_through_the_config_snapshot(release):
+    """The AR talker's prompt capture reads qwen-tts's config through a snapshot
+    (qwen3_tts_stream.snapshot_config: transformers' config reads were half of a request's
+    prompt building): the same prompt, trailing text and pad tensors as without it, the
+    model's own config back after the block (also when it raises), read-only inside."""
+    got = _run(CAPTURE, str(release))
+    assert got["equal"]
+    assert got["lengths"][0] != got["lengths"][1]  # two different prompts
+    assert got["restored"] and got["readonly"]
