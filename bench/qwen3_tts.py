@@ -37,6 +37,8 @@ GPU row times; omni/fixtures/qwen3_tts_release.py).
 --layout ar: the preset's layout instead (the talker on the AR engine streaming codes to a
 Code2Wav stage, omni/models/qwen3_tts_talker.py; max_tokens = --frames frames a request;
 --talker-option / --code2wav-option KEY=VALUE set its stages' options).
+Each level also reports every stage's engine steps in it (steps and mean ms, from the
+server's /metrics): a stage's busy time, and on one GPU how the stages slow each other.
 vLLM-Omni's figure to compare with: 111.6 audio-s/s at c=8, 612.1 at c=64 (H200, real
 weights).
 """
