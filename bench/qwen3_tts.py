@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import hardware, percentile, say, stage_step_totals, step_means
+from bench.common import (
+    code_commit,
+    hardware,
+    percentile,
+    say,
+    stage_step_totals,
+    step_means,
+)
 
 DESCRIPTION = """\
 `python -m omni.server` with one Qwen3-TTS stage (fused layout: talker + code predictor +
@@ -259,7 +266,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
               "chunk_frames": args.chunk_frames, "clone": args.clone, "layout": args.layout,
               "talker_options": args.talker_option,
               "code2wav_options": args.code2wav_option,
-              "text": TEXT, "hardware": hardware(), "levels": rows,
+              "text": TEXT, "commit": code_commit(), "hardware": hardware(), "levels": rows,
               "baseline": {"vllm_omni_h200_audio_s_per_s": {"8": 111.6, "64": 612.1}}}
     (out / f"qwen3-tts-{args.tag}.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
