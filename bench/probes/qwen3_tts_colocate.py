@@ -116,10 +116,12 @@ def with_thread(engine: Any, c2w: Any, args: argparse.Namespace, sync: Any,
     stream = torch.cuda.Stream() if args.device == "cuda" else None
     worker = threading.Thread(target=lambda: result.append(decode_loop(c2w, args, stop, stream)))
     worker.start()
-    time.sleep(0.5)  # the loop is running
-    step = talker_steps(engine, args.steps, sync, talker_stream)
-    stop.set()
-    worker.join()
+    try:
+        time.sleep(0.5)  # the loop is running
+        step = talker_steps(engine, args.steps, sync, talker_stream)
+    finally:  # the decoder thread ends with the phase, failed or not
+        stop.set()
+        worker.join()
     return step, result[0]
 
 
@@ -131,12 +133,16 @@ def with_process(engine: Any, args: argparse.Namespace, sync: Any) -> tuple[floa
     if not ready.wait(300):
         proc.kill()
         raise RuntimeError("the decoder process did not start")
-    time.sleep(0.5)
-    step = talker_steps(engine, args.steps, sync, None)
-    stop.set()
-    rate = out.get(timeout=120)
-    proc.join(60)
-    return step, rate
+    try:
+        time.sleep(0.5)
+        step = talker_steps(engine, args.steps, sync, None)
+        stop.set()
+        return step, out.get(timeout=120)
+    finally:  # a failed phase leaves no decoder process holding the GPU
+        stop.set()
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
 
 
 def main() -> int:

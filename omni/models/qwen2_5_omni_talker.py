@@ -38,7 +38,7 @@ import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
-from omni.models.qwen3_omni import prefixed_tensors
+from omni.models.checkpoint_parts import prefixed_tensors
 from omni.models.qwen3_omni_vision import TextFirstRope
 from omni.models.spoken_tokens import SpokenTokens, token_text
 

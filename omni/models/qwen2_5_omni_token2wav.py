@@ -60,8 +60,8 @@ import torch
 
 from omni.engines.base import EngineLoadError, number_option
 from omni.models.causal_lm import _is_random
+from omni.models.checkpoint_parts import prefixed_tensors
 from omni.models.qwen2_5_omni_talker import load_speakers
-from omni.models.qwen3_omni import prefixed_tensors
 
 TOKEN2WAV_PREFIX = "token2wav."
 SAMPLE_RATE = 24000  # not in the config: BigVGAN's 240 samples per mel frame at 100 Hz

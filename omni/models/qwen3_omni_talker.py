@@ -40,8 +40,8 @@ import torch
 
 from omni.engines.base import EngineLoadError, PromptLayout
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
+from omni.models.checkpoint_parts import fuse_experts, prefixed_tensors
 from omni.models.codec_talker import CodecTalkerLM
-from omni.models.qwen3_omni import fuse_experts, prefixed_tensors
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
 from omni.models.spoken_tokens import SpokenTokens, token_text

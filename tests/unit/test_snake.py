@@ -33,7 +33,7 @@ def test_fused_snakes_give_the_decoders_audio(tmp_path_factory):
     assert _varied_snakes(model) > 0
     fused = copy.deepcopy(model)
     swapped = fuse_snakes(fused)
-    assert swapped == _varied_snakes(copy.deepcopy(model))
+    assert swapped == sum(type(m).__name__.endswith("SnakeBeta") for m in model.modules())
     assert not any(type(m).__name__.endswith("SnakeBeta") for m in fused.modules())
     assert sum(isinstance(m, FusedSnake) for m in fused.modules()) == swapped
     codes = torch.stack([random_codes(12, seed) for seed in (1, 2)])

@@ -17,7 +17,7 @@ from omni.engines.ar.engine import AREngine
 from omni.engines.ar.feedback import FeedbackAREngine
 from omni.engines.base import EngineRequest
 from omni.fixtures import ensure_tiny_model
-from omni.models.qwen3_omni import fuse_experts
+from omni.models.checkpoint_parts import fuse_experts
 from omni.models.qwen3_omni_talker import load_talker
 
 torch.set_num_threads(1)
