@@ -9,7 +9,7 @@ the rest (the talker's graphed forward, sampling, the engine's host work). The c
 predictor's layers compiled inside its graphs or not (--compile both: each in turn).
 
     /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model DIR
-        [--batch 1,8,64] [--steps 30] [--compile both] [--device cuda]
+        [--batch 1,8,64] [--steps 30] [--compile both] [--kv-cache off] [--device cuda]
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def main() -> int:
     parser.add_argument("--batch", default="1,8,64")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--compile", default="both", choices=("both", "on", "off"))
+    parser.add_argument("--kv-cache", default="off", choices=("both", "on", "off"),
+                        help="the predictor's KV-cached loop (stage option predictor_kv_cache)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run (float32)")
     args = parser.parse_args()
     import torch
@@ -81,18 +83,22 @@ def main() -> int:
     from omni.engines.ar.feedback import FeedbackAREngine
 
     batches = [int(b) for b in args.batch.split(",")]
-    print("| predictor layers | B | step ms | code predictor ms | rest ms | frames/s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for compiled in {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]:
+    print("| predictor layers | predictor loop | B | step ms | code predictor ms | rest ms "
+          "| frames/s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    flags = {"both": (False, True), "on": (True,), "off": (False,)}
+    for compiled, cached in ((c, k) for c in flags[args.compile] for k in flags[args.kv_cache]):
         engine = FeedbackAREngine(
             "qwen3_tts_ar_talker", args.model, device=args.device,
             dtype="bfloat16" if args.device == "cuda" else "float32",
             options={"subtalker_dosample": False, "predictor_compile": compiled,
+                     "predictor_kv_cache": cached,
                      "max_num_seqs": max(batches), "kv_cache_mb": 4096})
         for batch in batches:
             sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
             r = run(engine, batch, args.steps, sync)
-            print(f"| {'compiled' if compiled else 'eager'} | {batch} | {r['step_ms']:.1f} | "
+            print(f"| {'compiled' if compiled else 'eager'} | "
+                  f"{'cached' if cached else 'uncached'} | {batch} | {r['step_ms']:.1f} | "
                   f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} |",
                   flush=True)
         del engine

@@ -48,15 +48,26 @@ def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
 
 
 def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.Tensor,
-                   draws: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   draws: torch.Tensor, greedy: torch.Tensor, project: Any = None,
+                   sampling: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual codes (B, groups-1), sum of the frame's code embeddings (B, H)); `first`:
-    the embedding of each row's first code, `hidden`: the talker's last hidden state."""
+    the embedding of each row's first code, `hidden`: the talker's last hidden state.
+    ``project`` maps each new position into the predictor's width first (Qwen3-TTS's
+    small_to_mtp_projection: a linear map, so position by position is the same),
+    ``sampling`` overrides pick's top_k / top_p / temperature.
+
+    Each pass's shapes depend on the batch size and the pass alone (transformers' dynamic
+    cache grows by one position a pass), so this loop too can be captured as one graph:
+    pass g attends over g + 2 cached positions instead of recomputing them, 15 positions a
+    row where predict_uncached computes 135 (at 64 rows those are ~8,600 rows of matmuls
+    a frame)."""
     embeds, cache, codes, total = torch.stack((hidden, first), dim=1), None, [], first
     for group in range(draws.shape[1]):
-        out = cp.model(inputs_embeds=embeds, use_cache=True, **{cache_key: cache})
+        out = cp.model(inputs_embeds=embeds if project is None else project(embeds),
+                       use_cache=True, **{cache_key: cache})
         cache = getattr(out, cache_key)
         logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
-        code = pick(logits, draws[:, group], greedy)
+        code = pick(logits, draws[:, group], greedy, **(sampling or {}))
         codes.append(code)
         embeds = cp.model.get_input_embeddings()[group](code)[:, None]
         total = total + embeds[:, 0]
@@ -82,21 +93,24 @@ def predict_uncached(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: 
 
 
 class PredictorGraphs:
-    """predict_uncached for padded batch sizes (GRAPH_BATCHES), one CUDA graph each.
+    """The predictor's loop for padded batch sizes (GRAPH_BATCHES), one CUDA graph each:
+    predict_uncached, or predict_cached where ``cache_key`` names the predictor's cache
+    keyword (stage option predictor_kv_cache).
 
     capture=False runs the same static buffers eagerly (CPU tests of the padding logic).
-    A batch larger than the largest size returns None: the caller runs predict_cached.
+    A batch larger than the largest size returns None: the caller runs its own loop.
     """
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
                  device: torch.device, max_batch: int, capture: bool = True,
-                 compiled: bool = False, **options: Any) -> None:
-        self.cp, self.capture = cp, capture
+                 compiled: bool = False, cache_key: str | None = None,
+                 **options: Any) -> None:
+        self.cp, self.capture, self.cache_key = cp, capture, cache_key
         # torch.compile of the predictor's decoder layers (one dynamic-shape compile shared
         # by its layers, as the AR engine's decode graphs do): fuses the norms, rotary and
         # casts, most of the ~45 kernels a layer pass launches eagerly; captures run it
         self.compiled = compiled
-        self.options = options  # predict_uncached's project / sampling
+        self.options = options  # the loop's project / sampling
         self.sizes = [b for b in GRAPH_BATCHES if b <= max_batch] or [1]
         top = self.sizes[-1]
         self.hidden = torch.zeros(top, hidden_size, dtype=dtype, device=device)
@@ -109,6 +123,11 @@ class PredictorGraphs:
 
     def _inputs(self, b: int) -> tuple[torch.Tensor, ...]:
         return self.hidden[:b], self.first[:b], self.draws[:b], self.greedy[:b]
+
+    def _loop(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cache_key:
+            return predict_cached(self.cp, self.cache_key, *self._inputs(b), **self.options)
+        return predict_uncached(self.cp, *self._inputs(b), **self.options)
 
     def _capture_all(self) -> None:
         layers = list(self.cp.model.layers) if self.compiled else []
@@ -123,12 +142,12 @@ class PredictorGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: lazy inits must not happen in capture
             for b in self.sizes:
-                predict_uncached(self.cp, *self._inputs(b), **self.options)
+                self._loop(b)
         torch.cuda.current_stream().wait_stream(side)
         for b in reversed(self.sizes):  # largest first: the smaller ones reuse its pool
             graph = torch.cuda.CUDAGraph()
             with capturing(graph, pool=pool):
-                out = predict_uncached(self.cp, *self._inputs(b), **self.options)
+                out = self._loop(b)
             self.graphs[b] = (graph, out)
 
     def run(self, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
@@ -145,7 +164,7 @@ class PredictorGraphs:
             graph, (codes, total) = self.graphs[size]
             graph.replay()
         else:
-            codes, total = predict_uncached(self.cp, *self._inputs(size), **self.options)
+            codes, total = self._loop(size)
         return codes[:n].clone(), total[:n].clone()
 
 

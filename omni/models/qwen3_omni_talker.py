@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError, PromptLayout
+from omni.engines.base import EngineLoadError, PromptLayout, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.checkpoint_parts import fuse_experts, prefixed_tensors
 from omni.models.codec_talker import CodecTalkerLM
@@ -112,9 +112,11 @@ class TalkerFeed:
     # stage options beside the AR engine's: predictor_compile (false) compiles the code
     # predictor's layers inside its CUDA graphs, as Qwen3-TTS's talker does by default
     # (there its share of a step at batch 8 went 12.7 -> 5.5 ms on an H100,
-    # bench/results/qwen3-tts-ar-step-h100.md); not yet measured on this talker
-    OPTIONS = frozenset({"predictor_compile"})
+    # bench/results/qwen3-tts-ar-step-h100.md); not yet measured on this talker.
+    # predictor_kv_cache (false): the graphs capture the KV-cached loop
+    OPTIONS = frozenset({"predictor_compile", "predictor_kv_cache"})
     predictor_compile = False
+    predictor_kv_cache = False
 
     def __init__(self, lm: TalkerLM, special: torch.Tensor, speaker_ids: dict[str, int],
                  top: Any, piece: Callable[[int], str]) -> None:
@@ -308,7 +310,8 @@ class TalkerFeed:
             return False
         self.graphs = make_graphs(self.lm.talker.code_predictor, emb.shape[1],
                                   self.num_groups, emb.dtype, emb.device, max_batch,
-                                  compiled=self.predictor_compile)
+                                  compiled=self.predictor_compile,
+                                  cache_key=self.cache_key if self.predictor_kv_cache else None)
         return self.graphs is not None
 
     def _uniforms(self, states: list[FeedState], dev: torch.device) -> torch.Tensor:
@@ -352,7 +355,8 @@ def load_talker(*, model_dir: str, device: str, dtype: str,
     feed = TalkerFeed(lm_module, special,
                       {k.lower(): int(v) for k, v in (cfg.speaker_id or {}).items()}, top,
                       token_text(path))
-    feed.predictor_compile = bool((options or {}).get("predictor_compile", False))
+    feed.predictor_compile = flag_option(options or {}, "predictor_compile", False)
+    feed.predictor_kv_cache = flag_option(options or {}, "predictor_kv_cache", False)
     lm = CausalLM(model=lm_module, tokenizer=None, eos_token_ids={int(cfg.codec_eos_token_id)},
                   model_dir=str(path), dtype=torch_dtype, device=dev,
                   random_weights=_is_random(path), config=cfg.text_config,

@@ -39,7 +39,9 @@ with torch.inference_mode():
     theirs = cp.generate(inputs_embeds=embeds, max_new_tokens=groups - 1, do_sample=False,
                          output_hidden_states=True, return_dict_in_generate=True).sequences
     ours = GraphedPredictor(cp, width, groups, {}, 4, capture=False).generate(embeds).sequences
-print(json.dumps({"theirs": theirs.tolist(), "ours": ours.tolist(),
+    cached = GraphedPredictor(cp, width, groups, {}, 4, capture=False,
+                              cache_key="past_key_values").generate(embeds).sequences
+print(json.dumps({"theirs": theirs.tolist(), "ours": ours.tolist(), "cached": cached.tolist(),
                   "projected": not isinstance(cp.small_to_mtp_projection, torch.nn.Identity)}))
 """
 DECODER = """\
@@ -211,11 +213,13 @@ def _run(script: str, *args: str) -> dict:
 
 def test_the_graphed_predictor_projects_into_its_own_width(release):
     """A code predictor narrower than its talker (qwen-tts's small_to_mtp_projection):
-    the graphed loop's greedy codes equal the predictor's own generate, for a batch."""
+    the graphed loop's greedy codes equal the predictor's own generate, for a batch, in
+    both forms (each pass recomputing the frame's positions, or reading them cached)."""
     got = _run(PREDICTOR)
     assert got["projected"]
     assert len({c for row in got["theirs"] for c in row}) > 3  # the codes vary
     assert got["ours"] == got["theirs"]
+    assert got["cached"] == got["theirs"]
 
 
 def test_fixed_shape_chunk_decodes_equal_the_unpadded_ones(release):

@@ -46,12 +46,14 @@ def test_uncached_loop_equals_cached(talker):
     torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "kv-cached"])
 @torch.inference_mode()
-def test_static_buffers_pad_and_fall_back(talker):
+def test_static_buffers_pad_and_fall_back(talker, cached):
     model, feed = talker
     graphs = PredictorGraphs(model.code_predictor, model.config.text_config.hidden_size,
                              feed.num_groups, torch.float32, torch.device("cpu"),
-                             max_batch=8, capture=False)
+                             max_batch=8, capture=False,
+                             cache_key=feed.cache_key if cached else None)
     assert graphs.sizes == [1, 2, 4, 8]
     for batch in (3, 1, 8):  # 3 runs padded to 4; stale rows from a larger batch are zeroed
         args = _inputs(talker, batch, batch)

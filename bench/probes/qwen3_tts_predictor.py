@@ -1,0 +1,88 @@
+"""Qwen3-TTS's code predictor alone: its captured loop uncached vs KV-cached, layers eager
+vs compiled.
+
+The predictor's 15 passes a frame are captured as one CUDA graph per padded batch
+(omni/models/qwen3_omni_predictor.py). The uncached loop recomputes the frame's positions
+in each pass (pass g reads g + 2 of them: 135 positions a row a frame); the cached loop
+reads the earlier ones from transformers' cache (15 a row). At batch 64 the predictor took
+9.9 of a 14.7 ms talker step (H100, bench/results/qwen3-tts-ar-step-h100.md). Per variant
+and batch size: the mean graph replay (device synchronised), and how many of its greedy
+codes equal the uncached eager-layer variant's (bf16 arithmetic differs by order, so a few
+may not). Runs in the qwen3-tts environment on a release-shape model directory:
+
+    /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_predictor.py --model DIR
+        [--batch 8,64] [--replays 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+VARIANTS = (("uncached", False), ("uncached", True), ("cached", False), ("cached", True))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", default="8,64")
+    parser.add_argument("--replays", type=int, default=50)
+    args = parser.parse_args()
+    import torch
+
+    from omni.models.causal_lm import cache_keyword
+    from omni.models.qwen3_omni_predictor import make_graphs
+    from omni.models.qwen3_tts import load_qwen3_tts
+
+    tts = load_qwen3_tts(args.model, "cuda", "bfloat16")
+    tts.model.requires_grad_(False)
+    cp = tts.model.talker.code_predictor
+    cfg = tts.model.config.talker_config
+    width, groups = int(cfg.hidden_size), int(cfg.num_code_groups)
+    key = cache_keyword(cp.model.forward)
+    batches = [int(b) for b in args.batch.split(",")]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inputs = {b: (torch.randn(b, width, device="cuda", generator=gen, dtype=torch.bfloat16),
+                  torch.randn(b, width, device="cuda", generator=gen, dtype=torch.bfloat16),
+                  torch.zeros(b, groups - 1, device="cuda"),
+                  torch.ones(b, dtype=torch.bool, device="cuda")) for b in batches}
+    print("| loop | layers | B | replay ms | codes equal to uncached eager |")
+    print("|---|---|---:|---:|---:|")
+    reference: dict[int, torch.Tensor] = {}
+    for loop, compiled in VARIANTS:
+        t0 = time.perf_counter()
+        graphs = make_graphs(cp, width, groups, torch.bfloat16, torch.device("cuda"),
+                             max(batches), compiled=compiled,
+                             project=cp.small_to_mtp_projection,
+                             cache_key=key if loop == "cached" else None)
+        built = time.perf_counter() - t0
+        if graphs is None or graphs.compiled != compiled:
+            print(f"| {loop} | {'compiled' if compiled else 'eager'} | - | capture failed "
+                  f"(see the warning above) | - |")
+            continue
+        for b in batches:
+            codes, _ = graphs.run(*inputs[b])
+            reference.setdefault(b, codes)
+            same = (codes == reference[b]).float().mean().item()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.replays):
+                graphs.run(*inputs[b])
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) / args.replays * 1e3
+            print(f"| {loop} | {'compiled' if compiled else 'eager'} | {b} | {ms:.2f} | "
+                  f"{same:.3f} |", flush=True)
+        print(f"({loop}, {'compiled' if compiled else 'eager'}: built in {built:.1f} s)",
+              flush=True)
+        del graphs
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
