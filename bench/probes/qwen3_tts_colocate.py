@@ -158,7 +158,9 @@ def main() -> int:
     import torch
 
     cuda = args.device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    # the talker's own stream, not the device: a device-wide sync would also wait for the
+    # decoder thread's stream and count its kernels in the talker's step
+    sync = (lambda: torch.cuda.current_stream().synchronize()) if cuda else (lambda: None)
     c2w = load_decoder(args.model, args.device)
     warm_decoder(c2w, args)
     engine = start_talker(args)
