@@ -4,7 +4,8 @@ buys.
 
 Builds the release's speech tokenizer (omni/fixtures/qwen3_tts_release.py's config, random
 weights) on the device, then for each (batch, frames): the decoder as the code2wav stage
-runs it (CachedMaskDecoder), the same with fused SnakeBeta, and with the upsampling and
+runs it (CachedMaskDecoder), the same with fused SnakeBeta (and with cuDNN's benchmark mode
+picking its convolution algorithms), and with the upsampling and
 convolution stack under torch.compile (dynamic shapes); median ms of --repeat calls after
 warm-up, and the variants' largest difference from the first (--compile-stack adds the
 compiled stack). A profile of the first
@@ -69,6 +70,23 @@ class CompiledStack(CachedMaskDecoder):
         return self._stack(hidden.permute(0, 2, 1))
 
 
+class CudnnBenchmarked:
+    """A decoder called with cuDNN's benchmark mode on: each new call shape times cuDNN's
+    convolution algorithms once and keeps the fastest (off, it takes its heuristic's
+    pick); the code2wav stage's padded calls come in a few shapes, all met at load."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        before = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            return self.fn(codes)
+        finally:
+            torch.backends.cudnn.benchmark = before
+
+
 def timed(fn, codes: torch.Tensor, repeat: int) -> tuple[float, torch.Tensor]:
     with torch.inference_mode():
         out = fn(codes)
@@ -109,7 +127,8 @@ def main() -> None:
     base = build_decoder("cuda", dtype)
     fused_model = copy.deepcopy(base)
     print(f"fused {fuse_snakes(fused_model)} SnakeBeta modules")
-    variants = {"eager": CachedMaskDecoder(base), "fused-snake": CachedMaskDecoder(fused_model)}
+    variants = {"eager": CachedMaskDecoder(base), "fused-snake": CachedMaskDecoder(fused_model),
+                "fused+cudnn-bench": CudnnBenchmarked(CachedMaskDecoder(fused_model))}
     t = time.perf_counter()
     if args.compile_stack:
         variants["compiled-stack"] = CompiledStack(base)
