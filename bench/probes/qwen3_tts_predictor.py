@@ -1,11 +1,12 @@
-"""Qwen3-TTS's code predictor alone: its captured loop uncached vs KV-cached, layers eager
-vs compiled.
+"""Qwen3-TTS's code predictor alone: its captured loop uncached vs over a static KV cache,
+layers eager vs compiled.
 
 The predictor's 15 passes a frame are captured as one CUDA graph per padded batch
 (omni/models/qwen3_omni_predictor.py). The uncached loop recomputes the frame's positions
-in each pass (pass g reads g + 2 of them: 135 positions a row a frame); the cached loop
-reads the earlier ones from transformers' cache (15 a row). At batch 64 the predictor took
-9.9 of a 14.7 ms talker step (H100, bench/results/qwen3-tts-ar-step-h100.md). Per variant
+in each pass (pass g reads g + 2 of them: 135 positions a row a frame); the static loop
+(omni/models/predictor_kv.py) reads the earlier ones from per-layer buffers (15 a row).
+At batch 64 the predictor took 9.9 of a 14.7 ms talker step (H100,
+bench/results/qwen3-tts-ar-step-h100.md). Per variant
 and batch size: the mean graph replay (device synchronised), and how many of its greedy
 codes equal the uncached eager-layer variant's (bf16 arithmetic differs by order, so a few
 may not). Runs in the qwen3-tts environment on a release-shape model directory:
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-VARIANTS = (("uncached", False), ("uncached", True), ("cached", False), ("cached", True))
+VARIANTS = (("uncached", False), ("uncached", True), ("static", False), ("static", True))
 
 
 def main() -> int:
@@ -35,7 +36,6 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from omni.models.causal_lm import cache_keyword
     from omni.models.qwen3_omni_predictor import make_graphs
     from omni.models.qwen3_tts import load_qwen3_tts
 
@@ -44,7 +44,6 @@ def main() -> int:
     cp = tts.model.talker.code_predictor
     cfg = tts.model.config.talker_config
     width, groups = int(cfg.hidden_size), int(cfg.num_code_groups)
-    key = cache_keyword(cp.model.forward)
     batches = [int(b) for b in args.batch.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     inputs = {b: (torch.randn(b, width, device="cuda", generator=gen, dtype=torch.bfloat16),
@@ -59,7 +58,7 @@ def main() -> int:
         graphs = make_graphs(cp, width, groups, torch.bfloat16, torch.device("cuda"),
                              max(batches), compiled=compiled,
                              project=cp.small_to_mtp_projection,
-                             cache_key=key if loop == "cached" else None)
+                             kv_cache=loop == "static")
         built = time.perf_counter() - t0
         if graphs is None or graphs.compiled != compiled:
             print(f"| {loop} | {'compiled' if compiled else 'eager'} | - | capture failed "

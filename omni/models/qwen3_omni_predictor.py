@@ -24,27 +24,11 @@ from typing import Any
 import torch
 
 from omni.graph_capture import capturing, forwards_replaced
+from omni.models.predictor_kv import layer_step, pick, predict_static
 
 log = logging.getLogger("omni.models.qwen3_omni")
 
-CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
 GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
-         top_k: int = CODE_PREDICTOR_TOP_K, top_p: float = CODE_PREDICTOR_TOP_P,
-         temperature: float = 1.0) -> torch.Tensor:
-    """One code per row: argmax where greedy, else temperature, top-k, then top-p sampling
-    by inverse CDF with the row's uniform draw (transformers' generate() warpers, in their
-    order). No host syncs."""
-    top = logits.topk(min(top_k or logits.shape[-1], logits.shape[-1]), dim=-1)
-    probs = (top.values / temperature).softmax(-1)
-    if top_p < 1.0:
-        probs = probs * (probs.cumsum(-1) - probs < top_p)
-    cdf = probs.cumsum(-1)
-    index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
-    sampled = top.indices.gather(1, index[:, None])[:, 0]
-    return torch.where(greedy, logits.argmax(-1), sampled)
 
 
 def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.Tensor,
@@ -54,13 +38,7 @@ def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.T
     the embedding of each row's first code, `hidden`: the talker's last hidden state.
     ``project`` maps each new position into the predictor's width first (Qwen3-TTS's
     small_to_mtp_projection: a linear map, so position by position is the same),
-    ``sampling`` overrides pick's top_k / top_p / temperature.
-
-    Each pass's shapes depend on the batch size and the pass alone (transformers' dynamic
-    cache grows by one position a pass), so this loop too can be captured as one graph:
-    pass g attends over g + 2 cached positions instead of recomputing them, 15 positions a
-    row where predict_uncached computes 135 (at 64 rows those are ~8,600 rows of matmuls
-    a frame)."""
+    ``sampling`` overrides pick's top_k / top_p / temperature."""
     embeds, cache, codes, total = torch.stack((hidden, first), dim=1), None, [], first
     for group in range(draws.shape[1]):
         out = cp.model(inputs_embeds=embeds if project is None else project(embeds),
@@ -94,8 +72,8 @@ def predict_uncached(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: 
 
 class PredictorGraphs:
     """The predictor's loop for padded batch sizes (GRAPH_BATCHES), one CUDA graph each:
-    predict_uncached, or predict_cached where ``cache_key`` names the predictor's cache
-    keyword (stage option predictor_kv_cache).
+    predict_uncached, or with ``kv_cache`` predictor_kv.predict_static (stage option
+    predictor_kv_cache).
 
     capture=False runs the same static buffers eagerly (CPU tests of the padding logic).
     A batch larger than the largest size returns None: the caller runs its own loop.
@@ -103,9 +81,9 @@ class PredictorGraphs:
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
                  device: torch.device, max_batch: int, capture: bool = True,
-                 compiled: bool = False, cache_key: str | None = None,
-                 **options: Any) -> None:
-        self.cp, self.capture, self.cache_key = cp, capture, cache_key
+                 compiled: bool = False, kv_cache: bool = False, **options: Any) -> None:
+        self.cp, self.capture, self.kv_cache = cp, capture, kv_cache
+        self.step = layer_step  # predict_static's layer step (compiled in _capture_all)
         # torch.compile of the predictor's decoder layers (one dynamic-shape compile shared
         # by its layers, as the AR engine's decode graphs do): fuses the norms, rotary and
         # casts, most of the ~45 kernels a layer pass launches eagerly; captures run it
@@ -125,11 +103,15 @@ class PredictorGraphs:
         return self.hidden[:b], self.first[:b], self.draws[:b], self.greedy[:b]
 
     def _loop(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cache_key:
-            return predict_cached(self.cp, self.cache_key, *self._inputs(b), **self.options)
+        if self.kv_cache:
+            return predict_static(self.cp, *self._inputs(b), step=self.step, **self.options)
         return predict_uncached(self.cp, *self._inputs(b), **self.options)
 
     def _capture_all(self) -> None:
+        if self.kv_cache:  # a plain function of tensors: one dynamic-shape compile
+            self.step = torch.compile(layer_step, dynamic=True) if self.compiled else layer_step
+            self._capture_sizes()
+            return
         layers = list(self.cp.model.layers) if self.compiled else []
         compiled = [torch.compile(type(layer).forward.__get__(layer), dynamic=True)
                     for layer in layers]

@@ -42,6 +42,7 @@ from omni.engines.base import EngineLoadError, PromptLayout, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.checkpoint_parts import fuse_experts, prefixed_tensors
 from omni.models.codec_talker import CodecTalkerLM
+from omni.models.predictor_kv import supported
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
 from omni.models.spoken_tokens import SpokenTokens, token_text
@@ -113,7 +114,7 @@ class TalkerFeed:
     # predictor's layers inside its CUDA graphs, as Qwen3-TTS's talker does by default
     # (there its share of a step at batch 8 went 12.7 -> 5.5 ms on an H100,
     # bench/results/qwen3-tts-ar-step-h100.md); not yet measured on this talker.
-    # predictor_kv_cache (false): the graphs capture the KV-cached loop
+    # predictor_kv_cache (false): the graphs capture the static-KV loop (predictor_kv.py)
     OPTIONS = frozenset({"predictor_compile", "predictor_kv_cache"})
     predictor_compile = False
     predictor_kv_cache = False
@@ -311,7 +312,8 @@ class TalkerFeed:
         self.graphs = make_graphs(self.lm.talker.code_predictor, emb.shape[1],
                                   self.num_groups, emb.dtype, emb.device, max_batch,
                                   compiled=self.predictor_compile,
-                                  cache_key=self.cache_key if self.predictor_kv_cache else None)
+                                  kv_cache=self.predictor_kv_cache
+                                  and supported(self.lm.talker.code_predictor))
         return self.graphs is not None
 
     def _uniforms(self, states: list[FeedState], dev: torch.device) -> torch.Tensor:

@@ -32,11 +32,11 @@ from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs
 class GraphedPredictor:
     """A talker's code predictor ``cp`` (talker width ``hidden_size``, ``groups`` codes a
     frame), captured per padded batch size (capture=False: the same static buffers run
-    eagerly, for CPU tests of the arithmetic); ``cache_key``: the cached loop
-    (qwen3_omni_predictor.predict_cached), else the uncached one."""
+    eagerly, for CPU tests of the arithmetic); ``kv_cache``: the static-KV loop
+    (predictor_kv.predict_static), else the uncached one."""
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, gen: dict[str, Any],
-                 max_batch: int, capture: bool = True, cache_key: str | None = None) -> None:
+                 max_batch: int, capture: bool = True, kv_cache: bool = False) -> None:
         weight = cp.lm_head[0].weight
         self.groups = groups
         self.device = weight.device
@@ -45,7 +45,7 @@ class GraphedPredictor:
                     "temperature": float(gen.get("subtalker_temperature") or 1.0)}
         args = (cp, hidden_size, groups, weight.dtype, self.device, max_batch)
         options = {"project": cp.small_to_mtp_projection, "sampling": sampling,
-                   "cache_key": cache_key}
+                   "kv_cache": kv_cache}
         self.graphs: PredictorGraphs | None = (
             make_graphs(*args, **options) if capture
             else PredictorGraphs(*args, capture=False, **options))

@@ -53,12 +53,8 @@ import torch
 from omni.engines.base import EngineLoadError, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
 from omni.models.codec_talker import CodecTalkerLM
-from omni.models.qwen3_omni_predictor import (
-    PredictorGraphs,
-    make_graphs,
-    predict_cached,
-    predict_uncached,
-)
+from omni.models.predictor_kv import predict_static, supported
+from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
 from omni.models.qwen3_tts import SERVED_TYPES, check_seed, load_qwen3_tts
 from omni.models.qwen3_tts_batch import suppressed
 from omni.models.qwen3_tts_clone import (
@@ -142,10 +138,10 @@ class TTSFeed:
         # in-process: its share of a step at B=8 12.7 -> 5.5 ms, bench/results/
         # qwen3-tts-ar-step-h100.md)
         self.predictor_compile = flag_option(options, "predictor_compile", True)
-        # each predictor pass reads the frame's earlier positions from a KV cache instead of
-        # recomputing them (qwen3_omni_predictor.predict_cached)
-        self.predictor_cache = (cache_keyword(self.model.talker.code_predictor.model.forward)
-                                if flag_option(options, "predictor_kv_cache", False) else None)
+        # each predictor pass reads the frame's earlier positions from a static KV cache
+        # instead of recomputing them (omni/models/predictor_kv.py)
+        self.predictor_kv = (flag_option(options, "predictor_kv_cache", False)
+                             and supported(self.model.talker.code_predictor))
         codec = self.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.speakers = sorted(self.model.get_supported_speakers() or ())
@@ -259,11 +255,9 @@ class TTSFeed:
         done = None if self.graphs is None else self.graphs.run(hidden, first_embed, draws,
                                                                 is_greedy)
         cp = self.model.talker.code_predictor
-        options = {"project": cp.small_to_mtp_projection, "sampling": self.pick}
-        residual, total = done or (
-            predict_cached(cp, self.predictor_cache, hidden, first_embed, draws, is_greedy,
-                           **options) if self.predictor_cache
-            else predict_uncached(cp, hidden, first_embed, draws, is_greedy, **options))
+        loop = predict_static if self.predictor_kv else predict_uncached
+        residual, total = done or loop(cp, hidden, first_embed, draws, is_greedy,
+                                       project=cp.small_to_mtp_projection, sampling=self.pick)
         frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync a step
         for i, st in enumerate(states):
             st.codes, st.next_codec = frame[i], total[i]
@@ -294,7 +288,7 @@ class TTSFeed:
         self.graphs = make_graphs(cp, emb.shape[1], self.groups, emb.dtype, emb.device,
                                   max_batch, compiled=self.predictor_compile,
                                   project=cp.small_to_mtp_projection, sampling=self.pick,
-                                  cache_key=self.predictor_cache)
+                                  kv_cache=self.predictor_kv)
         return self.graphs is not None
 
 

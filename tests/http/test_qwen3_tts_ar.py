@@ -59,7 +59,9 @@ def reference(release, tmp_path_factory) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def server(release, start_server):
     return start_server({
-        "qwen3-tts-ar": layouts.ar("qwen3-tts-ar", release, FRAMES, ", openai_voices: true"),
+        # the code predictor over its static KV cache (omni/models/predictor_kv.py)
+        "qwen3-tts-ar": layouts.ar("qwen3-tts-ar", release, FRAMES,
+                                   ", openai_voices: true, predictor_kv_cache: true"),
         "qwen3-tts-ar-sampled": layouts.ar("qwen3-tts-ar-sampled", release, 41, greedy=False),
         "preset": str(release),  # `--model DIR`: the preset its config picks
         "voiced-ar": layouts.ar("voiced-ar", release, FRAMES, ", openai_voices: true",

@@ -40,7 +40,7 @@ with torch.inference_mode():
                          output_hidden_states=True, return_dict_in_generate=True).sequences
     ours = GraphedPredictor(cp, width, groups, {}, 4, capture=False).generate(embeds).sequences
     cached = GraphedPredictor(cp, width, groups, {}, 4, capture=False,
-                              cache_key="past_key_values").generate(embeds).sequences
+                              kv_cache=True).generate(embeds).sequences
 print(json.dumps({"theirs": theirs.tolist(), "ours": ours.tolist(), "cached": cached.tolist(),
                   "projected": not isinstance(cp.small_to_mtp_projection, torch.nn.Identity)}))
 """
@@ -214,7 +214,8 @@ def _run(script: str, *args: str) -> dict:
 def test_the_graphed_predictor_projects_into_its_own_width(release):
     """A code predictor narrower than its talker (qwen-tts's small_to_mtp_projection):
     the graphed loop's greedy codes equal the predictor's own generate, for a batch, in
-    both forms (each pass recomputing the frame's positions, or reading them cached)."""
+    both forms (each pass recomputing the frame's positions, or reading them from a static
+    KV cache)."""
     got = _run(PREDICTOR)
     assert got["projected"]
     assert len({c for row in got["theirs"] for c in row}) > 3  # the codes vary

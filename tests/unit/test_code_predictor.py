@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from omni.fixtures import ensure_tiny_model
+from omni.models.predictor_kv import predict_static, supported
 from omni.models.qwen3_omni_predictor import (
     PredictorGraphs,
     pick,
@@ -36,6 +37,19 @@ def _inputs(talker, batch: int, seed: int):
 
 
 @torch.inference_mode()
+def test_static_kv_loop_equals_cached(talker):
+    """predictor_kv.predict_static (its own buffers and layer step) = transformers' cache;
+    the codes vary, so equal codes say something."""
+    model, feed = talker
+    args = _inputs(talker, 6, 1)
+    codes, total = predict_cached(model.code_predictor, feed.cache_key, *args)
+    codes2, total2 = predict_static(model.code_predictor, *args)
+    assert len(set(codes.flatten().tolist())) > 3
+    assert torch.equal(codes, codes2)
+    torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
+
+
+@torch.inference_mode()
 def test_uncached_loop_equals_cached(talker):
     model, feed = talker
     args = _inputs(talker, 5, 0)
@@ -50,10 +64,11 @@ def test_uncached_loop_equals_cached(talker):
 @torch.inference_mode()
 def test_static_buffers_pad_and_fall_back(talker, cached):
     model, feed = talker
+    assert supported(model.code_predictor)
     graphs = PredictorGraphs(model.code_predictor, model.config.text_config.hidden_size,
                              feed.num_groups, torch.float32, torch.device("cpu"),
                              max_batch=8, capture=False,
-                             cache_key=feed.cache_key if cached else None)
+                             kv_cache=cached)
     assert graphs.sizes == [1, 2, 4, 8]
     for batch in (3, 1, 8):  # 3 runs padded to 4; stale rows from a larger batch are zeroed
         args = _inputs(talker, batch, batch)

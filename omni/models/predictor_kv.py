@@ -1,0 +1,120 @@
+"""The talker's code predictor over a static KV cache: compiled, graphed, no recomputing.
+
+A frame's 15 predictor passes (omni/models/qwen3_omni_predictor.py) either recompute the
+frame's earlier positions in every pass (predict_uncached: 135 positions a row a frame)
+or read them from transformers' cache (predict_cached: 15). In CUDA graphs on an H100,
+Qwen3-TTS's release shapes (bench/results/qwen3-tts-gpu.md): uncached 19.5 ms a frame at
+64 rows with eager layers, 10.5 with them compiled; cached 13.5 with eager layers and 13.5
+compiled too: the layers take transformers' cache object, whose growth by concatenation
+torch.compile does not turn into fused kernels.
+
+Here each layer writes its keys and values into a buffer of the frame's length (16
+positions) allocated once per call, so every pass's shapes are fixed by the batch size and
+the pass, and a layer step is a plain function of tensors that torch.compile fuses (the
+norms, rotary and residual adds around the matmuls and one SDPA call). The arithmetic is
+transformers' decoder layer (Qwen3's: q/k norms on the head dim, rotate-half rotary,
+grouped-query SDPA, SwiGLU MLP); the same codes as predict_cached
+(tests/unit/test_code_predictor.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # transformers' generate() values
+
+
+def pick(logits: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
+         top_k: int = CODE_PREDICTOR_TOP_K, top_p: float = CODE_PREDICTOR_TOP_P,
+         temperature: float = 1.0) -> torch.Tensor:
+    """One code per row: argmax where greedy, else temperature, top-k, then top-p sampling
+    by inverse CDF with the row's uniform draw (transformers' generate() warpers, in their
+    order). No host syncs."""
+    top = logits.topk(min(top_k or logits.shape[-1], logits.shape[-1]), dim=-1)
+    probs = (top.values / temperature).softmax(-1)
+    if top_p < 1.0:
+        probs = probs * (probs.cumsum(-1) - probs < top_p)
+    cdf = probs.cumsum(-1)
+    index = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp_(max=probs.shape[-1] - 1)
+    sampled = top.indices.gather(1, index[:, None])[:, 0]
+    return torch.where(greedy, logits.argmax(-1), sampled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """One decoder layer over the frame's positions start .. start + T (x: (B, T, H)),
+    its keys and values written into ``keys`` / ``values`` (B, kv heads, length, head dim),
+    attending over every position up to its own."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    shape = (*h.shape[:-1], -1, attn.head_dim)
+    q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
+    v = attn.v_proj(h).view(shape).transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    end = start + x.shape[1]
+    keys[:, :, start:end] = k
+    values[:, :, start:end] = v
+    # several new positions only in the first pass (start 0): causal among themselves
+    out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end],
+                                         is_causal=x.shape[1] > 1, scale=attn.scaling,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def supported(cp: Any) -> bool:
+    """Whether the predictor's layers are the decoder layer layer_step computes (no
+    attention bias is fine: the projections carry their own; a sliding window shorter than
+    a frame is not)."""
+    layers = list(cp.model.layers)
+    need = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+    attn_parts = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim",
+                  "scaling")
+    return bool(layers) and all(
+        all(hasattr(layer, n) for n in need)
+        and all(hasattr(layer.self_attn, n) for n in attn_parts)
+        and (getattr(layer.self_attn, "sliding_window", None) or 1 << 30) >= 64
+        for layer in layers)
+
+
+def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
+                   greedy: torch.Tensor, project: Any = None,
+                   sampling: dict[str, Any] | None = None,
+                   step: Any = layer_step) -> tuple[torch.Tensor, torch.Tensor]:
+    """predict_cached's (residual codes, sum of the frame's code embeddings) over static
+    per-layer buffers; ``step``: layer_step or its compiled form."""
+    model = cp.model
+    layers = list(model.layers)[: model.config.num_hidden_layers]
+    passes, rows = draws.shape[1], hidden.shape[0]
+    length = passes + 1  # the talker's hidden, the first code, the residual codes but the last
+    head_dim = layers[0].self_attn.head_dim
+    kv_heads = layers[0].self_attn.k_proj.out_features // head_dim
+    buffers = [(hidden.new_empty(rows, kv_heads, length, head_dim),
+                hidden.new_empty(rows, kv_heads, length, head_dim)) for _ in layers]
+    positions = torch.arange(length, device=hidden.device)[None]
+    cos_all, sin_all = model.rotary_emb(hidden, positions)
+    x, start, codes, total = torch.stack((hidden, first), dim=1), 0, [], first
+    for group in range(passes):
+        x = x if project is None else project(x)
+        end = start + x.shape[1]
+        cos, sin = cos_all[:, start:end], sin_all[:, start:end]
+        for layer, (keys, values) in zip(layers, buffers, strict=True):
+            x = step(layer, x, cos, sin, keys, values, start)
+        logits = cp.lm_head[group](model.norm(x[:, -1])).float()
+        code = pick(logits, draws[:, group], greedy, **(sampling or {}))
+        codes.append(code)
+        embed = model.get_input_embeddings()[group](code)
+        total = total + embed
+        x, start = embed[:, None], end
+    return torch.stack(codes, dim=1), total
