@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--compile", default="both", choices=("both", "on", "off"))
     parser.add_argument("--kv-cache", default="off", choices=("both", "on", "off"),
-                        help="the predictor's KV-cached loop (stage option predictor_kv_cache)")
+                        help="the predictor over its static KV cache (stage option predictor_kv_cache)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run (float32)")
     args = parser.parse_args()
     import torch
@@ -98,7 +98,7 @@ def main() -> int:
             sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
             r = run(engine, batch, args.steps, sync)
             print(f"| {'compiled' if compiled else 'eager'} | "
-                  f"{'cached' if cached else 'uncached'} | {batch} | {r['step_ms']:.1f} | "
+                  f"{'static KV' if cached else 'uncached'} | {batch} | {r['step_ms']:.1f} | "
                   f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} |",
                   flush=True)
         del engine
