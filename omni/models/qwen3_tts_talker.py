@@ -139,9 +139,14 @@ class TTSFeed:
         # qwen3-tts-ar-step-h100.md)
         self.predictor_compile = flag_option(options, "predictor_compile", True)
         # each predictor pass reads the frame's earlier positions from a static KV cache
-        # instead of recomputing them (omni/models/predictor_kv.py)
-        self.predictor_kv = (flag_option(options, "predictor_kv_cache", False)
-                             and supported(self.model.talker.code_predictor))
+        # instead of recomputing them (omni/models/predictor_kv.py). Default on a GPU: H100,
+        # in its graphs, compiled, a frame at B=64 10.45 -> 6.61 ms; served c=64 206.5 ->
+        # 239.7 audio-s/s (bench/results/qwen3-tts-gpu.md); on the CPU not measured apart
+        # from noise, so the loop stays the uncached one there
+        cp = self.model.talker.code_predictor
+        on_gpu = cp.lm_head[0].weight.device.type == "cuda"
+        self.predictor_kv = (flag_option(options, "predictor_kv_cache", on_gpu)
+                             and supported(cp))
         codec = self.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.speakers = sorted(self.model.get_supported_speakers() or ())
