@@ -8,8 +8,8 @@ runs it (CachedMaskDecoder), the same with fused SnakeBeta (and with cuDNN's ben
 picking its convolution algorithms), and with the upsampling and
 convolution stack under torch.compile (dynamic shapes); median ms of --repeat calls after
 warm-up, and the variants' largest difference from the first (--compile-stack adds the
-compiled stack). A profile of the first
-variant's largest call lists its top kernels. Runs in the qwen3-tts environment:
+compiled stack). A profile of the fused variant's (the served decoder's) largest call lists
+its top kernels. Runs in the qwen3-tts environment:
 
     python bench/probes/qwen3_tts_decoder.py --batch 8,64 --frames 28,75
 
@@ -148,7 +148,7 @@ def main() -> None:
     print(f"({time.perf_counter() - t:.0f} s for all shapes, each variant's compiles in its "
           "warm-up calls)")
     b, f = shapes[-1]
-    profile(variants["eager"], torch.randint(0, 2048, (b, 16, f), device="cuda"))
+    profile(variants["fused-snake"], torch.randint(0, 2048, (b, 16, f), device="cuda"))
 
 
 if __name__ == "__main__":
