@@ -157,9 +157,20 @@ def test_one_utterance_gives_one_start_and_one_stop(vad, speech):
 
 
 def test_int16_input_gives_the_same_events(vad, speech):
+    """int16 samples are scaled to [-1, 1), not read as numbers in the thousands. Rounding
+    to int16 is not the same signal: a window whose speech probability sits at the
+    threshold may fall on the other side (CI once saw the stop one 32 ms window later; the
+    Piper voice's synthesis is not the same on every run), so times agree within one
+    window."""
     clip = _clip([1.0, speech[0][0], 1.5])
     as_int16 = (np.clip(clip, -1, 1) * 32767).astype(np.int16)
-    assert _run(vad.stream(), as_int16) == _run(vad.stream(), clip)
+    got, want = _run(vad.stream(), as_int16), _run(vad.stream(), clip)
+    assert [e.kind for e, _ in got] == [e.kind for e, _ in want] == [
+        "speech_started", "speech_stopped"]
+    window_ms = WINDOW // MS
+    for (event, fed), (ref, ref_fed) in zip(got, want, strict=True):
+        assert abs(event.audio_ms - ref.audio_ms) <= window_ms
+        assert abs(fed - ref_fed) <= window_ms + CHUNK // MS
 
 
 @pytest.mark.parametrize("noise", [False, True])
