@@ -32,20 +32,15 @@ GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def predict_cached(cp: Any, cache_key: str, hidden: torch.Tensor, first: torch.Tensor,
-                   draws: torch.Tensor, greedy: torch.Tensor, project: Any = None,
-                   sampling: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   draws: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual codes (B, groups-1), sum of the frame's code embeddings (B, H)); `first`:
-    the embedding of each row's first code, `hidden`: the talker's last hidden state.
-    ``project`` maps each new position into the predictor's width first (Qwen3-TTS's
-    small_to_mtp_projection: a linear map, so position by position is the same),
-    ``sampling`` overrides pick's top_k / top_p / temperature."""
+    the embedding of each row's first code, `hidden`: the talker's last hidden state."""
     embeds, cache, codes, total = torch.stack((hidden, first), dim=1), None, [], first
     for group in range(draws.shape[1]):
-        out = cp.model(inputs_embeds=embeds if project is None else project(embeds),
-                       use_cache=True, **{cache_key: cache})
+        out = cp.model(inputs_embeds=embeds, use_cache=True, **{cache_key: cache})
         cache = getattr(out, cache_key)
         logits = cp.lm_head[group](out.last_hidden_state[:, -1]).float()
-        code = pick(logits, draws[:, group], greedy, **(sampling or {}))
+        code = pick(logits, draws[:, group], greedy)
         codes.append(code)
         embeds = cp.model.get_input_embeddings()[group](code)[:, None]
         total = total + embeds[:, 0]
