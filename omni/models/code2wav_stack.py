@@ -39,12 +39,13 @@ def conv_stack(module) -> list[tuple[str, Any]]:
     return out
 
 
-def conv_stack_frames(module, samples_per_frame: int) -> int:
-    """Frames before frame t that the conv stack reads for frame t's first sample: a
-    decode whose stack starts that many frames before the first frame kept gives that
-    frame's samples exactly as a stack over all frames would (causal convolutions)."""
+def conv_stack_frames(stack: list[tuple[str, Any]], samples_per_frame: int) -> int:
+    """Frames before frame t that the conv stack (conv_stack's list) reads for frame t's
+    first sample: a decode whose stack starts that many frames before the first frame kept
+    gives that frame's samples exactly as a stack over all frames would (causal
+    convolutions)."""
     t = 10_000
-    return t - min_input_index(conv_stack(module), t * samples_per_frame)
+    return t - min_input_index(stack, t * samples_per_frame)
 
 
 def run_conv_stack(module, hidden: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,9 @@ frame's earlier positions in every pass (predict_uncached: 135 positions a row a
 or read them from transformers' cache (predict_cached: 15). In CUDA graphs on an H100,
 Qwen3-TTS's release shapes (bench/results/qwen3-tts-gpu.md): uncached 19.5 ms a frame at
 64 rows with eager layers, 10.5 with them compiled; cached 13.5 with eager layers and 13.5
-compiled too: the layers take transformers' cache object, whose growth by concatenation
-torch.compile does not turn into fused kernels.
+"compiled" too: the compiled layers took transformers' cache object, whose layer list
+torch.compile guards on (`len(past_key_values.layers) == 3`), so they hit its recompile
+limit and ran eagerly.
 
 Here each layer writes its keys and values into a buffer of the frame's length (16
 positions) allocated once per call, so every pass's shapes are fixed by the batch size and
@@ -74,9 +75,9 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def supported(cp: Any) -> bool:
-    """Whether the predictor's layers are the decoder layer layer_step computes (no
-    attention bias is fine: the projections carry their own; a sliding window shorter than
-    a frame is not)."""
+    """Whether the predictor's layers have the parts layer_step calls (attention biases
+    need nothing: they live inside the projections) and no sliding window shorter than a
+    frame; where not, the talkers keep the uncached loop."""
     layers = list(cp.model.layers)
     need = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
     attn_parts = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "head_dim",

@@ -34,6 +34,7 @@ from omni.models.checkpoint_parts import prefixed_tensors
 from omni.models.code2wav_shapes import CallShapes, decode_padded, prepare_shapes
 from omni.models.code2wav_stack import (
     conv_stack,
+    conv_stack_frames,
     max_input_index,
     min_input_index,
     run_conv_stack,
@@ -87,7 +88,7 @@ class Code2Wav:
         stack = conv_stack(self.module)
         t = 10_000
         spf = self.samples_per_frame
-        conv_frames = t - min_input_index(stack, t * spf)
+        conv_frames = conv_stack_frames(stack, spf)
         attn = sum(int(c.sliding_window) - 1 for kind in c.layer_types
                    if kind == "sliding_attention")
         if any(kind != "sliding_attention" for kind in c.layer_types):

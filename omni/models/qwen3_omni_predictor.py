@@ -103,13 +103,11 @@ class PredictorGraphs:
         return predict_uncached(self.cp, *self._inputs(b), **self.options)
 
     def _capture_all(self) -> None:
-        if self.kv_cache:  # a plain function of tensors: one dynamic-shape compile
-            self.step = torch.compile(layer_step, dynamic=True) if self.compiled else layer_step
-            self._capture_sizes()
-            return
-        layers = list(self.cp.model.layers) if self.compiled else []
+        layers = list(self.cp.model.layers) if self.compiled and not self.kv_cache else []
         compiled = [torch.compile(type(layer).forward.__get__(layer), dynamic=True)
                     for layer in layers]
+        if self.compiled and self.kv_cache:  # a plain function of tensors: one compile
+            self.step = torch.compile(layer_step, dynamic=True)
         with forwards_replaced(layers, compiled):
             self._capture_sizes()
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from omni.engines.base import EngineLoadError
-from omni.models.code2wav_stack import conv_stack_frames, run_conv_stack
+from omni.models.code2wav_stack import conv_stack, conv_stack_frames, run_conv_stack
 from omni.models.qwen3_omni import Code2WavRunner, _is_random
 
 log = logging.getLogger("omni.models.qwen3_tts")
@@ -150,7 +150,7 @@ class Qwen3TTSCode2Wav:
         # frames before a kept frame that its samples read through the conv stack (10 in
         # the release): the stack of a chunk decoded after 25 frames of context (for the
         # pre-transformer) runs over the last 10 of them, with the same samples out
-        self.stack_context_frames = conv_stack_frames(codec.model.decoder,
+        self.stack_context_frames = conv_stack_frames(conv_stack(codec.model.decoder),
                                                       self.samples_per_frame)
         self.sample_rate = int(codec.get_output_sample_rate())
         self.device = torch.device(device)
