@@ -1,5 +1,6 @@
 """Qwen3-TTS's code predictor alone: its captured loop uncached vs over a static KV cache,
-layers eager vs compiled.
+layers eager vs compiled, projections separate vs fused (q/k/v and gate/up: three matmuls
+fewer a layer pass, with the pass's tail compiled).
 
 The predictor's 15 passes a frame are captured as one CUDA graph per padded batch
 (omni/models/qwen3_omni_predictor.py). The uncached loop recomputes the frame's positions
@@ -8,8 +9,8 @@ in each pass (pass g reads g + 2 of them: 135 positions a row a frame); the stat
 At batch 64 the predictor took 9.9 of a 14.7 ms talker step (H100,
 bench/results/qwen3-tts-ar-step-h100.md). Per variant
 and batch size: the mean graph replay (device synchronised), and how many of its greedy
-codes equal the uncached eager-layer variant's (bf16 arithmetic differs by order, so a few
-may not). Runs in the qwen3-tts environment on a release-shape model directory:
+codes equal the first variant's (bf16 arithmetic differs by order, so a few may not).
+--variants all adds the eager-layer ones (measured in session 13). Runs in the qwen3-tts environment on a release-shape model directory:
 
     /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_predictor.py --model DIR
         [--batch 8,64] [--replays 50]
@@ -24,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-VARIANTS = (("uncached", False), ("uncached", True), ("static", False), ("static", True))
+# (loop, compiled layers, fused projections)
+VARIANTS = (("uncached", True, False), ("static", True, False), ("static", True, True))
+EAGER = (("uncached", False, False), ("static", False, False))
 
 
 def main() -> int:
@@ -33,6 +36,7 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--batch", default="8,64")
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--variants", choices=("compiled", "all"), default="compiled")
     args = parser.parse_args()
     import torch
 
@@ -50,19 +54,20 @@ def main() -> int:
                   torch.randn(b, width, device="cuda", generator=gen, dtype=torch.bfloat16),
                   torch.zeros(b, groups - 1, device="cuda"),
                   torch.ones(b, dtype=torch.bool, device="cuda")) for b in batches}
-    print("| loop | layers | B | replay ms | codes equal to uncached eager |")
-    print("|---|---|---:|---:|---:|")
+    print("| loop | layers | projections | B | replay ms | codes equal to the first row's |")
+    print("|---|---|---|---:|---:|---:|")
     reference: dict[int, torch.Tensor] = {}
-    for loop, compiled in VARIANTS:
+    variants = (EAGER if args.variants == "all" else ()) + VARIANTS
+    for loop, compiled, fuse in variants:
+        name = f"{loop} | {'compiled' if compiled else 'eager'} | {'fused' if fuse else 'separate'}"
         t0 = time.perf_counter()
         graphs = make_graphs(cp, width, groups, torch.bfloat16, torch.device("cuda"),
                              max(batches), compiled=compiled,
                              project=cp.small_to_mtp_projection,
-                             kv_cache=loop == "static")
+                             kv_cache=loop == "static", fuse=fuse)
         built = time.perf_counter() - t0
         if graphs is None or graphs.compiled != compiled:
-            print(f"| {loop} | {'compiled' if compiled else 'eager'} | - | capture failed "
-                  f"(see the warning above) | - |")
+            print(f"| {name} | - | capture failed (see the warning above) | - |")
             continue
         for b in batches:
             codes, _ = graphs.run(*inputs[b])
@@ -74,10 +79,8 @@ def main() -> int:
                 graphs.run(*inputs[b])
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) / args.replays * 1e3
-            print(f"| {loop} | {'compiled' if compiled else 'eager'} | {b} | {ms:.2f} | "
-                  f"{same:.3f} |", flush=True)
-        print(f"({loop}, {'compiled' if compiled else 'eager'}: built in {built:.1f} s)",
-              flush=True)
+            print(f"| {name} | {b} | {ms:.2f} | {same:.3f} |", flush=True)
+        print(f"({name}: built in {built:.1f} s)", flush=True)
         del graphs
         torch.cuda.empty_cache()
     return 0

@@ -1,7 +1,8 @@
 """The code predictor over its static KV cache (omni/models/predictor_kv.py) on a GPU, as the
 talkers run it: captured in CUDA graphs with its layer step torch.compiled, float32 on the
-tiny Qwen3-Omni fixture. Greedy codes equal transformers' cached loop run eagerly, padded
-batches included; the codes vary, so equality says something."""
+tiny Qwen3-Omni fixture, its projections separate and fused. Greedy codes equal
+transformers' cached loop run eagerly, padded batches included; the codes vary, so equality
+says something."""
 
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ def talker(tmp_path_factory):
     return lm.model.talker, feed
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
 @torch.inference_mode()
-def test_graphed_static_kv_loop_equals_the_cached_loop(talker, compiled):
+def test_graphed_static_kv_loop_equals_the_cached_loop(talker, compiled, fuse):
     model, feed = talker
     width = model.config.text_config.hidden_size
     graphs = PredictorGraphs(model.code_predictor, width, feed.num_groups, torch.float32,
                              torch.device("cuda"), max_batch=8, compiled=compiled,
-                             kv_cache=True)
+                             kv_cache=True, fuse=fuse)
+    assert (graphs.fused is not None) == fuse
     gen = torch.Generator(device="cuda").manual_seed(0)
     seen: set[int] = set()
     for batch in (3, 8, 1):
