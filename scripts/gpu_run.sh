@@ -108,9 +108,7 @@
 #                                        # off; AR_BURSTS=2,2,2: bursts a level); ar25: the
 #                                        # AR layout with the former 25-frame code2wav chunks
 #                                        # (the preset's are 50: run "ar,ar25"); arkv: the
-#                                        # AR layout, predictor_kv_cache on (now the
-#                                        # default on a GPU); arsep: the AR layout,
-#                                        # predictor_fuse off; arwhole:
+#                                        # AR layout, predictor_kv_cache on; arwhole:
 #                                        # the AR layout, each request decoded once after its
 #                                        # last frame (the talker's steps alone on the GPU;
 #                                        # each level's steps a stage are in the report); spy with
@@ -326,9 +324,6 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # the same with the code predictor over its static KV cache (predictor_kv.py), beside "ar"
     qwen3tts_part arkv 150 "${TAG:-$card}-ar-kv" "${custom[@]}" --layout ar --concurrency 1,8,64 \
       --talker-option predictor_kv_cache=true --bursts "${AR_BURSTS:-2,1,1}"
-    # the same with the static loop's projections separate (predictor_fuse off), beside "ar"
-    qwen3tts_part arsep 150 "${TAG:-$card}-ar-sep" "${custom[@]}" --layout ar --concurrency 1,8,64 \
-      --talker-option predictor_fuse=false --bursts "${AR_BURSTS:-2,1,1}"
     # the same with each request's audio decoded once, after its last frame: the talker's
     # served steps without the code2wav stage's decodes beside them on the GPU
     qwen3tts_part arwhole 150 "${TAG:-$card}-ar-whole" "${custom[@]}" --layout ar \

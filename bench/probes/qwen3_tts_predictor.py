@@ -1,6 +1,7 @@
 """Qwen3-TTS's code predictor alone: its captured loop uncached vs over a static KV cache,
-layers eager vs compiled, projections separate vs fused (q/k/v and gate/up: three matmuls
-fewer a layer pass, with the pass's tail compiled).
+layers eager vs compiled, the static loop's pass tail (norm, head, pick, embedding) eager
+vs compiled. As served, the layers' q/k/v and gate/up projections are fused first (the AR
+engine's omni/engines/ar/fused_projections.py; --separate leaves them apart).
 
 The predictor's 15 passes a frame are captured as one CUDA graph per padded batch
 (omni/models/qwen3_omni_predictor.py). The uncached loop recomputes the frame's positions
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# (loop, compiled layers, fused projections)
+# (loop, compiled layers, compiled pass tail)
 VARIANTS = (("uncached", True, False), ("static", True, False), ("static", True, True))
 EAGER = (("uncached", False, False), ("static", False, False))
 
@@ -37,6 +38,8 @@ def main() -> int:
     parser.add_argument("--batch", default="8,64")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--variants", choices=("compiled", "all"), default="compiled")
+    parser.add_argument("--separate", action="store_true",
+                        help="leave q/k/v and gate/up unfused (the AR engine fuses them)")
     args = parser.parse_args()
     import torch
 
@@ -46,6 +49,9 @@ def main() -> int:
     tts = load_qwen3_tts(args.model, "cuda", "bfloat16")
     tts.model.requires_grad_(False)
     cp = tts.model.talker.code_predictor
+    if not args.separate:
+        from omni.engines.ar.fused_projections import fuse_projections
+        print(f"(fused projection groups: {fuse_projections(cp)})")
     cfg = tts.model.config.talker_config
     width, groups = int(cfg.hidden_size), int(cfg.num_code_groups)
     batches = [int(b) for b in args.batch.split(",")]
@@ -54,17 +60,18 @@ def main() -> int:
                   torch.randn(b, width, device="cuda", generator=gen, dtype=torch.bfloat16),
                   torch.zeros(b, groups - 1, device="cuda"),
                   torch.ones(b, dtype=torch.bool, device="cuda")) for b in batches}
-    print("| loop | layers | projections | B | replay ms | codes equal to the first row's |")
+    print("| loop | layers | pass tail | B | replay ms | codes equal to the first row's |")
     print("|---|---|---|---:|---:|---:|")
     reference: dict[int, torch.Tensor] = {}
     variants = (EAGER if args.variants == "all" else ()) + VARIANTS
-    for loop, compiled, fuse in variants:
-        name = f"{loop} | {'compiled' if compiled else 'eager'} | {'fused' if fuse else 'separate'}"
+    for loop, compiled, tail in variants:
+        name = (f"{loop} | {'compiled' if compiled else 'eager'} | "
+                f"{'compiled' if tail else 'eager' if loop == 'static' else '-'}")
         t0 = time.perf_counter()
         graphs = make_graphs(cp, width, groups, torch.bfloat16, torch.device("cuda"),
                              max(batches), compiled=compiled,
                              project=cp.small_to_mtp_projection,
-                             kv_cache=loop == "static", fuse=fuse)
+                             kv_cache=loop == "static", compile_tail=tail)
         built = time.perf_counter() - t0
         if graphs is None or graphs.compiled != compiled:
             print(f"| {name} | - | capture failed (see the warning above) | - |")

@@ -50,23 +50,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               keys: torch.Tensor, values: torch.Tensor, start: int,
-               fused: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+               keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
     """One decoder layer over the frame's positions start .. start + T (x: (B, T, H)),
     its keys and values written into ``keys`` / ``values`` (B, kv heads, length, head dim),
-    attending over every position up to its own. ``fused``: the layer's (qkv weight, qkv
-    bias or None, gate_up weight) from fuse_projections: two matmuls where there were five."""
+    attending over every position up to its own. The projections are the layer's modules:
+    in the AR engine, slices of one fused q/k/v and gate/up matmul each
+    (omni/engines/ar/fused_projections.py), so q, k, v are called in that order."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     shape = (*h.shape[:-1], -1, attn.head_dim)
-    if fused is None:
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-    else:
-        sizes = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
-        q, k, v = F.linear(h, fused[0], fused[1]).split(sizes, dim=-1)
-    q = attn.q_norm(q.view(shape)).transpose(1, 2)
-    k = attn.k_norm(k.view(shape)).transpose(1, 2)
-    v = v.view(shape).transpose(1, 2)
+    q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
+    v = attn.v_proj(h).view(shape).transpose(1, 2)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
@@ -78,57 +73,19 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                                          is_causal=x.shape[1] > 1, scale=attn.scaling,
                                          enable_gqa=q.shape[1] != k.shape[1])
     x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-    h = layer.post_attention_layernorm(x)
-    if fused is None:
-        return x + layer.mlp(h)
-    gate, up = F.linear(h, fused[2]).chunk(2, dim=-1)
-    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 def pass_tail(norm: Any, head: Any, embedding: torch.Tensor, last: torch.Tensor,
               draws: torch.Tensor, greedy: torch.Tensor,
               sampling: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """A pass's end: the code group's logits (``head``: its lm_head), its pick, and the
-    picked code's embedding (``embedding``: the group's table). The table goes in as a
-    tensor so that one torch.compile serves all groups."""
+    picked code's embedding (``embedding``: the group's table). A function of its own so
+    that torch.compile fuses the norm, the cast and pick's ~10 small kernels a pass; the
+    table goes in as a tensor so that one compile serves all groups."""
     logits = head(norm(last)).float()
     code = pick(logits, draws, greedy, **sampling)
     return code, F.embedding(code, embedding)
-
-
-def _share_storage(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """One tensor holding ``params`` stacked along dim 0, each parameter now a view of it:
-    the fused matmul reads the same memory the modules do (no second copy of the
-    weights)."""
-    whole = torch.cat([p.detach() for p in params])
-    offset = 0
-    for p in params:
-        p.data = whole[offset:offset + p.shape[0]]
-        offset += p.shape[0]
-    return whole
-
-
-def fuse_projections(cp: Any) -> list[tuple[torch.Tensor, ...]] | None:
-    """Per layer (qkv weight, qkv bias or None, gate_up weight) for layer_step's ``fused``,
-    or None where a layer's MLP is not gate/up/down (the unfused step serves). At a
-    frame's small batches the predictor's time is its ~1,500 kernels a frame, not
-    arithmetic (bench/results/qwen3-tts-gpu.md): this drops three matmuls a layer pass.
-    Weights only move into shared storage (views), so call it before any capture."""
-    fused = []
-    for layer in list(cp.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            return None
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        biases = [p.bias for p in projections]
-        if any(b is None for b in biases) and any(b is not None for b in biases):
-            return None
-        with torch.no_grad(), torch.inference_mode(False):
-            qkv = _share_storage([p.weight for p in projections])
-            bias = None if biases[0] is None else _share_storage(biases)
-            gate_up = _share_storage([mlp.gate_proj.weight, mlp.up_proj.weight])
-        fused.append((qkv, bias, gate_up))
-    return fused
 
 
 def supported(cp: Any) -> bool:
@@ -149,15 +106,11 @@ def supported(cp: Any) -> bool:
 def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
                    greedy: torch.Tensor, project: Any = None,
                    sampling: dict[str, Any] | None = None, step: Any = layer_step,
-                   tail: Any = pass_tail,
-                   fused: list[tuple[torch.Tensor, ...]] | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
     """predict_cached's (residual codes, sum of the frame's code embeddings) over static
-    per-layer buffers; ``step`` / ``tail``: layer_step / pass_tail or their compiled forms;
-    ``fused``: fuse_projections' weights."""
+    per-layer buffers; ``step`` / ``tail``: layer_step / pass_tail or their compiled forms."""
     model = cp.model
     layers = list(model.layers)[: model.config.num_hidden_layers]
-    fused = fused or [None] * len(layers)
     passes, rows = draws.shape[1], hidden.shape[0]
     length = passes + 1  # the talker's hidden, the first code, the residual codes but the last
     head_dim = layers[0].self_attn.head_dim
@@ -172,8 +125,8 @@ def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: to
         x = x if project is None else project(x)
         end = start + x.shape[1]
         cos, sin = cos_all[:, start:end], sin_all[:, start:end]
-        for layer, (keys, values), weights in zip(layers, buffers, fused, strict=False):
-            x = step(layer, x, cos, sin, keys, values, start, weights)
+        for layer, (keys, values) in zip(layers, buffers, strict=True):
+            x = step(layer, x, cos, sin, keys, values, start)
         code, embed = tail(model.norm, cp.lm_head[group], embeddings[group].weight,
                            x[:, -1], draws[:, group], greedy, sampling or {})
         codes.append(code)

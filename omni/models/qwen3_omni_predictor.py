@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from omni.graph_capture import capturing, forwards_replaced
-from omni.models.predictor_kv import fuse_projections, layer_step, pass_tail, pick, predict_static
+from omni.models.predictor_kv import layer_step, pass_tail, pick, predict_static
 
 log = logging.getLogger("omni.models.qwen3_omni")
 
@@ -68,7 +68,7 @@ def predict_uncached(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: 
 class PredictorGraphs:
     """The predictor's loop for padded batch sizes (GRAPH_BATCHES), one CUDA graph each:
     predict_uncached, or with ``kv_cache`` predictor_kv.predict_static (stage option
-    predictor_kv_cache), by default (``fuse``) over fused q/k/v and gate/up projections.
+    predictor_kv_cache).
 
     capture=False runs the same static buffers eagerly (CPU tests of the padding logic).
     A batch larger than the largest size returns None: the caller runs its own loop.
@@ -76,12 +76,12 @@ class PredictorGraphs:
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
                  device: torch.device, max_batch: int, capture: bool = True,
-                 compiled: bool = False, kv_cache: bool = False, fuse: bool = True,
+                 compiled: bool = False, kv_cache: bool = False, compile_tail: bool = True,
                  **options: Any) -> None:
         self.cp, self.capture, self.kv_cache = cp, capture, kv_cache
         # predict_static's layer step and pass tail (compiled in _capture_all)
         self.step, self.tail = layer_step, pass_tail
-        self.fused = fuse_projections(cp) if kv_cache and fuse else None
+        self.compile_tail = compile_tail  # with compiled: pass_tail too (the probe's A/B)
         # torch.compile of the predictor's decoder layers (one dynamic-shape compile shared
         # by its layers, as the AR engine's decode graphs do): fuses the norms, rotary and
         # casts, most of the ~45 kernels a layer pass launches eagerly; captures run it
@@ -103,7 +103,7 @@ class PredictorGraphs:
     def _loop(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_cache:
             return predict_static(self.cp, *self._inputs(b), step=self.step, tail=self.tail,
-                                  fused=self.fused, **self.options)
+                                  **self.options)
         return predict_uncached(self.cp, *self._inputs(b), **self.options)
 
     def _capture_all(self) -> None:
@@ -112,7 +112,8 @@ class PredictorGraphs:
                     for layer in layers]
         if self.compiled and self.kv_cache:  # plain functions of tensors: one compile each
             self.step = torch.compile(layer_step, dynamic=True)
-            self.tail = torch.compile(pass_tail, dynamic=True)
+            if self.compile_tail:
+                self.tail = torch.compile(pass_tail, dynamic=True)
         with forwards_replaced(layers, compiled):
             self._capture_sizes()
 

@@ -70,7 +70,7 @@ from omni.models.speech import check_speed, voice_entry
 # requests' params: temperature, top_k, top_p, repetition_penalty, max_tokens)
 OPTIONS = frozenset({"language", "openai_voices", "subtalker_dosample", "subtalker_top_k",
                      "subtalker_top_p", "subtalker_temperature", "predictor_compile",
-                     "predictor_kv_cache", "predictor_fuse",
+                     "predictor_kv_cache",
                      "clone_cache_size", "max_ref_seconds"})
 MIN_CODES = 2  # qwen-tts's min_new_tokens
 
@@ -147,9 +147,6 @@ class TTSFeed:
         on_gpu = cp.lm_head[0].weight.device.type == "cuda"
         self.predictor_kv = (flag_option(options, "predictor_kv_cache", on_gpu)
                              and supported(cp))
-        # that loop's q/k/v and gate/up projections as one matmul each, its pass tail
-        # compiled (predictor_kv.fuse_projections): fewer kernels a frame
-        self.predictor_fuse = flag_option(options, "predictor_fuse", True)
         codec = self.model.speech_tokenizer
         self.sample_rate = int(codec.get_output_sample_rate())
         self.speakers = sorted(self.model.get_supported_speakers() or ())
@@ -296,7 +293,7 @@ class TTSFeed:
         self.graphs = make_graphs(cp, emb.shape[1], self.groups, emb.dtype, emb.device,
                                   max_batch, compiled=self.predictor_compile,
                                   project=cp.small_to_mtp_projection, sampling=self.pick,
-                                  kv_cache=self.predictor_kv, fuse=self.predictor_fuse)
+                                  kv_cache=self.predictor_kv)
         return self.graphs is not None
 
 

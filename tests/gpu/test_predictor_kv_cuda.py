@@ -1,8 +1,8 @@
 """The code predictor over its static KV cache (omni/models/predictor_kv.py) on a GPU, as the
 talkers run it: captured in CUDA graphs with its layer step torch.compiled, float32 on the
-tiny Qwen3-Omni fixture, its projections separate and fused. Greedy codes equal
-transformers' cached loop run eagerly, padded batches included; the codes vary, so equality
-says something."""
+tiny Qwen3-Omni fixture, its projections separate or fused as the AR engine fuses them.
+Greedy codes equal transformers' cached loop run eagerly, padded batches included; the
+codes vary, so equality says something."""
 
 from __future__ import annotations
 
@@ -21,16 +21,28 @@ def talker(tmp_path_factory):
     return lm.model.talker, feed
 
 
-@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused"])
+@pytest.fixture(scope="module")
+def engine_fused(tmp_path_factory):
+    """Another copy of the talker with the AR engine's fused q/k/v and gate/up projections,
+    as the served talker stages run it."""
+    from omni.engines.ar.fused_projections import fuse_projections
+
+    d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
+    model = load_talker(model_dir=str(d), device="cuda", dtype="float32")[0].model.talker
+    assert fuse_projections(model.code_predictor) > 0
+    return model
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "engine-fused"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
 @torch.inference_mode()
-def test_graphed_static_kv_loop_equals_the_cached_loop(talker, compiled, fuse):
+def test_graphed_static_kv_loop_equals_the_cached_loop(talker, engine_fused, compiled, fused):
     model, feed = talker
     width = model.config.text_config.hidden_size
-    graphs = PredictorGraphs(model.code_predictor, width, feed.num_groups, torch.float32,
+    cp = engine_fused.code_predictor if fused else model.code_predictor
+    graphs = PredictorGraphs(cp, width, feed.num_groups, torch.float32,
                              torch.device("cuda"), max_batch=8, compiled=compiled,
-                             kv_cache=True, fuse=fuse)
-    assert (graphs.fused is not None) == fuse
+                             kv_cache=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     seen: set[int] = set()
     for batch in (3, 8, 1):

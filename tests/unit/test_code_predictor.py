@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from omni.fixtures import ensure_tiny_model
-from omni.models.predictor_kv import fuse_projections, predict_static, supported
+from omni.models.predictor_kv import predict_static, supported
 from omni.models.qwen3_omni_predictor import (
     PredictorGraphs,
     pick,
@@ -38,28 +38,34 @@ def _inputs(talker, batch: int, seed: int):
 
 @torch.inference_mode()
 def test_static_kv_loop_equals_cached(talker):
-    """predictor_kv.predict_static (its own buffers and layer step) = transformers' cache,
-    with the layers' projections separate and fused; the codes vary, so equal codes say
-    something."""
+    """predictor_kv.predict_static (its own buffers and layer step) = transformers' cache;
+    the codes vary, so equal codes say something."""
     model, feed = talker
-    cp = model.code_predictor
     args = _inputs(talker, 6, 1)
-    codes, total = predict_cached(cp, feed.cache_key, *args)
+    codes, total = predict_cached(model.code_predictor, feed.cache_key, *args)
+    codes2, total2 = predict_static(model.code_predictor, *args)
     assert len(set(codes.flatten().tolist())) > 3
-    codes2, total2 = predict_static(cp, *args)
     assert torch.equal(codes, codes2)
     torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
-    fused = fuse_projections(cp)
-    assert fused is not None and len(fused) == len(cp.model.layers)
-    # the modules' weights are views of the fused ones: one copy in memory
-    attn = cp.model.layers[0].self_attn
-    assert attn.k_proj.weight.data_ptr() == fused[0][0][attn.q_proj.out_features:].data_ptr()
-    codes3, total3 = predict_static(cp, *args, fused=fused)
-    assert torch.equal(codes, codes3)
-    torch.testing.assert_close(total, total3, rtol=1e-4, atol=1e-5)
-    # the modules still compute what they did (the cached loop reads them)
-    codes4, _ = predict_cached(cp, feed.cache_key, *args)
-    assert torch.equal(codes, codes4)
+
+
+@torch.inference_mode()
+def test_static_kv_loop_over_the_engines_fused_projections(talker, tmp_path_factory):
+    """As the AR engine serves the talker: its q/k/v and gate/up projections fused into one
+    matmul each (omni/engines/ar/fused_projections.py); the static loop, pass tail included,
+    still equals the unfused cached loop."""
+    from omni.engines.ar.fused_projections import fuse_projections
+
+    model, feed = talker
+    args = _inputs(talker, 6, 2)
+    codes, total = predict_cached(model.code_predictor, feed.cache_key, *args)
+    d = ensure_tiny_model("qwen3_omni", cache_dir=tmp_path_factory.getbasetemp() / "models")
+    fused = load_talker(model_dir=str(d), device="cpu", dtype="auto")[0].model.talker
+    assert fuse_projections(fused.code_predictor) == 2 * len(fused.code_predictor.model.layers)
+    codes2, total2 = predict_static(fused.code_predictor, *args)
+    assert len(set(codes.flatten().tolist())) > 3
+    assert torch.equal(codes, codes2)
+    torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
 
 
 @torch.inference_mode()
