@@ -121,7 +121,8 @@
 #                                        # (bench/probes/qwen3_tts_colocate.py, B=64 then 8:
 #                                        # COLOCATE_BATCH); predictor: the code
 #                                        # predictor's graphs uncached vs KV-cached (bench/
-#                                        # probes/qwen3_tts_predictor.py); arstep: the AR talker's step
+#                                        # probes/qwen3_tts_predictor.py; PREDICTOR_ARGS,
+#                                        # e.g. "--profile 8"); arstep: the AR talker's step
 #                                        # in-process, bench/probes/qwen3_tts_ar_step.py; arequal:
 #                                        # its greedy codes vs qwen-tts's, float32, tiny release,
 #                                        # bench/probes/qwen3_tts_ar_equal.py): step: where
@@ -284,7 +285,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     if [[ ,$parts, == *,predictor,* ]]; then
       model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
       timeout 300 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_predictor.py --model "$model" \
-        2>&1 | tee -a "$OUT/qwen3-tts-predictor.md" | grep -E "^\||^\(|Error|failed"
+        ${PREDICTOR_ARGS:-} 2>&1 | tee -a "$OUT/qwen3-tts-predictor.md" | grep -E "^\||^\(|Error|failed"
       say "predictor done"
     fi
     # the talker's steps beside Code2Wav decodes in a thread of its process (own stream,

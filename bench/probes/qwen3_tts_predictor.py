@@ -40,6 +40,9 @@ def main() -> int:
     parser.add_argument("--variants", choices=("compiled", "all"), default="compiled")
     parser.add_argument("--separate", action="store_true",
                         help="leave q/k/v and gate/up unfused (the AR engine fuses them)")
+    parser.add_argument("--profile", type=int, default=0, metavar="B",
+                        help="then profile the compiled static loop uncaptured at batch B: "
+                        "its kernels a frame, by GPU time")
     args = parser.parse_args()
     import torch
 
@@ -90,7 +93,36 @@ def main() -> int:
         print(f"({name}: built in {built:.1f} s)", flush=True)
         del graphs
         torch.cuda.empty_cache()
+    if args.profile:
+        profile(cp, inputs.get(args.profile) or inputs[batches[-1]])
     return 0
+
+
+def profile(cp, inputs) -> None:
+    """The kernels of one frame of the compiled static loop, run without its graph (the
+    same kernels a replay runs, plus the launches a graph saves)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    from omni.models.predictor_kv import layer_step, pass_tail, predict_static
+
+    step = torch.compile(layer_step, dynamic=True)
+    tail = torch.compile(pass_tail, dynamic=True)
+    with torch.inference_mode():
+        for _ in range(3):
+            predict_static(cp, *inputs, project=cp.small_to_mtp_projection, step=step, tail=tail)
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            predict_static(cp, *inputs, project=cp.small_to_mtp_projection, step=step, tail=tail)
+            torch.cuda.synchronize()
+    events = [e for e in p.key_averages() if e.device_type.name == "CUDA"]
+    kernels = sum(e.count for e in events)
+    busy = sum(e.device_time_total for e in events) / 1e3
+    print(f"(profile, B={inputs[0].shape[0]}: {kernels} GPU ops a frame, {busy:.2f} ms of "
+          f"GPU time)")
+    print(p.key_averages().table(sort_by="device_time_total", row_limit=20,
+                                 max_name_column_width=70))
 
 
 if __name__ == "__main__":
