@@ -41,8 +41,8 @@ def main() -> int:
     parser.add_argument("--separate", action="store_true",
                         help="leave q/k/v and gate/up unfused (the AR engine fuses them)")
     parser.add_argument("--profile", type=int, default=0, metavar="B",
-                        help="then profile the compiled static loop uncaptured at batch B: "
-                        "its kernels a frame, by GPU time")
+                        help="then profile the last variant's loop uncaptured at batch B (a "
+                        "captured size): its kernels a frame, by GPU time")
     args = parser.parse_args()
     import torch
 
@@ -91,36 +91,32 @@ def main() -> int:
             ms = (time.perf_counter() - t0) / args.replays * 1e3
             print(f"| {name} | {b} | {ms:.2f} | {same:.3f} |", flush=True)
         print(f"({name}: built in {built:.1f} s)", flush=True)
+        if args.profile and (loop, compiled, tail) == variants[-1]:
+            profile(graphs, args.profile)
         del graphs
         torch.cuda.empty_cache()
-    if args.profile:
-        profile(cp, inputs.get(args.profile) or inputs[batches[-1]])
     return 0
 
 
-def profile(cp, inputs) -> None:
-    """The kernels of one frame of the compiled static loop, run without its graph (the
-    same kernels a replay runs, plus the launches a graph saves)."""
+def profile(graphs, batch: int) -> None:
+    """The kernels of one frame of a variant's loop at ``batch``, run without its graph
+    (the kernels a replay runs, plus the launches the graph saves), through the variant's
+    own compiled functions (the first try, with fresh torch.compile wrappers, ran aten's
+    eager kernels, 4,217 a frame: likely dynamo's recompile limit, not looked into)."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
-    from omni.models.predictor_kv import layer_step, pass_tail, predict_static
-
-    step = torch.compile(layer_step, dynamic=True)
-    tail = torch.compile(pass_tail, dynamic=True)
     with torch.inference_mode():
-        for _ in range(3):
-            predict_static(cp, *inputs, project=cp.small_to_mtp_projection, step=step, tail=tail)
+        graphs._loop(batch)
         torch.cuda.synchronize()
         with prof(activities=[ProfilerActivity.CUDA]) as p:
-            predict_static(cp, *inputs, project=cp.small_to_mtp_projection, step=step, tail=tail)
+            graphs._loop(batch)
             torch.cuda.synchronize()
     events = [e for e in p.key_averages() if e.device_type.name == "CUDA"]
     kernels = sum(e.count for e in events)
     busy = sum(e.device_time_total for e in events) / 1e3
-    print(f"(profile, B={inputs[0].shape[0]}: {kernels} GPU ops a frame, {busy:.2f} ms of "
-          f"GPU time)")
+    print(f"(profile, B={batch}: {kernels} GPU ops a frame, {busy:.2f} ms of GPU time)")
     print(p.key_averages().table(sort_by="device_time_total", row_limit=20,
                                  max_name_column_width=70))
 
