@@ -50,10 +50,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+               keys: torch.Tensor, values: torch.Tensor, start: int,
+               causal: bool) -> torch.Tensor:
     """One decoder layer over the frame's positions start .. start + T (x: (B, T, H)),
     its keys and values written into ``keys`` / ``values`` (B, kv heads, length, head dim),
-    attending over every position up to its own. The projections are the layer's modules:
+    attending over every position up to its own (``causal``: T > 1, given as a Python bool:
+    computed from T inside torch.compile, where T is a dynamic size after the first pass,
+    it was a symbolic bool that SDPA refuses, a graph break in every layer step). The projections are the layer's modules:
     in the AR engine, slices of one fused q/k/v and gate/up matmul each
     (omni/engines/ar/fused_projections.py), so q, k, v are called in that order."""
     attn = layer.self_attn
@@ -70,7 +73,7 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     values[:, :, start:end] = v
     # several new positions only in the first pass (start 0): causal among themselves
     out = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end],
-                                         is_causal=x.shape[1] > 1, scale=attn.scaling,
+                                         is_causal=causal, scale=attn.scaling,
                                          enable_gqa=q.shape[1] != k.shape[1])
     x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
     return x + layer.mlp(layer.post_attention_layernorm(x))
@@ -86,6 +89,21 @@ def pass_tail(norm: Any, head: Any, embedding: torch.Tensor, last: torch.Tensor,
     logits = head(norm(last)).float()
     code = pick(logits, draws, greedy, **sampling)
     return code, F.embedding(code, embedding)
+
+
+def one_pass(layers: list[Any], buffers: list[tuple[torch.Tensor, torch.Tensor]],
+             x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, causal: bool,
+             norm: Any,
+             head: Any, embedding: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
+             sampling: dict[str, Any], project: Any = None, step: Any = layer_step,
+             tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
+    """One predictor pass over the new positions ``x``: (code, its embedding). Compiled
+    whole (PredictorGraphs' compile_unit "pass"), torch.compile also fuses across the
+    layer boundaries (a layer's residual add with the next one's norm)."""
+    x = x if project is None else project(x)
+    for layer, (keys, values) in zip(layers, buffers, strict=True):
+        x = step(layer, x, cos, sin, keys, values, start, causal)
+    return tail(norm, head, embedding, x[:, -1], draws, greedy, sampling)
 
 
 def supported(cp: Any) -> bool:
@@ -106,9 +124,11 @@ def supported(cp: Any) -> bool:
 def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: torch.Tensor,
                    greedy: torch.Tensor, project: Any = None,
                    sampling: dict[str, Any] | None = None, step: Any = layer_step,
-                   tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
+                   tail: Any = pass_tail,
+                   run: Any = one_pass) -> tuple[torch.Tensor, torch.Tensor]:
     """predict_cached's (residual codes, sum of the frame's code embeddings) over static
-    per-layer buffers; ``step`` / ``tail``: layer_step / pass_tail or their compiled forms."""
+    per-layer buffers; ``step`` / ``tail`` / ``run``: layer_step / pass_tail / one_pass or
+    their compiled forms."""
     model = cp.model
     layers = list(model.layers)[: model.config.num_hidden_layers]
     passes, rows = draws.shape[1], hidden.shape[0]
@@ -122,13 +142,10 @@ def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: to
     embeddings = model.get_input_embeddings()
     x, start, codes, total = torch.stack((hidden, first), dim=1), 0, [], first
     for group in range(passes):
-        x = x if project is None else project(x)
         end = start + x.shape[1]
-        cos, sin = cos_all[:, start:end], sin_all[:, start:end]
-        for layer, (keys, values) in zip(layers, buffers, strict=True):
-            x = step(layer, x, cos, sin, keys, values, start)
-        code, embed = tail(model.norm, cp.lm_head[group], embeddings[group].weight,
-                           x[:, -1], draws[:, group], greedy, sampling or {})
+        code, embed = run(layers, buffers, x, cos_all[:, start:end], sin_all[:, start:end],
+                          start, x.shape[1] > 1, model.norm, cp.lm_head[group], embeddings[group].weight,
+                          draws[:, group], greedy, sampling or {}, project, step, tail)
         codes.append(code)
         total = total + embed
         x, start = embed[:, None], end

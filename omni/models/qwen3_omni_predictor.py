@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from omni.graph_capture import capturing, forwards_replaced
-from omni.models.predictor_kv import layer_step, pass_tail, pick, predict_static
+from omni.models.predictor_kv import layer_step, one_pass, pass_tail, pick, predict_static
 
 log = logging.getLogger("omni.models.qwen3_omni")
 
@@ -76,12 +76,13 @@ class PredictorGraphs:
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
                  device: torch.device, max_batch: int, capture: bool = True,
-                 compiled: bool = False, kv_cache: bool = False, compile_tail: bool = True,
+                 compiled: bool = False, kv_cache: bool = False, compile_unit: str = "layer",
                  **options: Any) -> None:
         self.cp, self.capture, self.kv_cache = cp, capture, kv_cache
-        # predict_static's layer step and pass tail (compiled in _capture_all)
-        self.step, self.tail = layer_step, pass_tail
-        self.compile_tail = compile_tail  # with compiled: pass_tail too (the probe's A/B)
+        # predict_static's layer step, pass tail and pass (compiled in _capture_all):
+        # compile_unit "layer" compiles the step and the tail, "pass" each pass whole
+        self.step, self.tail, self.run_pass = layer_step, pass_tail, one_pass
+        self.compile_unit = compile_unit
         # torch.compile of the predictor's decoder layers (one dynamic-shape compile shared
         # by its layers, as the AR engine's decode graphs do): fuses the norms, rotary and
         # casts, most of the ~45 kernels a layer pass launches eagerly; captures run it
@@ -103,17 +104,18 @@ class PredictorGraphs:
     def _loop(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kv_cache:
             return predict_static(self.cp, *self._inputs(b), step=self.step, tail=self.tail,
-                                  **self.options)
+                                  run=self.run_pass, **self.options)
         return predict_uncached(self.cp, *self._inputs(b), **self.options)
 
     def _capture_all(self) -> None:
         layers = list(self.cp.model.layers) if self.compiled and not self.kv_cache else []
         compiled = [torch.compile(type(layer).forward.__get__(layer), dynamic=True)
                     for layer in layers]
-        if self.compiled and self.kv_cache:  # plain functions of tensors: one compile each
+        if self.compiled and self.kv_cache and self.compile_unit == "pass":
+            self.run_pass = torch.compile(one_pass, dynamic=True)
+        elif self.compiled and self.kv_cache:  # plain functions of tensors: one compile each
             self.step = torch.compile(layer_step, dynamic=True)
-            if self.compile_tail:
-                self.tail = torch.compile(pass_tail, dynamic=True)
+            self.tail = torch.compile(pass_tail, dynamic=True)
         with forwards_replaced(layers, compiled):
             self._capture_sizes()
 

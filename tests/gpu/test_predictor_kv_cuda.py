@@ -34,15 +34,16 @@ def engine_fused(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["separate", "engine-fused"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
+@pytest.mark.parametrize("unit", ["eager", "layer", "pass"])
 @torch.inference_mode()
-def test_graphed_static_kv_loop_equals_the_cached_loop(talker, engine_fused, compiled, fused):
+def test_graphed_static_kv_loop_equals_the_cached_loop(talker, engine_fused, unit, fused):
+    """unit: what torch.compile compiles (PredictorGraphs' compile_unit), or nothing."""
     model, feed = talker
     width = model.config.text_config.hidden_size
     cp = engine_fused.code_predictor if fused else model.code_predictor
     graphs = PredictorGraphs(cp, width, feed.num_groups, torch.float32,
-                             torch.device("cuda"), max_batch=8, compiled=compiled,
-                             kv_cache=True)
+                             torch.device("cuda"), max_batch=8, compiled=unit != "eager",
+                             kv_cache=True, compile_unit=unit)
     gen = torch.Generator(device="cuda").manual_seed(0)
     seen: set[int] = set()
     for batch in (3, 8, 1):
