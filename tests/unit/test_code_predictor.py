@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from omni.fixtures import ensure_tiny_model
-from omni.models.predictor_kv import predict_static, supported
+from omni.models.predictor_kv import layer_step, one_pass, pass_tail, predict_static, supported
 from omni.models.qwen3_omni_predictor import (
     PredictorGraphs,
     pick,
@@ -66,6 +66,27 @@ def test_static_kv_loop_over_the_engines_fused_projections(talker, tmp_path_fact
     assert len(set(codes.flatten().tolist())) > 3
     assert torch.equal(codes, codes2)
     torch.testing.assert_close(total, total2, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("unit", ["layer", "pass"])
+@torch.inference_mode()
+def test_static_loop_compiles_without_graph_breaks(talker, unit):
+    """What the talkers' graphs compile traces whole (fullgraph: a graph break raises) over
+    batch sizes 1 and 3 and every pass: a size-dependent flag once split each layer step in
+    two. Dynamo's tracing only (the eager backend): inductor's kernels are the GPU test's."""
+    model, feed = talker
+    cp = model.code_predictor
+    torch._dynamo.reset()
+    compile_ = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True, backend="eager")  # noqa: E731
+    kwargs = ({"run": compile_(one_pass)} if unit == "pass"
+              else {"step": compile_(layer_step), "tail": compile_(pass_tail)})
+    try:
+        for batch in (1, 3):
+            args = _inputs(talker, batch, batch)
+            codes, _ = predict_static(cp, *args, **kwargs)
+            assert torch.equal(codes, predict_cached(cp, feed.cache_key, *args)[0])
+    finally:
+        torch._dynamo.reset()
 
 
 @torch.inference_mode()
