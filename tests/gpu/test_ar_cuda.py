@@ -85,6 +85,21 @@ def test_bf16_graphs_match_eager(varied):
     assert sorted(24 if i is None else i for i in parted.values())[len(parted) // 2] >= 8, parted
 
 
+def test_compiled_decode_layers_trace_without_graph_breaks(varied):
+    """The decode graphs' compiled layers are one graph each: a graph break splits a layer
+    into several compiled pieces with eager code between them (fewer fused kernels in every
+    replay), and nothing else would say so. (The code predictor's static loop had one: a
+    size-derived flag that became a symbolic bool, tests/unit/test_code_predictor.py.)"""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = AREngine(varied, device="cuda", dtype="bfloat16")  # compiles and captures
+    assert engine.graphs.compiled, "no compiled layers: nothing was checked"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert _greedy(engine, 4)
+
+
 def test_qwen3_omni_thinker_graphs_match_eager(tmp_path_factory):
     from omni.fixtures.tiny_omni import build_tiny_qwen3_omni
 
