@@ -132,9 +132,14 @@
 #                                        # arrivals (bench/probes/qwen3_tts_stagger.py), c=1,8 sentences whole
 #                                        # (--chunk-frames 0), c=1,8 voice clone (Base; needs
 #                                        # PyAV, fetch set media: with it, .whl/server and
-#                                        # .whl/qwen3-tts pass the 64 MiB a call carries, so
-#                                        # move transformers, diffusers and llguidance out of
-#                                        # .whl/server for that run); spy (not in the
+#                                        # .whl/qwen3-tts pass the 64 MiB a call carries,
+#                                        # even with transformers, diffusers, llguidance and
+#                                        # the duplicate pyzmq/msgspec out of .whl/server
+#                                        # (66.5 MB with the tree: refused, session 14); so
+#                                        # carry .whl/media alone in a short first call: an
+#                                        # ignored path stays on the machine while it is
+#                                        # warm, so a clone call right after it finds
+#                                        # .whl/media there; untried); spy (not in the
 #                                        # default): the c=8 burst with py-spy sampling the
 #                                        # stage's engine process (qwen3-tts-spy.txt); 100
 #                                        # frames (8 s) a request; a part that the call's time
