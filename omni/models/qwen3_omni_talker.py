@@ -41,7 +41,7 @@ import torch
 from omni.engines.base import EngineLoadError, PromptLayout, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.checkpoint_parts import fuse_experts, prefixed_tensors
-from omni.models.codec_talker import CodecTalkerLM
+from omni.models.codec_talker import CodecTalkerLM, batched_inputs
 from omni.models.predictor_kv import supported
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
@@ -271,13 +271,20 @@ class TalkerFeed:
         return st.closed or step + 1 < self.answer_tokens(st)
 
     def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
+        return st.next_codec + self._text(st, step)
+
+    def decode_inputs(self, states: list[FeedState], steps: list[int]) -> list[torch.Tensor]:
+        return batched_inputs([st.next_codec for st in states],
+                              [self._text(st, g) for st, g in zip(states, steps, strict=True)])
+
+    def _text(self, st: FeedState, step: int) -> torch.Tensor:
+        """The text embedding decode step ``step`` reads: the answer token after the one
+        the step's codec follows, then tts_eos once, then tts_pad."""
         if step + 1 >= len(st.answer) and st.pending:  # not prepared with its step
             self.prepare([st])
         if step + 1 < len(st.answer):
-            text = st.answer[step + 1]
-        else:
-            text = self.tts_eos if step + 1 == len(st.answer) else self.tts_pad
-        return st.next_codec + text
+            return st.answer[step + 1]
+        return self.tts_eos if step + 1 == len(st.answer) else self.tts_pad
 
     # -- after sampling -------------------------------------------------------------------
     @torch.inference_mode()

@@ -13,6 +13,9 @@ The batching, paged KV cache, scheduling and sampling are AREngine's; a model ad
   not arrived is held (no placeholder input, no guessed length) and resumes when it does;
 - may batch the work of turning received side input into decode inputs over each step's
   sequences (`prepare`), instead of doing it per message on arrival;
+- builds decode step g's input embedding (`decode_input`), or a step's inputs for all its
+  sequences in one call (`decode_inputs(states, steps)`: a few kernels a step, not one or
+  more a sequence);
 - may capture its per-step work as CUDA graphs (`use_cuda_graphs`, option
   feed_cuda_graphs);
 - may read the request itself, as a pipeline's first stage (`request_inputs`: the input
@@ -182,6 +185,7 @@ class FeedbackAREngine(AREngine):
         prepare = getattr(self.feed, "prepare", None)
         if prepare is not None:  # the feed's per-step input work, batched over the step
             prepare([seq.state.feed for seq in batch.seqs])
+        self._due_inputs(batch)
         rows = []
         for seq, start, n in zip(batch.seqs, batch.starts, batch.counts, strict=True):
             state: _FeedState = seq.state
@@ -194,6 +198,20 @@ class FeedbackAREngine(AREngine):
                     state.fed.append(self.feed.decode_input(state.feed, step))
                 rows.append(state.fed[step])
         return {"inputs_embeds": torch.stack(rows)[None].to(self.lm.dtype)}
+
+    def _due_inputs(self, batch: ScheduledBatch) -> None:
+        """The step's first not yet built decode input of each sequence, from the feed's
+        batched decode_inputs where it has one (else _packed_inputs builds them per row)."""
+        batched = getattr(self.feed, "decode_inputs", None)
+        if batched is None:
+            return
+        due = [seq.state for seq, start, n in zip(batch.seqs, batch.starts, batch.counts,
+                                                 strict=True)
+               if start <= len(seq.prompt) + len(seq.state.fed) < start + n]
+        if due:
+            built = batched([st.feed for st in due], [len(st.fed) for st in due])
+            for state, row in zip(due, built, strict=True):
+                state.fed.append(row)
 
     def _graph_inputs(self, batch: ScheduledBatch) -> Any:
         return self._packed_inputs(batch, None)["inputs_embeds"][0]
