@@ -13,7 +13,9 @@ import torch
 def batched_inputs(codecs: list[torch.Tensor], texts: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each row's decode input, codec + text embedding, as rows of one sum: three kernels
     for a step (two stacks and the add) where a sum per row launched one each (64 a step at
-    64 sequences); the same elementwise arithmetic, so the same values."""
+    64 sequences); the same elementwise arithmetic, so the same values. The rows are views
+    of the step's one tensor: a finished sequence's row is freed with the step's last row
+    (a few KiB a row), which the engine keeps for recompute after preemption."""
     return list(torch.stack(codecs) + torch.stack(texts))
 
 
