@@ -25,7 +25,10 @@ from omni.runtime.orchestrator import OmniOutput
 from omni.runtime.pool import Replica
 from omni.wire.protocol import Outputs
 
-TEST_TIMEOUT_S = 10.0
+# a bound that turns a hang into a failure well before pytest-timeout's 120 s, generous
+# enough for engine processes spawned on a busy 2-core VM (10 s failed tests that start
+# two pipelines there, 2026-12-07)
+TEST_TIMEOUT_S = 45.0
 ENGINE_LOG_LEVEL = logging.WARNING
 
 
