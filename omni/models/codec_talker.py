@@ -10,13 +10,25 @@ from typing import Any
 import torch
 
 
-def batched_inputs(codecs: list[torch.Tensor], texts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each row's decode input, codec + text embedding, as rows of one sum: three kernels
-    for a step (two stacks and the add) where a sum per row launched one each (64 a step at
-    64 sequences); the same elementwise arithmetic, so the same values. The rows are views
-    of the step's one tensor: a finished sequence's row is freed with the step's last row
-    (a few KiB a row), which the engine keeps for recompute after preemption."""
-    return list(torch.stack(codecs) + torch.stack(texts))
+class CodecInputs:
+    """The decode inputs of a codec talker's feed (omni/engines/ar/feedback.py): the last
+    frame's code embeddings (``st.next_codec``) + the text embedding the step reads, which
+    each feed says in ``text_input(st, step)``."""
+
+    def text_input(self, st: Any, step: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode_input(self, st: Any, step: int) -> torch.Tensor:
+        return st.next_codec + self.text_input(st, step)
+
+    def decode_inputs(self, states: list[Any], steps: list[int]) -> list[torch.Tensor]:
+        """A step's inputs as rows of one sum: three kernels (two stacks and the add) where
+        decode_input per row launched one each (64 a step at 64 sequences); the same
+        elementwise arithmetic, so the same values. The rows are views of the step's one
+        tensor: a finished sequence's row is freed with the step's last row (a few KiB a
+        row), which the engine keeps for recompute after preemption."""
+        texts = [self.text_input(st, g) for st, g in zip(states, steps, strict=True)]
+        return list(torch.stack([st.next_codec for st in states]) + torch.stack(texts))
 
 
 @dataclass

@@ -54,11 +54,12 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                causal: bool) -> torch.Tensor:
     """One decoder layer over the frame's positions start .. start + T (x: (B, T, H)),
     its keys and values written into ``keys`` / ``values`` (B, kv heads, length, head dim),
-    attending over every position up to its own (``causal``: T > 1, given as a Python bool:
-    computed from T inside torch.compile, where T is a dynamic size after the first pass,
-    it was a symbolic bool that SDPA refuses, a graph break in every layer step). The projections are the layer's modules:
-    in the AR engine, slices of one fused q/k/v and gate/up matmul each
-    (omni/engines/ar/fused_projections.py), so q, k, v are called in that order."""
+    attending over every position up to its own. ``causal`` (T > 1) comes in as a Python
+    bool: computed from T inside torch.compile, where T is a dynamic size after the first
+    pass, it was a symbolic bool that SDPA refuses, a graph break in every layer step. The
+    projections are the layer's modules: in the AR engine, slices of one fused q/k/v and
+    gate/up matmul each (omni/engines/ar/fused_projections.py), so q, k, v are called in
+    that order."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     shape = (*h.shape[:-1], -1, attn.head_dim)
@@ -93,9 +94,9 @@ def pass_tail(norm: Any, head: Any, embedding: torch.Tensor, last: torch.Tensor,
 
 def one_pass(layers: list[Any], buffers: list[tuple[torch.Tensor, torch.Tensor]],
              x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, causal: bool,
-             norm: Any,
-             head: Any, embedding: torch.Tensor, draws: torch.Tensor, greedy: torch.Tensor,
-             sampling: dict[str, Any], project: Any = None, step: Any = layer_step,
+             norm: Any, head: Any, embedding: torch.Tensor, draws: torch.Tensor,
+             greedy: torch.Tensor, sampling: dict[str, Any], project: Any = None,
+             step: Any = layer_step,
              tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
     """One predictor pass over the new positions ``x``: (code, its embedding). Compiled
     whole (PredictorGraphs' compile_unit "pass"), torch.compile also fuses across the
@@ -144,8 +145,9 @@ def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: to
     for group in range(passes):
         end = start + x.shape[1]
         code, embed = run(layers, buffers, x, cos_all[:, start:end], sin_all[:, start:end],
-                          start, x.shape[1] > 1, model.norm, cp.lm_head[group], embeddings[group].weight,
-                          draws[:, group], greedy, sampling or {}, project, step, tail)
+                          start, x.shape[1] > 1, model.norm, cp.lm_head[group],
+                          embeddings[group].weight, draws[:, group], greedy, sampling or {},
+                          project, step, tail)
         codes.append(code)
         total = total + embed
         x, start = embed[:, None], end

@@ -86,7 +86,6 @@ class Code2Wav:
         # (chunked_decode's default is 25) and is approximate. The bound is strict; on the
         # tiny fixture (1 layer: 71 + 10 = 81) 75 frames already match to float noise.
         stack = conv_stack(self.module)
-        t = 10_000
         spf = self.samples_per_frame
         conv_frames = conv_stack_frames(stack, spf)
         attn = sum(int(c.sliding_window) - 1 for kind in c.layer_types
@@ -95,6 +94,7 @@ class Code2Wav:
             attn = 1 << 30  # full attention: unbounded (not the case in any known release)
         self.receptive_field_frames = attn + conv_frames
         # samples a T-frame decode is short of T*spf (the look-ahead trimmed at the end)
+        t = 10_000
         last = t * spf - 1
         while max_input_index(stack, last) >= t:
             last -= 1

@@ -41,7 +41,7 @@ import torch
 from omni.engines.base import EngineLoadError, PromptLayout, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, _resolve_dtype, cache_keyword
 from omni.models.checkpoint_parts import fuse_experts, prefixed_tensors
-from omni.models.codec_talker import CodecTalkerLM, batched_inputs
+from omni.models.codec_talker import CodecInputs, CodecTalkerLM
 from omni.models.predictor_kv import supported
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_cached
 from omni.models.qwen3_omni_vision import TextFirstRope
@@ -107,7 +107,7 @@ class FeedState:
     generator: torch.Generator | None = None
 
 
-class TalkerFeed:
+class TalkerFeed(CodecInputs):
     """Builds the talker's inputs from the thinker stream (see the module doc)."""
 
     # stage options beside the AR engine's: predictor_compile (false) compiles the code
@@ -270,14 +270,7 @@ class TalkerFeed:
         """Decode step `step` can be fed: its answer token arrived, or the answer ended."""
         return st.closed or step + 1 < self.answer_tokens(st)
 
-    def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
-        return st.next_codec + self._text(st, step)
-
-    def decode_inputs(self, states: list[FeedState], steps: list[int]) -> list[torch.Tensor]:
-        return batched_inputs([st.next_codec for st in states],
-                              [self._text(st, g) for st, g in zip(states, steps, strict=True)])
-
-    def _text(self, st: FeedState, step: int) -> torch.Tensor:
+    def text_input(self, st: FeedState, step: int) -> torch.Tensor:
         """The text embedding decode step ``step`` reads: the answer token after the one
         the step's codec follows, then tts_eos once, then tts_pad."""
         if step + 1 >= len(st.answer) and st.pending:  # not prepared with its step

@@ -52,7 +52,7 @@ import torch
 
 from omni.engines.base import EngineLoadError, flag_option
 from omni.models.causal_lm import CausalLM, _is_random, cache_keyword
-from omni.models.codec_talker import CodecTalkerLM, batched_inputs
+from omni.models.codec_talker import CodecInputs, CodecTalkerLM
 from omni.models.predictor_kv import predict_static, supported
 from omni.models.qwen3_omni_predictor import PredictorGraphs, make_graphs, predict_uncached
 from omni.models.qwen3_tts import SERVED_TYPES, check_seed, load_qwen3_tts
@@ -113,7 +113,7 @@ class FeedState:
     generator: torch.Generator | None = None
 
 
-class TTSFeed:
+class TTSFeed(CodecInputs):
     """Builds the talker's inputs and runs its code predictor (the module doc)."""
 
     OPTIONS = OPTIONS  # the stage options it reads (the engine checks them before loading)
@@ -239,15 +239,7 @@ class TTSFeed:
     def ready(self, st: FeedState, step: int) -> bool:
         return True  # the whole text was known at the prefill
 
-    def decode_input(self, st: FeedState, step: int) -> torch.Tensor:
-        return st.next_codec + self._text(st, step)
-
-    def decode_inputs(self, states: list[FeedState], steps: list[int]) -> list[torch.Tensor]:
-        return batched_inputs([st.next_codec for st in states],
-                              [self._text(st, g) for st, g in zip(states, steps, strict=True)])
-
-    @staticmethod
-    def _text(st: FeedState, step: int) -> torch.Tensor:
+    def text_input(self, st: FeedState, step: int) -> torch.Tensor:
         """The text embedding decode step ``step`` reads: the prompt's trailing text, then
         the pad embedding."""
         return st.trailing[step] if step < len(st.trailing) else st.pad
