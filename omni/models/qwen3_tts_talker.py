@@ -70,7 +70,7 @@ from omni.models.speech import check_speed, voice_entry
 # requests' params: temperature, top_k, top_p, repetition_penalty, max_tokens)
 OPTIONS = frozenset({"language", "openai_voices", "subtalker_dosample", "subtalker_top_k",
                      "subtalker_top_p", "subtalker_temperature", "predictor_compile",
-                     "predictor_kv_cache",
+                     "predictor_kv_cache", "predictor_compile_unit",
                      "clone_cache_size", "max_ref_seconds"})
 MIN_CODES = 2  # qwen-tts's min_new_tokens
 
@@ -138,6 +138,11 @@ class TTSFeed(CodecInputs):
         # in-process: its share of a step at B=8 12.7 -> 5.5 ms, bench/results/
         # qwen3-tts-ar-step-h100.md)
         self.predictor_compile = flag_option(options, "predictor_compile", True)
+        # what one torch.compile covers in the static-KV loop: "layer" (a layer step and the
+        # pass tail) or "pass" (a whole pass, fused across layers; PredictorGraphs)
+        self.compile_unit = str(options.get("predictor_compile_unit", "layer"))
+        if self.compile_unit not in ("layer", "pass"):
+            raise ValueError(f"predictor_compile_unit: 'layer' or 'pass', not {self.compile_unit!r}")
         # each predictor pass reads the frame's earlier positions from a static KV cache
         # instead of recomputing them (omni/models/predictor_kv.py). Default on a GPU: H100,
         # in its graphs, compiled, a frame at B=64 10.45 -> 6.61 ms; served c=64 206.5 ->
@@ -294,7 +299,7 @@ class TTSFeed(CodecInputs):
         self.graphs = make_graphs(cp, emb.shape[1], self.groups, emb.dtype, emb.device,
                                   max_batch, compiled=self.predictor_compile,
                                   project=cp.small_to_mtp_projection, sampling=self.pick,
-                                  kv_cache=self.predictor_kv)
+                                  kv_cache=self.predictor_kv, compile_unit=self.compile_unit)
         return self.graphs is not None
 
 
