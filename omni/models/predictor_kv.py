@@ -49,7 +49,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def layer_step(layer: Any, x: torch.Tensor, cos_all: torch.Tensor, sin_all: torch.Tensor,
                keys: torch.Tensor, values: torch.Tensor, start: int,
                causal: bool) -> torch.Tensor:
     """One decoder layer over the frame's positions start .. start + T (x: (B, T, H)),
@@ -59,8 +59,13 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     pass, it was a symbolic bool that SDPA refuses, a graph break in every layer step. The
     projections are the layer's modules: in the AR engine, slices of one fused q/k/v and
     gate/up matmul each (omni/engines/ar/fused_projections.py), so q, k, v are called in
-    that order."""
+    that order. The rotary tables come whole (the frame's positions) and are sliced here:
+    a slice made outside arrived as a view, and torch 2.11's dynamo guarded on its offset
+    into the table, a recompile per pass until its limit of 8 left the rest eager (an H100
+    stage's log, session 15)."""
     attn = layer.self_attn
+    end = start + x.shape[1]
+    cos, sin = cos_all[:, start:end], sin_all[:, start:end]
     h = layer.input_layernorm(x)
     shape = (*h.shape[:-1], -1, attn.head_dim)
     q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
@@ -69,7 +74,6 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
-    end = start + x.shape[1]
     keys[:, :, start:end] = k
     values[:, :, start:end] = v
     # several new positions only in the first pass (start 0): causal among themselves
@@ -80,31 +84,34 @@ def layer_step(layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def pass_tail(norm: Any, head: Any, embedding: torch.Tensor, last: torch.Tensor,
-              draws: torch.Tensor, greedy: torch.Tensor,
+def pass_tail(norm: Any, head: Any, embedding: torch.Tensor, x: torch.Tensor,
+              draws: torch.Tensor, start: int, greedy: torch.Tensor,
               sampling: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """A pass's end: the code group's logits (``head``: its lm_head), its pick, and the
     picked code's embedding (``embedding``: the group's table). A function of its own so
     that torch.compile fuses the norm, the cast and pick's ~10 small kernels a pass; the
-    table goes in as a tensor so that one compile serves all groups."""
-    logits = head(norm(last)).float()
-    code = pick(logits, draws, greedy, **sampling)
+    table goes in as a tensor so that one compile serves all groups. The pass's last
+    position and its draws are sliced here, as layer_step's rotary tables are; ``draws``
+    are indexed by the pass's first position (predict_static), not by its group (an int
+    argument of 0 or 1 is a compile of its own: the first two groups would be two), and
+    through a slice (an index by the int specialized its first value: one compile more)."""
+    logits = head(norm(x[:, -1])).float()
+    code = pick(logits, draws[:, start:start + 1][:, 0], greedy, **sampling)
     return code, F.embedding(code, embedding)
 
 
 def one_pass(layers: list[Any], buffers: list[tuple[torch.Tensor, torch.Tensor]],
-             x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, causal: bool,
-             norm: Any, head: Any, embedding: torch.Tensor, draws: torch.Tensor,
+             x: torch.Tensor, cos_all: torch.Tensor, sin_all: torch.Tensor, start: int,
+             causal: bool, norm: Any, head: Any, embedding: torch.Tensor, draws: torch.Tensor,
              greedy: torch.Tensor, sampling: dict[str, Any], project: Any = None,
-             step: Any = layer_step,
-             tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
+             step: Any = layer_step, tail: Any = pass_tail) -> tuple[torch.Tensor, torch.Tensor]:
     """One predictor pass over the new positions ``x``: (code, its embedding). Compiled
     whole (PredictorGraphs' compile_unit "pass"), torch.compile also fuses across the
     layer boundaries (a layer's residual add with the next one's norm)."""
     x = x if project is None else project(x)
     for layer, (keys, values) in zip(layers, buffers, strict=True):
-        x = step(layer, x, cos, sin, keys, values, start, causal)
-    return tail(norm, head, embedding, x[:, -1], draws, greedy, sampling)
+        x = step(layer, x, cos_all, sin_all, keys, values, start, causal)
+    return tail(norm, head, embedding, x, draws, start, greedy, sampling)
 
 
 def supported(cp: Any) -> bool:
@@ -142,13 +149,14 @@ def predict_static(cp: Any, hidden: torch.Tensor, first: torch.Tensor, draws: to
     cos_all, sin_all = model.rotary_emb(hidden, positions)
     embeddings = model.get_input_embeddings()
     x, start, codes, total = torch.stack((hidden, first), dim=1), 0, [], first
+    # each pass's draws at its first position: the first pass starts at 0, group g >= 1's
+    # at g + 1
+    by_start = torch.cat((draws[:, :1], draws), dim=1)
     for group in range(passes):
-        end = start + x.shape[1]
-        code, embed = run(layers, buffers, x, cos_all[:, start:end], sin_all[:, start:end],
-                          start, x.shape[1] > 1, model.norm, cp.lm_head[group],
-                          embeddings[group].weight, draws[:, group], greedy, sampling or {},
-                          project, step, tail)
+        code, embed = run(layers, buffers, x, cos_all, sin_all, start, x.shape[1] > 1,
+                          model.norm, cp.lm_head[group], embeddings[group].weight, by_start,
+                          greedy, sampling or {}, project, step, tail)
         codes.append(code)
         total = total + embed
-        x, start = embed[:, None], end
+        x, start = embed[:, None], start + x.shape[1]
     return torch.stack(codes, dim=1), total
