@@ -108,8 +108,8 @@
 #                                        # off; AR_BURSTS=2,2,2: bursts a level); ar25: the
 #                                        # AR layout with the former 25-frame code2wav chunks
 #                                        # (the preset's are 50: run "ar,ar25"); arkv: the
-#                                        # AR layout, predictor_kv_cache on; arpass: each predictor
-#                                        # pass compiled whole; arwhole:
+#                                        # AR layout, predictor_kv_cache on; arlayer: predictor
+#                                        # layer steps compiled one by one; arwhole:
 #                                        # the AR layout, each request decoded once after its
 #                                        # last frame (the talker's steps alone on the GPU;
 #                                        # each level's steps a stage are in the report); spy with
@@ -328,9 +328,10 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     # the talker on the AR engine (paged KV, decode graphs) -> a code2wav stage
     qwen3tts_part ar 150 "${TAG:-$card}-ar" "${custom[@]}" --layout ar --concurrency 1,8,64 \
       --bursts "${AR_BURSTS:-2,1,1}"
-    # the same with each predictor pass compiled whole (fused across layers), beside "ar"
-    qwen3tts_part arpass 150 "${TAG:-$card}-ar-pass" "${custom[@]}" --layout ar \
-      --concurrency 1,8,64 --talker-option predictor_compile_unit=pass --bursts "${AR_BURSTS:-2,1,1}"
+    # the same with the predictor's layer steps compiled one by one (the preset compiles
+    # each pass whole), beside "ar"
+    qwen3tts_part arlayer 150 "${TAG:-$card}-ar-layer" "${custom[@]}" --layout ar \
+      --concurrency 1,8,64 --talker-option predictor_compile_unit=layer --bursts "${AR_BURSTS:-2,1,1}"
     # the same with the code predictor over its static KV cache (predictor_kv.py), beside "ar"
     qwen3tts_part arkv 150 "${TAG:-$card}-ar-kv" "${custom[@]}" --layout ar --concurrency 1,8,64 \
       --talker-option predictor_kv_cache=true --bursts "${AR_BURSTS:-2,1,1}"

@@ -76,11 +76,11 @@ class PredictorGraphs:
 
     def __init__(self, cp: Any, hidden_size: int, groups: int, dtype: torch.dtype,
                  device: torch.device, max_batch: int, capture: bool = True,
-                 compiled: bool = False, kv_cache: bool = False, compile_unit: str = "layer",
+                 compiled: bool = False, kv_cache: bool = False, compile_unit: str = "pass",
                  **options: Any) -> None:
         self.cp, self.capture, self.kv_cache = cp, capture, kv_cache
         # predict_static's layer step, pass tail and pass (compiled in _capture_all):
-        # compile_unit "layer" compiles the step and the tail, "pass" each pass whole
+        # compile_unit "pass" compiles each pass whole, "layer" the layer step and the tail
         self.step, self.tail, self.run_pass = layer_step, pass_tail, one_pass
         self.compile_unit = compile_unit
         # torch.compile of the predictor's decoder layers (one dynamic-shape compile shared

@@ -138,9 +138,12 @@ class TTSFeed(CodecInputs):
         # in-process: its share of a step at B=8 12.7 -> 5.5 ms, bench/results/
         # qwen3-tts-ar-step-h100.md)
         self.predictor_compile = flag_option(options, "predictor_compile", True)
-        # what one torch.compile covers in the static-KV loop: "layer" (a layer step and the
-        # pass tail) or "pass" (a whole pass, fused across layers; PredictorGraphs)
-        self.compile_unit = str(options.get("predictor_compile_unit", "layer"))
+        # what one torch.compile covers in the static-KV loop: "pass" (a whole pass, fused
+        # across layers) or "layer" (a layer step and the pass tail; PredictorGraphs). H100,
+        # same call, served c=1 / 8 / 64: layer 9.69 / 60.94 / 221.50 audio-s/s, pass
+        # 11.52 / 73.54 / 254.47 (that layer run had hit dynamo's recompile limit, since
+        # fixed: bench/results/qwen3-tts-gpu.md, session 15)
+        self.compile_unit = str(options.get("predictor_compile_unit", "pass"))
         if self.compile_unit not in ("layer", "pass"):
             raise ValueError(f"predictor_compile_unit: 'layer' or 'pass', not {self.compile_unit!r}")
         # each predictor pass reads the frame's earlier positions from a static KV cache
