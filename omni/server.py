@@ -23,10 +23,12 @@ from omni.api.app import build_app
 from omni.api.sockets import SOCKETS_KEY
 from omni.api.state import ServedModel, ServerSettings
 from omni.config.control import parse_heartbeat
+from omni.config.load_format import with_load_format
 from omni.config.pipeline import ConfigError, PipelineConfig
 from omni.config.presets import load_pipeline, model_family, preset_with_model_dirs, renamed
 from omni.config.quantization import with_quantization
-from omni.engines.kinds import QUANTIZATIONS
+from omni.engines.base import LOAD_FORMATS
+from omni.engines.kinds import DUMMY_WEIGHT_KINDS, QUANTIZATIONS
 from omni.heap import GcPauses, freeze_loaded_objects
 from omni.media.fetch import FetchPolicy
 from omni.runtime.async_omni import AsyncOmni
@@ -73,6 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "other stages (vocoders, encoders) keep --dtype, and each stage's card on "
                    "/v1/models says whether it runs fp8. Overrides the stages' own "
                    "'quantization' option; none turns it off (default: as each pipeline says)")
+    p.add_argument("--load-format", default=None, choices=list(LOAD_FORMATS),
+                   help="how the stages that can take it load their weights, in every served "
+                   f"pipeline ({' and '.join(DUMMY_WEIGHT_KINDS)} stages): dummy builds each "
+                   "model from its folder's config.json with random weights drawn on its "
+                   "device, so a directory of configs and tokenizer/scheduler files is enough; "
+                   "outputs are noise, for benchmarking a release's shapes only, and each "
+                   "stage's card on /v1/models says so. Overrides the stages' own "
+                   "'load_format' option; auto loads the weights on disk (default: as each "
+                   "pipeline says)")
     p.add_argument("--max-request-mb", type=float, default=16.0,
                    help="largest accepted request body in MiB (default 16); larger gets 413")
     p.add_argument("--max-speech-chars", type=int, default=4096,
@@ -214,6 +225,8 @@ def served_models(args: argparse.Namespace, metrics: Metrics) -> list[ServedMode
     pipelines = [dataclasses.replace(p, **liveness) for p in pipelines]
     if args.quantization is not None:  # every stage that can take it (config/quantization.py)
         pipelines = with_quantization(pipelines, args.quantization)
+    if args.load_format is not None:  # likewise (config/load_format.py)
+        pipelines = with_load_format(pipelines, args.load_format)
     _require_video_encoder(pipelines)
     models, level = [], logging.getLevelName(args.log_level)
     for pipeline in pipelines:

@@ -20,9 +20,11 @@ from omni.runtime.metrics import Metrics
 SIGNAL_MODALITIES = ("voice_activity",)
 # what a stage's card on /v1/models repeats of its READY: where it runs, and for an AR stage
 # what its KV cache holds (how many sequences of the full context fit at once), and whether
-# its weights run quantized (fp8) and how many linear layers are
+# its weights run quantized (fp8) and how many linear layers are, and whether they are
+# random (load_format dummy: its outputs are noise)
 STAGE_CARD_KEYS = ("python", "versions", "device", "max_num_seqs", "kv_tokens", "max_context",
-                   "full_context_sequences", "quantization", "quantized_weights")
+                   "full_context_sequences", "quantization", "quantized_weights",
+                   "load_format")
 
 
 @dataclass

@@ -110,4 +110,6 @@ def memory_note(info: dict[str, Any]) -> str:
     if info.get("quantization"):  # omni/engines/quantization/
         parts.append(f"{info['quantization']} weights: {info.get('quantized_weights', 0)} "
                      "linear layers")
+    if info.get("load_format") == "dummy":  # omni/models/dummy_weights.py
+        parts.append("RANDOM weights (load_format dummy): outputs are noise")
     return "; " + ", ".join(parts) if parts else ""

@@ -50,6 +50,7 @@ from omni.config.graph import (
     parse_outputs,
     topo_order,
 )
+from omni.config.load_format import check_stage_load_format
 from omni.config.memory import check_shares, parse_share
 from omni.config.placement import ClusterSettings, parse_cluster, stage_placement  # noqa: I001
 from omni.config.quantization import check_stage_quantization
@@ -290,6 +291,7 @@ def _parse_stage(src: str, path: str, raw: object, base_dir: str | None) -> Stag
     placement = stage_placement(src, path, raw)
     options = as_mapping(src, f"{path}.options", raw.get("options"))
     check_stage_quantization(src, path, raw, options)
+    check_stage_load_format(src, path, raw, options)
     return StageConfig(
         name=check_stage_name(src, path, raw),
         engine=check_choice(src, f"{path}.engine", engine, ENGINE_KINDS, "engine"),

@@ -18,11 +18,11 @@ served stage can take it does the start fail: then the flag would change nothing
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from omni.config.checks import ConfigError
+from omni.config.stage_flags import require_a_taker, with_stage_option
 from omni.engines.kinds import KINDS, QUANTIZATIONS, QUANTIZING_KINDS
 
 
@@ -65,20 +65,11 @@ def with_quantization(pipelines: list[Any], method: str) -> list[Any]:
     except ValueError:
         raise ConfigError("command line", "--quantization", f"unknown method {method!r}",
                           f"Use one of {', '.join(QUANTIZATIONS)}") from None
-    stages = [s for p in pipelines for s in p.stages]
-    if chosen is not None and not any(KINDS[s.engine].quantizes for s in stages):
-        names = ", ".join(p.name for p in pipelines)
-        kinds = ", ".join(f"{s.name} ({s.engine})" for s in stages)
-        raise ConfigError("command line", "--quantization",
-                          f"no stage of the served pipelines ({names}) can store its weights "
-                          f"in {method} (their stages: {kinds})",
-                          f"Only {' and '.join(QUANTIZING_KINDS)} stages can; serve "
-                          "without --quantization")
-    return [_quantized(p, method) for p in pipelines]
+    if chosen is not None:
+        require_a_taker(pipelines, "--quantization", _quantizes,
+                        f"store its weights in {method}", QUANTIZING_KINDS)
+    return with_stage_option(pipelines, "quantization", method, _quantizes)
 
 
-def _quantized(pipeline: Any, method: str) -> Any:
-    stages = tuple(dataclasses.replace(s, options={**s.options, "quantization": method})
-                   if KINDS[s.engine].quantizes else s for s in pipeline.stages)
-    views = {name: _quantized(view, method) for name, view in pipeline.views.items()}
-    return dataclasses.replace(pipeline, stages=stages, views=views)
+def _quantizes(kind: Any) -> bool:
+    return kind.quantizes

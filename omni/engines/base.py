@@ -30,6 +30,11 @@ class EngineLoadError(Exception):
 # (proc.py) and its payload arena (launcher.py)
 PROCESS_OPTIONS = frozenset({"nice", "payload_arena_mb", "gc_freeze"})
 
+# a model stage's option ``load_format`` (the kinds that take it: kinds.py): auto loads the
+# weights on disk; dummy builds each model from its config with random weights, for
+# benchmarking a release's shapes without its weights (omni/models/dummy_weights.py)
+LOAD_FORMATS = ("auto", "dummy")
+
 
 def check_options(kind: str, options: Mapping[str, Any] | None, known: Iterable[str]) -> None:
     """A stage's ``options`` must all be read by its engine (or its process): a typo is a

@@ -38,6 +38,9 @@ class EngineKind:
     # its stages take the option ``quantization`` (QUANTIZATIONS, or none), and the server
     # flag --quantization applies to them (omni/engines/quantization/)
     quantizes: bool = False
+    # its stages take the option ``load_format`` (omni.engines.base.LOAD_FORMATS: dummy
+    # draws random weights), and the server flag --load-format applies to them
+    dummy_weights: bool = False
 
 
 # the order of the config's error texts and of tests/unit/test_config.py (constants) and
@@ -48,7 +51,7 @@ KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
     EngineKind("generation", "omni.engines.generation.build:stage_engine",
                adapters="GENERATION_RUNNERS"),
     EngineKind("diffusion", "omni.engines.diffusion.engine:stage_engine", stateful=True,
-               adapters="DIFFUSION_DENOISERS", quantizes=True),
+               adapters="DIFFUSION_DENOISERS", quantizes=True, dummy_weights=True),
     EngineKind("policy", "omni.engines.policy.engine:stage_engine", stateful=True,
                adapters="POLICIES"),
     EngineKind("echo", "omni.engines.echo.engine:stage_engine", default_device="cpu",
@@ -58,6 +61,7 @@ KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
 ENGINE_KINDS = tuple(KINDS)
 QUANTIZATIONS = ("none", "fp8")  # a stage's option ``quantization`` (none: the model's dtype)
 QUANTIZING_KINDS = tuple(name for name, kind in KINDS.items() if kind.quantizes)
+DUMMY_WEIGHT_KINDS = tuple(name for name, kind in KINDS.items() if kind.dummy_weights)
 STATEFUL_KINDS = frozenset(name for name, kind in KINDS.items() if kind.stateful)
 
 

@@ -260,7 +260,7 @@ def first_frame_encoder(encode: Any, temporal: int) -> Any:
 def build_cosmos3_world(*, model_dir: str, device: str, dtype: str,
                         options: Mapping[str, Any]) -> Cosmos3WorldDenoiser:
     pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
-                                safety_checker=None,
+                                load_format=common.load_format(options), safety_checker=None,
                                 enable_safety_checker=False)
     pipe._encode_video = first_frame_encoder(pipe._encode_video, pipe.vae_scale_factor_temporal)
     return Cosmos3WorldDenoiser(pipe, device, options)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omni.engines.base import DenoiseJob, EngineLoadError
+from omni.engines.base import LOAD_FORMATS, DenoiseJob, EngineLoadError
 from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one import)
     LIMIT_OPTIONS,
     Limits,
@@ -25,6 +26,8 @@ from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one imp
     parse_size,
     seed_of,
 )
+
+log = logging.getLogger("omni.models.diffusion")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -48,17 +51,35 @@ def torch_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def load_format(options: Mapping[str, Any]) -> Any:
+    """The stage's option ``load_format``: auto (the weights on disk, the default; null
+    too) or dummy (random weights, dummy_weights.py); load_pipeline checks the value."""
+    value = options.get("load_format")
+    return "auto" if value is None else value
+
+
 def load_pipeline(model_dir: str, classes: Mapping[str, Any], *, device: str,
-                  dtype: str, **components: Any) -> Any:
+                  dtype: str, load_format: str = "auto", **components: Any) -> Any:
     """The whole pipeline, every component loaded through its own class from its own
     folder (diffusers' from_pretrained reads model_index.json), on ``device``;
-    ``components`` are ones the adapter loaded itself."""
+    ``components`` are ones the adapter loaded itself. ``load_format`` dummy: the model
+    components it did not are built from their configs with random weights instead."""
     name = pipeline_class(model_dir)
     if name not in classes:
         raise EngineLoadError(f"{model_dir}: pipeline {name} is not served by this adapter "
                               f"(it serves {', '.join(sorted(classes))})")
-    pipe = classes[name].from_pretrained(model_dir, dtype=torch_dtype(dtype, device),
-                                         **components)
+    if load_format not in LOAD_FORMATS:
+        raise EngineLoadError(f"load_format {load_format!r} is not one of "
+                              f"{', '.join(LOAD_FORMATS)}")
+    torch_type = torch_dtype(dtype, device)
+    if load_format == "dummy":
+        from omni.models.dummy_weights import random_components
+
+        log.warning("%s: load_format dummy: random weights, outputs are noise (for "
+                    "benchmarking shapes only)", model_dir)
+        components = {**random_components(model_dir, components, dtype=torch_type,
+                                          device=device), **components}
+    pipe = classes[name].from_pretrained(model_dir, dtype=torch_type, **components)
     pipe.set_progress_bar_config(disable=True)  # progress goes to clients, not stderr
     return pipe.to(device)
 

@@ -208,5 +208,6 @@ def decode_by_size(jobs: list[DenoiseJob],
 
 def build_flux(*, model_dir: str, device: str, dtype: str,
                options: Mapping[str, Any]) -> FluxDenoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return FluxDenoiser(pipe, device, options)

@@ -183,10 +183,12 @@ def load_text_tokenizer(path: str) -> Any:
 
 def build_flux2(*, model_dir: str, device: str, dtype: str,
                 options: Mapping[str, Any]) -> Flux2Denoiser:
+    load_format = common.load_format(options)
     if importlib.util.find_spec("torchvision") is not None:
-        pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+        pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                    load_format=load_format)
     else:  # diffusers refuses a stand-in for the processor: load without it, then add it
         pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
-                                    tokenizer=None)
+                                    load_format=load_format, tokenizer=None)
         pipe.register_modules(tokenizer=load_text_tokenizer(f"{model_dir}/tokenizer"))
     return Flux2Denoiser(pipe, device, options)

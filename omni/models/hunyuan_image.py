@@ -212,5 +212,6 @@ class HunyuanImageDenoiser:
 
 def build_hunyuan_image(*, model_dir: str, device: str, dtype: str,
                         options: Mapping[str, Any]) -> HunyuanImageDenoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return HunyuanImageDenoiser(pipe, device, options)

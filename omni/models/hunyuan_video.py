@@ -187,5 +187,6 @@ class HunyuanVideoDenoiser:
 
 def build_hunyuan_video(*, model_dir: str, device: str, dtype: str,
                         options: Mapping[str, Any]) -> HunyuanVideoDenoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return HunyuanVideoDenoiser(pipe, device, options)

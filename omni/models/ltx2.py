@@ -320,5 +320,6 @@ class LTX2Denoiser:
 
 def build_ltx2(*, model_dir: str, device: str, dtype: str,
                options: Mapping[str, Any]) -> LTX2Denoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return LTX2Denoiser(pipe, device, options)

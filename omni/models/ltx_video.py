@@ -225,5 +225,6 @@ class LTXVideoDenoiser:
 
 def build_ltx_video(*, model_dir: str, device: str, dtype: str,
                     options: Mapping[str, Any]) -> LTXVideoDenoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return LTXVideoDenoiser(pipe, device, options)

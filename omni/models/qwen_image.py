@@ -240,5 +240,6 @@ def build_qwen_image(*, model_dir: str, device: str, dtype: str,
     extra = {}
     if common.pipeline_class(model_dir) == EDIT:
         extra["processor"] = load_vl_processor(f"{model_dir}/processor")
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype, **extra)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options), **extra)
     return QwenImageDenoiser(pipe, device, options)

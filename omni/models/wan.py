@@ -229,5 +229,6 @@ class WanDenoiser:
 
 def build_wan(*, model_dir: str, device: str, dtype: str,
               options: Mapping[str, Any]) -> WanDenoiser:
-    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype)
+    pipe = common.load_pipeline(model_dir, _classes(), device=device, dtype=dtype,
+                                load_format=common.load_format(options))
     return WanDenoiser(pipe, device, options)

@@ -87,7 +87,8 @@ class Server:
             raise
         return self
 
-    async def _start(self) -> None:
+    def served(self) -> list[ServedModel]:
+        """The models to serve (a subclass may build them as omni.server does, from flags)."""
         models = []
         for served_name, target in self.pipelines.items():
             pipeline = load_pipeline(str(target), served_name)
@@ -95,6 +96,10 @@ class Server:
             models.append(ServedModel(served_name, omni, metadata={"test": True}))
             models += [ServedModel(view, omni.view(view), metadata={"test": True})
                        for view in pipeline.views]  # as omni.server serves them
+        return models
+
+    async def _start(self) -> None:
+        models = self.served()
         self.models = {m.id: m for m in models}
         app = build_app(models, self.metrics, self.settings)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None,

@@ -95,12 +95,14 @@ class DiffusionEngine(Engine):
     (rows.py; 0: always share, up to max_batch_rows);
     max_admit_per_step (8): requests encoded per step;
     step_cache (off): the default step-cache threshold (see the module docstring);
-    quantization (none): fp8 stores the transformer blocks' weights in e4m3 (quantize.py).
+    quantization (none): fp8 stores the transformer blocks' weights in e4m3 (quantize.py);
+    load_format (auto): dummy builds the models with random weights from their configs,
+    outputs are noise (omni/models/dummy_weights.py; the adapter's load reads it).
     A denoiser lists the options it reads in its OPTIONS.
     """
 
     OPTIONS = frozenset({"max_batch_rows", "max_admit_per_step", "step_cache", "quantization",
-                         "batch_gain"})
+                         "batch_gain", "load_format"})
 
     def __init__(self, denoiser: Denoiser, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
@@ -118,6 +120,9 @@ class DiffusionEngine(Engine):
         except ValueError as e:
             raise EngineLoadError(str(e)) from e
         self.quantized = quantize_denoiser(denoiser, opts.get("quantization"))
+        # READY and the stage's card say so: its outputs are noise (the adapter loaded it)
+        self.random_weights = ({"load_format": "dummy"} if opts.get("load_format") == "dummy"
+                               else {})
         # id -> (plan, previews, cache threshold, arrival), not yet encoded
         self._waiting: dict[str, tuple[Any, int, float, float]] = {}
         self._jobs: dict[str, DenoiseJob] = {}
@@ -178,7 +183,7 @@ class DiffusionEngine(Engine):
     def info(self) -> dict[str, Any]:
         info = {"output": self.denoiser.output, **self.denoiser.info(),
                 "max_batch_rows": self.max_batch_rows, "step_cache": self.step_cache,
-                "batch_gain": self.rows.min_gain, **self.quantized}
+                "batch_gain": self.rows.min_gain, **self.quantized, **self.random_weights}
         if hasattr(self.denoiser, "device"):  # where it runs, for the READY log line
             info.setdefault("device", str(self.denoiser.device))
         return info
