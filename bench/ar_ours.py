@@ -61,13 +61,15 @@ def cuda_available() -> bool:
 
 
 def start_server(target: tuple[str, str], dtype: str, timeout: float,
-                 log_path: Path | None = None) -> tuple[subprocess.Popen, str]:
+                 log_path: Path | None = None,
+                 flags: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """A server subprocess and its URL once it listens; its log (stderr) goes to
     log_path when given (e.g. for a GPU run's $OUT), else is drained and dropped."""
     if log_path:
         log_path.parent.mkdir(parents=True, exist_ok=True)  # a GPU run's $OUT exists; --out may not
     proc = subprocess.Popen([sys.executable, "-m", "omni.server", target[0], target[1],
-                             "--port", "0", "--dtype", dtype], stderr=subprocess.PIPE, text=True)
+                             "--port", "0", "--dtype", dtype, *flags],
+                            stderr=subprocess.PIPE, text=True)
     log = open(log_path, "w", buffering=1) if log_path else None  # noqa: SIM115 (thread owns it)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     deadline, found = time.monotonic() + timeout, None

@@ -98,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests each client sends, one after another (default 2)")
     parser.add_argument("--sides", default=",".join(SIDES),
                         help=f"comma-separated subset of {','.join(SIDES)}")
+    parser.add_argument("--http-load-format", choices=("auto", "dummy"), default="auto",
+                        help="ours-http: dummy starts the server with --load-format dummy (it draws random weights on its GPU from the configs; a --shape built in memory is saved without its weights): for a release whose saved weights would not fit the disk (default auto)")
     parser.add_argument("--max-batch-rows", type=int, default=16,
                         help="the engine's max_batch_rows (default 16)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if "ours-http" in wanted:
         rows = http_rows(pipe, model_dir, device, {
             "concurrency": args.concurrency, "per_client": args.per_client, "params": params,
-            "warm_steps": WARMUP_STEPS,
+            "warm_steps": WARMUP_STEPS, "load_format": args.http_load_format,
             "log": args.out / f"diffusion-{args.tag or 'run'}-server.log"},
             lambda side, c, record: _summary(side, c, record, args))
     serve = partial(_serve, model=(family, pipe), model_dir=model_dir, device=device,

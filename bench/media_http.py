@@ -33,11 +33,13 @@ class MediaServer:
     """The server on a model directory; ``saved``: a temp directory of save_pipeline's,
     removed with the server. A failed start leaves neither behind."""
 
-    def __init__(self, model_dir: str, log_path: Path, saved: bool = False) -> None:
+    def __init__(self, model_dir: str, log_path: Path, saved: bool = False,
+                 load_format: str = "auto") -> None:
         self.saved = model_dir if saved else None
         try:
             self.proc, self.url = start_server(("--model", model_dir), "auto",
-                                               START_TIMEOUT_S, log_path)
+                                               START_TIMEOUT_S, log_path,
+                                               ("--load-format", load_format))
         except BaseException:
             self._remove_saved()
             raise
@@ -56,18 +58,40 @@ class MediaServer:
             shutil.rmtree(self.saved, ignore_errors=True)
 
 
-def save_pipeline(pipe: Any) -> str:
+def save_pipeline(pipe: Any, weights: bool = True) -> str:
     """An in-memory pipeline (--shape real, random weights) in a temp directory, for the
-    server to load; MediaServer(..., saved=True) removes it."""
+    server to load; MediaServer(..., saved=True) removes it. ``weights`` False saves only
+    what a server started with --load-format dummy reads (save_configs)."""
     saved = tempfile.mkdtemp(prefix="bench-media-")
     started = time.perf_counter()
     try:
-        pipe.save_pretrained(saved)
+        pipe.save_pretrained(saved) if weights else save_configs(pipe, saved)
     except BaseException:
         shutil.rmtree(saved, ignore_errors=True)
         raise
-    say(f"  saved the pipeline to {saved} in {time.perf_counter() - started:.0f} s")
+    say(f"  saved the pipeline{'' if weights else ' (configs only)'} to {saved} in "
+        f"{time.perf_counter() - started:.0f} s")
     return saved
+
+
+def save_configs(pipe: Any, saved: str) -> None:
+    """The pipeline's directory without its weights: model_index.json, each model's
+    config.json, and the other components (tokenizers, schedulers) as save_pretrained
+    writes them. A 32 B release saved with its (random) weights would not fit a GPU box's
+    disk; the server draws its own with --load-format dummy (omni/models/dummy_weights.py)."""
+    import torch
+
+    pipe.save_config(saved)  # model_index.json
+    for name, component in pipe.components.items():
+        folder = Path(saved) / name
+        if component is None:
+            continue
+        if not isinstance(component, torch.nn.Module):
+            component.save_pretrained(folder)
+        elif hasattr(component.config, "save_pretrained"):  # a transformers model
+            component.config.save_pretrained(folder)
+        else:  # a diffusers model
+            component.save_config(folder)
 
 
 @contextmanager
@@ -112,12 +136,15 @@ def http_rows(pipe: Any, model_dir: str | None, device: str, run: dict[str, Any]
     """ours-http at every concurrency, before the in-process sides, with their copy of the
     pipeline parked in host memory (pipeline_parked); the server is stopped after. run:
     concurrency (a comma list), per_client, params, warm_steps (the other sides' warm-up
-    length) and log (the server's log path); summary(side, c, record) -> the report's row."""
-    directory = model_dir or save_pipeline(pipe)
+    length), log (the server's log path) and optionally load_format (dummy: the server
+    draws random weights, an in-memory pipeline saved without its own); summary(side, c, record) -> the report's row."""
+    load_format = run.get("load_format", "auto")
+    directory = model_dir or save_pipeline(pipe, weights=load_format != "dummy")
     rows = []
     try:
         with pipeline_parked(pipe, device):
-            server = MediaServer(directory, run["log"], saved=model_dir is None)
+            server = MediaServer(directory, run["log"], saved=model_dir is None,
+                                 load_format=load_format)
             try:
                 for c in (int(v) for v in run["concurrency"].split(",")):
                     say(f"  ours-http c={c} ...")

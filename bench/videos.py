@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-client", type=int, default=1)
     parser.add_argument("--max-batch-rows", type=int, default=8)
     parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--http-load-format", choices=("auto", "dummy"), default="auto",
+                        help="ours-http: dummy starts the server with --load-format dummy (it draws random weights on its GPU from the configs; a --shape built in memory is saved without its weights): for a release whose saved weights would not fit the disk (default auto)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="")
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if "ours-http" in wanted:
         rows = http_rows(pipe, model_dir, device, {
             "concurrency": args.concurrency, "per_client": args.per_client, "params": params,
-            "warm_steps": WARMUP_STEPS,
+            "warm_steps": WARMUP_STEPS, "load_format": args.http_load_format,
             "log": Path(args.out) / f"videos-{args.family}-{args.tag or 'run'}-server.log"},
             lambda side, c, record: _summary(side, c, record, args))
     for c in (int(v) for v in args.concurrency.split(",")):

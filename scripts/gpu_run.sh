@@ -158,7 +158,11 @@
 #                                        # BENCH_TIMEOUT=N, default 480, hunyuan_image 540;
 #                                        # CONC=1,4 PER_CLIENT=1: fewer images a side)
 #   bash scripts/gpu_run.sh flux2 [TAG]  # the same for FLUX.2-dev (32 B transformer, random bf16,
-#                                        # ~66 GiB: an H100 fits the in-process sides)
+#                                        # ~66 GiB: an H100 fits the in-process sides; its
+#                                        # ours-http side needs HTTP_LOAD_FORMAT=dummy: saved
+#                                        # as configs only, the server draws the weights; the
+#                                        # same for videos' wan22_t2v with ours-http; untried
+#                                        # on a GPU)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
 #                                        # bf16, ~17 B transformer, APG guiders: two rows per
 #                                        # image; ~40 GB, an H100 fits): bench diffusion,
@@ -398,7 +402,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
   flux|flux2)
     shape=flux1-dev; [ "$1" = flux2 ] && shape=flux2-dev
     timeout "${BENCH_TIMEOUT:-480}" python3 -m bench diffusion --shape $shape --size "${SIZE:-512x512}" \
-      ${LAYERS:+--layers $LAYERS} --steps 20 --concurrency "${CONC:-1,4,8}" --per-client "${PER_CLIENT:-2}" \
+      ${LAYERS:+--layers $LAYERS} ${HTTP_LOAD_FORMAT:+--http-load-format $HTTP_LOAD_FORMAT} --steps 20 --concurrency "${CONC:-1,4,8}" --per-client "${PER_CLIENT:-2}" \
       --sides "${SIDES:-ours-engine,diffusers-seq,diffusers-batched,transformer}" \
       --out "$OUT" --tag "${2:-$1-$card}" > "$OUT/bench-$1.log" 2>&1
     grep -E "steps/s|ms/call|wrote" "$OUT/bench-$1.log"; grep -E "Error|error" "$OUT/bench-$1.log" | tail -5
@@ -623,7 +627,7 @@ build_cosmos3; build_cosmos3('/tmp/m/cosmos3', real=True, device='cuda', dtype='
     for family in ${2:-ltx_video wan22_ti2v wan22_t2v}; do
       timeout "${VIDEO_TIMEOUT:-280}" python3 -m bench videos --family "$family" --shape real \
         --size 832x480 --frames 33 --steps 8 --concurrency 1,4 ${SIDES:+--sides "$SIDES"} \
-        --tag "${TAG:-$card}" --out "$OUT" \
+        ${HTTP_LOAD_FORMAT:+--http-load-format $HTTP_LOAD_FORMAT} --tag "${TAG:-$card}" --out "$OUT" \
         > "$OUT/bench-videos-$family.log" 2>&1
       grep -E "^\[videos\]|steps/s|Error|error" "$OUT/bench-videos-$family.log" | tail -8
       say "videos $family done"

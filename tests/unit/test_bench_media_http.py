@@ -43,3 +43,38 @@ def test_bench_diffusion_rows_count_calls_on_every_engine_side(tmp_path):
         assert row["rows_run"] == 4 * 4, (side, row)  # 4 images of 4 steps, no guidance
         assert row["transformer_calls"] >= 4, (side, row)
     assert rows["ours-shared"]["transformer_calls"] == 4  # all four in every call
+
+
+def test_a_pipeline_saved_without_weights_loads_with_dummy_weights(tmp_path):
+    """bench's ours-http with --http-load-format dummy: an in-memory pipeline saved as
+    configs only (no weight file), which the server's dummy load rebuilds with the same
+    component classes and model configs."""
+    import torch
+
+    from bench.media_http import save_configs
+    from omni.fixtures import ensure_tiny_model
+    from omni.models.flux2 import build_flux2
+
+    def load(directory: str, load_format: str):  # through the adapter, as the server does
+        return build_flux2(model_dir=directory, device="cpu", dtype="float32",
+                           options={"load_format": load_format}).pipe
+
+    pipe = load(str(ensure_tiny_model("flux2", cache_dir=tmp_path / "models")), "auto")
+    saved = tmp_path / "configs"
+    save_configs(pipe, str(saved))
+    assert (saved / "model_index.json").is_file()
+    assert not list(saved.rglob("*.safetensors")) and not list(saved.rglob("*.bin"))
+    dummy = load(str(saved), "dummy")
+    for name, component in pipe.components.items():
+        assert type(dummy.components[name]) is type(component), name
+        if isinstance(component, torch.nn.Module):
+            assert _config(dummy.components[name]) == _config(component), name
+    weight = next(iter(pipe.transformer.state_dict().values()))
+    assert not torch.equal(next(iter(dummy.transformer.state_dict().values())), weight)
+
+
+def _config(model) -> dict:
+    """A model's config as a dict, less where it was read from."""
+    config = model.config
+    as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return {k: v for k, v in as_dict.items() if k not in ("_name_or_path", "_diffusers_version")}
