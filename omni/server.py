@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "'quantization' option; none turns it off (default: as each pipeline says)")
     p.add_argument("--load-format", default=None, choices=list(LOAD_FORMATS),
                    help="how the stages that can take it load their weights, in every served "
-                   f"pipeline ({' and '.join(DUMMY_WEIGHT_KINDS)} stages): dummy builds each "
+                   f"pipeline ({' and '.join(DUMMY_WEIGHT_KINDS)} stages; on ar, plain causal LMs "
+                   "only: other adapters refuse it at load): dummy builds each "
                    "model from its folder's config.json with random weights drawn on its "
                    "device, so a directory of configs and tokenizer/scheduler files is enough; "
                    "outputs are noise, for benchmarking a release's shapes only, and each "

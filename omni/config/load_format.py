@@ -6,8 +6,9 @@ configs and tokenizer files, for benchmarks whose weights would not fit the disk
 outputs are noise. ``auto`` (or null, or unset) loads the weights on disk.
 
 In a pipeline file, the option on a stage whose engine kind cannot take it
-(omni/engines/kinds.py: only diffusion can) fails the load naming the stage, as does a
-value that is no load format: before any engine starts. The flag works as --quantization
+(omni/engines/kinds.py: ar and diffusion can; on ar, plain causal LMs only, the others'
+adapters refuse it at load) fails the load naming the stage, as does a value that is no
+load format: before any engine starts. The flag works as --quantization
 does (config/quantization.py): it applies to every stage that can take it, in every
 served pipeline, leaves the others as they are, and fails the start only when no served
 stage can take dummy, since then it would change nothing. Each stage's READY line and card

@@ -46,7 +46,8 @@ class EngineKind:
 # the order of the config's error texts and of tests/unit/test_config.py (constants) and
 # test_config_errors.py (the unknown-engine message)
 KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (
-    EngineKind("ar", "omni.engines.ar.build:stage_engine", stateful=True, quantizes=True),
+    EngineKind("ar", "omni.engines.ar.build:stage_engine", stateful=True, quantizes=True,
+               dummy_weights=True),
     EngineKind("vllm", "omni.engines.vllm.engine:stage_engine"),
     EngineKind("generation", "omni.engines.generation.build:stage_engine",
                adapters="GENERATION_RUNNERS"),

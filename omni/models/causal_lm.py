@@ -29,6 +29,7 @@ class CausalLM:
     dtype: Any  # torch.dtype
     device: Any  # torch.device
     random_weights: bool = False
+    load_format: str = "auto"  # dummy: drawn from config.json (dummy_weights.py)
     config: Any = field(default=None, repr=False)
     # the forward() keyword for the KV cache: "cache" in newer transformers, else
     # "past_key_values" (5.24 still accepts it, with a deprecation warning)

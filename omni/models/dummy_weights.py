@@ -98,6 +98,17 @@ def drawing(device: str, dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def random_model(auto_class: Any, config: Any, device: Any,
+                 dtype: torch.dtype) -> torch.nn.Module:
+    """One transformers model (``auto_class``, e.g. AutoModelForCausalLM) built from its
+    ``config`` with random weights drawn on ``device``, in the dtypes a checkpoint load
+    would give it: an AR stage's load_format dummy."""
+    with drawing(str(device), dtype):
+        model = auto_class.from_config(config, dtype=dtype)
+    checkpoint_dtypes(model, dtype)
+    return model.eval()
+
+
 def _build(cls: type, folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoConfig, PreTrainedModel
 

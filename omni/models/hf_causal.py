@@ -3,17 +3,19 @@
 The directory is what a release ships (config.json, generation_config.json, safetensors
 weights, tokenizer files, chat template). Nothing is fetched from a hub. Loading fails
 loudly when weights are missing: a model must never run with silently random weights
-(fixtures built by `omni.fixtures` say they are random through their marker file).
+(fixtures built by `omni.fixtures` say they are random through their marker file; the
+stage option load_format dummy asks for them, and READY and the stage's card say so).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from omni.engines.base import EngineLoadError, InputFieldError
+from omni.engines.base import LOAD_FORMATS, EngineLoadError, InputFieldError
 from omni.models.causal_lm import (
     CausalLM,
     _is_random,
@@ -22,17 +24,28 @@ from omni.models.causal_lm import (
     eos_ids,
     sampling_defaults,
 )
+from omni.models.dummy_weights import random_model
 from omni.models.tool_calls import with_tools
+
+log = logging.getLogger("omni.models.hf_causal")
 
 # vision-language releases served by omni/models/qwen_vl.py (kept here: a name, no import)
 VL_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
 
 
-def _check_dir(path: Path) -> None:
+def _check_dir(path: Path, weights: bool = True) -> None:
     if not path.is_dir():
         raise EngineLoadError(f"model directory {path} does not exist or is not a directory")
     if not (path / "config.json").is_file():
         raise EngineLoadError(f"model directory {path} has no config.json")
+    if weights:
+        _check_weights(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise EngineLoadError(
+            f"model directory {path} has no tokenizer (expected tokenizer.json / tokenizer_config.json)")
+
+
+def _check_weights(path: Path) -> None:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -48,9 +61,6 @@ def _check_dir(path: Path) -> None:
         raise EngineLoadError(
             f"model directory {path} has no weights (expected model.safetensors or "
             "model.safetensors.index.json with its shards)")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise EngineLoadError(
-            f"model directory {path} has no tokenizer (expected tokenizer.json / tokenizer_config.json)")
 
 
 def _model_type(path: Path) -> str | None:
@@ -60,11 +70,13 @@ def _model_type(path: Path) -> str | None:
         return None
 
 
-def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") -> CausalLM:
+def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu",
+                   load_format: str = "auto") -> CausalLM:
     """Load model + tokenizer from a local HF directory; raise EngineLoadError on problems.
 
     dtype: "auto" = the checkpoint's dtype on accelerators, float32 on CPU; or
-    "float32" / "bfloat16" / "float16".
+    "float32" / "bfloat16" / "float16". load_format "dummy": random weights drawn on the
+    device from config.json (omni/models/dummy_weights.py), plain causal LMs only.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -74,7 +86,8 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
     # engine process would leak at exit; the launcher logs loading progress instead
     hf_logging.disable_progress_bar()
     path = Path(model_dir).expanduser().resolve()
-    _check_dir(path)
+    dummy = _dummy(load_format, path)
+    _check_dir(path, weights=not dummy)
     if _model_type(path) == "qwen3_omni_moe":  # a composite release: serve its thinker
         from omni.models.qwen3_omni_thinker import load_thinker
 
@@ -96,12 +109,15 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
     except Exception as e:
         raise EngineLoadError(f"model directory {path}: cannot read config.json: {e}") from e
     torch_dtype = _resolve_dtype(dtype, dev, config)
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), config=config, dtype=torch_dtype, local_files_only=True,
-            output_loading_info=True)
-    except Exception as e:
-        raise EngineLoadError(f"model directory {path}: cannot load the model: {e}") from e
+    if dummy:
+        model, info = random_model(AutoModelForCausalLM, config, dev, torch_dtype), {}
+    else:
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), config=config, dtype=torch_dtype, local_files_only=True,
+                output_loading_info=True)
+        except Exception as e:
+            raise EngineLoadError(f"model directory {path}: cannot load the model: {e}") from e
     missing = sorted(info.get("missing_keys") or [])
     mismatched = info.get("mismatched_keys") or []
     if missing or mismatched:
@@ -123,7 +139,8 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu") 
 
     eos = eos_ids(path, config, tokenizer)
     return CausalLM(model=model, tokenizer=tokenizer, eos_token_ids=eos, model_dir=str(path),
-                    dtype=torch_dtype, device=dev, random_weights=_is_random(path), config=config,
+                    dtype=torch_dtype, device=dev, random_weights=dummy or _is_random(path),
+                    load_format=load_format, config=config,
                     cache_kwarg=cache_keyword(model.forward),
                     sampling_defaults=sampling_defaults(path))
 
@@ -170,3 +187,21 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
         ids = ids["input_ids"]
     return [int(i) for i in ids]
 
+
+def _dummy(load_format: str, path: Path) -> bool:
+    """Whether to draw random weights (the stage option load_format): only for a plain
+    causal LM, whose one model transformers builds from config.json; the composite
+    releases load through adapters of their own."""
+    if load_format not in LOAD_FORMATS:
+        raise EngineLoadError(f"load_format {load_format!r} is not one of "
+                              f"{', '.join(LOAD_FORMATS)}")
+    if load_format == "auto":
+        return False
+    kind = _model_type(path)
+    if kind in ("qwen3_omni_moe", "qwen2_5_omni", *VL_MODEL_TYPES):
+        raise EngineLoadError(f"load_format dummy: {path} is a {kind} release, which loads "
+                              "through its own adapter; dummy weights serve plain causal LMs "
+                              "(serve it without load_format dummy)")
+    log.warning("%s: load_format dummy: random weights, outputs are noise (for benchmarking "
+                "shapes only)", path)
+    return True

@@ -32,12 +32,12 @@ def _options(pipeline):
     return {s.name: dict(s.options) for s in pipeline.stages}
 
 
-def test_a_pipeline_file_sets_it_on_diffusion_stages_only():
+def test_a_pipeline_file_sets_it_on_ar_and_diffusion_stages_only():
     assert _options(_pipeline({"load_format": "dummy"}))["painter"] == {"load_format": "dummy"}
     assert _options(_pipeline({"load_format": None}))["painter"] == {"load_format": None}
     with pytest.raises(ConfigError, match=r"stages\[1\]\.options\.load_format: stage 'voc' is "
                                           r"a generation stage, which takes no load_format\. "
-                                          r"Only diffusion stages do"):
+                                          r"Only ar and diffusion stages do"):
         _pipeline(voc_options={"load_format": "dummy"})
     with pytest.raises(ConfigError, match=r"stages\[0\]\.options\.load_format: unknown load "
                                           r"format 'random' on stage 'painter'\. Use one of "
@@ -62,7 +62,7 @@ def test_the_flag_on_a_server_with_no_diffusion_stage_fails_naming_it():
     args = parse_args(["--pipeline", "echo", "--load-format", "dummy"])
     with pytest.raises(ConfigError, match=r"--load-format: no stage of the served pipelines "
                                           r"\(echo\) can load dummy weights \(their stages: "
-                                          r".*\(echo\)\)\. Only diffusion stages can"):
+                                          r".*\(echo\)\)\. Only ar and diffusion stages can"):
         served_models(args, Metrics())
     with pytest.raises(SystemExit):  # argparse: invalid choice, exit 2
         parse_args(["--load-format", "random"])
@@ -74,7 +74,8 @@ def test_help_explains_the_flag(capsys):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--load-format {auto,dummy}" in text
-    assert "random weights" in text and "noise" in text and "(diffusion stages)" in text
+    assert "random weights" in text and "noise" in text
+    assert "(ar and diffusion stages; on ar, plain causal LMs only" in text
 
 
 def test_ready_says_the_weights_are_random():

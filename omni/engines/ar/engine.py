@@ -90,7 +90,7 @@ AR_OPTIONS = frozenset({
     "chain_decode", "max_graph_context", "attention_kernel", "experts_implementation",
     "export_hidden_layers", "feed_cuda_graphs", "fuse_projections", "warm_prefill",
     "prefill_beside_decodes", "max_model_len", "prefill_attention", "step_latency_ms",
-    "quantization", "encode_gather_ms", "kv_cache_dtype"})
+    "quantization", "encode_gather_ms", "kv_cache_dtype", "load_format"})
 
 
 class AREngine(Engine):
@@ -167,7 +167,8 @@ class AREngine(Engine):
         return AR_OPTIONS
 
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
-        return load_causal_lm(model_dir, dtype=dtype, device=device)
+        return load_causal_lm(model_dir, dtype=dtype, device=device,
+                              load_format=self.options.get("load_format") or "auto")
 
     def _warm_prefill(self) -> None:
         warm_prefill(self.lm, self.cache, self.scheduler.max_batched_tokens, self._warm_inputs)

@@ -74,6 +74,11 @@ class FeedbackAREngine(AREngine):
     def _load(self, model_dir: str, dtype: str, device: str) -> Any:
         from omni.models import build_feedback_lm
 
+        if (self.options.get("load_format") or "auto") != "auto":  # its adapter loads it
+            raise EngineLoadError(f"load_format {self.options['load_format']!r}: the "
+                                  f"{self.model_name} adapter loads its own weights; dummy "
+                                  "weights serve plain causal LMs and diffusion stages")
+
         self.lm, self.feed = build_feedback_lm(self.model_name, model_dir=model_dir,
                                                device=device, dtype=dtype,
                                                options=self.options)

@@ -27,6 +27,7 @@ def engine_info(engine: Any) -> dict[str, Any]:
             "tool_format": tool_format(getattr(lm.config, "model_type", None),
                                        getattr(lm.tokenizer, "chat_template", None)),
             "constrained_decoding": True, **engine.quantized,
+            **({"load_format": "dummy"} if lm.load_format == "dummy" else {}),
             **kv_capacity(cache, lm.max_positions),
             **(lm.media.info() if lm.media else {})}
 
