@@ -145,7 +145,8 @@ class TTSFeed(CodecInputs):
         # fixed: bench/results/qwen3-tts-gpu.md, session 15)
         self.compile_unit = str(options.get("predictor_compile_unit", "pass"))
         if self.compile_unit not in ("layer", "pass"):
-            raise ValueError(f"predictor_compile_unit: 'layer' or 'pass', not {self.compile_unit!r}")
+            raise EngineLoadError(f"predictor_compile_unit: 'pass' or 'layer', not "
+                                  f"{self.compile_unit!r}")
         # each predictor pass reads the frame's earlier positions from a static KV cache
         # instead of recomputing them (omni/models/predictor_kv.py). Default on a GPU: H100,
         # in its graphs, compiled, a frame at B=64 10.45 -> 6.61 ms; served c=64 206.5 ->

@@ -285,3 +285,26 @@ def test_the_talkers_prompt_is_the_same_through_the_config_snapshot(release):
     assert got["equal"]
     assert got["lengths"][0] != got["lengths"][1]  # two different prompts
     assert got["restored"] and got["readonly"]
+
+
+OPTION_ERRORS = """\
+import json, sys
+from omni.engines.ar.feedback import FeedbackAREngine
+from omni.engines.base import EngineLoadError
+errors = {}
+for options in ({"predictor_compile_unit": "layers"}, {"load_format": "dummy"}):
+    try:
+        FeedbackAREngine("qwen3_tts_ar_talker", sys.argv[1], device="cpu", dtype="float32",
+                         options={"max_num_seqs": 2, "kv_cache_mb": 64, **options})
+    except EngineLoadError as e:
+        errors[next(iter(options))] = str(e)
+print(json.dumps(errors))
+"""
+
+
+def test_bad_talker_options_fail_the_load_naming_them(release):
+    """The predictor's compile unit is 'pass' or 'layer'; dummy weights are not this
+    adapter's (it loads qwen-tts's own model): each a load error that says so."""
+    got = _run(OPTION_ERRORS, str(release))
+    assert "predictor_compile_unit: 'pass' or 'layer', not 'layers'" in got["predictor_compile_unit"]
+    assert "adapter loads its own weights" in got["load_format"]
