@@ -149,6 +149,9 @@ def test_chat_hears_an_audio_attachment_and_speaks_the_answer(page, question):
 
 def test_speech_plays_and_downloads_audio_that_decodes(page):
     page.open("/#speech")
+    # the voices come from /v1/audio/voices after the page is ready (speech.js loadVoices):
+    # on a loaded CI machine the select was still empty when read at once
+    page.wait("document.getElementById('speech-voice').value", 30)
     assert page.page.input_value("#speech-voice") == "en_US-joe-medium"
     page.page.fill("#speech-text", "Hello from the playground.")
     page.page.click("#speech-go")

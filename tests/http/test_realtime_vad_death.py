@@ -73,7 +73,12 @@ def test_a_dead_vad_replica_is_one_error_and_the_session_goes_on(server):
             events = await quiet_for(ws, 1.0)
             errors = [e["error"] for e in events if e["type"] == "error"]
             assert len(errors) == 1, errors
-            assert errors[0]["code"] == "replica_died" and errors[0]["type"] == "server_error"
+            # replica_died when the VAD's request was in flight on the killed replica;
+            # stage_unavailable when an append reached its socket before the launcher saw
+            # the death (stream_edges.send_append; a loaded CI machine, 2026-12-07): either
+            # way one error, and the session goes on
+            assert errors[0]["code"] in ("replica_died", "stage_unavailable"), errors
+            assert errors[0]["type"] == "server_error"
             assert errors[0]["message"].startswith("turn detection stopped: stage 'vad'")
             assert not any("not in flight" in json.dumps(e) for e in events)
             # the session still answers
