@@ -65,7 +65,10 @@ def save_pipeline(pipe: Any, weights: bool = True) -> str:
     saved = tempfile.mkdtemp(prefix="bench-media-")
     started = time.perf_counter()
     try:
-        pipe.save_pretrained(saved) if weights else save_configs(pipe, saved)
+        if weights:
+            pipe.save_pretrained(saved)
+        else:
+            save_configs(pipe, saved)
     except BaseException:
         shutil.rmtree(saved, ignore_errors=True)
         raise

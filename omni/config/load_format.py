@@ -21,25 +21,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni.config.checks import ConfigError
-from omni.config.stage_flags import require_a_taker, with_stage_option
+from omni.config.stage_flags import require_a_taker, stage_kind_setting, with_stage_option
 from omni.engines.base import LOAD_FORMATS
-from omni.engines.kinds import DUMMY_WEIGHT_KINDS, KINDS
+from omni.engines.kinds import DUMMY_WEIGHT_KINDS
 
 
 def check_stage_load_format(src: str, path: str, raw: Mapping[str, Any],
                             options: Mapping[str, Any]) -> None:
     """``options.load_format`` of the stage ``raw`` at ``path`` (an unknown engine kind is
     left to the engine check)."""
-    engine = raw.get("engine")
-    if "load_format" not in options or not isinstance(engine, str) or engine not in KINDS:
+    kind = stage_kind_setting(raw, options, "load_format")
+    if kind is None:
         return
     value = options["load_format"]
     where = f"{path}.options.load_format"
     if value is not None and value not in LOAD_FORMATS:
         raise ConfigError(src, where, f"unknown load format {value!r} on stage "
                           f"'{raw.get('name')}'", f"Use one of {', '.join(LOAD_FORMATS)}")
-    if not KINDS[engine].dummy_weights:  # its engine would refuse the option at load
-        raise ConfigError(src, where, f"stage '{raw.get('name')}' is a {engine} stage, which "
+    if not kind.dummy_weights:  # its engine would refuse the option at load
+        raise ConfigError(src, where, f"stage '{raw.get('name')}' is a {kind.name} stage, which "
                           "takes no load_format",
                           f"Only {' and '.join(DUMMY_WEIGHT_KINDS)} stages do; remove it there")
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni.config.checks import ConfigError
-from omni.config.stage_flags import require_a_taker, with_stage_option
-from omni.engines.kinds import KINDS, QUANTIZATIONS, QUANTIZING_KINDS
+from omni.config.stage_flags import require_a_taker, stage_kind_setting, with_stage_option
+from omni.engines.kinds import QUANTIZATIONS, QUANTIZING_KINDS
 
 
 def quantization_method(value: object) -> str | None:
@@ -40,8 +40,8 @@ def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
                              options: Mapping[str, Any]) -> None:
     """``options.quantization`` of the stage ``raw`` at ``path`` (an unknown engine kind is
     left to the engine check)."""
-    engine = raw.get("engine")
-    if "quantization" not in options or not isinstance(engine, str) or engine not in KINDS:
+    kind = stage_kind_setting(raw, options, "quantization")
+    if kind is None:
         return
     value = options["quantization"]
     try:
@@ -50,9 +50,9 @@ def check_stage_quantization(src: str, path: str, raw: Mapping[str, Any],
         raise ConfigError(src, f"{path}.options.quantization",
                           f"unknown method {value!r} on stage '{raw.get('name')}'",
                           f"Use one of {', '.join(QUANTIZATIONS)}") from None
-    if method is not None and not KINDS[engine].quantizes:
+    if method is not None and not kind.quantizes:
         raise ConfigError(src, f"{path}.options.quantization",
-                          f"stage '{raw.get('name')}' is a {engine} stage, which cannot store "
+                          f"stage '{raw.get('name')}' is a {kind.name} stage, which cannot store "
                           f"its weights in {method}",
                           f"Only {' and '.join(QUANTIZING_KINDS)} stages can; remove it there")
 

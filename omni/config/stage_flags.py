@@ -6,7 +6,7 @@ change nothing (config/quantization.py's module doc says why that is what a user
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omni.config.checks import ConfigError
@@ -33,6 +33,16 @@ def require_a_taker(pipelines: list[Any], flag: str, takes: Callable[[EngineKind
                       f"no stage of the served pipelines ({names}) can {problem} "
                       f"(their stages: {listed})",
                       f"Only {' and '.join(kinds)} stages can; serve without {flag}")
+
+
+def stage_kind_setting(raw: Mapping[str, Any], options: Mapping[str, Any],
+                       option: str) -> EngineKind | None:
+    """The engine kind of the stage ``raw`` where its ``options`` set ``option``, else
+    None (nothing to check; an unknown engine kind is left to the engine check)."""
+    engine = raw.get("engine")
+    if option not in options or not isinstance(engine, str) or engine not in KINDS:
+        return None
+    return KINDS[engine]
 
 
 def _with(pipeline: Any, option: str, value: Any, takes: Callable[[EngineKind], bool]) -> Any:

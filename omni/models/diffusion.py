@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omni.engines.base import LOAD_FORMATS, DenoiseJob, EngineLoadError
+from omni.engines.base import DenoiseJob, EngineLoadError
 from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one import)
     LIMIT_OPTIONS,
     Limits,
@@ -26,8 +25,7 @@ from omni.models.diffusion_limits import (  # noqa: F401  (the adapters' one imp
     parse_size,
     seed_of,
 )
-
-log = logging.getLogger("omni.models.diffusion")
+from omni.models.dummy_weights import random_components, wants_dummy
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -68,15 +66,8 @@ def load_pipeline(model_dir: str, classes: Mapping[str, Any], *, device: str,
     if name not in classes:
         raise EngineLoadError(f"{model_dir}: pipeline {name} is not served by this adapter "
                               f"(it serves {', '.join(sorted(classes))})")
-    if load_format not in LOAD_FORMATS:
-        raise EngineLoadError(f"load_format {load_format!r} is not one of "
-                              f"{', '.join(LOAD_FORMATS)}")
     torch_type = torch_dtype(dtype, device)
-    if load_format == "dummy":
-        from omni.models.dummy_weights import random_components
-
-        log.warning("%s: load_format dummy: random weights, outputs are noise (for "
-                    "benchmarking shapes only)", model_dir)
+    if wants_dummy(load_format, model_dir):
         components = {**random_components(model_dir, components, dtype=torch_type,
                                           device=device), **components}
     pipe = classes[name].from_pretrained(model_dir, dtype=torch_type, **components)

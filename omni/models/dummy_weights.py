@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +27,24 @@ from typing import Any
 
 import torch
 
-from omni.engines.base import EngineLoadError
+from omni.engines.base import LOAD_FORMATS, EngineLoadError
 
+log = logging.getLogger("omni.models.dummy_weights")
 MODEL_LIBRARIES = ("diffusers", "transformers")  # any other: a diffusers pipeline folder
 SEED = 0  # every dummy load of a directory draws the same weights
+
+
+def wants_dummy(load_format: Any, model_dir: Any) -> bool:
+    """Whether a stage's option load_format asks for random weights; EngineLoadError for a
+    value that is no load format. A dummy load logs that its outputs are noise."""
+    if load_format not in LOAD_FORMATS:
+        raise EngineLoadError(f"load_format {load_format!r} is not one of "
+                              f"{', '.join(LOAD_FORMATS)}")
+    if load_format == "auto":
+        return False
+    log.warning("%s: load_format dummy: random weights, outputs are noise (for benchmarking "
+                "shapes only)", model_dir)
+    return True
 
 
 def random_components(model_dir: str | Path, skip: Collection[str], *, dtype: torch.dtype,

@@ -10,12 +10,11 @@ stage option load_format dummy asks for them, and READY and the stage's card say
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from omni.engines.base import LOAD_FORMATS, EngineLoadError, InputFieldError
+from omni.engines.base import EngineLoadError, InputFieldError
 from omni.models.causal_lm import (
     CausalLM,
     _is_random,
@@ -24,13 +23,13 @@ from omni.models.causal_lm import (
     eos_ids,
     sampling_defaults,
 )
-from omni.models.dummy_weights import random_model
+from omni.models.dummy_weights import random_model, wants_dummy
 from omni.models.tool_calls import with_tools
-
-log = logging.getLogger("omni.models.hf_causal")
 
 # vision-language releases served by omni/models/qwen_vl.py (kept here: a name, no import)
 VL_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
+# the releases load_causal_lm hands to adapters of their own (no load_format dummy there)
+OWN_LOADERS = ("qwen3_omni_moe", "qwen2_5_omni", *VL_MODEL_TYPES)
 
 
 def _check_dir(path: Path, weights: bool = True) -> None:
@@ -86,17 +85,22 @@ def load_causal_lm(model_dir: str, *, dtype: str = "auto", device: str = "cpu",
     # engine process would leak at exit; the launcher logs loading progress instead
     hf_logging.disable_progress_bar()
     path = Path(model_dir).expanduser().resolve()
-    dummy = _dummy(load_format, path)
+    kind = _model_type(path)
+    if load_format == "dummy" and kind in OWN_LOADERS:
+        raise EngineLoadError(f"load_format dummy: {path} is a {kind} release, which loads "
+                              "through its own adapter; dummy weights serve plain causal LMs "
+                              "(serve it without load_format dummy)")
+    dummy = wants_dummy(load_format, path)
     _check_dir(path, weights=not dummy)
-    if _model_type(path) == "qwen3_omni_moe":  # a composite release: serve its thinker
+    if kind == "qwen3_omni_moe":  # a composite release: serve its thinker
         from omni.models.qwen3_omni_thinker import load_thinker
 
         return load_thinker(path, dtype=dtype, device=device)
-    if _model_type(path) == "qwen2_5_omni":  # a composite release: serve its thinker
+    if kind == "qwen2_5_omni":  # a composite release: serve its thinker
         from omni.models.qwen2_5_omni_thinker import load_thinker as load_omni25_thinker
 
         return load_omni25_thinker(path, dtype=dtype, device=device)
-    if _model_type(path) in VL_MODEL_TYPES:  # text + images: its own loader and media
+    if kind in VL_MODEL_TYPES:  # text + images: its own loader and media
         from omni.models.qwen_vl import load_qwen_vl
 
         return load_qwen_vl(path, dtype=dtype, device=device)
@@ -187,21 +191,3 @@ def apply_chat_template(tokenizer, messages: list[Mapping[str, Any]],
         ids = ids["input_ids"]
     return [int(i) for i in ids]
 
-
-def _dummy(load_format: str, path: Path) -> bool:
-    """Whether to draw random weights (the stage option load_format): only for a plain
-    causal LM, whose one model transformers builds from config.json; the composite
-    releases load through adapters of their own."""
-    if load_format not in LOAD_FORMATS:
-        raise EngineLoadError(f"load_format {load_format!r} is not one of "
-                              f"{', '.join(LOAD_FORMATS)}")
-    if load_format == "auto":
-        return False
-    kind = _model_type(path)
-    if kind in ("qwen3_omni_moe", "qwen2_5_omni", *VL_MODEL_TYPES):
-        raise EngineLoadError(f"load_format dummy: {path} is a {kind} release, which loads "
-                              "through its own adapter; dummy weights serve plain causal LMs "
-                              "(serve it without load_format dummy)")
-    log.warning("%s: load_format dummy: random weights, outputs are noise (for benchmarking "
-                "shapes only)", path)
-    return True
