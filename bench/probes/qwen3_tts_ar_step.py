@@ -8,8 +8,15 @@ after it), the feed's code-predictor call (TTSFeed.feedback, synchronised around
 the rest (the talker's graphed forward, sampling, the engine's host work). The code
 predictor's layers compiled inside its graphs or not (--compile both: each in turn).
 
+--profile B then runs the last variant's steps at batch B as the engine runs them (no
+synchronisation inside a step) under torch.profiler: the wall time a step, the GPU's busy
+time a step (the union of its kernels' intervals) and so the time the GPU idles waiting for
+the host, which overlapping steps (the text engine's chained decode) could hide; and the
+kernels that take the GPU's time.
+
     /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model DIR
         [--batch 1,8,64] [--steps 30] [--compile both] [--kv-cache off] [--device cuda]
+        [--profile B]
 """
 
 from __future__ import annotations
@@ -28,8 +35,6 @@ TEXT = "The ship sailed north across the cold sea, carrying wheat, wool, iron an
 
 
 def run(engine: Any, batch: int, steps: int, sync: Any) -> dict[str, float]:
-    from omni.engines.base import EngineRequest
-
     spent: dict[str, list[float]] = defaultdict(list)
     feedback = engine.feed.feedback
 
@@ -42,13 +47,7 @@ def run(engine: Any, batch: int, steps: int, sync: Any) -> dict[str, float]:
         return out
 
     engine.feed.feedback = timed_feedback
-    for i in range(batch):
-        engine.add(EngineRequest(f"b{batch}-{i}", {"text": TEXT},
-                                 {"temperature": 0, "max_tokens": steps + 40}))
-    while any(not seq.output for seq in engine._seqs.values()):  # every prompt prefilled
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    start_decoding(engine, batch, steps)
     spent.clear()
     sync()
     for _ in range(steps):
@@ -67,6 +66,53 @@ def run(engine: Any, batch: int, steps: int, sync: Any) -> dict[str, float]:
             "rest_ms": step - predictor, "frames_per_s": batch / step * 1e3}
 
 
+def start_decoding(engine: Any, batch: int, steps: int) -> None:
+    """batch requests started together, each prefilled and three steps into decoding, with
+    room for ``steps`` more."""
+    from omni.engines.base import EngineRequest
+
+    for i in range(batch):
+        engine.add(EngineRequest(f"b{batch}-{i}-{time.monotonic_ns()}", {"text": TEXT},
+                                 {"temperature": 0, "max_tokens": steps + 40}))
+    while any(not seq.output for seq in engine._seqs.values()):  # every prompt prefilled
+        engine.step()
+    for _ in range(3):
+        engine.step()
+
+
+def profile(engine: Any, batch: int, steps: int) -> None:
+    """Wall vs GPU-busy time of the engine's own steps at ``batch`` (module doc)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    cuda = torch.cuda.is_available()  # else a dry run: no GPU time
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    start_decoding(engine, batch, steps)
+    sync()
+    with prof(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as p:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync()
+        wall = (time.perf_counter() - t0) / steps * 1e3
+    engine.abort(list(engine._seqs))
+    while engine.has_work():
+        engine.step()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in p.events()
+                     if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    busy, end = 0.0, float("-inf")
+    for a, b in kernels:  # the union of the intervals: overlapping kernels count once
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    busy_ms = busy / 1e3 / steps
+    print(f"(profile, B={batch}: step wall {wall:.2f} ms, GPU busy {busy_ms:.2f} ms, idle "
+          f"{wall - busy_ms:.2f} ms ({(wall - busy_ms) / wall:.0%}); "
+          f"{len(kernels) / steps:.0f} GPU ops a step)", flush=True)
+    print(p.key_averages().table(sort_by="device_time_total", row_limit=25,
+                                 max_name_column_width=70), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,6 +123,8 @@ def main() -> int:
     parser.add_argument("--kv-cache", default="off", choices=("both", "on", "off"),
                         help="the predictor over its static KV cache (stage option predictor_kv_cache)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run (float32)")
+    parser.add_argument("--profile", type=int, default=0, metavar="B",
+                        help="then profile the last variant's steps at batch B (module doc)")
     args = parser.parse_args()
     import torch
 
@@ -101,6 +149,9 @@ def main() -> int:
                   f"{'static KV' if cached else 'uncached'} | {batch} | {r['step_ms']:.1f} | "
                   f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} |",
                   flush=True)
+        if args.profile and (compiled, cached) == (
+                flags[args.compile][-1], flags[args.kv_cache][-1]):
+            profile(engine, args.profile, args.steps)
         del engine
         if args.device == "cuda":
             torch.cuda.empty_cache()

@@ -92,7 +92,7 @@
     if [[ ,$parts, == *,arstep,* ]]; then
       model=$(python3 -c "from bench.qwen3_tts import fixture_dir; print(fixture_dir('', False, '${SHAPE:-release}'))" | tail -1)
       timeout 300 /tmp/envs/qwen3-tts/bin/python bench/probes/qwen3_tts_ar_step.py --model "$model" \
-        --batch 1,8,64 ${ARSTEP_ARGS:-} 2>&1 | tee -a "$OUT/qwen3-tts-ar-step.md" | grep -E "^\||Error"
+        --batch 1,8,64 ${ARSTEP_ARGS:-} 2>&1 | tee -a "$OUT/qwen3-tts-ar-step.md" | grep -E "^\||^\(profile|Error"
       say "arstep done"
     fi
     # the code predictor's captured loop alone: uncached vs KV-cached, layers eager vs compiled
