@@ -161,13 +161,29 @@ class TextCall:
         plan.apply(self.inputs, self.sampling)
 
     def stream(self, index: int) -> Any:
+        """Choice ``index``, admitted now (AsyncOmni.submit): its outputs, to read and
+        close (``contextlib.aclosing``)."""
         params = dict(self.sampling)
         if self.n > 1 and "seed" in params:
             params["seed"] += index
         request_id = self.id if self.n == 1 else f"{self.id}-{index}"
-        return self.model.omni.generate(self.inputs, modalities=["text"], params={"*": params},
-                                        request_id=request_id,
-                                        input_modalities=self.input_modalities)
+        return self.model.omni.submit(self.inputs, modalities=["text"], params={"*": params},
+                                      request_id=request_id,
+                                      input_modalities=self.input_modalities)
+
+    async def submit_all(self) -> list[Any]:
+        """Every choice admitted here, in the handler's own step, not in the tasks that
+        read them: a task's first step waits behind all the loop had queued, which in a
+        burst of image chats is every other request's body read and base64 decode
+        (omni/runtime/submitted.py). One refused: those before it are aborted."""
+        streams = []
+        try:
+            for index in range(self.n):
+                streams.append(self.stream(index))
+        except BaseException:
+            await _close_all(streams)
+            raise
+        return streams
 
     def _logprobs(self, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
         if self.logprobs is None:
@@ -211,9 +227,9 @@ class TextCall:
                 "logprobs": None}
 
 
-async def _collect(call: TextCall, index: int) -> TextResult:
+async def _collect(call: TextCall, stream: Any) -> TextResult:
     result = call.new_result()
-    async with contextlib.aclosing(call.stream(index)) as outputs:
+    async with contextlib.aclosing(stream) as outputs:
         async for out in outputs:
             if out.data is not None and out.modality == "text":
                 result.add(out.data)
@@ -224,11 +240,14 @@ async def _collect(call: TextCall, index: int) -> TextResult:
 
 
 async def _complete(call: TextCall) -> web.Response:
+    streams = await call.submit_all()
     try:
         async with asyncio.TaskGroup() as group:  # one failing choice cancels the others
-            tasks = [group.create_task(_collect(call, i)) for i in range(call.n)]
+            tasks = [group.create_task(_collect(call, s)) for s in streams]
     except ExceptionGroup as failed:  # answer with the first failure's own status
         raise failed.exceptions[0] from None
+    finally:  # a task cancelled before its first step never closed its choice
+        await _close_all(streams)
     results = [t.result() for t in tasks]
     body = call.envelope(call.object, [call.choice(i, r) for i, r in enumerate(results)])
     body["usage"] = usage(results)
@@ -241,13 +260,14 @@ MAX_UNSENT_EVENTS = 64  # at most this many events wait for one write
 class _Merged:
     """The outputs of all choices as one queue of (index, output | exception | None)."""
 
-    def __init__(self, call: TextCall) -> None:
+    def __init__(self, streams: list[Any]) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.tasks = [asyncio.ensure_future(self._pump(call, i)) for i in range(call.n)]
+        self.streams = streams
+        self.tasks = [asyncio.ensure_future(self._pump(s, i)) for i, s in enumerate(streams)]
 
-    async def _pump(self, call: TextCall, index: int) -> None:
+    async def _pump(self, stream: Any, index: int) -> None:
         try:
-            async with contextlib.aclosing(call.stream(index)) as outputs:
+            async with contextlib.aclosing(stream) as outputs:
                 async for out in outputs:
                     await self.queue.put((index, out))
             await self.queue.put((index, None))
@@ -276,12 +296,19 @@ class _Merged:
         for task in self.tasks:
             task.cancel()  # leaving a stream early aborts that choice in every stage
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await _close_all(self.streams)  # also those whose task never ran
+
+
+async def _close_all(streams: list[Any]) -> None:
+    """Close every choice (a closed or finished one is left as it is)."""
+    for stream in streams:
+        await stream.aclose()
 
 
 async def _stream(call: TextCall) -> web.StreamResponse:
     chunk_object = "chat.completion.chunk" if call.chat else "text_completion"
     include_usage = call.req.include_usage
-    merged = _Merged(call)
+    merged = _Merged(await call.submit_all())
     try:
         index, item = await merged.next(None)  # an early error becomes a proper status
         if isinstance(item, Exception):

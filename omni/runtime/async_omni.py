@@ -20,6 +20,7 @@ from omni.runtime.metrics import Metrics
 from omni.runtime.orchestrator import OmniOutput, Orchestrator
 from omni.runtime.pipeline_sessions import PipelineSessions
 from omni.runtime.policies import PolicyCalls
+from omni.runtime.submitted import Submitted
 from omni.session import Fence, Session
 from omni.session.conversation import ConversationTurns
 from omni.session.worlds import WorldSessions
@@ -95,11 +96,23 @@ class AsyncOmni:
         loop early (break, cancellation, client disconnect) aborts it in every stage.
         ``session``: run it as a turn of that session (see `respond`).
         """
-        state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
-                                         view, input_modalities, session)
-        async with contextlib.aclosing(self._read(state)) as outputs:
+        async with contextlib.aclosing(self.submit(
+                inputs, modalities=modalities, params=params, request_id=request_id,
+                timeout_s=timeout_s, view=view, input_modalities=input_modalities,
+                session=session)) as outputs:
             async for item in outputs:
                 yield item
+
+    def submit(self, inputs: dict[str, Any], *, modalities: Iterable[str] | None = None,
+               params: Params | None = None, request_id: str | None = None,
+               timeout_s: float | None = None, view: str | None = None,
+               input_modalities: Iterable[str] | None = None,
+               session: Session | None = None) -> Submitted:
+        """`generate`'s request, admitted now rather than at the first read (a reader in
+        another task would admit it only when that task runs: omni/runtime/submitted.py).
+        Read it with ``async for``; close it (``contextlib.aclosing``) to abort it."""
+        return Submitted(self, self.orchestrator.submit(
+            inputs, modalities, params, request_id, timeout_s, view, input_modalities, session))
 
     def open_stream(self, inputs: dict[str, Any], *, modalities: Iterable[str],
                     input_modalities: Iterable[str], params: Params | None = None,
@@ -110,7 +123,7 @@ class AsyncOmni:
         `InputStream.aclose` (which aborts it wherever it still runs)."""
         state = self.orchestrator.submit(inputs, modalities, params, request_id, timeout_s,
                                          view, input_modalities, stream_input=True)
-        return InputStream(self, state, self._read(state))
+        return InputStream(self, state)
 
     async def _read(self, state: Any) -> AsyncIterator[OmniOutput]:
         """A submitted request's outputs; leaving early aborts it."""
@@ -290,26 +303,13 @@ class Omni:
         self.close()
 
 
-class InputStream:
+class InputStream(Submitted):
     """A request admitted with more input to come (AsyncOmni.open_stream)."""
 
-    def __init__(self, omni: AsyncOmni, state: Any, outputs: AsyncIterator[OmniOutput]) -> None:
-        self.omni, self.state, self.outputs = omni, state, outputs
-        self.request_id = state.request_id
-
-    @property
-    def finished(self) -> bool:
-        """It ended (its last output, a failure, an abort): it takes no more input."""
-        return self.state.finished
+    closing_reason = "the input stream was closed"
 
     def feed(self, data: dict[str, Any], last: bool = False) -> None:
         self.omni.feed(self.request_id, data, last)
-
-    async def aclose(self) -> None:
-        """Abort it where it still runs (also when its outputs were never read)."""
-        if not self.state.finished:
-            self.omni.orchestrator.abort(self.request_id, "the input stream was closed")
-        await self.outputs.aclose()
 
 
 class OmniView:
@@ -333,6 +333,9 @@ class OmniView:
 
     def generate(self, inputs: dict[str, Any], **kwargs: Any) -> AsyncIterator[OmniOutput]:
         return self.parent.generate(inputs, view=self.view_name, **kwargs)
+
+    def submit(self, inputs: dict[str, Any], **kwargs: Any) -> Submitted:
+        return self.parent.submit(inputs, view=self.view_name, **kwargs)
 
     def output_info(self, modality: str) -> dict[str, Any]:
         return self.parent.output_info(modality, self.pipeline)
