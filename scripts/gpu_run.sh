@@ -112,8 +112,8 @@
 #                                        # ~66 GiB: an H100 fits the in-process sides; its
 #                                        # ours-http side needs HTTP_LOAD_FORMAT=dummy: saved
 #                                        # as configs only, the server draws the weights; the
-#                                        # same for videos' wan22_t2v with ours-http; untried
-#                                        # on a GPU)
+#                                        # same for videos' wan22_t2v with ours-http (flux2 ran on
+#                                        # an H100, session 16; wan22_t2v untried)
 #   bash scripts/gpu_run.sh hunyuan_image [TAG] # HunyuanImage 2.1 at the release's shapes (random
 #                                        # bf16, ~17 B transformer, APG guiders: two rows per
 #                                        # image; ~40 GB, an H100 fits): bench diffusion,
