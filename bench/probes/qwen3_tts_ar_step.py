@@ -5,7 +5,10 @@ release-shape random build on a GPU box: bench/qwen3_tts.py's fixture), greedy, 
 qwen3-tts environment. For each batch size B, B requests start together; once all are
 decoding the probe times --steps engine steps: the whole step (wall, the device synchronised
 after it), the feed's code-predictor call (TTSFeed.feedback, synchronised around it), and
-the rest (the talker's graphed forward, sampling, the engine's host work). The code
+the rest (the talker's graphed forward, sampling, the engine's host work); then the same
+steps free-running (no synchronisation inside a step), the frames read right after the
+code predictor (as before omni/models/qwen3_tts_talker.py's FrameCodes) or when the outputs
+are built, after the next step is launched (now). The code
 predictor's layers compiled inside its graphs or not (--compile both: each in turn).
 
 --profile B then runs the last variant's steps at batch B as the engine runs them (no
@@ -64,6 +67,36 @@ def run(engine: Any, batch: int, steps: int, sync: Any) -> dict[str, float]:
     predictor = statistics.mean(spent["predictor"]) * 1e3
     return {"batch": batch, "step_ms": step, "predictor_ms": predictor,
             "rest_ms": step - predictor, "frames_per_s": batch / step * 1e3}
+
+
+def free_run(engine: Any, batch: int, steps: int, sync: Any, read_now: bool) -> float:
+    """ms a step as the engine runs them (no synchronisation inside a step). read_now: each
+    step's frames read right after the code predictor, before the next step is launched
+    (as before FrameCodes: omni/models/qwen3_tts_talker.py), else when they are emitted."""
+    feedback = engine.feed.feedback
+
+    def read_at_once(states: Any, *args: Any, **kwargs: Any) -> Any:
+        out = feedback(states, *args, **kwargs)
+        if states:
+            states[0].frame.rows()
+        return out
+
+    if read_now:
+        engine.feed.feedback = read_at_once
+    try:
+        start_decoding(engine, batch, steps)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync()
+        took = (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        engine.feed.feedback = feedback
+    engine.abort(list(engine._seqs))
+    while engine.has_work():
+        engine.step()
+    return took
 
 
 def start_decoding(engine: Any, batch: int, steps: int) -> None:
@@ -132,8 +165,9 @@ def main() -> int:
 
     batches = [int(b) for b in args.batch.split(",")]
     print("| predictor layers | predictor loop | B | step ms | code predictor ms | rest ms "
-          "| frames/s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          "| frames/s | free-running step ms, frames read at the step | the same, read at "
+          "emit |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     flags = {"both": (False, True), "on": (True,), "off": (False,)}
     for compiled, cached in ((c, k) for c in flags[args.compile] for k in flags[args.kv_cache]):
         engine = FeedbackAREngine(
@@ -145,10 +179,12 @@ def main() -> int:
         for batch in batches:
             sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
             r = run(engine, batch, args.steps, sync)
+            now, later = (free_run(engine, batch, args.steps, sync, read_now)
+                          for read_now in (True, False))
             print(f"| {'compiled' if compiled else 'eager'} | "
                   f"{'static KV' if cached else 'uncached'} | {batch} | {r['step_ms']:.1f} | "
-                  f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} |",
-                  flush=True)
+                  f"{r['predictor_ms']:.1f} | {r['rest_ms']:.1f} | {r['frames_per_s']:.0f} | "
+                  f"{now:.2f} | {later:.2f} |", flush=True)
         if args.profile and (compiled, cached) == (
                 flags[args.compile][-1], flags[args.kv_cache][-1]):
             profile(engine, args.profile, args.steps)

@@ -109,8 +109,43 @@ class FeedState:
     pad: torch.Tensor | None = None  # (H,): the text input once the trailing text is spent
     closed: bool = False
     next_codec: torch.Tensor | None = None  # summed codec embeddings of the last frame
-    codes: list[int] | None = None  # the last frame's codes, one per code group
+    frame: FrameCodes | None = None  # the last step's frames (this request's: frame_row)
+    frame_row: int = 0
     generator: torch.Generator | None = None
+
+    @property
+    def codes(self) -> list[int]:
+        """The last frame's codes, one per code group (waits for the predictor's pass)."""
+        return self.frame.rows()[self.frame_row]
+
+
+class FrameCodes:
+    """A step's frames (rows x code groups), on their way to the host.
+
+    The step's one wait for the device was a ``.tolist()`` of the frames right after the
+    code predictor, before the engine scheduled and launched the next talker step: the GPU
+    idled for all of that host work. The copy is queued right behind the predictor (pinned
+    memory, an event) and read when the frames' outputs are built, which the engine does
+    after launching the next step (omni/engines/ar/steps.py: overlap), so that step's graph
+    is already queued behind the predictor. (H100, in-process, B=64: the GPU was busy
+    6.5 ms of a 12.7 ms profiled step: bench/results/qwen3-tts-gpu.md, session 16.)"""
+
+    def __init__(self, frames: torch.Tensor) -> None:
+        self._event = None
+        self._host = frames
+        self._rows: list[list[int]] | None = None
+        if frames.is_cuda:
+            self._host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+            self._host.copy_(frames, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def rows(self) -> list[list[int]]:
+        if self._rows is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._rows = self._host.tolist()
+        return self._rows
 
 
 class TTSFeed(CodecInputs):
@@ -273,9 +308,9 @@ class TTSFeed(CodecInputs):
         loop = predict_static if self.predictor_kv else predict_uncached
         residual, total = done or loop(cp, hidden, first_embed, draws, is_greedy,
                                        project=cp.small_to_mtp_projection, sampling=self.pick)
-        frame = torch.cat((first[:, None], residual), dim=1).tolist()  # one sync a step
+        frame = FrameCodes(torch.cat((first[:, None], residual), dim=1))
         for i, st in enumerate(states):
-            st.codes, st.next_codec = frame[i], total[i]
+            st.frame, st.frame_row, st.next_codec = frame, i, total[i]
 
     def _uniforms(self, states: list[FeedState], greedy: list[bool],
                   dev: torch.device) -> torch.Tensor:

@@ -61,7 +61,10 @@ def server(release, start_server):
     return start_server({
         # the code predictor over its static KV cache (omni/models/predictor_kv.py)
         "qwen3-tts-ar": layouts.ar("qwen3-tts-ar", release, FRAMES,
-                                   ", openai_voices: true, predictor_kv_cache: true"),
+                                   ", openai_voices: true, predictor_kv_cache: true,"
+                                   # the next step launched before the frames are read
+                                   # (as on a GPU: steps.py overlap, FrameCodes)
+                                   " overlap_steps: true"),
         "qwen3-tts-ar-sampled": layouts.ar("qwen3-tts-ar-sampled", release, 41, greedy=False),
         "preset": str(release),  # `--model DIR`: the preset its config picks
         "voiced-ar": layouts.ar("voiced-ar", release, FRAMES, ", openai_voices: true",

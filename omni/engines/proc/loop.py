@@ -82,7 +82,10 @@ class EngineLoop:
             started = time.monotonic()
             outputs = self.engine.step()
             self.inbound.step_done(started)
-            self._publish(outputs)
+            # a step that ends the work without an output (with overlapped steps: the
+            # one after an abort, which drops the aborted rows) still says the freed KV
+            # blocks and queue: no later step would carry them to /metrics
+            self._publish(outputs, stats_only=not self.engine.has_work())
 
     def _handle(self, message: bytes) -> None:
         try:
