@@ -203,10 +203,15 @@ class _Events:
         self.response, self.sequence = response, 0
 
     async def send(self, *events: Event) -> None:
+        """The events of one output in one socket write (a send each cost the server more
+        than the rest of an event: bench/results/sse-cost-cpu.md)."""
+        data = []
         for event in events:
             event = {"type": event["type"], "sequence_number": self.sequence, **event}
             self.sequence += 1
-            await self.response.write(f"event: {event['type']}\n".encode() + sse_data(event))
+            data.append(f"event: {event['type']}\n".encode() + sse_data(event))
+        if data:
+            await self.response.write(b"".join(data))
 
     async def fail(self, run: ResponseRun, exc: Exception) -> None:
         """A failure after the 200: ``error`` with its fields flat (the OpenAI SDK yields
