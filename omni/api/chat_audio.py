@@ -32,7 +32,8 @@ from omni.api.schemas.text import CHAT_AUDIO_FORMATS, ChatCompletionRequest
 from omni.api.speech import audio_info, resolve_voice
 from omni.api.state import METRICS_KEY
 from omni.api.streams import first_output, next_with_pings, sse_data, start_sse
-from omni.api.text import TextCall, TextResult, usage
+from omni.api.text import TextCall
+from omni.api.text_result import TextResult, usage
 from omni.media.audio import AudioEncoder
 from omni.media.playback import PlaybackClock
 

@@ -14,60 +14,19 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from omni.api.errors import APIError, read_json, sse_error_event
+from omni.api.errors import APIError, read_json
 from omni.api.schemas import parse
 from omni.api.schemas.response_format import check_response_format
 from omni.api.schemas.text import ChatCompletionRequest, CompletionRequest
 from omni.api.state import MODELS_KEY, ServedModel
-from omni.api.streams import SSE_PING_EVERY_S, sse_data, start_sse
+from omni.api.text_result import TextResult, usage
+from omni.api.text_stream import close_all, stream_answer
 from omni.api.tools import CallStream, ToolPlan, check_tool_history, plan_tools
 from omni.models.tool_calls import call_grammar
-
-
-@dataclass
-class TextResult:
-    """What one choice produced, accumulated from its outputs."""
-
-    text: str = ""
-    finish_reason: str = "stop"
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the engine did not recompute (prefix cache, session KV)
-    completion_tokens: int = 0
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    calls: CallStream | None = None  # the answer read for tool calls (omni/api/tools.py)
-
-    @property
-    def reason(self) -> str:
-        """The finish reason a client sees: "tool_calls" when the answer made calls."""
-        if self.calls is not None and self.calls.ids and self.finish_reason == "stop":
-            return "tool_calls"
-        return self.finish_reason
-
-    def add(self, data: dict[str, Any]) -> str:
-        delta = data.get("text", "") or ""
-        self.text += delta
-        self.prompt_tokens = data.get("prompt_tokens", self.prompt_tokens)
-        self.cached_tokens = data.get("cached_tokens", self.cached_tokens)
-        self.completion_tokens += len(data.get("token_ids", ()))
-        self.finish_reason = data.get("finish_reason") or self.finish_reason
-        self.logprobs += data.get("logprobs") or []
-        return delta
-
-
-def usage(results: list[TextResult]) -> dict[str, Any]:
-    prompt = max((r.prompt_tokens for r in results), default=0)  # one prompt for all choices
-    # each choice is its own engine request; the first ran the prompt, so the least
-    # cached of them is what this request reused
-    cached = min((r.cached_tokens for r in results), default=0)
-    completion = sum(r.completion_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0}}
 
 
 def _text_model(request: web.Request, body: dict[str, Any]) -> ServedModel:
@@ -181,7 +140,7 @@ class TextCall:
             for index in range(self.n):
                 streams.append(self.stream(index))
         except BaseException:
-            await _close_all(streams)
+            await close_all(streams)
             raise
         return streams
 
@@ -247,146 +206,11 @@ async def _complete(call: TextCall) -> web.Response:
     except ExceptionGroup as failed:  # answer with the first failure's own status
         raise failed.exceptions[0] from None
     finally:  # a task cancelled before its first step never closed its choice
-        await _close_all(streams)
+        await close_all(streams)
     results = [t.result() for t in tasks]
     body = call.envelope(call.object, [call.choice(i, r) for i, r in enumerate(results)])
     body["usage"] = usage(results)
     return web.json_response(body, headers={"X-Request-Id": call.client_request_id})
-
-
-MAX_UNSENT_EVENTS = 64  # at most this many events wait for one write
-
-
-class _Merged:
-    """The outputs of all choices as one queue of (index, output | exception | None)."""
-
-    def __init__(self, streams: list[Any]) -> None:
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.streams = streams
-        self.tasks = [asyncio.ensure_future(self._pump(s, i)) for i, s in enumerate(streams)]
-
-    async def _pump(self, stream: Any, index: int) -> None:
-        try:
-            async with contextlib.aclosing(stream) as outputs:
-                async for out in outputs:
-                    await self.queue.put((index, out))
-            await self.queue.put((index, None))
-        except Exception as exc:
-            await self.queue.put((index, exc))
-
-    def ready(self) -> bool:
-        """Whether the next item is already queued (next() returns it without waiting)."""
-        return not self.queue.empty()
-
-    async def next(self, response: web.StreamResponse | None) -> tuple[int, Any]:
-        # a queued item is taken at once, else asyncio.timeout: wait_for wrapped each get
-        # in a task of its own, ~10 % of the server's time per streamed token (py-spy,
-        # bench/probes/sse_cost.py)
-        if self.ready():
-            return self.queue.get_nowait()
-        while True:
-            try:
-                async with asyncio.timeout(SSE_PING_EVERY_S):
-                    return await self.queue.get()
-            except TimeoutError:
-                if response is not None:
-                    await response.write(b": ping\n\n")  # keeps proxies from timing out
-
-    async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()  # leaving a stream early aborts that choice in every stage
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await _close_all(self.streams)  # also those whose task never ran
-
-
-async def _close_all(streams: list[Any]) -> None:
-    """Close every choice (a closed or finished one is left as it is)."""
-    for stream in streams:
-        await stream.aclose()
-
-
-async def _stream(call: TextCall) -> web.StreamResponse:
-    chunk_object = "chat.completion.chunk" if call.chat else "text_completion"
-    include_usage = call.req.include_usage
-    merged = _Merged(await call.submit_all())
-    try:
-        index, item = await merged.next(None)  # an early error becomes a proper status
-        if isinstance(item, Exception):
-            raise item
-        response = await start_sse(call.request, call.client_request_id)
-        await _stream_body(call, merged, response, (index, item), chunk_object, include_usage)
-    finally:
-        await merged.close()
-    return response
-
-
-async def _stream_body(call: TextCall, merged: _Merged, response: web.StreamResponse,
-                       first: tuple[int, Any], chunk_object: str, include_usage: bool) -> None:
-    # The events of outputs already queued go out in one socket write: one send() a token
-    # was ~30 % of the server's time at 32 streams (py-spy, bench/probes/sse_cost.py). A
-    # server keeping up writes each event at once (the queue is empty after it); one that
-    # falls behind writes fewer, larger chunks instead of falling further behind.
-    unsent: list[bytes] = []
-
-    async def send(payload: dict[str, Any]) -> None:
-        if include_usage:  # OpenAI: every chunk carries usage, null until the last one
-            payload.setdefault("usage", None)
-        unsent.append(sse_data(payload))
-
-    async def flush() -> None:
-        if unsent:
-            data = b"".join(unsent)
-            unsent.clear()
-            await response.write(data)
-
-    results = [call.new_result() for _ in range(call.n)]
-    open_choices, pending = set(range(call.n)), first
-    try:
-        for i in range(call.n):
-            await send(call.envelope(chunk_object, [call.delta_choice(i, None, None, True)]))
-        while open_choices:
-            if pending is None and (not merged.ready() or len(unsent) >= MAX_UNSENT_EVENTS):
-                await flush()
-            index, item = pending if pending is not None else await merged.next(response)
-            pending = None
-            if isinstance(item, Exception):
-                raise item
-            if item is None:
-                open_choices.discard(index)
-                if results[index].calls is not None:
-                    await _send_parts(call, index, results[index].calls.finish(), send)
-                await send(call.envelope(chunk_object, [call.delta_choice(
-                    index, None, results[index].reason, False)]))
-            elif item.data is not None and item.modality == "text":
-                offset = len(results[index].text)
-                delta = results[index].add(item.data)
-                entries = item.data.get("logprobs")
-                if results[index].calls is not None:
-                    await _send_parts(call, index, results[index].calls.feed(delta), send)
-                elif delta or entries:
-                    await send(call.envelope(chunk_object, [call.delta_choice(
-                        index, delta, None, False, entries, offset)]))
-        if include_usage:
-            await send({**call.envelope(chunk_object, []), "usage": usage(results)})
-        unsent.append(b"data: [DONE]\n\n")
-        await flush()
-    except (ConnectionResetError, ConnectionError):
-        raise  # the client left; closing the merge aborts every choice
-    except Exception as exc:
-        unsent.append(sse_error_event(exc))  # after the events it followed
-        await flush()
-
-
-async def _send_parts(call: TextCall, index: int, parts: list[dict[str, Any]],
-                      send: Any) -> None:
-    """A tool-reading answer's content and call fragments, each as a chunk (logprobs
-    are not given beside tool calls)."""
-    for part in parts:
-        if "content" in part:
-            choice = call.delta_choice(index, part["content"], None, False)
-        else:
-            choice = call.tool_call_choice(index, part["tool_call"])
-        await send(call.envelope("chat.completion.chunk", [choice]))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -401,7 +225,7 @@ async def respond(call: TextCall) -> web.StreamResponse:
         call.sampling["json_schema"] = schema
     if call.chat:
         await call.plan_tools()
-    return await (_stream(call) if call.req.stream else _complete(call))
+    return await (stream_answer(call) if call.req.stream else _complete(call))
 
 
 def add_routes(app: web.Application) -> None:
